@@ -1,0 +1,416 @@
+"""Block-sparse matrix types.
+
+``BlockSparseMatrix``: static pattern (host data, in the pytree's static structure), traced
+``.data``. ``DynamicBlockSparseMatrix``: traced rows, cols, data and nnz, static capacity.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import checkify
+
+from ._pattern import BlockPattern, _pair, check_block_size
+
+__all__ = ["BlockSparseMatrix", "DynamicBlockSparseMatrix", "random"]
+
+
+def _check_floating(dtype, what: str = "data") -> None:
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(f"Expected floating-point {what}. Got dtype {jnp.dtype(dtype)}.")
+
+
+def _is_concrete(x) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+@jax.tree_util.register_pytree_node_class
+class BlockSparseMatrix:
+    """An ``m x k`` matrix of ``bh x bw`` blocks whose pattern is fixed when the program is built.
+
+    The pattern (a :class:`BlockPattern`, NumPy on the host) is part of the pytree's static
+    structure, so ``jit`` specialises on it; ``data`` of shape ``(nnz_blocks, bh, bw)`` is the only
+    leaf. Blocks are stored in row-major order of their block coordinates.
+
+    Build one with :meth:`from_dense`, :meth:`from_mask`, :meth:`from_blocks` or
+    :func:`blocksparse.random`.
+
+    Example::
+
+        >>> import jax, jax.numpy as jnp, blocksparse as bs
+        >>> W = bs.random(jax.random.key(0), (64, 32), (16, 16), density=0.5)
+        >>> x = jnp.ones((32, 8))
+        >>> bool(jnp.allclose(W @ x, W.to_dense() @ x, atol=1e-5))
+        True
+    """
+
+    __slots__ = ("pattern", "data")
+    __array_priority__ = 100
+
+    def __init__(self, pattern: BlockPattern, data):
+        if not isinstance(pattern, BlockPattern):
+            raise TypeError(f"Expected a BlockPattern. Got {type(pattern).__name__}.")
+        data = jnp.asarray(data)
+        _check_floating(data.dtype)
+        expected = (pattern.nnz_blocks, *pattern.block_size)
+        if data.shape[-3:] != expected or data.ndim != 3:
+            raise ValueError(f"Expected data of shape {expected} (nnz_blocks, bh, bw). Got {data.shape}.")
+        self.pattern = pattern
+        self.data = data
+
+    # -- pytree -------------------------------------------------------------------------------
+    def tree_flatten(self):
+        return (self.data,), self.pattern
+
+    @classmethod
+    def tree_unflatten(cls, pattern, children):
+        obj = object.__new__(cls)
+        obj.pattern = pattern
+        obj.data = children[0]
+        return obj
+
+    # -- constructors -------------------------------------------------------------------------
+    @classmethod
+    def from_dense(cls, x, block_size) -> BlockSparseMatrix:
+        """Keep the blocks of ``x`` (a concrete 2-D array) that hold at least one non-zero."""
+        x_np = np.asarray(x)
+        if x_np.ndim != 2:
+            raise ValueError(f"Expected a 2-D dense matrix. Got shape {x_np.shape}.")
+        _check_floating(x_np.dtype, "x")
+        bh, bw = check_block_size(x_np.shape, block_size)
+        m, k = x_np.shape
+        blocks = x_np.reshape(m // bh, bh, k // bw, bw).swapaxes(1, 2)
+        mask = (blocks != 0).any(axis=(2, 3))
+        return cls.from_mask(mask, x, (bh, bw))
+
+    @classmethod
+    def from_mask(cls, mask, values, block_size) -> BlockSparseMatrix:
+        """Blocks of the dense ``values`` (``m x k``) where the block mask (``m//bh x k//bw``) is true.
+
+        ``values`` may be traced; ``mask`` must be concrete.
+        """
+        bh, bw = _pair(block_size)
+        values = jnp.asarray(values)
+        _check_floating(values.dtype, "values")
+        if values.ndim != 2:
+            raise ValueError(f"Expected 2-D values. Got shape {values.shape}.")
+        check_block_size(values.shape, (bh, bw))
+        m, k = values.shape
+        mask = np.asarray(mask)
+        if mask.shape != (m // bh, k // bw):
+            raise ValueError(
+                f"Expected a block mask of shape {(m // bh, k // bw)} for values {(m, k)} "
+                f"with block size {(bh, bw)}. Got {mask.shape}."
+            )
+        pattern = BlockPattern.from_mask(mask.astype(bool), (bh, bw))
+        blocks = values.reshape(m // bh, bh, k // bw, bw).swapaxes(1, 2)
+        return cls(pattern, blocks[pattern.rows, pattern.cols])
+
+    @classmethod
+    def from_blocks(cls, rows, cols, blocks, shape) -> BlockSparseMatrix:
+        """From block coordinates (concrete, any order, no duplicates) and blocks ``(nnz, bh, bw)``."""
+        blocks = jnp.asarray(blocks)
+        _check_floating(blocks.dtype, "blocks")
+        rows, cols = np.asarray(rows), np.asarray(cols)
+        if blocks.ndim != 3 or blocks.shape[0] != rows.shape[0]:
+            raise ValueError(
+                f"Expected blocks of shape ({rows.shape[0]}, bh, bw), one per coordinate. Got {blocks.shape}."
+            )
+        pattern = BlockPattern(tuple(shape), blocks.shape[1:], rows, cols)
+        # The pattern sorts coordinates row-major; sort the blocks the same way.
+        order = np.lexsort((cols, rows))
+        return cls(pattern, blocks[order] if rows.size else blocks)
+
+    # -- properties ---------------------------------------------------------------------------
+    shape = property(lambda self: self.pattern.shape)
+    block_size = property(lambda self: self.pattern.block_size)
+    nnz_blocks = property(lambda self: self.pattern.nnz_blocks)
+    density = property(lambda self: self.pattern.density)
+    dtype = property(lambda self: self.data.dtype)
+    ndim = 2
+
+    def __repr__(self) -> str:
+        return (
+            f"BlockSparseMatrix(shape={self.shape}, block_size={self.block_size}, "
+            f"nnz_blocks={self.nnz_blocks}, density={self.density:.4g}, dtype={self.dtype})"
+        )
+
+    # -- conversions --------------------------------------------------------------------------
+    def to_dense(self) -> jax.Array:
+        (m, k), (bh, bw) = self.shape, self.block_size
+        gm, gk = self.pattern.grid
+        out = jnp.zeros((gm, gk, bh, bw), self.dtype)
+        out = out.at[self.pattern.rows, self.pattern.cols].set(self.data, unique_indices=True)
+        return out.swapaxes(1, 2).reshape(m, k)
+
+    todense = to_dense
+
+    @property
+    def T(self) -> BlockSparseMatrix:
+        """The transpose; its pattern is computed once per pattern and cached."""
+        t, perm = self.pattern.transpose()
+        return BlockSparseMatrix.tree_unflatten(t, (self.data[perm].swapaxes(1, 2),))
+
+    def transpose(self) -> BlockSparseMatrix:
+        return self.T
+
+    def astype(self, dtype) -> BlockSparseMatrix:
+        _check_floating(dtype)
+        return self.with_data(self.data.astype(dtype))
+
+    def with_data(self, data) -> BlockSparseMatrix:
+        """The same pattern with new block values of shape ``(nnz_blocks, bh, bw)``."""
+        return BlockSparseMatrix(self.pattern, data)
+
+    def __matmul__(self, other):
+        from .ops.matmul.api import matmul
+
+        return matmul(self, other)
+
+    def __rmatmul__(self, other):
+        from .ops.matmul.api import matmul
+
+        return matmul(other, self)
+
+    def __neg__(self):
+        return self.with_data(-self.data)
+
+    def __mul__(self, scalar):
+        if np.ndim(scalar) != 0:
+            return NotImplemented
+        return self.with_data(self.data * scalar)
+
+    __rmul__ = __mul__
+
+    # -- interop ------------------------------------------------------------------------------
+    def to_bcoo(self):
+        """As an element-wise ``jax.experimental.sparse.BCOO`` (explicit zeros inside blocks kept)."""
+        from jax.experimental import sparse
+
+        bh, bw = self.block_size
+        r = self.pattern.rows[:, None, None] * bh + np.arange(bh)[None, :, None]
+        c = self.pattern.cols[:, None, None] * bw + np.arange(bw)[None, None, :]
+        r, c = np.broadcast_arrays(r, c)
+        idx = np.stack([r.reshape(-1), c.reshape(-1)], axis=1)
+        return sparse.BCOO((self.data.reshape(-1), jnp.asarray(idx)), shape=self.shape)
+
+    @classmethod
+    def from_bcoo(cls, mat, block_size) -> BlockSparseMatrix:
+        """From a ``BCOO`` (concrete indices): every block holding a stored entry becomes a block."""
+        bh, bw = check_block_size(mat.shape, block_size)
+        idx = np.asarray(mat.indices)
+        if idx.ndim != 2 or idx.shape[1] != 2 or mat.n_batch or mat.n_dense:
+            raise ValueError("Expected a 2-D BCOO with no batch or dense dimensions.")
+        gm, gk = mat.shape[0] // bh, mat.shape[1] // bw
+        mask = np.zeros((gm, gk), bool)
+        valid = (idx[:, 0] < mat.shape[0]) & (idx[:, 1] < mat.shape[1])  # BCOO pads with out-of-range indices
+        mask[idx[valid, 0] // bh, idx[valid, 1] // bw] = True
+        return cls.from_mask(mask, mat.todense(), (bh, bw))
+
+    def to_scipy(self):
+        """As a ``scipy.sparse.bsr_array`` (needs scipy and square-free block sizes of any shape)."""
+        import scipy.sparse as sp
+
+        p = self.pattern
+        return sp.bsr_array(
+            (np.asarray(self.data), p.cols.astype(np.int32), p.indptr.astype(np.int32)),
+            shape=self.shape,
+            blocksize=self.block_size,
+        )
+
+    @classmethod
+    def from_scipy(cls, mat, block_size=None) -> BlockSparseMatrix:
+        """From any ``scipy.sparse`` array or matrix; ``block_size`` defaults to a BSR's own."""
+        import scipy.sparse as sp
+
+        if block_size is None:
+            if not (sp.issparse(mat) and mat.format == "bsr"):
+                raise ValueError(f"Expected block_size for a scipy {mat.format} matrix; only BSR carries one.")
+            block_size = mat.blocksize
+        bsr = sp.bsr_array(mat, blocksize=tuple(_pair(block_size)))
+        bsr.sum_duplicates()
+        bsr.sort_indices()
+        gm = bsr.shape[0] // bsr.blocksize[0]
+        rows = np.repeat(np.arange(gm), np.diff(bsr.indptr))
+        return cls.from_blocks(rows, bsr.indices, np.asarray(bsr.data), bsr.shape)
+
+
+def random(
+    key, shape, block_size, density: float, dtype=jnp.float32, *, pattern_seed: int | None = None
+) -> BlockSparseMatrix:
+    """A matrix with a uniformly random block pattern of the given density and normal values.
+
+    The pattern is drawn on the host; ``key`` must be concrete. Its seed comes from ``key``
+    unless ``pattern_seed`` is given.
+    """
+    _check_floating(dtype)
+    kp, kv = jax.random.split(key)
+    seed = pattern_seed if pattern_seed is not None else int(jax.random.randint(kp, (), 0, 2**31 - 1))
+    pattern = BlockPattern.random(seed, shape, block_size, density)
+    data = jax.random.normal(kv, (pattern.nnz_blocks, *pattern.block_size), dtype)
+    return BlockSparseMatrix(pattern, data)
+
+
+@jax.tree_util.register_pytree_node_class
+class DynamicBlockSparseMatrix:
+    """A block-sparse matrix whose pattern is traced: it may change every call without recompiling.
+
+    Only the shape, block size and ``capacity`` (the maximum number of blocks) are static.
+    Positions ``>= nnz`` are padding and are ignored; duplicate ``(row, col)`` blocks add up.
+
+    Out-of-range block coordinates (at positions ``< nnz``) cannot be rejected while tracing.
+    :meth:`is_valid` returns a traced flag; every op reports them through
+    ``jax.experimental.checkify`` (wrap the caller with ``checkify.checkify``) and, without it,
+    returns NaN everywhere in its output rather than a silently wrong value.
+    """
+
+    __slots__ = ("rows", "cols", "data", "nnz", "shape", "block_size")
+    __array_priority__ = 100
+
+    def __init__(self, rows, cols, data, nnz, shape, block_size=None):
+        data = jnp.asarray(data)
+        _check_floating(data.dtype)
+        if data.ndim != 3:
+            raise ValueError(f"Expected data of shape (capacity, bh, bw). Got {data.shape}.")
+        block_size = data.shape[1:] if block_size is None else _pair(block_size)
+        if tuple(data.shape[1:]) != tuple(block_size):
+            raise ValueError(f"Expected blocks of shape {tuple(block_size)}. Got {data.shape[1:]}.")
+        self.shape = (int(shape[0]), int(shape[1]))
+        self.block_size = check_block_size(self.shape, block_size)
+        cap = data.shape[0]
+        rows, cols = jnp.asarray(rows), jnp.asarray(cols)
+        for name, idx in (("rows", rows), ("cols", cols)):
+            if idx.shape != (cap,):
+                raise ValueError(f"Expected {name} of shape ({cap},) to match data. Got {idx.shape}.")
+            if not jnp.issubdtype(idx.dtype, jnp.integer):
+                raise TypeError(f"Expected integer {name}. Got dtype {idx.dtype}.")
+        nnz = jnp.asarray(nnz)
+        if nnz.shape != () or not jnp.issubdtype(nnz.dtype, jnp.integer):
+            raise TypeError(f"Expected nnz as an integer scalar. Got shape {nnz.shape}, dtype {nnz.dtype}.")
+        if _is_concrete(nnz) and not 0 <= int(nnz) <= cap:
+            raise ValueError(f"Expected nnz in [0, capacity={cap}]. Got nnz={int(nnz)}.")
+        self.rows, self.cols = rows.astype(jnp.int32), cols.astype(jnp.int32)
+        self.data, self.nnz = data, nnz.astype(jnp.int32)
+
+    def tree_flatten(self):
+        return (self.rows, self.cols, self.data, self.nnz), (self.shape, self.block_size)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        obj = object.__new__(cls)
+        obj.rows, obj.cols, obj.data, obj.nnz = children
+        obj.shape, obj.block_size = aux
+        return obj
+
+    @classmethod
+    def from_blocks(cls, rows, cols, blocks, nnz=None, *, shape, capacity=None) -> DynamicBlockSparseMatrix:
+        """From block coordinates and blocks ``(L, bh, bw)``, padded to ``capacity`` (default ``L``).
+
+        ``nnz`` defaults to ``L``. Usable inside ``jit``: everything but ``shape`` and ``capacity``
+        may be traced.
+        """
+        blocks = jnp.asarray(blocks)
+        _check_floating(blocks.dtype, "blocks")
+        if blocks.ndim != 3:
+            raise ValueError(f"Expected blocks of shape (L, bh, bw). Got {blocks.shape}.")
+        n = blocks.shape[0]
+        capacity = n if capacity is None else int(capacity)
+        if n > capacity:
+            raise ValueError(f"Expected at most capacity={capacity} blocks. Got {n}.")
+        nnz = n if nnz is None else nnz
+        if _is_concrete(nnz) and int(nnz) > capacity:
+            raise ValueError(f"Expected nnz <= capacity={capacity}. Got nnz={int(nnz)}; raise the capacity.")
+        if _is_concrete(nnz) and int(nnz) > n:
+            raise ValueError(f"Expected nnz <= the number of blocks given ({n}). Got nnz={int(nnz)}.")
+        pad = capacity - n
+        rows = jnp.pad(jnp.asarray(rows, jnp.int32), (0, pad))
+        cols = jnp.pad(jnp.asarray(cols, jnp.int32), (0, pad))
+        blocks = jnp.pad(blocks, ((0, pad), (0, 0), (0, 0)))
+        return cls(rows, cols, blocks, nnz, shape)
+
+    @classmethod
+    def from_static(cls, mat: BlockSparseMatrix, capacity: int | None = None) -> DynamicBlockSparseMatrix:
+        p = mat.pattern
+        return cls.from_blocks(p.rows, p.cols, mat.data, shape=mat.shape, capacity=capacity)
+
+    capacity = property(lambda self: self.data.shape[-3])
+    dtype = property(lambda self: self.data.dtype)
+    ndim = 2
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.shape[0] // self.block_size[0], self.shape[1] // self.block_size[1]
+
+    def __repr__(self) -> str:
+        return (
+            f"DynamicBlockSparseMatrix(shape={self.shape}, block_size={self.block_size}, "
+            f"capacity={self.capacity}, dtype={self.dtype})"
+        )
+
+    def active(self) -> jax.Array:
+        """``bool[capacity]``: which positions hold real blocks (``< nnz``)."""
+        return jnp.arange(self.capacity) < self.nnz
+
+    def is_valid(self) -> jax.Array:
+        """Traced ``bool``: every active block has coordinates inside the grid."""
+        gm, gk = self.grid
+        ok = (self.rows >= 0) & (self.rows < gm) & (self.cols >= 0) & (self.cols < gk)
+        return jnp.all(ok | ~self.active()) & (self.nnz >= 0) & (self.nnz <= self.capacity)
+
+    def check(self) -> jax.Array:
+        """Report invalid coordinates through checkify (a no-op unless functionalized); return ``is_valid()``."""
+        valid = self.is_valid()
+        gm, gk = self.grid
+        checkify.debug_check(
+            valid,
+            f"DynamicBlockSparseMatrix: expected active block rows in [0, {gm}) and cols in [0, {gk}), "
+            f"and nnz in [0, {self.capacity}]; some are out of range.",
+        )
+        return valid
+
+    def masked_data(self) -> jax.Array:
+        """``data`` with padding positions zeroed."""
+        return jnp.where(self.active()[:, None, None], self.data, jnp.zeros((), self.dtype))
+
+    def to_dense(self) -> jax.Array:
+        (m, k), (bh, bw) = self.shape, self.block_size
+        gm, gk = self.grid
+        valid = self.check()
+        # Padding and invalid positions are routed out of range and dropped by the scatter.
+        keep = self.active()
+        r = jnp.where(keep, self.rows, gm)
+        out = jnp.zeros((gm, gk, bh, bw), self.dtype).at[r, self.cols].add(self.data, mode="drop")
+        out = out.swapaxes(1, 2).reshape(m, k)
+        return jnp.where(valid, out, jnp.nan)
+
+    todense = to_dense
+
+    @property
+    def T(self) -> DynamicBlockSparseMatrix:
+        return DynamicBlockSparseMatrix.tree_unflatten(
+            (self.shape[::-1], self.block_size[::-1]),
+            (self.cols, self.rows, self.data.swapaxes(-1, -2), self.nnz),
+        )
+
+    def astype(self, dtype) -> DynamicBlockSparseMatrix:
+        _check_floating(dtype)
+        return self.with_data(self.data.astype(dtype))
+
+    def with_data(self, data) -> DynamicBlockSparseMatrix:
+        return DynamicBlockSparseMatrix(self.rows, self.cols, data, self.nnz, self.shape, self.block_size)
+
+    def __matmul__(self, other):
+        from .ops.matmul.api import matmul
+
+        return matmul(self, other)
+
+    def __rmatmul__(self, other):
+        from .ops.matmul.api import matmul
+
+        return matmul(other, self)
+
+
+Matrix = Any
