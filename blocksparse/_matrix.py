@@ -211,12 +211,15 @@ class BlockSparseMatrix:
         return cls.from_mask(mask, mat.todense(), (bh, bw))
 
     def to_scipy(self):
-        """As a ``scipy.sparse.bsr_array`` (needs scipy and square-free block sizes of any shape)."""
+        """As a ``scipy.sparse.bsr_array`` (needs scipy). Half types, which scipy lacks, become float32."""
         import scipy.sparse as sp
 
         p = self.pattern
+        data = np.asarray(self.data)
+        if data.dtype.itemsize < 4:
+            data = data.astype(np.float32)
         return sp.bsr_array(
-            (np.asarray(self.data), p.cols.astype(np.int32), p.indptr.astype(np.int32)),
+            (data, p.cols.astype(np.int32), p.indptr.astype(np.int32)),
             shape=self.shape,
             blocksize=self.block_size,
         )
