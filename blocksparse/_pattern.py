@@ -27,8 +27,7 @@ def check_block_size(shape: tuple[int, int], block_size: tuple[int, int]) -> tup
         raise ValueError(f"Expected a non-negative shape. Got {(m, k)}.")
     if m % bh or k % bw:
         raise ValueError(
-            f"Expected block_size ({bh}, {bw}) to divide the shape {(m, k)}. "
-            f"Got remainders ({m % bh}, {k % bw})."
+            f"Expected block_size ({bh}, {bw}) to divide the shape {(m, k)}. Got remainders ({m % bh}, {k % bw})."
         )
     return bh, bw
 

@@ -81,9 +81,11 @@ def test_dynamic_sdd_matches_oracle(D, n, data):
     expected = np.zeros((D.capacity, bh, bw))
     expected[:nnz] = full[np.asarray(D.rows)[:nnz], np.asarray(D.cols)[:nnz]]
     scale = np.zeros_like(expected)
-    scale[:nnz] = (np.abs(_np(a)) @ np.abs(_np(b))).reshape(full.shape[0], bh, -1, bw).swapaxes(1, 2)[
-        np.asarray(D.rows)[:nnz], np.asarray(D.cols)[:nnz]
-    ]
+    scale[:nnz] = (
+        (np.abs(_np(a)) @ np.abs(_np(b)))
+        .reshape(full.shape[0], bh, -1, bw)
+        .swapaxes(1, 2)[np.asarray(D.rows)[:nnz], np.asarray(D.cols)[:nnz]]
+    )
     assert_close(out.data, expected, scale, jnp.float32, "sdd data")
 
 
@@ -251,7 +253,9 @@ def test_dynamic_out_of_range_is_reported_not_silent():
     with pytest.raises(checkify.JaxRuntimeError, match=r"rows in \[0, 4\)"):
         err.throw()
     # Out-of-range coordinates in padding (>= nnz) are fine.
-    D = bs.DynamicBlockSparseMatrix.from_blocks(jnp.array([0, 9]), jnp.array([0, 0]), jnp.ones((2, 8, 8)), 1, shape=(32, 32))
+    D = bs.DynamicBlockSparseMatrix.from_blocks(
+        jnp.array([0, 9]), jnp.array([0, 0]), jnp.ones((2, 8, 8)), 1, shape=(32, 32)
+    )
     err, y = checkify.checkify(bs.matmul)(D, x)
     err.throw()
     np.testing.assert_allclose(y[:8], 8.0)

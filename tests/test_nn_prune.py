@@ -59,7 +59,7 @@ def test_sparse_linear_matches_dense_and_trains(getkey):
     np.testing.assert_allclose(y, x @ layer.weight.to_dense() + layer.bias, rtol=1e-5, atol=1e-5)
 
     target = jax.random.normal(getkey(), (5, 7, 48))
-    loss = lambda l: jnp.mean((l(x) - target) ** 2)
+    loss = lambda layer_: jnp.mean((layer_(x) - target) ** 2)
     grads = jax.jit(jax.grad(loss))(layer)
     assert grads.weight.pattern == layer.weight.pattern and grads.bias.shape == (48,)
     dense_grad = jax.grad(lambda w: jnp.mean((x @ w + layer.bias - target) ** 2))(layer.weight.to_dense())

@@ -160,4 +160,3 @@ def dense_arrays(draw, shape, dtype=jnp.float32) -> np.ndarray:
     """A standard-normal NumPy array of ``shape``, rounded to ``dtype``."""
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     return _values(rng, shape, dtype)
-

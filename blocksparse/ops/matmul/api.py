@@ -265,7 +265,10 @@ def matmul(a, b, *, implementation=None, preferred_element_type=None) -> jax.Arr
             raise ValueError("Expected a dense operand with at least 1 dimension. Got a scalar.")
         kx = x.shape[0] if x.ndim == 1 else x.shape[-2]
         if kx != k:
-            raise ValueError(f"Expected the dense operand's contracting dimension to be {k} (W is {W.shape}). Got {kx} (shape {x.shape}).")
+            raise ValueError(
+                f"Expected the dense operand's contracting dimension to be {k} (W is {W.shape}). "
+                f"Got {kx} (shape {x.shape})."
+            )
         out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(W.dtype, x.dtype))
         # Fold batch dimensions into the columns: (..., k, n) -> (k, B * n).
         if x.ndim == 1:
@@ -279,7 +282,9 @@ def matmul(a, b, *, implementation=None, preferred_element_type=None) -> jax.Arr
     x, W = _dense(a, "dense operand"), b
     m, k = W.shape
     if x.ndim == 0 or x.shape[-1] != m:
-        raise ValueError(f"Expected the dense operand's last dimension to be {m} (W is {W.shape}). Got shape {x.shape}.")
+        raise ValueError(
+            f"Expected the dense operand's last dimension to be {m} (W is {W.shape}). Got shape {x.shape}."
+        )
     out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(W.dtype, x.dtype))
     y2 = _dense_sparse(x.reshape(-1, m), W, impls, out_dtype)
     return y2.reshape(*x.shape[:-1], k)

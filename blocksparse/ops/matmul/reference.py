@@ -52,9 +52,7 @@ def coo_dsd(rows, cols, data, x, grid_m: int, *, sorted_rows: bool, out_dtype) -
         r = jnp.pad(rows, (0, pad), constant_values=grid_m).reshape(-1, chunk)
         c = jnp.pad(cols, (0, pad)).reshape(-1, chunk)
         d = jnp.pad(data, ((0, pad), (0, 0), (0, 0))).reshape(-1, chunk, bh, bw)
-        y = jax.lax.fori_loop(
-            0, r.shape[0], lambda i, y: y + part(r[i], c[i], d[i]), jnp.zeros((grid_m, bh, n), acc)
-        )
+        y = jax.lax.fori_loop(0, r.shape[0], lambda i, y: y + part(r[i], c[i], d[i]), jnp.zeros((grid_m, bh, n), acc))
     return y.reshape(grid_m * bh, n).astype(out_dtype)
 
 
