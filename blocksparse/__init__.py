@@ -1,9 +1,11 @@
 """blocksparse: block-sparse matrix multiplication for JAX, modelled on Graphcore's PopSparse."""
 
 from . import nn, ops, prune
+from . import plan as plan  # the package is callable: bs.plan(W, n, ...) plans
 from ._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, random
 from ._pattern import BlockPattern
 from .ops import dispatch_log, matmul, sdd
+from .plan import ipu, simulate
 
 __version__ = "0.1.0"
 
@@ -12,12 +14,15 @@ __all__ = [
     "BlockSparseMatrix",
     "DynamicBlockSparseMatrix",
     "dispatch_log",
+    "ipu",
     "matmul",
     "nn",
     "ops",
+    "plan",
     "prune",
     "random",
     "sdd",
+    "simulate",
 ]
 
 

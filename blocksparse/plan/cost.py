@@ -1,0 +1,278 @@
+"""Cycle and memory model of a static block-sparse matmul ``Y = W X`` on an IPU, by phase.
+
+The IPU runs bulk-synchronously: a program is a sequence of phases (an exchange or a compute
+set), every tile finishes a phase before the next begins, so a phase takes as long as its
+busiest tile and the total is the sum over phases. The structure follows PopSparse's static
+planner (poplibs ``popsparse/StaticMatMulPartitioner``, described in Li et al. 2023,
+arXiv:2303.16999): the phases are
+
+1. ``exchange_dense``: each tile receives the rows of ``X`` for the block columns it holds,
+   restricted to its piece of ``n``;
+2. ``exchange_nonzeros``: with ``n_split > 1`` the non-zero blocks are replicated to the tiles
+   of every piece of ``n`` (with one piece they are stored where they are used);
+3. ``zero_partials``: the AMP accumulates into its output, so the partial rows are zeroed first;
+4. ``compute``: every tile multiplies its blocks by its ``X`` rows (rates in :mod:`.ipu`);
+5. ``exchange_partials``: rows whose blocks are spread over several tiles (other bands, or a long
+   row split across tiles of one band) send their partial sums to a reducing tile;
+6. ``reduction``: the reducing tiles add the partials;
+7. ``output``: the result, cast to the output dtype, goes to its home tiles (``Y`` spread evenly
+   over all tiles, as is ``X`` before the product).
+
+All inputs here are NumPy arrays over tiles so that the planner can score many candidates at
+once. Our formulas are our own estimates; the constants they use live on the machine model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .ipu import IPUMachine
+
+__all__ = ["PHASES", "DenseEstimate", "TileStats", "dense_estimate", "sparse_cost"]
+
+PHASES = (
+    "exchange_dense",
+    "exchange_nonzeros",
+    "zero_partials",
+    "compute",
+    "exchange_partials",
+    "reduction",
+    "output",
+)
+EXCHANGE_PHASES = ("exchange_dense", "exchange_nonzeros", "exchange_partials", "output")
+
+
+def _cdiv(a, b):
+    return -(-np.asarray(a) // b)
+
+
+@dataclass(frozen=True)
+class TileStats:
+    """What the cost model needs to know about one assignment of blocks to the tiles of one ``n`` piece.
+
+    Attributes:
+        blocks: ``int[tiles]`` non-zero blocks per tile.
+        rows: ``int[tiles]`` distinct block rows per tile (its partial output rows).
+        cols: ``int[tiles]`` distinct block columns per tile (the ``X`` rows it needs).
+        multi_partial_rows: sum over block rows held by two or more tiles of the number of tiles holding them.
+        multi_rows: the number of such block rows.
+    """
+
+    blocks: np.ndarray
+    rows: np.ndarray
+    cols: np.ndarray
+    multi_partial_rows: int
+    multi_rows: int
+
+
+def n_piece(n: int, n_split: int, grain: int, serial: int = 1) -> int:
+    """Columns of the largest piece: ``n`` in ``serial`` passes, each split ``n_split`` ways, in whole grains."""
+    per_pass = int(_cdiv(_cdiv(n, grain), serial))  # grains per pass
+    return int(_cdiv(per_pass, n_split) * grain)
+
+
+def n_pieces(n: int, n_split: int, grain: int, serial: int = 1) -> np.ndarray:
+    """``int[pieces, 2]``: ``[start, stop)`` of each piece of ``n``; piece ``j`` runs in pass ``j // n_split``."""
+    p = n_piece(n, n_split, grain, serial)
+    starts = np.arange(int(_cdiv(n, p))) * p
+    return np.stack([starts, np.minimum(starts + p, n)], axis=1)
+
+
+def sparse_cost(
+    machine: IPUMachine,
+    stats: TileStats,
+    *,
+    shape: tuple[int, int],
+    block_size: tuple[int, int],
+    n: int,
+    n_split: int,
+    tiles_per_split: int,
+    dtype: str,
+    partials_dtype: str,
+    serial: int = 1,
+) -> tuple[dict[str, float], dict[str, float], np.ndarray]:
+    """Cycles per phase, exchange bytes per phase (summed over all tiles) and bytes per tile.
+
+    ``stats`` describes one piece of ``n``; the ``n_split`` pieces run side by side on disjoint
+    tiles, so cycles are those of the largest piece and bytes are multiplied by ``n_split``.
+    With ``serial > 1``, ``n`` is processed in that many passes one after the other (only when no
+    single pass fits), each paying every phase again; memory is that of one pass.
+    """
+    mc = machine
+    m, k = shape
+    bh, bw = block_size
+    T = mc.num_tiles
+    dbytes = np.dtype(dtype).itemsize
+    pbytes = np.dtype(partials_dtype).itemsize
+    grain = mc.column_grain(dtype)
+    npc = n_piece(n, n_split, grain, serial)
+    xbw = mc.exchange_bytes_per_cycle
+    blocks = stats.blocks.astype(np.float64)
+    rows = stats.rows.astype(np.float64)
+    cols = stats.cols.astype(np.float64)
+    busy = blocks > 0
+
+    # -- exchange of the dense operand and of the non-zeros ------------------------------------------
+    x_bytes = cols * bw * npc * dbytes
+    nz_bytes = blocks * bh * bw * dbytes if n_split > 1 else np.zeros_like(blocks)
+
+    # -- compute -------------------------------------------------------------------------------------
+    sub = mc.sub_block((bh, bw))
+    nsub = (bh // sub) * (bw // sub)
+    rate = mc.block_macs_per_cycle(sub, dtype)
+    W = mc.num_workers
+    if sub >= 4:
+        # Workers split the columns of the piece; each handles whole vector grains.
+        n_eff = int(_cdiv(_cdiv(npc, W), grain) * grain) * W
+        per_block = nsub * (mc.block_overhead_cycles + sub * sub * dbytes / mc.load_bytes_per_cycle)
+        per_block += nsub * mc.amp_pipeline_cycles + nsub * sub * sub * n_eff / rate
+        compute = mc.vertex_overhead_cycles + rows * mc.row_overhead_cycles + blocks * per_block
+    else:
+        # Element-wise: workers split the rows; each non-zero streams its row of X.
+        n_eff = int(_cdiv(npc, grain) * grain)
+        per_elem = mc.elementwise_overhead_cycles + n_eff / rate
+        compute = mc.vertex_overhead_cycles + rows * bh * mc.row_overhead_cycles + blocks * nsub * sub * sub * per_elem
+    compute = np.where(busy, compute, 0.0)
+    zero_bytes = rows * bh * npc * pbytes
+
+    # -- partials, reduction, output -----------------------------------------------------------------
+    tps = tiles_per_split
+    in_rows = int(_cdiv(stats.multi_partial_rows, tps))
+    add_rows = int(_cdiv(stats.multi_partial_rows - stats.multi_rows, tps))
+    partial_in_bytes = in_rows * bh * npc * pbytes
+    reduce_rate = mc.vector_lanes.get(partials_dtype, 1) / mc.elementwise_issue_overhead
+    out_home = int(_cdiv(m * n, T)) * dbytes
+    x_home = int(_cdiv(k * n, T)) * dbytes
+
+    sync = mc.exchange_sync_cycles
+
+    def xcycles(nbytes):
+        top = float(np.max(nbytes)) if np.size(nbytes) else 0.0
+        return top / xbw + sync if top > 0 else 0.0
+
+    cycles = {
+        "exchange_dense": xcycles(x_bytes),
+        "exchange_nonzeros": xcycles(nz_bytes),
+        "zero_partials": float(np.max(zero_bytes, initial=0.0)) / mc.store_bytes_per_cycle,
+        "compute": float(np.max(compute, initial=0.0)),
+        "exchange_partials": xcycles(partial_in_bytes),
+        "reduction": (mc.vertex_overhead_cycles + add_rows * bh * npc / reduce_rate) if add_rows else 0.0,
+        "output": xcycles(out_home),
+    }
+    cycles = {name: v * serial for name, v in cycles.items()}
+    cycles["output"] = xcycles(out_home / serial) * serial
+    reps = n_split * serial
+    nbytes = {
+        "exchange_dense": float(x_bytes.sum()) * reps,
+        "exchange_nonzeros": float(nz_bytes.sum()) * reps,
+        "exchange_partials": float(stats.multi_partial_rows) * bh * npc * pbytes * reps,
+        "output": float(m) * n * dbytes,
+    }
+    # -- memory per tile: the larger of the compute phase and the reduction phase --------------------
+    w_bytes = blocks * bh * bw * dbytes
+    meta = np.where(busy, blocks * mc.metadata_bytes_per_block + rows * mc.metadata_bytes_per_row + 64, 0.0)
+    partials = rows * bh * npc * pbytes
+    at_compute = x_home + w_bytes + meta + x_bytes + partials
+    at_reduce = x_home + w_bytes + partials + partial_in_bytes + out_home
+    memory = np.maximum(at_compute, at_reduce)
+    return cycles, nbytes, memory
+
+
+@dataclass(frozen=True)
+class DenseEstimate:
+    """The modelled dense matmul of the same shape on the same machine (poplin-style 3-D split)."""
+
+    split: tuple[int, int, int]
+    serial: int
+    cycles: float
+    seconds: float
+    tflops: float
+    phases: dict
+    memory_bytes_per_tile: float
+
+    def to_dict(self) -> dict:
+        return {
+            "split_mkn": list(self.split),
+            "serial_passes": self.serial,
+            "cycles": self.cycles,
+            "seconds": self.seconds,
+            "tflops": self.tflops,
+            "phases": dict(self.phases),
+            "memory_bytes_per_tile": self.memory_bytes_per_tile,
+        }
+
+
+def _split_candidates(limit: int) -> np.ndarray:
+    """Candidate split counts up to ``limit``: every integer to 16, then about 12% apart."""
+    geo = np.unique(np.round(16 * 1.125 ** np.arange(64)).astype(np.int64))
+    c = np.unique(np.concatenate([np.arange(1, 17), geo]))
+    return c[c <= max(limit, 1)]
+
+
+def dense_estimate(
+    machine: IPUMachine, m: int, k: int, n: int, dtype: str, partials_dtype: str, available_memory_proportion: float
+) -> DenseEstimate | None:
+    """Cheapest split of a dense ``(m, k) @ (k, n)`` over the tiles, or ``None`` when none fits.
+
+    A poplin-style 3-D split: each tile holds an ``mt x kt`` piece of ``W`` and a ``kt x nt``
+    piece of ``X`` (received over the exchange; ``W`` is stored where it is used, only its copies
+    for the other pieces of ``n`` move) and runs the AMP at ``dense_amp_efficiency`` of peak;
+    when ``k`` is split, the ``pk`` partial outputs are exchanged and reduced before the output
+    goes home. When even the best split does not fit, ``n`` is processed in ``serial``
+    passes (as poplin's serial splits do), each pass paying every phase again.
+    """
+    mc = machine
+    T = mc.num_tiles
+    dbytes = np.dtype(dtype).itemsize
+    pbytes = np.dtype(partials_dtype).itemsize
+    grain = mc.column_grain(dtype)
+    n_grains = int(_cdiv(n, grain))
+    serial_opts = np.array([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64])
+    serial_opts = serial_opts[serial_opts <= n_grains]
+    pm, pk, pn, ser = np.meshgrid(
+        _split_candidates(m), _split_candidates(k), _split_candidates(n_grains), serial_opts, indexing="ij"
+    )
+    pm, pk, pn, ser = pm.ravel(), pk.ravel(), pn.ravel(), ser.ravel()
+    n_pass = _cdiv(n_grains, ser)  # grains per pass
+    ok = (pm * pk * pn <= T) & (pn <= n_pass)
+    pm, pk, pn, ser, n_pass = pm[ok], pk[ok], pn[ok], ser[ok], n_pass[ok]
+    mt = _cdiv(m, pm).astype(np.float64)
+    kt = _cdiv(k, pk).astype(np.float64)
+    nt = (_cdiv(n_pass, pn) * grain).astype(np.float64)
+    sync = mc.exchange_sync_cycles
+    xbw = mc.exchange_bytes_per_cycle
+    peak = mc.amp_macs_per_cycle[dtype] * mc.dense_amp_efficiency
+    reduce_rate = mc.vector_lanes.get(partials_dtype, 1) / mc.elementwise_issue_overhead
+    split_k = pk > 1
+    out_pass = _cdiv(m * n, T) / ser * dbytes
+    phases = {
+        # W is placed where it is used (static weights); only its copies for other pieces of n move.
+        "exchange_inputs": (kt * nt + np.where(pn > 1, mt * kt, 0.0)) * dbytes / xbw + sync,
+        "zero_partials": mt * nt * pbytes / mc.store_bytes_per_cycle,
+        "compute": mc.vertex_overhead_cycles + mt * kt * nt / peak,
+        "exchange_partials": np.where(split_k, mt * nt * pbytes * (pk - 1) / pk / xbw + sync, 0.0),
+        "reduction": np.where(split_k, mc.vertex_overhead_cycles + mt * nt * (pk - 1) / pk / reduce_rate, 0.0),
+        "output": out_pass / xbw + sync,
+    }
+    phases = {name: v * ser for name, v in phases.items()}
+    total = sum(phases.values())
+    home = float(_cdiv(k * n, T) + _cdiv(m * n, T)) * dbytes
+    memory = (mt * kt + kt * nt) * dbytes + mt * nt * pbytes * np.where(split_k, 2, 1) + home
+    fits = memory <= available_memory_proportion * mc.tile_memory_bytes
+    if not fits.any():
+        return None
+    total = np.where(fits, total, np.inf)
+    i = int(np.argmin(total))
+    cycles = float(total[i])
+    seconds = mc.seconds(cycles)
+    return DenseEstimate(
+        split=(int(pm[i]), int(pk[i]), int(pn[i])),
+        serial=int(ser[i]),
+        cycles=cycles,
+        seconds=seconds,
+        tflops=2.0 * m * k * n / seconds / 1e12,
+        phases={name: float(v[i]) for name, v in phases.items()},
+        memory_bytes_per_tile=float(memory[i]),
+    )

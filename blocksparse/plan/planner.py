@@ -1,0 +1,672 @@
+"""The static planner: partition the non-zero blocks of ``W`` over IPU tiles for ``Y = W X``.
+
+The partition follows PopSparse's static sparse matmul (Li et al. 2023, arXiv:2303.16999, and
+its implementation, poplibs ``popsparse/StaticMatMulPartitioner``):
+
+* ``n`` (the columns of ``X``) is split into ``n_split`` pieces of whole vector grains; each piece
+  gets its own ``tiles_per_split = num_tiles // n_split`` tiles and the same block assignment;
+* the block columns of ``W`` are cut into ``num_bands`` bands holding about equal numbers of
+  non-zero blocks; tiles are given to bands in proportion to their non-zero blocks;
+* within a band, consecutive tiles take contiguous, equal chunks of the band's blocks in row
+  order, so a long row can span tiles; its partial sums are reduced afterwards.
+
+Every candidate ``(n_split, num_bands)`` is scored exactly on the given pattern with the phase
+model of :mod:`.cost`; the cheapest one whose busiest tile fits ``available_memory_proportion``
+of tile memory wins. Everything here is host-side NumPy, vectorised over blocks (no per-block
+Python loops), and plans are cached on the pattern's fingerprint and the options.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .._pattern import BlockPattern
+from . import cost as _cost
+from .ipu import BOW, IPUMachine
+
+__all__ = ["NoValidPlanError", "Plan", "clear_cache", "plan"]
+
+N_SPLIT_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+BAND_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+_CACHE_SIZE = 64
+
+
+class NoValidPlanError(ValueError):
+    """No partition of the product fits the tile memory limit."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Pieces of the partition (pure NumPy, vectorised over blocks)
+# --------------------------------------------------------------------------------------------------
+def column_bands(cols: np.ndarray, grid_k: int, num_bands: int) -> np.ndarray:
+    """Boundaries ``int[bands + 1]`` (block columns) of at most ``num_bands`` bands of about equal non-zeros."""
+    total = int(cols.size)
+    if total == 0 or num_bands <= 1:
+        return np.array([0, grid_k], np.int64)
+    cum = np.cumsum(np.bincount(cols, minlength=grid_k))
+    targets = -(-total * np.arange(1, num_bands, dtype=np.int64) // num_bands)
+    cuts = np.searchsorted(cum, targets, side="left") + 1
+    return np.unique(np.concatenate([[0], np.minimum(cuts, grid_k), [grid_k]]))
+
+
+def tiles_for_bands(nnz_per_band: np.ndarray, tiles: int) -> np.ndarray | None:
+    """Tiles per band in proportion to its non-zero blocks (at least one per non-empty band).
+
+    Returns ``None`` when there are more non-empty bands than tiles. A band never gets more tiles
+    than it has blocks.
+    """
+    nnz = np.asarray(nnz_per_band, np.int64)
+    total = int(nnz.sum())
+    out = np.zeros(nnz.shape, np.int64)
+    if total == 0:
+        return out
+    nonempty = nnz > 0
+    if int(nonempty.sum()) > tiles:
+        return None
+    raw = nnz * tiles / total
+    out = np.where(nonempty, np.maximum(np.floor(raw).astype(np.int64), 1), 0)
+    over = int(out.sum()) - tiles
+    if over > 0:  # the minimum of one tile per band overshot: take back from the largest allocations
+        order = np.argsort(-(out - raw), kind="stable")  # most over-allocated first
+        take = np.zeros_like(out)
+        cand = order[out[order] > 1][:over]
+        take[cand] = 1
+        out -= take
+    left = tiles - int(out.sum())
+    if left > 0:  # largest remainders first
+        order = np.argsort(-(raw - out), kind="stable")
+        give = np.zeros_like(out)
+        give[order[nonempty[order]][:left]] = 1
+        out += give
+    return np.minimum(out, nnz)
+
+
+@dataclass(frozen=True)
+class _Bands:
+    boundaries: np.ndarray  # int[B + 1]
+    nnz: np.ndarray  # int[B] blocks per band
+    order: np.ndarray  # permutation of blocks: band-major, row-major within a band
+    band: np.ndarray  # band of each block, in `order`
+    pos: np.ndarray  # position of each block within its band, in `order`
+    nonempty_rows: np.ndarray  # int[B] block rows with a block in the band
+    nonempty_cols: np.ndarray  # int[B] block columns with a block in the band
+
+
+def _small_int(a: np.ndarray, limit: int) -> np.ndarray:
+    # NumPy's stable sort is a radix sort for 16-bit integers: linear time for band and column ids.
+    return a.astype(np.int16) if limit < np.iinfo(np.int16).max else a
+
+
+def _bands(pattern: BlockPattern, num_bands: int, col_counts: np.ndarray) -> _Bands:
+    gk = pattern.grid[1]
+    cols = pattern.cols.astype(np.int64)
+    bounds = column_bands(cols, gk, num_bands)
+    nb = bounds.size - 1
+    band_of_block = np.searchsorted(bounds, cols, side="right") - 1
+    order = np.argsort(_small_int(band_of_block, nb), kind="stable")  # pattern order is row-major: stays so
+    band = band_of_block[order]
+    nnz = np.bincount(band, minlength=nb)
+    starts = np.concatenate([[0], np.cumsum(nnz)[:-1]])
+    pos = np.arange(order.size) - starts[band]
+    rows = pattern.rows[order]
+    new_row = np.ones(order.size, bool)
+    new_row[1:] = (band[1:] != band[:-1]) | (rows[1:] != rows[:-1])
+    nonempty_rows = np.bincount(band[new_row], minlength=nb)
+    cum = np.concatenate([[0], np.cumsum(col_counts > 0)])
+    nonempty_cols = cum[bounds[1:]] - cum[bounds[:-1]]
+    return _Bands(bounds, nnz, order, band, pos, nonempty_rows, nonempty_cols)
+
+
+def _tile_of_block(bands: _Bands, tiles_per_band: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Tile (within one piece of ``n``) of each block in band order, blocks per tile chunk, tiles used per band."""
+    nnz = bands.nnz
+    chunk = np.where(tiles_per_band > 0, -(-nnz // np.maximum(tiles_per_band, 1)), 1)
+    used = np.where(nnz > 0, -(-nnz // chunk), 0)
+    first = np.concatenate([[0], np.cumsum(used)[:-1]])
+    tile = first[bands.band] + bands.pos // chunk[bands.band]
+    return tile, chunk, used
+
+
+def _stats(
+    pattern: BlockPattern, bands: _Bands, tile: np.ndarray, tiles: int, col_major: np.ndarray
+) -> _cost.TileStats:
+    """Exact per-tile statistics of one assignment, in linear time (the orders are prepared once)."""
+    if tile.size == 0:
+        z = np.zeros(tiles, np.int64)
+        return _cost.TileStats(z, z, z, 0, 0)
+    rows = pattern.rows[bands.order]
+    blocks = np.bincount(tile, minlength=tiles)
+    # Band order is sorted by (tile, row): a tile's distinct rows are the starts of runs.
+    new_row = np.ones(tile.size, bool)
+    new_row[1:] = (tile[1:] != tile[:-1]) | (rows[1:] != rows[:-1])
+    rows_per_tile = np.bincount(tile[new_row], minlength=tiles)
+    holders = np.bincount(rows[new_row], minlength=pattern.grid[0])
+    multi = holders >= 2
+    # In column-major order the tiles of one column are non-decreasing (a column lies in one band,
+    # whose tiles take its blocks in row order), so (tile, column) pairs are runs too.
+    tile_of = np.empty_like(tile)
+    tile_of[bands.order] = tile
+    tc = tile_of[col_major]
+    cc = pattern.cols[col_major]
+    new_col = np.ones(tc.size, bool)
+    new_col[1:] = (tc[1:] != tc[:-1]) | (cc[1:] != cc[:-1])
+    cols_per_tile = np.bincount(tc[new_col], minlength=tiles)
+    return _cost.TileStats(blocks, rows_per_tile, cols_per_tile, int(holders[multi].sum()), int(multi.sum()))
+
+
+def _estimate_stats(bands: _Bands, tiles_per_band: np.ndarray, rows_nonempty: int) -> _cost.TileStats:
+    """Screening estimate of the busiest tile of each band, assuming blocks spread uniformly within a band."""
+    nnz = bands.nnz.astype(np.float64)
+    t = np.maximum(tiles_per_band, 1)
+    chunk = np.ceil(nnz / t)
+    used = np.where(nnz > 0, np.ceil(nnz / np.maximum(chunk, 1)), 0)
+    per_row = nnz / np.maximum(bands.nonempty_rows, 1)
+    rows = np.minimum(chunk, np.ceil(chunk / np.maximum(per_row, 1e-9)) + 1)
+    C = np.maximum(bands.nonempty_cols, 1).astype(np.float64)
+    cols = np.minimum(chunk, np.ceil(C * -np.expm1(chunk * np.log1p(-1.0 / np.maximum(C, 1.0 + 1e-9)))))
+    cols = np.where(C <= 1, np.minimum(chunk, 1), cols)
+    pairs = float((used * rows).sum())
+    extra = max(pairs - rows_nonempty, 0.0)
+    multi_rows = min(float(rows_nonempty), extra)
+    return _cost.TileStats(chunk, rows, cols, int(extra + multi_rows), int(multi_rows))
+
+
+# --------------------------------------------------------------------------------------------------
+# The plan
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """A static partition of ``W @ X`` over IPU tiles, with its estimated cost.
+
+    The block assignment is the same for every piece of ``n``: local tile ``t`` of piece ``s``
+    is physical tile ``s * tiles_per_split + t``. Per-tile arrays have fixed shapes, padded
+    with ``-1``; block indices refer to the pattern's (row-major) block order.
+
+    Attributes:
+        pattern: the planned :class:`~blocksparse.BlockPattern`.
+        n: columns of ``X``.
+        machine: the :class:`~blocksparse.plan.ipu.IPUMachine`.
+        dtype, partials_dtype: operand and accumulation dtype names.
+        available_memory_proportion: the fraction of tile memory the plan may use.
+        n_split, num_bands, tiles_per_split: the chosen partition.
+        serial: passes over ``n`` run one after the other (1 unless no single pass fits).
+        n_pieces: ``int[pieces, 2]`` ``[start, stop)`` of each piece of ``n`` (equal widths but for
+            a shorter last one); piece ``j`` runs on the tiles of split ``j % n_split`` in pass
+            ``j // n_split``.
+        band_boundaries: ``int[num_bands + 1]`` block-column boundaries of the bands.
+        tiles_per_band: ``int[num_bands]`` tiles holding each band's blocks.
+        tile_band: ``int[tiles_per_split]`` band of each local tile (``-1`` if idle).
+        tile_blocks: ``int[tiles_per_split, max_blocks]`` blocks of each tile, in row order.
+        tile_rows: ``int[tiles_per_split, max_rows]`` distinct block rows of each tile.
+        tile_cols: ``int[tiles_per_split, max_cols]`` distinct block columns of each tile.
+        tile_local_row, tile_local_col: ``int[tiles_per_split, max_blocks]`` slot of each block's
+            row in ``tile_rows`` and of its column in ``tile_cols``.
+        tile_bytes: ``float[tiles_per_split]`` modelled memory per tile.
+        cycles: estimated cycles per phase (see :data:`blocksparse.plan.cost.PHASES`).
+        exchange_bytes: bytes moved per exchange phase, over all tiles.
+        dense: the modelled dense matmul of the same shape (``None`` if it does not fit).
+        candidates: number of partitions scored.
+    """
+
+    pattern: BlockPattern
+    n: int
+    machine: IPUMachine
+    dtype: str
+    partials_dtype: str
+    available_memory_proportion: float
+    n_split: int
+    num_bands: int
+    tiles_per_split: int
+    serial: int
+    n_pieces: np.ndarray
+    band_boundaries: np.ndarray
+    tiles_per_band: np.ndarray
+    tile_band: np.ndarray
+    tile_blocks: np.ndarray
+    tile_rows: np.ndarray
+    tile_cols: np.ndarray
+    tile_local_row: np.ndarray
+    tile_local_col: np.ndarray
+    tile_bytes: np.ndarray
+    cycles: dict = field(repr=False)
+    exchange_bytes: dict = field(repr=False)
+    dense: _cost.DenseEstimate | None = field(repr=False)
+    candidates: int = 0
+
+    # -- derived -----------------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.pattern.shape
+
+    @property
+    def block_size(self) -> tuple[int, int]:
+        return self.pattern.block_size
+
+    @property
+    def tile_num_blocks(self) -> np.ndarray:
+        return (self.tile_blocks >= 0).sum(axis=1)
+
+    @property
+    def tiles_used(self) -> int:
+        """Physical tiles holding at least one block (over all pieces of ``n``)."""
+        return int((self.tile_num_blocks > 0).sum()) * self.n_split
+
+    @property
+    def total_cycles(self) -> float:
+        return float(sum(self.cycles.values()))
+
+    @property
+    def seconds(self) -> float:
+        return self.machine.seconds(self.total_cycles)
+
+    @property
+    def flops(self) -> float:
+        """Useful flops: ``2 * nnz * n`` over the non-zero elements of the blocks."""
+        bh, bw = self.block_size
+        return 2.0 * self.pattern.nnz_blocks * bh * bw * self.n
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / self.seconds / 1e12 if self.seconds > 0 else 0.0
+
+    @property
+    def memory_limit_bytes(self) -> float:
+        return self.available_memory_proportion * self.machine.tile_memory_bytes
+
+    @property
+    def speedup(self) -> float | None:
+        """Predicted speedup over the modelled dense matmul (``None`` if dense does not fit)."""
+        return self.dense.seconds / self.seconds if self.dense is not None and self.seconds > 0 else None
+
+    def __repr__(self) -> str:
+        return (
+            f"Plan({self.shape[0]}x{self.shape[1]} b={self.block_size} nnz_blocks={self.pattern.nnz_blocks} "
+            f"@ n={self.n}, {self.dtype} on {self.machine.name}: n_split={self.n_split}, "
+            f"bands={self.num_bands}, tiles={self.tiles_used}, {self.seconds * 1e6:.3g} us)"
+        )
+
+    # -- output ------------------------------------------------------------------------------------
+    def to_dict(self, arrays: bool = False) -> dict:
+        """A JSON-serialisable summary; ``arrays=True`` adds the per-tile assignment arrays."""
+        used = self.tile_num_blocks > 0
+        nb = self.tile_num_blocks[used]
+        tb = self.tile_bytes[used] if used.any() else self.tile_bytes[:1]
+        out = {
+            "machine": self.machine.name,
+            "shape": list(self.shape),
+            "block_size": list(self.block_size),
+            "nnz_blocks": self.pattern.nnz_blocks,
+            "density": self.pattern.density,
+            "fingerprint": self.pattern.fingerprint,
+            "n": self.n,
+            "dtype": self.dtype,
+            "partials_dtype": self.partials_dtype,
+            "available_memory_proportion": self.available_memory_proportion,
+            "n_split": self.n_split,
+            "serial_passes": self.serial,
+            "num_bands": self.num_bands,
+            "tiles_per_split": self.tiles_per_split,
+            "tiles_used": self.tiles_used,
+            "blocks_per_tile": {"max": int(nb.max(initial=0)), "mean": float(nb.mean()) if nb.size else 0.0},
+            "bytes_per_tile": {"max": float(tb.max(initial=0.0)), "mean": float(tb.mean()) if tb.size else 0.0},
+            "memory_limit_bytes": self.memory_limit_bytes,
+            "exchange_bytes": dict(self.exchange_bytes),
+            "cycles": dict(self.cycles),
+            "total_cycles": self.total_cycles,
+            "seconds": self.seconds,
+            "tflops": self.tflops,
+            "dense": None if self.dense is None else self.dense.to_dict(),
+            "speedup_over_dense": self.speedup,
+            "candidates": self.candidates,
+        }
+        if arrays:
+            for name in ("n_pieces", "band_boundaries", "tiles_per_band", "tile_band", "tile_blocks", "tile_rows",
+                         "tile_cols", "tile_local_row", "tile_local_col", "tile_bytes"):  # fmt: skip
+                out[name] = getattr(self, name).tolist()
+        return out
+
+    def to_json(self, path=None, arrays: bool = False) -> str:
+        """The summary as JSON text; written to ``path`` too when given."""
+        text = json.dumps(self.to_dict(arrays=arrays), indent=2)
+        if path is not None:
+            with open(path, "w") as f:
+                f.write(text + "\n")
+        return text
+
+    def report(self) -> str:
+        """A readable table: partition, per-tile load and memory, cycles and bytes per phase, speedup."""
+        d = self.to_dict()
+        (m, k), (bh, bw) = self.shape, self.block_size
+        kib = 1024.0
+        lines = [
+            f"Static block-sparse plan on {self.machine!r}",
+            f"  W {m} x {k}, blocks {bh} x {bw}, {d['nnz_blocks']} non-zero blocks (density {d['density']:.4g})"
+            f"  @  X {k} x {self.n};  {self.dtype} (partials {self.partials_dtype})",
+            f"  n_split {self.n_split} (pieces of <= {int(np.diff(self.n_pieces, axis=1).max(initial=0))} columns), "
+            f"column bands {self.num_bands}, serial passes {self.serial}, "
+            f"tiles used {self.tiles_used} of {self.machine.num_tiles}; "
+            f"{self.candidates} partitions scored",
+            "",
+            f"  {'per tile':<20}{'max':>14}{'mean':>14}",
+            f"  {'blocks':<20}{d['blocks_per_tile']['max']:>14d}{d['blocks_per_tile']['mean']:>14.1f}",
+            f"  {'memory (KiB)':<20}{d['bytes_per_tile']['max'] / kib:>14.1f}{d['bytes_per_tile']['mean'] / kib:>14.1f}"
+            f"   limit {self.available_memory_proportion:g} x {self.machine.tile_memory_bytes / kib:g} KiB"
+            f" = {self.memory_limit_bytes / kib:.1f} KiB",
+            "",
+            f"  {'phase':<20}{'cycles':>14}{'exchange MB':>14}",
+        ]
+        for name in _cost.PHASES:
+            xb = self.exchange_bytes.get(name)
+            lines.append(f"  {name:<20}{self.cycles[name]:>14,.0f}{'' if xb is None else f'{xb / 1e6:.3f}':>14}")
+        lines.append(f"  {'total':<20}{self.total_cycles:>14,.0f}")
+        lines.append("")
+        lines.append(
+            f"  estimated {self.seconds * 1e6:,.2f} us at {self.machine.clock_hz / 1e9:g} GHz, "
+            f"{self.tflops:,.2f} TFLOP/s (useful flops {self.flops / 1e9:,.3f} GFLOP)"
+        )
+        if self.dense is None:
+            lines.append("  dense estimate: does not fit the memory limit")
+        else:
+            pm, pk, pn = self.dense.split
+            lines.append(
+                f"  dense estimate  {self.dense.seconds * 1e6:,.2f} us, {self.dense.tflops:,.2f} TFLOP/s "
+                f"(split m/k/n {pm}/{pk}/{pn});  predicted speedup over dense {self.speedup:.2f}x"
+            )
+        return "\n".join(lines)
+
+    __str__ = report
+
+
+# --------------------------------------------------------------------------------------------------
+# Search
+# --------------------------------------------------------------------------------------------------
+def _as_pattern(W) -> BlockPattern:
+    if isinstance(W, BlockPattern):
+        return W
+    pattern = getattr(W, "pattern", None)
+    if isinstance(pattern, BlockPattern):
+        return pattern
+    raise TypeError(
+        f"Expected a BlockSparseMatrix or a BlockPattern (a static pattern known on the host). Got {type(W).__name__}."
+    )
+
+
+def _dtype_name(dtype) -> str:
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        raise TypeError(f"Expected a NumPy/JAX dtype. Got {dtype!r}.") from None
+
+
+def _check_int(name: str, v, lo: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, int | np.integer) or int(v) < lo:
+        raise ValueError(f"Expected {name} as an integer >= {lo}. Got {v!r}.")
+    return int(v)
+
+
+_cache: OrderedDict = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def clear_cache() -> None:
+    """Forget every cached plan."""
+    with _cache_lock:
+        _cache.clear()
+
+
+def cache_info() -> dict:
+    with _cache_lock:
+        return {"size": len(_cache), "maxsize": _CACHE_SIZE}
+
+
+def plan(
+    W,
+    n: int,
+    machine: IPUMachine = BOW,
+    dtype=np.float16,
+    available_memory_proportion: float = 0.6,
+    *,
+    partials_dtype=np.float32,
+    n_split: int | None = None,
+    num_bands: int | None = None,
+) -> Plan:
+    """Plan ``W @ X`` (``W`` block-sparse ``m x k``, ``X`` dense ``k x n``) on an IPU.
+
+    Arguments:
+        W: a :class:`~blocksparse.BlockSparseMatrix` or its :class:`~blocksparse.BlockPattern`.
+        n: columns of ``X``.
+        machine: an :class:`IPUMachine` (``bs.ipu.BOW``, ``bs.ipu.MK2``).
+        dtype: operand dtype, ``float16`` or ``float32``.
+        available_memory_proportion: fraction of each tile's memory the plan may use, in ``(0, 1]``.
+        partials_dtype: accumulation dtype (``float32`` by default; ``float16`` halves partial traffic).
+        n_split, num_bands: fix these instead of searching them.
+
+    Returns:
+        The cheapest :class:`Plan` that fits; cached on (pattern fingerprint, ``n``, machine, dtypes,
+        options), so planning the same pattern again is free.
+
+    Raises:
+        NoValidPlanError: when no partition fits the memory limit (the message says what to change).
+
+    Example::
+
+        >>> import blocksparse as bs
+        >>> W = bs.BlockPattern.random(0, (1024, 1024), 16, 1 / 16)
+        >>> p = bs.plan(W, 512)
+        >>> p.pattern.nnz_blocks == int((p.tile_blocks >= 0).sum())
+        True
+    """
+    pattern = _as_pattern(W)
+    n = _check_int("n", n)
+    if not isinstance(machine, IPUMachine):
+        raise TypeError(f"Expected an IPUMachine such as bs.ipu.BOW or bs.ipu.MK2. Got {type(machine).__name__}.")
+    dt = machine.check_dtype(_dtype_name(dtype))
+    pdt = _dtype_name(partials_dtype)
+    if pdt not in ("float16", "float32"):
+        raise ValueError(f"Expected partials_dtype float16 or float32. Got {pdt}.")
+    amp = float(available_memory_proportion)
+    if not 0.0 < amp <= 1.0:
+        raise ValueError(f"Expected available_memory_proportion in (0, 1]. Got {available_memory_proportion!r}.")
+    if n_split is not None:
+        n_split = _check_int("n_split", n_split)
+    if num_bands is not None:
+        num_bands = _check_int("num_bands", num_bands)
+
+    key = (pattern.fingerprint, n, machine, dt, pdt, amp, n_split, num_bands)
+    with _cache_lock:
+        hit = _cache.get(key)
+        if hit is not None:
+            _cache.move_to_end(key)
+            return hit
+    result = _search(pattern, n, machine, dt, pdt, amp, n_split, num_bands)
+    with _cache_lock:
+        _cache[key] = result
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return result
+
+
+# Patterns up to this many blocks are scored exactly for every candidate; larger ones are screened
+# with `_estimate_stats` first and only the most promising candidates are scored exactly.
+EXACT_LIMIT = 100_000
+EXACT_TOP = 4
+SERIAL_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _search(pattern, n, machine, dt, pdt, amp, n_split_opt, num_bands_opt) -> Plan:
+    T = machine.num_tiles
+    grain = machine.column_grain(dt)
+    max_split = -(-n // grain)
+    if n_split_opt is not None:
+        if n_split_opt > min(max_split, T):
+            raise ValueError(
+                f"Expected n_split <= {min(max_split, T)} (n={n} in grains of {grain} columns, {T} tiles). "
+                f"Got {n_split_opt}."
+            )
+        splits = [n_split_opt]
+    else:
+        splits = [s for s in N_SPLIT_CANDIDATES if s <= min(max_split, T)]
+    gm, gk = pattern.grid
+    band_options = [num_bands_opt] if num_bands_opt is not None else [b for b in BAND_CANDIDATES if b <= max(gk, 1)]
+    limit = amp * machine.tile_memory_bytes
+    col_counts = np.bincount(pattern.cols, minlength=gk)
+    rows_nonempty = int((np.diff(pattern.indptr) > 0).sum())
+    col_major = np.argsort(_small_int(pattern.cols, gk), kind="stable")  # rows stay ascending within a column
+
+    candidates = []  # (bands, n_split, tiles_per_split, tiles_per_band)
+    seen = set()
+    for nb in band_options:
+        bands = _bands(pattern, nb, col_counts)
+        bkey = tuple(bands.boundaries.tolist())
+        if bkey in seen:
+            continue
+        seen.add(bkey)
+        for s in splits:
+            tpb = tiles_for_bands(bands.nnz, T // s)
+            if tpb is not None:
+                candidates.append((bands, s, T // s, tpb))
+
+    stats_cache = {}
+
+    def score(i: int, exact: bool, serial: int):
+        bands, s, tps, tpb = candidates[i]
+        key = (i, exact)
+        if key not in stats_cache:
+            if exact:
+                tile, _, used = _tile_of_block(bands, tpb)
+                stats_cache[key] = (_stats(pattern, bands, tile, tps, col_major), tile, used)
+            else:
+                stats_cache[key] = (_estimate_stats(bands, tpb, rows_nonempty), None, None)
+        stats, tile, used = stats_cache[key]
+        cycles, nbytes, memory = _cost.sparse_cost(
+            machine, stats, shape=pattern.shape, block_size=pattern.block_size, n=n, n_split=s,
+            tiles_per_split=tps, dtype=dt, partials_dtype=pdt, serial=serial,
+        )  # fmt: skip
+        total = float(sum(cycles.values()))
+        top = float(memory.max(initial=0.0))
+        rank = (total, top, s, bands.boundaries.size - 1)
+        return rank, (candidates[i], serial, tile, used, cycles, nbytes, memory)
+
+    best = None
+    smallest = None  # smallest footprint seen, for the error message
+    for serial in SERIAL_CANDIDATES:
+        if serial > 1 and (n_split_opt is not None or serial > max_split):
+            break
+        idx = [i for i, c in enumerate(candidates) if c[1] * serial <= max_split]
+        if pattern.nnz_blocks <= EXACT_LIMIT:
+            exact_order = idx
+        else:
+            est = {i: score(i, False, serial)[0] for i in idx}
+            # Promising first: estimated to fit (with slack for the estimate), then by estimated cycles.
+            exact_order = sorted(idx, key=lambda i: (est[i][1] > 1.1 * limit, est[i]))
+        scored = 0
+        for i in exact_order:
+            if best is not None and pattern.nnz_blocks > EXACT_LIMIT and scored >= EXACT_TOP:
+                break
+            rank, details = score(i, True, serial)
+            scored += 1
+            if smallest is None or rank[1] < smallest[0]:
+                smallest = (rank[1], candidates[i][1], candidates[i][0].boundaries.size - 1)
+            if rank[1] <= limit and (best is None or rank < best[0]):
+                best = (rank, details)
+        if best is not None:
+            break  # serialising costs every phase again: only when no single pass fits
+    if best is None:
+        _raise_no_plan(pattern, n, machine, dt, amp, limit, smallest, len(candidates))
+    (bands, s, tps, _), serial, tile, used, cycles, nbytes, memory = best[1]
+    dense = _cost.dense_estimate(machine, pattern.shape[0], pattern.shape[1], n, dt, pdt, amp)
+    return _build_plan(pattern, n, machine, dt, pdt, amp, s, tps, serial, bands, used, tile, cycles, nbytes, memory,
+                       dense, len(candidates))  # fmt: skip
+
+
+def _raise_no_plan(pattern, n, machine, dt, amp, limit, smallest, scored):
+    (m, k), (bh, bw) = pattern.shape, pattern.block_size
+    kib = 1024.0
+    if smallest is None:
+        raise NoValidPlanError(
+            f"No valid plan for W {m} x {k} (blocks {bh} x {bw}, {pattern.nnz_blocks} non-zero blocks) @ X {k} x {n} "
+            f"on {machine.name}: no partition is possible with {machine.num_tiles} tiles (more non-empty column bands "
+            "than tiles). Pass a smaller num_bands or a smaller n_split."
+        )
+    top, s, nb = smallest
+    # Memory grows about linearly with n: suggest the n that would bring the smallest footprint under the limit.
+    n_fit = max(1, int(n * limit / top)) if top > 0 else n
+    raise NoValidPlanError(
+        f"No valid plan for W {m} x {k} (blocks {bh} x {bw}, {pattern.nnz_blocks} non-zero blocks) @ X {k} x {n} "
+        f"in {dt} on {machine.name}: the smallest per-tile footprint over {scored} partitions is "
+        f"{top / kib:.1f} KiB (n_split={s}, bands={nb}), above the limit available_memory_proportion={amp:g} x "
+        f"{machine.tile_memory_bytes / kib:g} KiB = {limit / kib:.1f} KiB. Raise available_memory_proportion "
+        f"(at most 1.0; {min(1.0, top / machine.tile_memory_bytes):.2f} would fit), reduce n (about n <= {n_fit}), "
+        "use float16 instead of float32, or split the product over several IPUs."
+    )
+
+
+def _pad_rows(values: np.ndarray, group: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """Scatter ``values`` (sorted by ``group``) into a ``(groups, max_count)`` array padded with -1; also slots."""
+    counts = np.bincount(group, minlength=groups)
+    width = max(int(counts.max(initial=0)), 1)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    slot = np.arange(group.size) - starts[group]
+    out = np.full((groups, width), -1, np.int32)
+    out[group, slot] = values
+    return out, slot
+
+
+def _build_plan(
+    pattern, n, machine, dt, pdt, amp, s, tps, serial, bands, used, tile, cycles, nbytes, memory, dense, scored
+):
+    gk = pattern.grid[1]
+    order = bands.order
+    rows = pattern.rows.astype(np.int64)[order]
+    cols = pattern.cols.astype(np.int64)[order]
+    # Blocks, in row order within each tile (band order is tile-major).
+    tile_blocks, _ = _pad_rows(order, tile, tps)
+    # Distinct rows: band order is sorted by (tile, row).
+    new_row = np.ones(tile.size, bool)
+    new_row[1:] = (tile[1:] != tile[:-1]) | (rows[1:] != rows[:-1])
+    tile_rows, _ = _pad_rows(rows[new_row], tile[new_row], tps)
+    row_id = np.cumsum(new_row) - 1  # global index of each block's (tile, row) pair
+    first_pair = np.concatenate([[0], np.cumsum(np.bincount(tile[new_row], minlength=tps))[:-1]])
+    local_row = row_id - first_pair[tile] if tile.size else row_id
+    # Distinct columns, sorted per tile.
+    uniq, inv = np.unique(tile * gk + cols, return_inverse=True)
+    tile_cols, col_slot = _pad_rows(uniq % gk, uniq // gk, tps)
+    local_col = col_slot[inv] if tile.size else inv
+    tile_local_row, _ = _pad_rows(local_row, tile, tps)
+    tile_local_col, _ = _pad_rows(local_col, tile, tps)
+    # Band of each local tile.
+    tile_band = np.full(tps, -1, np.int32)
+    tile_band[tile] = bands.band
+    grain = machine.column_grain(dt)
+    ro = lambda a: (a.setflags(write=False), a)[1]  # noqa: E731
+    return Plan(
+        pattern=pattern,
+        n=n,
+        machine=machine,
+        dtype=dt,
+        partials_dtype=pdt,
+        available_memory_proportion=amp,
+        n_split=s,
+        num_bands=int(bands.boundaries.size - 1),
+        tiles_per_split=tps,
+        serial=serial,
+        n_pieces=ro(_cost.n_pieces(n, s, grain, serial).astype(np.int64)),
+        band_boundaries=ro(bands.boundaries.astype(np.int64)),
+        tiles_per_band=ro(used.astype(np.int64)),
+        tile_band=ro(tile_band),
+        tile_blocks=ro(tile_blocks),
+        tile_rows=ro(tile_rows),
+        tile_cols=ro(tile_cols),
+        tile_local_row=ro(tile_local_row),
+        tile_local_col=ro(tile_local_col),
+        tile_bytes=ro(np.asarray(memory, np.float64)),
+        cycles=cycles,
+        exchange_bytes=nbytes,
+        dense=dense,
+        candidates=scored,
+    )
