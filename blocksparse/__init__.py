@@ -1,6 +1,6 @@
 """blocksparse: block-sparse matrix multiplication for JAX, modelled on Graphcore's PopSparse."""
 
-from . import nn, ops, prune
+from . import gnn, nn, ops, prune
 from . import plan as plan  # the package is callable: bs.plan(W, n, ...) plans
 from ._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, random
 from ._pattern import BlockPattern

@@ -1,0 +1,95 @@
+"""Shared machinery of the GNN Pallas (Triton) kernels.
+
+Rules the kernels follow (jax 0.11.2, Triton lowering): no scalar prefetch and no dynamic grid;
+index arrays are whole-array refs read with scalars (``starts_ref[u]``); edge loops are
+``lax.fori_loop`` over dynamic bounds; every loaded tile has a power-of-two element count;
+gathers index with arrays on *every* axis (``x_ref[idx[:, None], cols[None, :]]``) because
+interpret mode cannot mix array indices with ``pl.ds`` slices. No atomics: every output row is
+written by one program and heavy nodes' partial rows are combined afterwards with segment ops.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from ._graph import Graph
+
+SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+
+
+def next_pow2(n: int, minimum: int = 1) -> int:
+    n = max(int(n), minimum)
+    return 1 << (n - 1).bit_length()
+
+
+def check_dtype(*arrays) -> None:
+    for a in arrays:
+        if a.dtype not in SUPPORTED_DTYPES:
+            raise NotImplementedError(f"the Pallas GNN kernels take float32/bfloat16/float16, got {a.dtype}")
+
+
+def pad_last(x: jax.Array, width: int) -> jax.Array:
+    if x.shape[-1] == width:
+        return x
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - x.shape[-1])])
+
+
+def units(g: Graph):
+    """Device arrays of the two unit lists of ``g``'s schedule: (starts, ends, nodes) each."""
+    s = g.schedule
+    main = (
+        jnp.asarray(g.indptr[:-1]),
+        jnp.asarray(s.main_end),
+        jnp.arange(g.num_nodes, dtype=jnp.int32),
+    )
+    extra = None
+    if s.num_extra:
+        extra = (jnp.asarray(s.extra_start), jnp.asarray(s.extra_end), jnp.asarray(s.extra_node))
+    return main, extra
+
+
+def edge_tile(start, c, end, be: int):
+    """CSR positions ``start + c*be + [0, be)`` and their validity mask."""
+    off = start + c * be
+    pos = off + jnp.arange(be, dtype=jnp.int32)
+    return off, pos, pos < end
+
+
+def load_ids(ref, off, mask, be: int):
+    return plgpu.load(ref.at[pl.ds(off, be)], mask=mask, other=0)
+
+
+def gather(ref, rows, cols, mask2):
+    """``ref[rows[:, None], cols[None, :]]`` with masked-out rows read as 0, in float32."""
+    return plgpu.load(ref.at[rows[:, None], cols[None, :]], mask=mask2, other=0).astype(jnp.float32)
+
+
+def num_chunks(start, end, be: int):
+    return (end - start + (be - 1)) // be
+
+
+def params(num_warps: int):
+    return plgpu.CompilerParams(num_warps=num_warps, num_stages=2)
+
+
+def heavy_arrays(g: Graph):
+    s = g.schedule
+    return jnp.asarray(s.heavy_nodes), jnp.asarray(s.extra_segment), int(s.heavy_nodes.size)
+
+
+def fold_sum(g: Graph, main: jax.Array, extra: jax.Array | None) -> jax.Array:
+    """Add heavy nodes' extra partial rows (float32) into their main rows."""
+    if extra is None:
+        return main
+    heavy, seg, nh = heavy_arrays(g)
+    part = jax.ops.segment_sum(extra, seg, nh, indices_are_sorted=True)
+    rows = main[heavy].astype(jnp.float32) + part
+    return main.at[heavy].set(rows.astype(main.dtype), unique_indices=True, indices_are_sorted=True)
+
+
+def as_i32(a: np.ndarray) -> jax.Array:
+    return jnp.asarray(np.asarray(a, np.int32))

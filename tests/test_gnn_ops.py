@@ -1,0 +1,148 @@
+"""The XLA references of the GNN ops against NumPy oracles, their gradients, dtypes and errors."""
+
+import gnn_oracle as O
+import jax
+import jax.numpy as jnp
+import jax.test_util
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import blocksparse as bs
+import blocksparse.gnn as gnn
+from blocksparse.testing.graphs import graphs
+
+
+def _x(g, *shape, seed=0, dtype=jnp.float32):
+    return jnp.asarray(np.random.default_rng(seed).standard_normal((g.num_nodes, *shape)), dtype)
+
+
+@given(graphs(), st.sampled_from(["sum", "mean"]), st.sampled_from([None, "left", "right", "both"]), st.booleans())
+@settings(max_examples=8)
+def test_spmm_matches_oracle(g, reduce, norm, weighted):
+    x = _x(g, 5)
+    w = jnp.asarray(np.random.default_rng(1).uniform(0.5, 1.5, g.num_edges), jnp.float32) if weighted else None
+    y = gnn.spmm(g, x, reduce, norm, w)
+    ref = O.spmm(g.src, g.dst, g.num_nodes, x, w, reduce, norm)
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-4)
+
+
+def test_spmm_gradients():
+    g = gnn.power_law(30, 200, seed=2)
+    x, w = _x(g, 4), jnp.asarray(np.random.default_rng(3).standard_normal(g.num_edges), jnp.float32)
+    ct = _x(g, 4, seed=5)
+    dx, dw = jax.grad(lambda x, w: jnp.sum(gnn.spmm(g, x, edge_weight=w) * ct), (0, 1))(x, w)
+    a = np.zeros((30, 30))
+    np.add.at(a, (g.dst, g.src), np.asarray(w))
+    np.testing.assert_allclose(dx, a.T @ np.asarray(ct), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dw, np.sum(np.asarray(ct)[g.dst] * np.asarray(x)[g.src], -1), rtol=1e-5, atol=1e-5)
+    jax.test_util.check_grads(lambda x: gnn.spmm(g, x, "mean", "both"), (x,), order=2, modes=["rev"], eps=1e-2)
+
+
+@given(graphs(), st.sampled_from(["max", "min"]))
+@settings(max_examples=6)
+def test_aggregate_matches_oracle_and_routes_gradient(g, reduce):
+    # few distinct values: many ties, which must go to the first in-edge
+    x = jnp.asarray(np.random.default_rng(0).integers(-2, 3, (g.num_nodes, 3)), jnp.float32)
+    y = gnn.aggregate(g, x, reduce)
+    np.testing.assert_array_equal(y, O.extreme(g.src, g.dst, g.num_nodes, x, reduce))
+    ct = _x(g, 3, seed=4)
+    dx = jax.grad(lambda x: jnp.sum(gnn.aggregate(g, x, reduce) * ct))(x)
+    np.testing.assert_allclose(dx, O.extreme_grad(g.src, g.dst, g.num_nodes, x, ct, reduce), rtol=1e-6, atol=1e-6)
+
+
+@given(graphs(max_nodes=12), st.integers(1, 3), st.integers(1, 5))
+@settings(max_examples=5)
+def test_attention_matches_oracle(g, heads, dim):
+    xs, xd, att = (
+        _x(g, heads, dim),
+        _x(g, heads, dim, seed=1),
+        jnp.asarray(np.random.default_rng(2).standard_normal((heads, dim)), jnp.float32),
+    )
+    np.testing.assert_allclose(
+        gnn.gatv2(g, xs, xd, att), O.gatv2(g.src, g.dst, g.num_nodes, xs, xd, att), rtol=1e-4, atol=1e-5
+    )
+    np.testing.assert_allclose(
+        gnn.graph_attention(g, xs, xd, att[None] + xs),
+        O.graph_attention(g.src, g.dst, g.num_nodes, xs, xd, att[None] + xs),
+        rtol=1e-4,
+        atol=1e-5,
+    )
+
+
+def test_attention_gradients_finite_and_isolated_nodes_zero():
+    g = gnn.Graph.from_edges([0, 1, 1, 2], [1, 2, 2, 2], 4)  # nodes 0, 3 have no in-edges
+    xs, xd = _x(g, 2, 3), _x(g, 2, 3, seed=1)
+    att = jnp.ones((2, 3))
+    out = gnn.gatv2(g, xs, xd, att)
+    np.testing.assert_array_equal(out[0], 0)
+    np.testing.assert_array_equal(out[3], 0)
+    grads = jax.grad(lambda a, b, c: jnp.sum(gnn.gatv2(g, a, b, c) ** 2), (0, 1, 2))(xs, xd, att)
+    assert all(bool(jnp.isfinite(t).all()) for t in grads)
+    grads = jax.grad(lambda q, k, v: jnp.sum(gnn.graph_attention(g, q, k, v) ** 2), (0, 1, 2))(xs, xd, xs)
+    assert all(bool(jnp.isfinite(t).all()) for t in grads)
+    jax.test_util.check_grads(lambda a, b: gnn.gatv2(g, a, b, att), (xs, xd), order=1, modes=["rev"], eps=1e-2)
+    jax.test_util.check_grads(
+        lambda q, k, v: gnn.graph_attention(g, q, k, v), (xs, xd, xs), order=1, modes=["rev"], eps=1e-2
+    )
+
+
+def test_bf16_within_tolerance():
+    g = gnn.power_law(50, 400, seed=3)
+    x = _x(g, 8)
+    for f in (lambda x: gnn.spmm(g, x, "mean"), lambda x: gnn.aggregate(g, x, "max")):
+        lo = f(x.astype(jnp.bfloat16))
+        assert lo.dtype == jnp.bfloat16
+        np.testing.assert_allclose(lo.astype(jnp.float32), f(x), rtol=2e-2, atol=2e-2)
+    xh = x.reshape(50, 2, 4)
+    lo = gnn.gatv2(g, xh.astype(jnp.bfloat16), xh.astype(jnp.bfloat16), jnp.ones((2, 4), jnp.bfloat16))
+    np.testing.assert_allclose(lo.astype(jnp.float32), gnn.gatv2(g, xh, xh, jnp.ones((2, 4))), rtol=3e-2, atol=3e-2)
+
+
+def test_dispatch_falls_back_to_xla_on_cpu():
+    if jax.default_backend() == "gpu":
+        pytest.skip("CPU-only behaviour")
+    g = gnn.power_law(10, 30)
+    x = _x(g, 4)
+    with bs.dispatch_log() as log:
+        gnn.spmm(g, x)
+        gnn.aggregate(g, x)
+        gnn.gatv2(g, x.reshape(10, 1, 4), x.reshape(10, 1, 4), jnp.ones((1, 4)))
+    assert log == [("spmm", "xla"), ("aggregate", "xla"), ("gatv2", "xla")]
+    with pytest.raises(NotImplementedError, match="need a CUDA GPU"):
+        gnn.spmm(g, x, implementation="pallas")
+
+
+def test_bad_input_messages():
+    g = gnn.Graph.from_edges([0, 1], [1, 2], 3)
+    x = jnp.ones((3, 4))
+    with pytest.raises(ValueError, match=r"reduce in \['sum', 'mean'\]. Got 'max'"):
+        gnn.spmm(g, x, "max")
+    with pytest.raises(ValueError, match=r"reduce in \['max', 'min'\]. Got 'sum'"):
+        gnn.aggregate(g, x, "sum")
+    with pytest.raises(ValueError, match="norm in"):
+        gnn.spmm(g, x, norm="sym")
+    with pytest.raises(ValueError, match=r"leading dimension 3. Got shape \(4, 4\)"):
+        gnn.spmm(g, jnp.ones((4, 4)))
+    with pytest.raises(ValueError, match=r"edge_weight of shape \(2,\). Got \(3,\)"):
+        gnn.spmm(g, x, edge_weight=jnp.ones(3))
+    with pytest.raises(TypeError, match="floating-point features. Got int32"):
+        gnn.aggregate(g, jnp.ones((3, 4), jnp.int32))
+    with pytest.raises(ValueError, match=r"att of shape \(heads, head_dim\) = \(2, 2\). Got \(2, 3\)"):
+        gnn.gatv2(g, jnp.ones((3, 2, 2)), jnp.ones((3, 2, 2)), jnp.ones((2, 3)))
+    with pytest.raises(ValueError, match=r"shape \(num_nodes=3, heads, head_dim\). Got shape \(3, 4\)"):
+        gnn.graph_attention(g, x, x, x)
+    with pytest.raises(ValueError, match="implementation in"):
+        gnn.spmm(g, x, implementation="cuda")
+    with pytest.raises(TypeError, match="Expected a blocksparse.gnn.Graph"):
+        gnn.spmm(np.eye(3), x)
+
+
+def test_trailing_feature_dims_and_vmap():
+    g = gnn.power_law(20, 80, seed=4)
+    x = _x(g, 2, 3)
+    np.testing.assert_allclose(gnn.spmm(g, x).reshape(20, 6), gnn.spmm(g, x.reshape(20, 6)), rtol=1e-6)
+    xb = jnp.stack([x, 2 * x])
+    yb = jax.vmap(lambda x: gnn.aggregate(g, x))(xb)
+    np.testing.assert_allclose(yb[1], gnn.aggregate(g, 2 * x), rtol=1e-6)
