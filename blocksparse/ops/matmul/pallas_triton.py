@@ -1,10 +1,426 @@
-"""Placeholder until the Pallas kernels land: reports itself unavailable so dispatch falls back."""
+"""Pallas (Triton lowering) kernels for static block-sparse products: ``dsd``, ``dds``, ``sdd``.
+
+All three walk a host-built, fixed-shape work list (:mod:`.schedule`, lowered by
+:func:`blocksparse.plan.gpu.lower`), passed as whole-array ``int32`` refs: the Triton backend has
+no scalar prefetch and no dynamic grid, so each program reads its own scalars (``start_ref[u]``)
+and loops with ``lax.fori_loop`` over a dynamic trip count.
+
+- ``dsd`` (``W @ x``): program ``(u, t)`` owns unit ``u`` (<= ``max_len`` blocks of one block row
+  of W) and columns ``[t * tn, (t + 1) * tn)`` of ``x``. Per block it loads the ``bh x bw`` block
+  and the ``bw x tn`` slab of ``x`` at the block's column, and accumulates in float32.
+  For ``bh == 32`` it computes ``x_slab^T @ w^T`` (``tn x bh``) instead, so that the
+  tensor-core M dimension is ``tn`` rather than a short block: measured 22% faster for b = 32
+  on the H200, 4-9% slower for b = 16, even for b >= 64 (``KernelConfig.transpose_acc``).
+- ``dds`` (``x @ W``): program ``(u, t)`` owns unit ``u`` of the *transposed* pattern (a block
+  column of W) and rows ``[t * tb, (t + 1) * tb)`` of ``x``; blocks are read in place through
+  ``block_id`` (no transposed copy of the values).
+- ``sdd``: program ``i`` computes block ``i``: ``a[rows of r] @ b[:, cols of c]``, a loop over the
+  shared dimension in chunks of ``tk``.
+
+Rows split by the schedule write float32 partials; a small combine kernel (one program per split
+row and tile, output aliased in place) sums them into the split rows only. No atomics, so results are deterministic.
+
+Supported: block sides in {16, 32, 64, 128} (tensor-core dots need >= 16 and Triton tiles need
+powers of two); dtypes float16, bfloat16 (float32 accumulation) and float32 (TF32 tensor-core
+dots, like XLA's default on GPU; set ``FP32_PRECISION = "ieee"`` for exact float32). Smaller blocks
+(1, 4, 8) raise ``NotImplementedError`` and dispatch falls back to XLA; see docs/kernels.md.
+
+On a machine without a GPU the backend reports itself unavailable, unless ``INTERPRET`` is set
+(or ``BLOCKSPARSE_PALLAS_INTERPRET=1``), in which case the kernels run in Pallas' interpreter:
+that is how CI checks their logic on the CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+
+from ..._pattern import BlockPattern
+
+__all__ = ["PallasBackend", "KernelConfig", "INTERPRET", "FP32_PRECISION", "SUPPORTED_BLOCKS"]
+
+#: Run the kernels in Pallas' interpreter (CPU). Read at call time.
+INTERPRET: bool = os.environ.get("BLOCKSPARSE_PALLAS_INTERPRET", "") not in ("", "0")
+#: "tf32" (tensor cores, XLA's default for float32 on GPU) or "ieee" (exact, CUDA cores).
+FP32_PRECISION: str = "tf32"
+SUPPORTED_BLOCKS = (16, 32, 64, 128)
+_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
+
+# The Triton lowering warns at every lowering that it is deprecated in favour of Mosaic GPU; we
+# target it on purpose (jax 0.11.2). The warning fires when the *enclosing* jit is lowered, not
+# when pallas_call is traced, so a catch_warnings around the call cannot reach it: filter that one
+# message (and only it).
+warnings.filterwarnings("ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    """Tile sizes and Triton launch parameters (``None``: chosen per problem).
+
+    Attributes:
+        tn: columns of ``x`` per ``dsd`` program (a power of two >= 16).
+        tb: rows of ``x`` per ``dds`` program.
+        tk: shared-dimension chunk of ``sdd``.
+        transpose_acc: ``dsd`` accumulates ``(tn, bh)`` instead of ``(bh, tn)``.
+        num_warps, num_stages: Triton launch parameters.
+        max_len: force the schedule's cap on blocks per program.
+    """
+
+    tn: int | None = None
+    tb: int | None = None
+    tk: int | None = None
+    transpose_acc: bool | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    max_len: int | None = None
+
+
+#: Overrides used by the benchmark to try variants; the defaults are chosen per problem.
+CONFIG = KernelConfig()
+
+
+def _pow2_at_least(x: int, lo: int = 16) -> int:
+    return max(lo, 1 << max(0, int(x) - 1).bit_length())
+
+
+def _tile(n: int, preferred: int) -> int:
+    """A power-of-two tile <= preferred that wastes little padding on ``n``."""
+    return min(preferred, _pow2_at_least(n))
+
+
+def _default_tn(bh: int, n: int, rows: int) -> int:
+    """Columns per dsd program (measured on the H200, docs/kernels.md): wide tiles for large n,
+    narrow ones when there are too few block rows to give the 132 SMs a program each."""
+    if n >= 2048:
+        return 128 if bh >= 128 else 256
+    if rows * pl.cdiv(n, 128) < 132:
+        return 64
+    return 128
+
+
+def _pad_to(x, axis: int, multiple: int):
+    size = x.shape[axis]
+    extra = -size % multiple
+    if extra == 0:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, extra)
+    return jnp.pad(x, widths)
+
+
+def _dot(a, b, *, contract=((1,), (0,))):
+    """float32-accumulating tensor-core dot of two tiles; contraction dims as in ``dot_general``."""
+    if a.dtype == jnp.float32:
+        precision = lax.Precision.HIGHEST if FP32_PRECISION == "ieee" else lax.Precision.HIGH
+    else:
+        precision = None
+    return lax.dot_general(a, b, (contract, ((), ())), precision=precision, preferred_element_type=jnp.float32)
+
+
+def _params(num_warps: int, num_stages: int):
+    from jax.experimental.pallas import triton as plgpu
+
+    return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def _interpret() -> bool:
+    return bool(INTERPRET)
+
+
+# --------------------------------------------------------------------------------------------
+# dsd: y (m, n) = W (m, k) @ x (k, n)
+# --------------------------------------------------------------------------------------------
+def _dsd_kernel(start_ref, len_ref, dest_ref, col_ref, id_ref, w_ref, x_ref, y_ref, p_ref, *, bh, bw, tn, acc_t):
+    u = pl.program_id(0)
+    n0 = pl.multiple_of(pl.program_id(1) * tn, tn)
+    start = start_ref[u]
+    length = len_ref[u]
+    dest = dest_ref[u]
+
+    def body(i, acc):
+        j = start + i
+        c = col_ref[j]
+        d = id_ref[j]
+        w = w_ref[pl.ds(pl.multiple_of(d * bh, bh), bh), :]  # (bh, bw)
+        xs = x_ref[pl.ds(pl.multiple_of(c * bw, bw), bw), pl.ds(n0, tn)]  # (bw, tn)
+        if acc_t:
+            return acc + _dot(xs, w, contract=((0,), (1,)))  # (tn, bh)
+        return acc + _dot(w, xs)  # (bh, tn)
+
+    shape = (tn, bh) if acc_t else (bh, tn)
+    acc = lax.fori_loop(0, length, body, jnp.zeros(shape, jnp.float32))
+    if acc_t:
+        acc = acc.T
+
+    @pl.when(dest >= 0)
+    def _():
+        y_ref[pl.ds(pl.multiple_of(dest * bh, bh), bh), pl.ds(n0, tn)] = acc.astype(y_ref.dtype)
+
+    @pl.when(dest < 0)
+    def _():
+        p_ref[pl.ds(pl.multiple_of((-1 - dest) * bh, bh), bh), pl.ds(n0, tn)] = acc
+
+
+def _combine_kernel(row_ref, off_ref, y_in_ref, p_ref, y_ref, *, block, tile, axis):
+    """Program ``(r, t)``: sum split row ``r``'s partial slots (contiguous) into ``y`` in place."""
+    del y_in_ref  # aliased with y_ref
+    r = pl.program_id(0)
+    t0 = pl.multiple_of(pl.program_id(1) * tile, tile)
+    lo = off_ref[r]
+    hi = off_ref[r + 1]
+    row = row_ref[r]
+
+    def body(s, acc):
+        o = pl.multiple_of(s * block, block)
+        if axis == 0:
+            return acc + p_ref[pl.ds(o, block), pl.ds(t0, tile)]
+        return acc + p_ref[pl.ds(t0, tile), pl.ds(o, block)]
+
+    shape = (block, tile) if axis == 0 else (tile, block)
+    acc = lax.fori_loop(lo, hi, body, jnp.zeros(shape, jnp.float32))
+    dst = pl.ds(pl.multiple_of(row * block, block), block)
+    if axis == 0:
+        y_ref[dst, pl.ds(t0, tile)] = acc.astype(y_ref.dtype)
+    else:
+        y_ref[pl.ds(t0, tile), dst] = acc.astype(y_ref.dtype)
+
+
+def _combine_rows(y, p, sched, block: int, tile: int, axis: int, num_warps: int):
+    """Sum the float32 partials of split rows into ``y`` (rows along ``axis``), in place.
+
+    The schedule numbers a split row's partial slots consecutively, so one program per
+    (split row, tile) loops over its slots; ``y`` is aliased, so only split rows are touched.
+    """
+    if sched.num_partials == 0:
+        return y
+    r = sched.split_rows.shape[0]
+    offsets = np.zeros(r + 1, np.int32)
+    np.cumsum(np.bincount(sched.partial_seg, minlength=r), out=offsets[1:])
+    tiles = y.shape[1 - axis] // tile
+    return pl.pallas_call(
+        functools.partial(_combine_kernel, block=block, tile=tile, axis=axis),
+        grid=(r, tiles),
+        out_shape=jax.ShapeDtypeStruct(y.shape, y.dtype),
+        input_output_aliases={2: 0},
+        compiler_params=_params(num_warps, 2),
+        interpret=_interpret(),
+        name=f"bs_combine_{block}_{tile}_{axis}",
+    )(jnp.asarray(sched.split_rows), jnp.asarray(offsets), y, p)
+
+
+def dsd(pattern: BlockPattern, data, x, out_dtype, config: KernelConfig | None = None):
+    """``W @ x`` with the Pallas kernel; ``data`` and ``x`` already of one supported dtype."""
+    from ...plan.gpu import GpuLowering, lower
+
+    cfg = config or CONFIG
+    bh, bw = pattern.block_size
+    m, _ = pattern.shape
+    n = x.shape[1]
+    if pattern.nnz_blocks == 0 or n == 0:
+        return jnp.zeros((m, n), out_dtype)
+    tn = _tile(n, cfg.tn or _default_tn(bh, n, pattern.grid[0]))
+    # Measured on the H200 (docs/kernels.md): (tn, bh) wins for b = 32 (0.57 vs 0.73 ms at
+    # n = 4096, d = 1/4), (bh, tn) for b = 16 (1.00 vs 1.09 ms) and is even for b >= 64.
+    acc_t = (bh == 32) if cfg.transpose_acc is None else bool(cfg.transpose_acc)
+    npad = -n % tn
+    xp = _pad_to(x, 1, tn)
+    tiles = xp.shape[1] // tn
+    sched = lower(pattern, GpuLowering(op="dsd", tiles=tiles, max_len=cfg.max_len))
+    nw = cfg.num_warps or (8 if bh * tn >= 128 * 128 else 4)
+    ns = cfg.num_stages or 3
+    s = max(sched.num_partials, 1)
+    kernel = functools.partial(_dsd_kernel, bh=bh, bw=bw, tn=tn, acc_t=acc_t)
+    y, p = pl.pallas_call(
+        kernel,
+        grid=(sched.num_units, tiles),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, xp.shape[1]), out_dtype),
+            jax.ShapeDtypeStruct((s * bh, xp.shape[1]), jnp.float32),
+        ),
+        compiler_params=_params(nw, ns),
+        interpret=_interpret(),
+        name=f"bs_dsd_{bh}x{bw}_tn{tn}",
+    )(
+        jnp.asarray(sched.unit_start),
+        jnp.asarray(sched.unit_len),
+        jnp.asarray(sched.unit_dest),
+        jnp.asarray(sched.block_col),
+        jnp.asarray(sched.block_id),
+        data.reshape(-1, bw),
+        xp,
+    )
+    y = _combine_rows(y, p, sched, bh, tn, axis=0, num_warps=nw)
+    return y[:, :n] if npad else y
+
+
+# --------------------------------------------------------------------------------------------
+# dds: y (B, k) = x (B, m) @ W (m, k)
+# --------------------------------------------------------------------------------------------
+def _dds_kernel(start_ref, len_ref, dest_ref, col_ref, id_ref, w_ref, x_ref, y_ref, p_ref, *, bh, bw, tb):
+    u = pl.program_id(0)
+    b0 = pl.multiple_of(pl.program_id(1) * tb, tb)
+    start = start_ref[u]
+    length = len_ref[u]
+    dest = dest_ref[u]
+
+    def body(i, acc):
+        j = start + i
+        r = col_ref[j]  # block row of W = block column of x
+        d = id_ref[j]
+        w = w_ref[pl.ds(pl.multiple_of(d * bh, bh), bh), :]  # (bh, bw)
+        xs = x_ref[pl.ds(b0, tb), pl.ds(pl.multiple_of(r * bh, bh), bh)]  # (tb, bh)
+        return acc + _dot(xs, w)  # (tb, bw)
+
+    acc = lax.fori_loop(0, length, body, jnp.zeros((tb, bw), jnp.float32))
+
+    @pl.when(dest >= 0)
+    def _():
+        y_ref[pl.ds(b0, tb), pl.ds(pl.multiple_of(dest * bw, bw), bw)] = acc.astype(y_ref.dtype)
+
+    @pl.when(dest < 0)
+    def _():
+        p_ref[pl.ds(b0, tb), pl.ds(pl.multiple_of((-1 - dest) * bw, bw), bw)] = acc
+
+
+def dds(x, pattern: BlockPattern, data, out_dtype, config: KernelConfig | None = None):
+    """``x @ W`` with the Pallas kernel, walking W's block columns through the cached transpose."""
+    from ...plan.gpu import GpuLowering, lower
+
+    cfg = config or CONFIG
+    bh, bw = pattern.block_size
+    _, k = pattern.shape
+    b = x.shape[0]
+    if pattern.nnz_blocks == 0 or b == 0:
+        return jnp.zeros((b, k), out_dtype)
+    tb = _tile(b, cfg.tb or 128)
+    xp = _pad_to(x, 0, tb)
+    tiles = xp.shape[0] // tb
+    sched = lower(pattern, GpuLowering(op="dds", tiles=tiles, max_len=cfg.max_len))
+    nw = cfg.num_warps or (8 if bw * tb >= 128 * 128 else 4)
+    ns = cfg.num_stages or 3
+    s = max(sched.num_partials, 1)
+    kernel = functools.partial(_dds_kernel, bh=bh, bw=bw, tb=tb)
+    y, p = pl.pallas_call(
+        kernel,
+        grid=(sched.num_units, tiles),
+        out_shape=(
+            jax.ShapeDtypeStruct((xp.shape[0], k), out_dtype),
+            jax.ShapeDtypeStruct((xp.shape[0], s * bw), jnp.float32),
+        ),
+        compiler_params=_params(nw, ns),
+        interpret=_interpret(),
+        name=f"bs_dds_{bh}x{bw}_tb{tb}",
+    )(
+        jnp.asarray(sched.unit_start),
+        jnp.asarray(sched.unit_len),
+        jnp.asarray(sched.unit_dest),
+        jnp.asarray(sched.block_col),
+        jnp.asarray(sched.block_id),
+        data.reshape(-1, bw),
+        xp,
+    )
+    y = _combine_rows(y, p, sched, bw, tb, axis=1, num_warps=nw)
+    return y[:b] if xp.shape[0] != b else y
+
+
+# --------------------------------------------------------------------------------------------
+# sdd: out[i] = a[rows of block i] @ b[:, cols of block i]
+# --------------------------------------------------------------------------------------------
+def _sdd_kernel(row_ref, col_ref, a_ref, b_ref, o_ref, *, bh, bw, tk, steps):
+    i = pl.program_id(0)
+    r0 = pl.multiple_of(row_ref[i] * bh, bh)
+    c0 = pl.multiple_of(col_ref[i] * bw, bw)
+
+    def body(s, acc):
+        k0 = pl.multiple_of(s * tk, tk)
+        a = a_ref[pl.ds(r0, bh), pl.ds(k0, tk)]  # (bh, tk)
+        b = b_ref[pl.ds(k0, tk), pl.ds(c0, bw)]  # (tk, bw)
+        return acc + _dot(a, b)
+
+    acc = lax.fori_loop(0, steps, body, jnp.zeros((bh, bw), jnp.float32))
+    o_ref[pl.ds(pl.multiple_of(i * bh, bh), bh), :] = acc.astype(o_ref.dtype)
+
+
+def sdd(a, b, pattern: BlockPattern, out_dtype, config: KernelConfig | None = None):
+    """``(a @ b)`` at the blocks of ``pattern``, laid out like ``.data``: ``(nnz, bh, bw)``."""
+    cfg = config or CONFIG
+    bh, bw = pattern.block_size
+    nnz = pattern.nnz_blocks
+    n = a.shape[1]
+    if nnz == 0:
+        return jnp.zeros((0, bh, bw), out_dtype)
+    if n == 0:
+        return jnp.zeros((nnz, bh, bw), out_dtype)
+    tk = _tile(n, cfg.tk or (64 if max(bh, bw) >= 128 else 128))
+    ap, bp = _pad_to(a, 1, tk), _pad_to(b, 0, tk)
+    steps = ap.shape[1] // tk
+    nw = cfg.num_warps or (8 if bh * bw >= 128 * 128 else 4)
+    ns = cfg.num_stages or 3
+    kernel = functools.partial(_sdd_kernel, bh=bh, bw=bw, tk=tk, steps=steps)
+    out = pl.pallas_call(
+        kernel,
+        grid=(nnz,),
+        out_shape=jax.ShapeDtypeStruct((nnz * bh, bw), out_dtype),
+        compiler_params=_params(nw, ns),
+        interpret=_interpret(),
+        name=f"bs_sdd_{bh}x{bw}_tk{tk}",
+    )(jnp.asarray(pattern.rows), jnp.asarray(pattern.cols), ap, bp)
+    return out.reshape(nnz, bh, bw)
+
+
+# --------------------------------------------------------------------------------------------
+# Backend
+# --------------------------------------------------------------------------------------------
+def _on_gpu() -> bool:
+    try:
+        return jax.default_backend() == "gpu"
+    except RuntimeError:
+        return False
+
+
+def _check(pattern: BlockPattern, *dtypes) -> jnp.dtype:
+    """Raise ``NotImplementedError`` with the reason if the kernels cannot take these inputs."""
+    if not (_interpret() or _on_gpu()):
+        raise NotImplementedError(
+            f"no GPU (default backend is {jax.default_backend()!r}); set "
+            "blocksparse.ops.matmul.pallas_triton.INTERPRET = True or BLOCKSPARSE_PALLAS_INTERPRET=1 "
+            "to run the kernels in Pallas' interpreter"
+        )
+    bh, bw = pattern.block_size
+    if bh not in SUPPORTED_BLOCKS or bw not in SUPPORTED_BLOCKS:
+        raise NotImplementedError(
+            f"requires block sides in {SUPPORTED_BLOCKS} (tensor-core dots need >= 16, Triton tiles powers "
+            f"of two) (got ({bh}, {bw}))"
+        )
+    dt = jnp.result_type(*dtypes)
+    if jnp.dtype(dt) not in _DTYPES:
+        raise NotImplementedError(
+            f"requires float16, bfloat16 or float32 operands (got {', '.join(str(jnp.dtype(d)) for d in dtypes)})"
+        )
+    return jnp.dtype(dt)
 
 
 class PallasBackend:
+    """Backend object for :mod:`blocksparse.ops.matmul.api` (``implementation="pallas"``)."""
+
     name = "pallas"
 
-    def _unavailable(self, *args):
-        raise NotImplementedError("the Pallas block-sparse kernels are not built yet")
+    def dsd(self, pattern: BlockPattern, data, x, out_dtype):
+        dt = _check(pattern, data.dtype, x.dtype)
+        return dsd(pattern, data.astype(dt), x.astype(dt), out_dtype)
 
-    dsd = dds = sdd = _unavailable
+    def dds(self, x, pattern: BlockPattern, data, out_dtype):
+        dt = _check(pattern, data.dtype, x.dtype)
+        return dds(x.astype(dt), pattern, data.astype(dt), out_dtype)
+
+    def sdd(self, a, b, pattern: BlockPattern, out_dtype):
+        dt = _check(pattern, a.dtype, b.dtype)
+        return sdd(a.astype(dt), b.astype(dt), pattern, out_dtype)

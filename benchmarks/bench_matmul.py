@@ -1,0 +1,328 @@
+"""PopSparse-style block-sparse matmul sweep on the GPU (a script, not a timed test).
+
+``W (m x k, block b, density d) @ X (k x n)`` in bf16 through ``bs.matmul`` (the Pallas ``dsd``
+kernel), against dense ``jnp.dot``, torch's dense matmul (cuBLAS) and torch's BSR Triton kernel
+(``torch.sparse._triton_ops.bsr_dense_mm``), all measured in the same process. Also a skewed
+(power-law rows) pattern against a uniform one with the same number of blocks.
+
+Timing (``time_ms``): ``--reps`` calls inside one jitted ``fori_loop`` (an optimization barrier
+keeps the call in the loop), after a warm-up; the median of ``--trials`` such loops, divided by
+``--reps``: device time without Python dispatch. Operands are the same buffers every iteration,
+so operands smaller than the 50 MB L2 may stay cached (as in a loop over one layer). ``wall_ms``
+is the per-call wall time of back-to-back calls from Python (rotating 3 input sets), dispatch
+included. torch is timed with CUDA events around ``--reps`` calls. TFLOP/s counts the non-zeros
+only: ``2 * nnz_blocks * b * b * n``. ``err`` is the relative Frobenius error against the dense
+product of the same bf16 values (float32 accumulation).
+
+Usage::
+
+    python3 benchmarks/bench_matmul.py --m 8192 --n 256 4096 --d 4 16 64 --b 16 32 64 128 \
+        --skew --json $OUT/bench.json
+    python3 benchmarks/bench_matmul.py --variants   # compare kernel configurations on a few cells
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import blocksparse as bs
+from blocksparse.ops.matmul import pallas_triton as pt
+
+
+def _time_jax(fn, args_sets, reps: int, trials: int) -> float:
+    """Per-call wall time of ``reps`` back-to-back jitted calls from Python (includes dispatch)."""
+    for args in args_sets:
+        jax.block_until_ready(fn(*args))
+    out = []
+    for _ in range(trials):
+        jax.block_until_ready(args_sets[0])
+        t0 = time.perf_counter()
+        r = None
+        for i in range(reps):
+            r = fn(*args_sets[i % len(args_sets)])
+        jax.block_until_ready(r)
+        out.append((time.perf_counter() - t0) / reps)
+    return statistics.median(out)
+
+
+def _time_jax_loop(fn, args, reps: int, trials: int) -> float:
+    """Per-call device time: ``reps`` calls inside one jitted ``fori_loop`` (one dispatch).
+
+    An optimization barrier on the operands each iteration keeps XLA from hoisting the call out
+    of the loop; a scalar of each result is summed so nothing is dead.
+    """
+
+    @jax.jit
+    def loop(args):
+        def body(_, carry):
+            args, acc = carry
+            args = jax.lax.optimization_barrier(args)
+            y = fn(*args)
+            return args, acc + y.reshape(-1)[0].astype(jnp.float32)
+
+        return jax.lax.fori_loop(0, reps, body, (args, jnp.float32(0)))[1]
+
+    jax.block_until_ready(loop(args))
+    out = []
+    for _ in range(trials):
+        t0 = time.perf_counter()
+        jax.block_until_ready(loop(args))
+        out.append((time.perf_counter() - t0) / reps)
+    return statistics.median(out)
+
+
+def _time_torch(fn, reps: int, trials: int) -> float:
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(trials):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(reps):
+            fn()
+        e.record()
+        torch.cuda.synchronize()
+        out.append(s.elapsed_time(e) / 1e3 / reps)
+    return statistics.median(out)
+
+
+def _torch():
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch
+    except Exception:  # noqa: BLE001 - torch is optional
+        pass
+    return None
+
+
+class Dense:
+    """Dense baselines per (m, k, n), cached."""
+
+    def __init__(self, reps, trials):
+        self.reps, self.trials, self.cache = reps, trials, {}
+
+    def get(self, m, k, n):
+        if (m, k, n) in self.cache:
+            return self.cache[(m, k, n)]
+        key = jax.random.key(1)
+        a = jax.random.normal(key, (m, k), jnp.bfloat16)
+        x = jax.random.normal(jax.random.key(2), (k, n), jnp.bfloat16)
+        t_jax = _time_jax_loop(jnp.dot, (a, x), self.reps, self.trials)
+        t_torch = None
+        torch = _torch()
+        if torch is not None:
+            ta = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            tx = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+            t_torch = _time_torch(lambda: ta @ tx, self.reps, self.trials)
+            del ta, tx
+        del a, x
+        self.cache[(m, k, n)] = (t_jax, t_torch)
+        return t_jax, t_torch
+
+
+def _torch_bsr(pattern, data_np, n, reps, trials):
+    torch = _torch()
+    if torch is None:
+        return None, "torch not importable"
+    try:
+        from torch.sparse._triton_ops import bsr_dense_mm
+
+        m, k = pattern.shape
+        crow = torch.tensor(np.asarray(pattern.indptr, np.int64), device="cuda")
+        col = torch.tensor(np.asarray(pattern.cols, np.int64), device="cuda")
+        vals = torch.tensor(data_np, device="cuda").to(torch.bfloat16)
+        w = torch.sparse_bsr_tensor(crow, col, vals, size=(m, k))
+        x = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        return _time_torch(lambda: bsr_dense_mm(w, x), reps, trials), None
+    except Exception as e:  # noqa: BLE001 - report and go on
+        return None, f"{type(e).__name__}: {str(e)[:120]}"
+
+
+def _sparse_fn(impl, op="dsd"):
+    if op == "dds":  # x (n, m) @ W (m, k): the linear-layer form, n = batch
+        return jax.jit(
+            lambda data, x, pattern: bs.matmul(x, bs.BlockSparseMatrix(pattern, data), implementation=impl),
+            static_argnums=2,
+        )
+    return jax.jit(
+        lambda data, x, pattern: bs.matmul(bs.BlockSparseMatrix(pattern, data), x, implementation=impl),
+        static_argnums=2,
+    )
+
+
+def _check(f, pattern, data, x, op) -> float:
+    w = bs.BlockSparseMatrix(pattern, data).to_dense().astype(jnp.float32)
+    y = f(data, x, pattern).astype(jnp.float32)
+    x32 = x.astype(jnp.float32)
+    with jax.default_matmul_precision("highest"):
+        want = w @ x32 if op == "dsd" else x32 @ w
+    return float(jnp.linalg.norm(y - want) / jnp.linalg.norm(want))
+
+
+def bench_cell(pattern, n, reps, trials, dense, torch_bsr=True, impl="pallas", label="uniform", op="dsd"):
+    m, k = pattern.shape
+    b = pattern.block_size[0]
+    sets = []
+    for i in range(3):
+        d = jax.random.normal(jax.random.key(10 + i), (pattern.nnz_blocks, *pattern.block_size), jnp.bfloat16)
+        shape = (k, n) if op == "dsd" else (n, m)
+        sets.append((d, jax.random.normal(jax.random.key(20 + i), shape, jnp.bfloat16)))
+    f = _sparse_fn(impl, op)
+    t = _time_jax_loop(lambda d, x: f(d, x, pattern), sets[0], reps, trials)
+    t_wall = _time_jax(lambda d, x: f(d, x, pattern), sets, reps, trials)
+    err = _check(f, pattern, *sets[0], op)
+    flops = 2.0 * pattern.nnz_blocks * b * b * n
+    t_jax, t_torch = dense.get(m, k, n)
+    row = dict(
+        m=m, k=k, n=n, b=b, d=pattern.density, pattern=label, impl=impl, op=op, nnz_blocks=pattern.nnz_blocks,
+        time_ms=t * 1e3, tflops=flops / t / 1e12, wall_ms=t_wall * 1e3, err=err,
+        dense_jnp_ms=t_jax * 1e3, dense_torch_ms=None if t_torch is None else t_torch * 1e3,
+        vs_jnp=t / t_jax, vs_torch=None if t_torch is None else t / t_torch,
+        dense_torch_tflops=None if t_torch is None else 2.0 * m * k * n / t_torch / 1e12,
+    )  # fmt: skip
+    row["frac_of_dense_torch_rate"] = None if t_torch is None else row["tflops"] / row["dense_torch_tflops"]
+    if torch_bsr:
+        tb, err = _torch_bsr(pattern, np.asarray(sets[0][0].astype(jnp.float32)), n, reps, trials)
+        row["torch_bsr_ms"] = None if tb is None else tb * 1e3
+        row["vs_torch_bsr"] = None if tb is None else t / tb
+        if err:
+            row["torch_bsr_error"] = err
+    return row
+
+
+def _fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def _dstr(d: float) -> str:
+    return f"1/{round(1 / d)}" if d else "0"
+
+
+def _cell(r) -> str:
+    return f"m={r['m']} n={r['n']} b={r['b']} d={_dstr(r['d'])}"
+
+
+def print_table(rows, file=sys.stdout):
+    cols = ("m", "n", "b", "d", "pattern", "ms", "wall", "TF/s", "xJnp", "xTorch", "%rate", "bsr ms", "xBSR")
+    widths = (5, 5, 4, 7, 8, 8, 6, 6, 5, 6, 5, 7, 5)
+    print(" ".join(f"{c:>{w}}" for c, w in zip(cols, widths, strict=True)), file=file)
+    for r in rows:
+        rate = r.get("frac_of_dense_torch_rate")
+        label = r["pattern"] if r["impl"] == "pallas" else r["impl"]
+        vals = (
+            f"{r['m']:>5}", f"{r['n']:>5}", f"{r['b']:>4}", f"{_dstr(r['d']):>7}", f"{label[:8]:>8}",
+            f"{r['time_ms']:8.4f}", f"{r['wall_ms']:6.3f}", f"{r['tflops']:6.1f}", f"{r['vs_jnp']:5.2f}",
+            _fmt(r["vs_torch"], "6.2f"), _fmt(None if rate is None else 100 * rate, "5.0f"),
+            _fmt(r.get("torch_bsr_ms"), "7.3f"), _fmt(r.get("vs_torch_bsr"), "5.2f"),
+        )  # fmt: skip
+        print(" ".join(vals), file=file)
+
+
+VARIANTS = {
+    "default": pt.KernelConfig(),
+    "accT": pt.KernelConfig(transpose_acc=True),
+    "accN": pt.KernelConfig(transpose_acc=False),
+    "tn64": pt.KernelConfig(tn=64),
+    "tn128": pt.KernelConfig(tn=128),
+    "tn256": pt.KernelConfig(tn=256),
+    "w4": pt.KernelConfig(num_warps=4),
+    "w8": pt.KernelConfig(num_warps=8),
+    "s2": pt.KernelConfig(num_stages=2),
+    "s4": pt.KernelConfig(num_stages=4),
+    "tn256w8": pt.KernelConfig(tn=256, num_warps=8),
+    "ml4": pt.KernelConfig(max_len=4),
+    "ml8": pt.KernelConfig(max_len=8),
+    "ml16": pt.KernelConfig(max_len=16),
+    "tn64ml8": pt.KernelConfig(tn=64, max_len=8),
+}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--m", type=int, nargs="+", default=[8192], help="m = k")
+    ap.add_argument("--n", type=int, nargs="+", default=[256, 4096])
+    ap.add_argument("--d", type=int, nargs="+", default=[4, 16, 64], help="density = 1 / D")
+    ap.add_argument("--b", type=int, nargs="+", default=[16, 32, 64, 128])
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--skew", action="store_true", help="also power-law vs uniform rows")
+    ap.add_argument("--no-torch-bsr", action="store_true")
+    ap.add_argument("--xla", action="store_true", help="also time the pure-JAX reference")
+    ap.add_argument("--variants", nargs="*", default=None, help="compare kernel configs (names in VARIANTS)")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--op", default="dsd", choices=["dsd", "dds"], help="W @ X (dsd) or X^T @ W (dds)")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new cells after this many seconds")
+    args = ap.parse_args(argv)
+
+    t_start = time.perf_counter()
+    dense = Dense(args.reps, args.trials)
+    rows = []
+    print(f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}", flush=True)
+
+    def out_of_time():
+        return time.perf_counter() - t_start > args.budget_s
+
+    cells = [(m, n, d, b) for m in args.m for n in args.n for b in args.b for d in args.d]
+    for m, n, d, b in cells:
+        if out_of_time():
+            print(f"budget reached; skipped from {(m, n, d, b)} on", flush=True)
+            break
+        p = bs.BlockPattern.random(0, (m, m), (b, b), 1 / d)
+        names = args.variants if args.variants is not None else [None]
+        for name in names or list(VARIANTS):
+            if name is not None:
+                pt.CONFIG = VARIANTS[name]
+            try:
+                r = bench_cell(
+                    p, n, args.reps, args.trials, dense, op=args.op,
+                    torch_bsr=not args.no_torch_bsr and name in (None, "default") and args.op == "dsd",
+                )  # fmt: skip
+            except Exception as e:  # noqa: BLE001 - keep sweeping
+                print(f"FAILED {(m, n, d, b, name)}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                continue
+            finally:
+                pt.CONFIG = pt.KernelConfig()
+            r["variant"] = name or "default"
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+            if args.skew and name is None:
+                q = bs.BlockPattern.power_law(0, (m, m), (b, b), 1 / d)
+                r2 = bench_cell(q, n, args.reps, args.trials, dense, torch_bsr=False, label="powerlaw", op=args.op)
+                r2["skew_ratio"] = r2["time_ms"] / r["time_ms"]
+                r2["max_row"] = int(q.row_lengths.max())
+                r2["variant"] = "default"
+                rows.append(r2)
+                print(json.dumps(r2), flush=True)
+            if args.xla and name is None:
+                r3 = bench_cell(p, n, args.reps, args.trials, dense, torch_bsr=False, impl="xla", op=args.op)
+                r3["variant"] = "xla"
+                rows.append(r3)
+                print(json.dumps(r3), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": jax.devices()[0].device_kind, "argv": sys.argv, "rows": rows}, f, indent=1)
+    print()
+    print_table(rows)
+    for r in rows:
+        if r["pattern"] == "powerlaw":
+            print(f"skew {_cell(r)}: powerlaw/uniform = {r['skew_ratio']:.2f} (max row {r['max_row']})")
+    if args.variants is not None:
+        print("variants:")
+        for r in rows:
+            print(f"  {_cell(r)} {r['variant']:>8} {r['time_ms']:.4f} ms {r['tflops']:.1f} TF/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,365 @@
+"""Pallas block-sparse kernels (dsd, dds, sdd) and their GPU schedule.
+
+CPU (CI): the schedule's invariants and balance, and the kernels' logic in Pallas' interpreter on
+small shapes, against the pure-JAX reference. GPU (``-m gpu``, skipped without one): every kernel,
+forward and backward, every supported block size and dtype, adversarial patterns.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import blocksparse as bs
+from blocksparse.ops.matmul import pallas_triton as pt
+from blocksparse.ops.matmul.reference import XlaBackend
+from blocksparse.plan.gpu import H200, GpuLowering, choose_max_len, lower
+
+REF = XlaBackend()
+PAL = pt.PallasBackend()
+RTOL = {jnp.dtype(jnp.float32): 2e-5, jnp.dtype(jnp.float16): 4e-3, jnp.dtype(jnp.bfloat16): 3e-2}
+# TF32 tensor-core dots on the GPU (10-bit mantissa), like XLA's default there.
+RTOL_GPU = {**RTOL, jnp.dtype(jnp.float32): 4e-3}
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    monkeypatch.setattr(pt, "INTERPRET", True)
+    monkeypatch.setattr(pt, "CONFIG", pt.KernelConfig())
+
+
+def _pattern(kind: str, seed: int, shape, block, density=0.5) -> bs.BlockPattern:
+    bh, bw = block
+    gm, gk = shape[0] // bh, shape[1] // bw
+    rng = np.random.default_rng(seed)
+    if kind == "random":
+        return bs.BlockPattern.random(rng, shape, block, density)
+    if kind == "power_law":
+        return bs.BlockPattern.power_law(rng, shape, block, density)
+    mask = np.zeros((gm, gk), bool)
+    if kind == "empty":
+        pass
+    elif kind == "single":
+        mask[rng.integers(gm), rng.integers(gk)] = True
+    elif kind == "full_row":  # one full row, everything else empty
+        mask[rng.integers(gm), :] = True
+    elif kind == "empty_rows":  # every other row empty, the rest dense
+        mask[::2, :] = True
+    elif kind == "full_col":
+        mask[:, rng.integers(gk)] = True
+    else:
+        raise ValueError(kind)
+    return bs.BlockPattern.from_mask(mask, block)
+
+
+def _data(key, pattern, dtype):
+    return jax.random.normal(key, (pattern.nnz_blocks, *pattern.block_size), jnp.float32).astype(dtype)
+
+
+def _close(actual, expected, dtype, table=RTOL, what=""):
+    """Relative error in the Frobenius norm (robust for bf16), plus every entry written (no NaN)."""
+    a = np.asarray(jnp.asarray(actual, jnp.float32), np.float64)
+    e = np.asarray(jnp.asarray(expected, jnp.float32), np.float64)
+    assert a.shape == e.shape, f"{what}: shape {a.shape} != {e.shape}"
+    assert np.isfinite(a).all(), f"{what}: non-finite entries (unwritten output?)"
+    if a.size == 0:
+        return
+    err = np.linalg.norm(a - e) / np.linalg.norm(e) if np.linalg.norm(e) > 0 else np.abs(a).max()
+    assert err <= table[jnp.dtype(dtype)], f"{what}: relative error {err:.3g} > {table[jnp.dtype(dtype)]} ({dtype})"
+
+
+# --------------------------------------------------------------------------------------------
+# Schedule (host)
+# --------------------------------------------------------------------------------------------
+@given(
+    gm=st.integers(1, 12),
+    gk=st.integers(1, 12),
+    density=st.floats(0, 1),
+    skew=st.booleans(),
+    max_len=st.one_of(st.none(), st.integers(1, 5)),
+    op=st.sampled_from(["dsd", "dds"]),
+    seed=st.integers(0, 2**16),
+)
+def test_schedule_invariants(gm, gk, density, skew, max_len, op, seed):
+    gen = bs.BlockPattern.power_law if skew else bs.BlockPattern.random
+    p = gen(seed, (gm * 16, gk * 32), (16, 32), density)
+    s = lower(p, GpuLowering(op=op, tiles=3, max_len=max_len))
+    s.check()
+    assert s.nnz == p.nnz_blocks
+    assert int(s.unit_len.sum()) == p.nnz_blocks
+    assert int(s.unit_len.max()) <= s.max_len
+    ref = p if op == "dsd" else p.T
+    assert s.num_rows == ref.grid[0]
+    # Units walk blocks in the reference order; dds points back into the original data.
+    if p.nnz_blocks:
+        np.testing.assert_array_equal(s.block_col[: s.nnz], ref.cols)
+        if op == "dds":
+            np.testing.assert_array_equal(p.rows[s.block_id[: s.nnz]], ref.cols)
+            np.testing.assert_array_equal(p.cols[s.block_id[: s.nnz]], ref.rows)
+    # Longest first.
+    assert (np.diff(s.unit_len) <= 0).all()
+
+
+@pytest.mark.parametrize("tiles", [1, 2, 16])
+def test_schedule_is_cached_and_balanced(tiles):
+    opts = GpuLowering(tiles=tiles)
+    uni = bs.BlockPattern.random(0, (8192, 8192), (16, 16), 1 / 16)
+    skew = bs.BlockPattern.power_law(0, (8192, 8192), (16, 16), 1 / 16)
+    assert lower(skew, opts) is lower(skew, opts)
+    su, sk = lower(uni, opts), lower(skew, opts)
+    assert sk.unit_len.sum() == su.unit_len.sum()
+    # The longest program is at most one slot's share of one tile's work (or twice the mean row).
+    mean = skew.nnz_blocks / (skew.row_lengths > 0).sum()
+    assert sk.unit_len.max() <= max(skew.nnz_blocks / H200.slots, 2 * mean) + 1
+    assert skew.row_lengths.max() > sk.max_len  # long rows really were split
+    assert sk.num_partials > 0
+    # A uniform pattern is not split for nothing.
+    assert su.num_partials == 0
+
+
+def test_schedule_splits_for_parallelism():
+    # 64 block rows x 2 column tiles = 128 programs < 264 slots: rows are split to fill the GPU.
+    p = bs.BlockPattern.random(0, (8192, 8192), (128, 128), 1 / 4)
+    s = lower(p, GpuLowering(tiles=2))
+    assert s.num_units * 2 >= H200.slots
+    s.check()
+
+
+def test_choose_max_len_respects_override_and_bounds():
+    lengths = np.array([0, 3, 100, 2])
+    assert choose_max_len(lengths, GpuLowering(max_len=7)) == 7
+    with pytest.raises(ValueError, match="max_len >= 1"):
+        choose_max_len(lengths, GpuLowering(max_len=0))
+    assert choose_max_len(np.zeros(4, int), GpuLowering()) == 1
+    assert choose_max_len(lengths, GpuLowering(min_len=50)) >= 50
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels in interpret mode (CPU)
+# --------------------------------------------------------------------------------------------
+def _check_all_ops(p, dtype, key, n, cfg=None, table=RTOL):
+    k1, k2, k3, k4, k5 = jax.random.split(key, 5)
+    m, k = p.shape
+    data = _data(k1, p, dtype)
+    x = jax.random.normal(k2, (k, n), jnp.float32).astype(dtype)
+    xb = jax.random.normal(k3, (n, m), jnp.float32).astype(dtype)
+    a = jax.random.normal(k4, (m, n), jnp.float32).astype(dtype)
+    b = jax.random.normal(k5, (n, k), jnp.float32).astype(dtype)
+    # Reference in float32 on upcast inputs.
+    d32 = data.astype(jnp.float32)
+    f32 = jnp.float32
+    _close(pt.dsd(p, data, x, dtype, cfg), REF.dsd(p, d32, x.astype(f32), f32), dtype, table, f"dsd {p}")
+    _close(pt.dds(xb, p, data, dtype, cfg), REF.dds(xb.astype(f32), p, d32, f32), dtype, table, f"dds {p}")
+    _close(pt.sdd(a, b, p, dtype, cfg), REF.sdd(a.astype(f32), b.astype(f32), p, f32), dtype, table, f"sdd {p}")
+
+
+@settings(max_examples=8)
+@given(
+    gm=st.integers(1, 4),
+    gk=st.integers(1, 4),
+    bh=st.sampled_from([16, 32]),
+    bw=st.sampled_from([16, 32]),
+    n=st.integers(1, 40),
+    density=st.floats(0, 1),
+    skew=st.booleans(),
+    max_len=st.one_of(st.none(), st.integers(1, 3)),
+    transpose_acc=st.one_of(st.none(), st.booleans()),
+    dtype=st.sampled_from([jnp.float32, jnp.bfloat16]),
+    seed=st.integers(0, 2**16),
+)
+def test_kernels_match_reference_interpret(gm, gk, bh, bw, n, density, skew, max_len, transpose_acc, dtype, seed):
+    old = pt.INTERPRET
+    pt.INTERPRET = True
+    try:
+        gen = bs.BlockPattern.power_law if skew else bs.BlockPattern.random
+        p = gen(seed, (gm * bh, gk * bw), (bh, bw), density)
+        cfg = pt.KernelConfig(max_len=max_len, transpose_acc=transpose_acc)
+        _check_all_ops(p, dtype, jax.random.key(seed), n, cfg)
+    finally:
+        pt.INTERPRET = old
+
+
+@pytest.mark.parametrize("kind", ["empty", "single", "full_row", "empty_rows", "full_col"])
+def test_adversarial_patterns_interpret(interpret, kind, getkey):
+    p = _pattern(kind, 3, (64, 128), (16, 16))
+    _check_all_ops(p, jnp.float32, getkey(), 24, pt.KernelConfig(max_len=2))
+
+
+def test_tiles_and_padding_interpret(interpret, getkey):
+    # n not a multiple of the tile, several column tiles, several batch tiles in dds.
+    p = _pattern("power_law", 1, (64, 64), (16, 16), 0.6)
+    _check_all_ops(p, jnp.float32, getkey(), 70, pt.KernelConfig(tn=32, tb=32, tk=16, max_len=2))
+
+
+# --------------------------------------------------------------------------------------------
+# Dispatch and differentiation
+# --------------------------------------------------------------------------------------------
+def test_dispatch_uses_pallas_when_interpreting(interpret, getkey):
+    W = bs.random(getkey(), (64, 96), (16, 32), 0.5)
+    x = jax.random.normal(getkey(), (96, 8))
+    with bs.dispatch_log() as log:
+        y = bs.matmul(W, x)
+    assert log == [("dsd", "pallas")]
+    _close(y, W.to_dense() @ x, jnp.float32)
+    xb = jax.random.normal(getkey(), (2, 3, 64))
+    with bs.dispatch_log() as log:
+        z = bs.matmul(xb, W)
+    assert log == [("dds", "pallas")]
+    _close(z, xb @ W.to_dense(), jnp.float32)
+
+
+def test_dispatch_falls_back_without_gpu(monkeypatch, getkey):
+    monkeypatch.setattr(pt, "INTERPRET", False)
+    if pt._on_gpu():
+        pytest.skip("has a GPU")
+    W = bs.random(getkey(), (32, 32), (16, 16), 0.5)
+    x = jax.random.normal(getkey(), (32, 4))
+    with bs.dispatch_log() as log:
+        bs.matmul(W, x)
+    assert log == [("dsd", "xla")]
+    with pytest.raises(NotImplementedError, match="no GPU"):
+        bs.matmul(W, x, implementation="pallas")
+
+
+@pytest.mark.parametrize("block", [(8, 8), (4, 16), (1, 1), (16, 48)])
+def test_unsupported_blocks_fall_back(interpret, block, getkey):
+    W = bs.random(getkey(), (96, 96), block, 0.5)
+    x = jax.random.normal(getkey(), (96, 4))
+    with bs.dispatch_log() as log:
+        y = bs.matmul(W, x)
+    assert log == [("dsd", "xla")]
+    _close(y, W.to_dense() @ x, jnp.float32)
+    with pytest.raises(NotImplementedError, match=rf"got \({block[0]}, {block[1]}\)"):
+        bs.matmul(W, x, implementation="pallas")
+
+
+def test_unsupported_dtype_falls_back(interpret, getkey):
+    W = bs.random(getkey(), (32, 32), (16, 16), 0.5)
+    x = jax.random.normal(getkey(), (32, 4))
+    f8 = jnp.float8_e4m3fn
+    with pytest.raises(NotImplementedError, match="float16, bfloat16 or float32"):
+        PAL.dsd(W.pattern, W.data.astype(f8), x.astype(f8), jnp.float32)
+
+
+def test_gradients_use_pallas_interpret(interpret, getkey):
+    W = bs.random(getkey(), (64, 32), (16, 16), 0.6)
+    x = jax.random.normal(getkey(), (32, 20))
+    xb = jax.random.normal(getkey(), (5, 64))
+
+    def loss(data, x, xb, impl):
+        Wd = W.with_data(data)
+        return jnp.sum(jnp.sin(bs.matmul(Wd, x, implementation=impl))) + jnp.sum(
+            jnp.cos(bs.matmul(xb, Wd, implementation=impl))
+        )
+
+    with bs.dispatch_log() as log:
+        gp = jax.grad(loss, argnums=(0, 1, 2))(W.data, x, xb, "pallas")
+    assert {name for _, name in log} == {"pallas"}
+    assert {op for op, _ in log} == {"dsd", "dds", "sdd"}
+    gx = jax.grad(loss, argnums=(0, 1, 2))(W.data, x, xb, "xla")
+    for a, e in zip(gp, gx, strict=True):
+        _close(a, e, jnp.float32)
+
+
+def test_jit_and_sdd_api_interpret(interpret, getkey):
+    W = bs.random(getkey(), (32, 64), (16, 32), 0.5)
+    a = jax.random.normal(getkey(), (32, 12))
+    b = jax.random.normal(getkey(), (12, 64))
+    with bs.dispatch_log() as log:
+        S = jax.jit(lambda a, b: bs.sdd(a, b, W).data)(a, b)
+    assert log == [("sdd", "pallas")]
+    _close(S, REF.sdd(a, b, W.pattern, jnp.float32), jnp.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# GPU: every kernel, forward and backward, every supported block size and dtype
+# --------------------------------------------------------------------------------------------
+GPU_BLOCKS = [(16, 16), (32, 32), (64, 64), (128, 128), (16, 64), (128, 32)]
+GPU_DTYPES = [jnp.bfloat16, jnp.float16, jnp.float32]
+
+
+@functools.cache
+def _fwd_bwd(impl: str, config: pt.KernelConfig | None = None):
+    # `config` is only part of the cache key: the kernels read pt.CONFIG when traced.
+    def f(data, x, xb, gy, gz, pattern):
+        W = bs.BlockSparseMatrix(pattern, data)
+
+        def fwd(data, x, xb):
+            Wd = W.with_data(data)
+            return bs.matmul(Wd, x, implementation=impl), bs.matmul(xb, Wd, implementation=impl)
+
+        (y, z), vjp = jax.vjp(fwd, data, x, xb)
+        return (y, z, *vjp((gy, gz)))
+
+    return jax.jit(f, static_argnums=5)
+
+
+def _gpu_check(p, dtype, key, n=256, batch=192):
+    ks = jax.random.split(key, 5)
+    m, k = p.shape
+    data = _data(ks[0], p, dtype)
+    x = jax.random.normal(ks[1], (k, n), jnp.float32).astype(dtype)
+    xb = jax.random.normal(ks[2], (batch, m), jnp.float32).astype(dtype)
+    gy = jax.random.normal(ks[3], (m, n), jnp.float32).astype(dtype)
+    gz = jax.random.normal(ks[4], (batch, k), jnp.float32).astype(dtype)
+    with bs.dispatch_log() as log:
+        got = _fwd_bwd("pallas", pt.CONFIG)(data, x, xb, gy, gz, p)
+    assert {name for _, name in log} == {"pallas"}, log
+    f32 = [t.astype(jnp.float32) for t in (data, x, xb, gy, gz)]
+    with jax.default_matmul_precision("highest"):
+        want = _fwd_bwd("xla")(*f32, p)
+    for name, a, e in zip(("y", "z", "ddata", "dx", "dxb"), got, want, strict=True):
+        _close(a, e, dtype, RTOL_GPU, f"{name} {p} {jnp.dtype(dtype)}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("block", GPU_BLOCKS, ids=str)
+def test_gpu_kernels_forward_backward(block, dtype, getkey):
+    if jnp.dtype(dtype) != jnp.bfloat16 and block[0] != block[1] and block != (16, 64):
+        pytest.skip("rectangular blocks: bf16 only, besides (16, 64)")
+    p = _pattern("random", 0, (1024, 768), block, 0.2)
+    _gpu_check(p, dtype, getkey())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["empty", "single", "full_row", "empty_rows", "full_col", "power_law"])
+def test_gpu_adversarial(kind, getkey):
+    p = _pattern(kind, 1, (1024, 1024), (32, 32), 0.25)
+    _gpu_check(p, jnp.bfloat16, getkey(), n=200, batch=72)
+
+
+@pytest.mark.gpu
+def test_gpu_split_rows_and_tiles(getkey, monkeypatch):
+    # Force heavy splitting so partial-combine paths run on the device.
+    monkeypatch.setattr(pt, "CONFIG", pt.KernelConfig(max_len=3, tn=64, tb=64, tk=32))
+    p = _pattern("power_law", 2, (2048, 2048), (64, 64), 0.2)
+    _gpu_check(p, jnp.bfloat16, getkey(), n=320, batch=130)
+
+
+@pytest.mark.gpu
+def test_gpu_default_dispatch_is_pallas(getkey):
+    W = bs.random(getkey(), (512, 512), (64, 64), 0.25, dtype=jnp.bfloat16)
+    x = jax.random.normal(getkey(), (512, 128), jnp.bfloat16)
+    with bs.dispatch_log() as log:
+        bs.matmul(W, x)
+    assert log == [("dsd", "pallas")]
+    W8 = bs.random(getkey(), (512, 512), (8, 8), 0.25, dtype=jnp.bfloat16)
+    with bs.dispatch_log() as log:
+        bs.matmul(W8, x)
+    assert log == [("dsd", "xla")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("transpose_acc", [False, True])
+@pytest.mark.parametrize("block", [(16, 16), (32, 32), (64, 64)], ids=str)
+def test_gpu_both_accumulator_layouts(block, transpose_acc, getkey, monkeypatch):
+    monkeypatch.setattr(pt, "CONFIG", pt.KernelConfig(transpose_acc=transpose_acc))
+    p = _pattern("power_law", 4, (1024, 1024), block, 0.3)
+    _gpu_check(p, jnp.bfloat16, getkey(), n=384, batch=64)
