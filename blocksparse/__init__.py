@@ -1,10 +1,10 @@
 """blocksparse: block-sparse matrix multiplication for JAX, modelled on Graphcore's PopSparse."""
 
-from . import gnn, nn, ops, prune
+from . import dynamic, gnn, nn, ops, prune
 from . import plan as plan  # the package is callable: bs.plan(W, n, ...) plans
 from ._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, random
 from ._pattern import BlockPattern
-from .ops import dispatch_log, matmul, sdd
+from .ops import dispatch_log, interpret, matmul, sdd
 from .plan import ipu, simulate
 
 __version__ = "0.1.0"
@@ -14,6 +14,9 @@ __all__ = [
     "BlockSparseMatrix",
     "DynamicBlockSparseMatrix",
     "dispatch_log",
+    "dynamic",
+    "gnn",
+    "interpret",
     "ipu",
     "matmul",
     "nn",

@@ -385,8 +385,10 @@ class DynamicBlockSparseMatrix:
         # Padding and invalid positions are routed out of range and dropped by the scatter.
         keep = self.active()
         r = jnp.where(keep, self.rows, gm)
-        out = jnp.zeros((gm, gk, bh, bw), self.dtype).at[r, self.cols].add(self.data, mode="drop")
-        out = out.swapaxes(1, 2).reshape(m, k)
+        # Duplicates add up: accumulate half types in float32, like the products do.
+        acc = jnp.promote_types(self.dtype, jnp.float32)
+        out = jnp.zeros((gm, gk, bh, bw), acc).at[r, self.cols].add(self.data.astype(acc), mode="drop")
+        out = out.swapaxes(1, 2).reshape(m, k).astype(self.dtype)
         return jnp.where(valid, out, jnp.nan)
 
     todense = to_dense

@@ -110,7 +110,7 @@ def test_dispatch_falls_back_to_xla_on_cpu():
         gnn.aggregate(g, x)
         gnn.gatv2(g, x.reshape(10, 1, 4), x.reshape(10, 1, 4), jnp.ones((1, 4)))
     assert log == [("spmm", "xla"), ("aggregate", "xla"), ("gatv2", "xla")]
-    with pytest.raises(NotImplementedError, match="need a CUDA GPU"):
+    with pytest.raises(NotImplementedError, match="no GPU"):
         gnn.spmm(g, x, implementation="pallas")
 
 

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import blocksparse as bs
+from blocksparse.ops import _dispatch as dispatch
 from blocksparse.ops.matmul import pallas_triton as pt
 from blocksparse.ops.matmul.reference import XlaBackend
 from blocksparse.plan.gpu import H200, GpuLowering, choose_max_len, lower
@@ -30,7 +31,7 @@ RTOL_GPU = {**RTOL, jnp.dtype(jnp.float32): 4e-3}
 
 @pytest.fixture
 def interpret(monkeypatch):
-    monkeypatch.setattr(pt, "INTERPRET", True)
+    monkeypatch.setattr(dispatch, "INTERPRET", True)
     monkeypatch.setattr(pt, "CONFIG", pt.KernelConfig())
 
 
@@ -174,15 +175,11 @@ def _check_all_ops(p, dtype, key, n, cfg=None, table=RTOL):
     seed=st.integers(0, 2**16),
 )
 def test_kernels_match_reference_interpret(gm, gk, bh, bw, n, density, skew, max_len, transpose_acc, dtype, seed):
-    old = pt.INTERPRET
-    pt.INTERPRET = True
-    try:
+    with dispatch.interpret():
         gen = bs.BlockPattern.power_law if skew else bs.BlockPattern.random
         p = gen(seed, (gm * bh, gk * bw), (bh, bw), density)
         cfg = pt.KernelConfig(max_len=max_len, transpose_acc=transpose_acc)
         _check_all_ops(p, dtype, jax.random.key(seed), n, cfg)
-    finally:
-        pt.INTERPRET = old
 
 
 @pytest.mark.parametrize("kind", ["empty", "single", "full_row", "empty_rows", "full_col"])
@@ -215,8 +212,8 @@ def test_dispatch_uses_pallas_when_interpreting(interpret, getkey):
 
 
 def test_dispatch_falls_back_without_gpu(monkeypatch, getkey):
-    monkeypatch.setattr(pt, "INTERPRET", False)
-    if pt._on_gpu():
+    monkeypatch.setattr(dispatch, "INTERPRET", False)
+    if jax.default_backend() == "gpu":
         pytest.skip("has a GPU")
     W = bs.random(getkey(), (32, 32), (16, 16), 0.5)
     x = jax.random.normal(getkey(), (32, 4))

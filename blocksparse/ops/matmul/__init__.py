@@ -1,3 +1,3 @@
-from .api import dispatch_log, get_backend, matmul, register_backend, sdd
+from .api import get_backend, matmul, register_backend, sdd
 
-__all__ = ["dispatch_log", "get_backend", "matmul", "register_backend", "sdd"]
+__all__ = ["get_backend", "matmul", "register_backend", "sdd"]

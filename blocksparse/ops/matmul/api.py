@@ -17,10 +17,8 @@ it can run, else the pure-JAX reference.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
-from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +26,7 @@ import numpy as np
 
 from ..._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, _check_floating
 from ..._pattern import BlockPattern
+from .._dispatch import dispatch_log, record, resolve, run
 from . import reference
 
 __all__ = ["matmul", "sdd", "dispatch_log", "register_backend", "get_backend"]
@@ -39,7 +38,6 @@ _BACKEND_PATHS = {
 }
 _BACKENDS: dict[str, object] = {}
 _DEFAULT = ("pallas", "xla")
-_LOGS: list[list[tuple[str, str]]] = []
 
 
 def register_backend(name: str, backend) -> None:
@@ -56,45 +54,12 @@ def get_backend(name: str):
     return _BACKENDS[name]
 
 
-@contextlib.contextmanager
-def dispatch_log():
-    """Record, at trace time, which implementation ran each op: a list of ``(op, name)``.
-
-    Example::
-
-        with bs.ops.dispatch_log() as log:
-            bs.matmul(W, x)
-        assert log == [("dsd", "xla")]
-    """
-    log: list[tuple[str, str]] = []
-    _LOGS.append(log)
-    try:
-        yield log
-    finally:
-        _LOGS.remove(log)
-
-
 def _impls(implementation) -> tuple[str, ...]:
-    if implementation is None:
-        return _DEFAULT
-    if isinstance(implementation, str):
-        return (implementation,)
-    if isinstance(implementation, Sequence) and implementation and all(isinstance(i, str) for i in implementation):
-        return tuple(implementation)
-    raise ValueError(f"Expected implementation None, a name or a sequence of names. Got {implementation!r}.")
+    return resolve(implementation, _DEFAULT)
 
 
 def _run(op: str, impls: tuple[str, ...], *args):
-    reasons = []
-    for name in impls:
-        try:
-            out = getattr(get_backend(name), op)(*args)
-        except NotImplementedError as e:
-            reasons.append(f"{name}: {e}")
-            continue
-        _record(op, name)
-        return out
-    raise NotImplementedError(f"No implementation of {op} among {impls} accepts these inputs. " + "; ".join(reasons))
+    return run(op, impls, lambda name: getattr(get_backend(name), op), *args)
 
 
 # --------------------------------------------------------------------------------------------
@@ -294,7 +259,7 @@ def _sparse_dense(W, x, impls, out_dtype):
     if isinstance(W, BlockSparseMatrix):
         return _dsd(W.pattern, W.data, x, impls, out_dtype)
     keep, valid = _keep_and_validity(W)
-    _record("dsd", "xla")
+    record("dsd", "xla")
     return _poison(_dyn_dsd(W.grid, out_dtype, W.rows, W.cols, keep, W.data, x), valid)
 
 
@@ -303,11 +268,6 @@ def _dense_sparse(x, W, impls, out_dtype):
         return _dds(x, W.pattern, W.data, impls, out_dtype)
     # x @ W = (W^T @ x^T)^T
     return _sparse_dense(W.T, x.T, impls, out_dtype).T
-
-
-def _record(op, name):
-    for log in _LOGS:
-        log.append((op, name))
 
 
 def sdd(a, b, like, *, implementation=None, preferred_element_type=None):
@@ -329,7 +289,7 @@ def sdd(a, b, like, *, implementation=None, preferred_element_type=None):
     if isinstance(like, BlockSparseMatrix):
         return like.tree_unflatten(like.pattern, (_sdd(a, b, like.pattern, _impls(implementation), out_dtype),))
     keep, valid = _keep_and_validity(like)
-    _record("sdd", "xla")
+    record("sdd", "xla")
     data = _poison(_dyn_sdd(like.block_size, out_dtype, like.rows, like.cols, keep, a, b), valid)
     return DynamicBlockSparseMatrix.tree_unflatten(
         (like.shape, like.block_size), (like.rows, like.cols, data, like.nnz)

@@ -25,8 +25,9 @@ powers of two); dtypes float16, bfloat16 (float32 accumulation) and float32 (TF3
 dots, like XLA's default on GPU; set ``FP32_PRECISION = "ieee"`` for exact float32). Smaller blocks
 (1, 4, 8) raise ``NotImplementedError`` and dispatch falls back to XLA; see docs/kernels.md.
 
-On a machine without a GPU the backend reports itself unavailable, unless ``INTERPRET`` is set
-(or ``BLOCKSPARSE_PALLAS_INTERPRET=1``), in which case the kernels run in Pallas' interpreter:
+On a machine without a GPU the backend reports itself unavailable, unless interpret mode is on
+(``BLOCKSPARSE_PALLAS_INTERPRET=1`` or ``blocksparse.ops.interpret()``, shared by every op), in
+which case the kernels run in Pallas' interpreter:
 that is how CI checks their logic on the CPU.
 """
 
@@ -34,8 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -44,21 +43,14 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from ..._pattern import BlockPattern
+from .. import _dispatch
 
-__all__ = ["PallasBackend", "KernelConfig", "INTERPRET", "FP32_PRECISION", "SUPPORTED_BLOCKS"]
+__all__ = ["PallasBackend", "KernelConfig", "FP32_PRECISION", "SUPPORTED_BLOCKS"]
 
-#: Run the kernels in Pallas' interpreter (CPU). Read at call time.
-INTERPRET: bool = os.environ.get("BLOCKSPARSE_PALLAS_INTERPRET", "") not in ("", "0")
 #: "tf32" (tensor cores, XLA's default for float32 on GPU) or "ieee" (exact, CUDA cores).
 FP32_PRECISION: str = "tf32"
 SUPPORTED_BLOCKS = (16, 32, 64, 128)
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
-
-# The Triton lowering warns at every lowering that it is deprecated in favour of Mosaic GPU; we
-# target it on purpose (jax 0.11.2). The warning fires when the *enclosing* jit is lowered, not
-# when pallas_call is traced, so a catch_warnings around the call cannot reach it: filter that one
-# message (and only it).
-warnings.filterwarnings("ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +124,7 @@ def _params(num_warps: int, num_stages: int):
 
 
 def _interpret() -> bool:
-    return bool(INTERPRET)
+    return bool(_dispatch.INTERPRET)
 
 
 # --------------------------------------------------------------------------------------------
@@ -379,21 +371,9 @@ def sdd(a, b, pattern: BlockPattern, out_dtype, config: KernelConfig | None = No
 # --------------------------------------------------------------------------------------------
 # Backend
 # --------------------------------------------------------------------------------------------
-def _on_gpu() -> bool:
-    try:
-        return jax.default_backend() == "gpu"
-    except RuntimeError:
-        return False
-
-
 def _check(pattern: BlockPattern, *dtypes) -> jnp.dtype:
     """Raise ``NotImplementedError`` with the reason if the kernels cannot take these inputs."""
-    if not (_interpret() or _on_gpu()):
-        raise NotImplementedError(
-            f"no GPU (default backend is {jax.default_backend()!r}); set "
-            "blocksparse.ops.matmul.pallas_triton.INTERPRET = True or BLOCKSPARSE_PALLAS_INTERPRET=1 "
-            "to run the kernels in Pallas' interpreter"
-        )
+    _dispatch.pallas_mode()  # raises without a GPU unless interpreting
     bh, bw = pattern.block_size
     if bh not in SUPPORTED_BLOCKS or bw not in SUPPORTED_BLOCKS:
         raise NotImplementedError(
