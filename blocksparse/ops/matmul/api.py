@@ -10,6 +10,10 @@ Each has one ``custom_vjp`` whose backward is made of the other two, on the same
 implementations: the gradient w.r.t. the dense operand runs on the cached transposed pattern,
 the gradient w.r.t. the values is an ``sdd`` laid out like ``.data``.
 
+Dynamic matrices have the twins ``dyn_dsd`` and ``dyn_sdd`` (``dds`` is ``dsd`` on the swapped
+coordinates): the Pallas backend builds its work list inside ``jit`` with
+:func:`blocksparse.dynamic.redistribute`, so the transposed product needs no cached transpose.
+
 ``implementation`` is ``None``, a name or a sequence of names; the first backend that does not
 raise ``NotImplementedError`` wins. ``None`` means ``("pallas", "xla")``: the Pallas kernel where
 it can run, else the pure-JAX reference.
@@ -26,8 +30,7 @@ import numpy as np
 
 from ..._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, _check_floating
 from ..._pattern import BlockPattern
-from .._dispatch import dispatch_log, record, resolve, run
-from . import reference
+from .._dispatch import dispatch_log, resolve, run
 
 __all__ = ["matmul", "sdd", "dispatch_log", "register_backend", "get_backend"]
 
@@ -130,45 +133,43 @@ _sdd.defvjp(_sdd_fwd, _sdd_bwd)
 
 
 # --------------------------------------------------------------------------------------------
-# Dynamic ops (pure JAX): the pattern is traced; ``keep`` masks padding and invalid blocks.
+# Dynamic ops: the pattern is traced; ``keep`` masks padding and invalid blocks. The Pallas
+# backend builds its work list inside jit (blocksparse.dynamic.redistribute); the transposed
+# product needs no cached transpose, the redistributor sorts by the other coordinate.
 # --------------------------------------------------------------------------------------------
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _dyn_dsd(grid, out_dtype, rows, cols, keep, data, x):
-    r = jnp.where(keep, rows, grid[0])  # out of range: dropped by the segment sum
-    c = jnp.where(keep, cols, 0)
-    return reference.coo_dsd(r, c, data, x, grid[0], sorted_rows=False, out_dtype=out_dtype)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _dyn_dsd(grid, out_dtype, impls, rows, cols, keep, data, x):
+    return _run("dyn_dsd", impls, rows, cols, keep, data, x, grid[0], out_dtype)
 
 
-def _dyn_dsd_fwd(grid, out_dtype, rows, cols, keep, data, x):
-    return _dyn_dsd(grid, out_dtype, rows, cols, keep, data, x), (rows, cols, keep, data, x)
+def _dyn_dsd_fwd(grid, out_dtype, impls, rows, cols, keep, data, x):
+    return _dyn_dsd(grid, out_dtype, impls, rows, cols, keep, data, x), (rows, cols, keep, data, x)
 
 
-def _dyn_dsd_bwd(grid, out_dtype, res, g):
+def _dyn_dsd_bwd(grid, out_dtype, impls, res, g):
     rows, cols, keep, data, x = res
-    dx = _dyn_dsd(grid[::-1], x.dtype, cols, rows, keep, data.swapaxes(-1, -2), g)
-    ddata = _dyn_sdd(data.shape[1:], data.dtype, rows, cols, keep, g, x.T)
+    dx = _dyn_dsd(grid[::-1], x.dtype, impls, cols, rows, keep, data.swapaxes(-1, -2), g)
+    ddata = _dyn_sdd(data.shape[1:], data.dtype, impls, rows, cols, keep, g, x.T)
     return None, None, None, ddata, dx
 
 
 _dyn_dsd.defvjp(_dyn_dsd_fwd, _dyn_dsd_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _dyn_sdd(block_size, out_dtype, rows, cols, keep, a, b):
-    r, c = jnp.where(keep, rows, 0), jnp.where(keep, cols, 0)
-    out = reference.coo_sdd(a, b, r, c, block_size, out_dtype=out_dtype)
-    return jnp.where(keep[:, None, None], out, jnp.zeros((), out.dtype))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _dyn_sdd(block_size, out_dtype, impls, rows, cols, keep, a, b):
+    return _run("dyn_sdd", impls, a, b, rows, cols, keep, block_size, out_dtype)
 
 
-def _dyn_sdd_fwd(block_size, out_dtype, rows, cols, keep, a, b):
-    return _dyn_sdd(block_size, out_dtype, rows, cols, keep, a, b), (rows, cols, keep, a, b)
+def _dyn_sdd_fwd(block_size, out_dtype, impls, rows, cols, keep, a, b):
+    return _dyn_sdd(block_size, out_dtype, impls, rows, cols, keep, a, b), (rows, cols, keep, a, b)
 
 
-def _dyn_sdd_bwd(block_size, out_dtype, res, g):
+def _dyn_sdd_bwd(block_size, out_dtype, impls, res, g):
     rows, cols, keep, a, b = res
     grid = (a.shape[0] // block_size[0], b.shape[1] // block_size[1])
-    da = _dyn_dsd(grid, a.dtype, rows, cols, keep, g, b.T)
-    db = _dyn_dsd(grid[::-1], b.dtype, cols, rows, keep, g.swapaxes(-1, -2), a).T
+    da = _dyn_dsd(grid, a.dtype, impls, rows, cols, keep, g, b.T)
+    db = _dyn_dsd(grid[::-1], b.dtype, impls, cols, rows, keep, g.swapaxes(-1, -2), a).T
     return None, None, None, da, db
 
 
@@ -259,8 +260,7 @@ def _sparse_dense(W, x, impls, out_dtype):
     if isinstance(W, BlockSparseMatrix):
         return _dsd(W.pattern, W.data, x, impls, out_dtype)
     keep, valid = _keep_and_validity(W)
-    record("dsd", "xla")
-    return _poison(_dyn_dsd(W.grid, out_dtype, W.rows, W.cols, keep, W.data, x), valid)
+    return _poison(_dyn_dsd(W.grid, out_dtype, impls, W.rows, W.cols, keep, W.data, x), valid)
 
 
 def _dense_sparse(x, W, impls, out_dtype):
@@ -289,8 +289,8 @@ def sdd(a, b, like, *, implementation=None, preferred_element_type=None):
     if isinstance(like, BlockSparseMatrix):
         return like.tree_unflatten(like.pattern, (_sdd(a, b, like.pattern, _impls(implementation), out_dtype),))
     keep, valid = _keep_and_validity(like)
-    record("sdd", "xla")
-    data = _poison(_dyn_sdd(like.block_size, out_dtype, like.rows, like.cols, keep, a, b), valid)
+    impls = _impls(implementation)
+    data = _poison(_dyn_sdd(like.block_size, out_dtype, impls, like.rows, like.cols, keep, a, b), valid)
     return DynamicBlockSparseMatrix.tree_unflatten(
         (like.shape, like.block_size), (like.rows, like.cols, data, like.nnz)
     )

@@ -161,14 +161,18 @@ def _dsd_kernel(start_ref, len_ref, dest_ref, col_ref, id_ref, w_ref, x_ref, y_r
         p_ref[pl.ds(pl.multiple_of((-1 - dest) * bh, bh), bh), pl.ds(n0, tn)] = acc
 
 
-def _combine_kernel(row_ref, off_ref, y_in_ref, p_ref, y_ref, *, block, tile, axis):
-    """Program ``(r, t)``: sum split row ``r``'s partial slots (contiguous) into ``y`` in place."""
+def _combine_kernel(row_ref, off_ref, y_in_ref, p_ref, y_ref, *, block, tile, axis, num_rows):
+    """Program ``(r, t)``: sum split row ``r``'s partial slots (contiguous) into ``y`` in place.
+
+    Entries of ``split_rows`` >= ``num_rows`` are padding (dynamic schedules) and write nothing.
+    """
     del y_in_ref  # aliased with y_ref
     r = pl.program_id(0)
     t0 = pl.multiple_of(pl.program_id(1) * tile, tile)
     lo = off_ref[r]
     hi = off_ref[r + 1]
-    row = row_ref[r]
+    row = jnp.minimum(row_ref[r], num_rows - 1)
+    real = row_ref[r] < num_rows
 
     def body(s, acc):
         o = pl.multiple_of(s * block, block)
@@ -179,10 +183,13 @@ def _combine_kernel(row_ref, off_ref, y_in_ref, p_ref, y_ref, *, block, tile, ax
     shape = (block, tile) if axis == 0 else (tile, block)
     acc = lax.fori_loop(lo, hi, body, jnp.zeros(shape, jnp.float32))
     dst = pl.ds(pl.multiple_of(row * block, block), block)
-    if axis == 0:
-        y_ref[dst, pl.ds(t0, tile)] = acc.astype(y_ref.dtype)
-    else:
-        y_ref[pl.ds(t0, tile), dst] = acc.astype(y_ref.dtype)
+
+    @pl.when(real)
+    def _():
+        if axis == 0:
+            y_ref[dst, pl.ds(t0, tile)] = acc.astype(y_ref.dtype)
+        else:
+            y_ref[pl.ds(t0, tile), dst] = acc.astype(y_ref.dtype)
 
 
 def _combine_rows(y, p, sched, block: int, tile: int, axis: int, num_warps: int):
@@ -194,11 +201,16 @@ def _combine_rows(y, p, sched, block: int, tile: int, axis: int, num_warps: int)
     if sched.num_partials == 0:
         return y
     r = sched.split_rows.shape[0]
-    offsets = np.zeros(r + 1, np.int32)
-    np.cumsum(np.bincount(sched.partial_seg, minlength=r), out=offsets[1:])
+    if isinstance(sched.partial_seg, np.ndarray):  # host schedule: offsets on the host
+        offsets = np.zeros(r + 1, np.int32)
+        np.cumsum(np.bincount(sched.partial_seg, minlength=r), out=offsets[1:])
+    else:  # traced schedule (dynamic sparsity); its dummy slot's segment r is not counted
+        counts = jnp.bincount(sched.partial_seg, length=r + 1)[:r]
+        offsets = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts, dtype=jnp.int32)])
     tiles = y.shape[1 - axis] // tile
+    num_rows = y.shape[axis] // block
     return pl.pallas_call(
-        functools.partial(_combine_kernel, block=block, tile=tile, axis=axis),
+        functools.partial(_combine_kernel, block=block, tile=tile, axis=axis, num_rows=num_rows),
         grid=(r, tiles),
         out_shape=jax.ShapeDtypeStruct(y.shape, y.dtype),
         input_output_aliases={2: 0},
@@ -219,13 +231,21 @@ def dsd(pattern: BlockPattern, data, x, out_dtype, config: KernelConfig | None =
     if pattern.nnz_blocks == 0 or n == 0:
         return jnp.zeros((m, n), out_dtype)
     tn = _tile(n, cfg.tn or _default_tn(bh, n, pattern.grid[0]))
+    tiles = pl.cdiv(n, tn)
+    sched = lower(pattern, GpuLowering(op="dsd", tiles=tiles, max_len=cfg.max_len))
+    return _dsd_call(sched, m, data, x, out_dtype, tn, cfg)
+
+
+def _dsd_call(sched, m: int, data, x, out_dtype, tn: int, cfg: KernelConfig):
+    """Run the dsd kernel on a host (:class:`RowSplitSchedule`) or traced (dynamic) schedule."""
+    _, bh, bw = data.shape
+    n = x.shape[1]
     # Measured on the H200 (docs/kernels.md): (tn, bh) wins for b = 32 (0.57 vs 0.73 ms at
     # n = 4096, d = 1/4), (bh, tn) for b = 16 (1.00 vs 1.09 ms) and is even for b >= 64.
     acc_t = (bh == 32) if cfg.transpose_acc is None else bool(cfg.transpose_acc)
     npad = -n % tn
     xp = _pad_to(x, 1, tn)
     tiles = xp.shape[1] // tn
-    sched = lower(pattern, GpuLowering(op="dsd", tiles=tiles, max_len=cfg.max_len))
     nw = cfg.num_warps or (8 if bh * tn >= 128 * 128 else 4)
     ns = cfg.num_stages or 3
     s = max(sched.num_partials, 1)
@@ -251,6 +271,21 @@ def dsd(pattern: BlockPattern, data, x, out_dtype, config: KernelConfig | None =
     )
     y = _combine_rows(y, p, sched, bh, tn, axis=0, num_warps=nw)
     return y[:, :n] if npad else y
+
+
+def dsd_dynamic(rows, cols, keep, data, x, num_rows: int, out_dtype, config: KernelConfig | None = None):
+    """``W @ x`` for a traced block COO (``keep`` masks padding): the same kernel, on a work list
+    that :func:`blocksparse.dynamic.redistribute` builds inside ``jit``."""
+    from ...dynamic.redistribute import redistribute
+
+    cfg = config or CONFIG
+    _, bh, _ = data.shape
+    n = x.shape[1]
+    if data.shape[0] == 0 or n == 0:
+        return jnp.zeros((num_rows * bh, n), out_dtype)
+    tn = _tile(n, cfg.tn or _default_tn(bh, n, num_rows))
+    sched = redistribute(rows, cols, keep, num_rows, cfg.max_len)
+    return _dsd_call(sched, num_rows * bh, data, x, out_dtype, tn, cfg)
 
 
 # --------------------------------------------------------------------------------------------
@@ -343,9 +378,14 @@ def _sdd_kernel(row_ref, col_ref, a_ref, b_ref, o_ref, *, bh, bw, tk, steps):
 
 def sdd(a, b, pattern: BlockPattern, out_dtype, config: KernelConfig | None = None):
     """``(a @ b)`` at the blocks of ``pattern``, laid out like ``.data``: ``(nnz, bh, bw)``."""
+    return sdd_coords(a, b, jnp.asarray(pattern.rows), jnp.asarray(pattern.cols), pattern.block_size, out_dtype, config)
+
+
+def sdd_coords(a, b, rows, cols, block_size, out_dtype, config: KernelConfig | None = None):
+    """``(a @ b)`` at block coordinates ``rows``, ``cols`` (host or traced, all in range)."""
     cfg = config or CONFIG
-    bh, bw = pattern.block_size
-    nnz = pattern.nnz_blocks
+    bh, bw = block_size
+    nnz = rows.shape[0]
     n = a.shape[1]
     if nnz == 0:
         return jnp.zeros((0, bh, bw), out_dtype)
@@ -364,17 +404,17 @@ def sdd(a, b, pattern: BlockPattern, out_dtype, config: KernelConfig | None = No
         compiler_params=_params(nw, ns),
         interpret=_interpret(),
         name=f"bs_sdd_{bh}x{bw}_tk{tk}",
-    )(jnp.asarray(pattern.rows), jnp.asarray(pattern.cols), ap, bp)
+    )(rows.astype(jnp.int32), cols.astype(jnp.int32), ap, bp)
     return out.reshape(nnz, bh, bw)
 
 
 # --------------------------------------------------------------------------------------------
 # Backend
 # --------------------------------------------------------------------------------------------
-def _check(pattern: BlockPattern, *dtypes) -> jnp.dtype:
+def _check(block_size: tuple[int, int], *dtypes) -> jnp.dtype:
     """Raise ``NotImplementedError`` with the reason if the kernels cannot take these inputs."""
     _dispatch.pallas_mode()  # raises without a GPU unless interpreting
-    bh, bw = pattern.block_size
+    bh, bw = block_size
     if bh not in SUPPORTED_BLOCKS or bw not in SUPPORTED_BLOCKS:
         raise NotImplementedError(
             f"requires block sides in {SUPPORTED_BLOCKS} (tensor-core dots need >= 16, Triton tiles powers "
@@ -394,13 +434,23 @@ class PallasBackend:
     name = "pallas"
 
     def dsd(self, pattern: BlockPattern, data, x, out_dtype):
-        dt = _check(pattern, data.dtype, x.dtype)
+        dt = _check(pattern.block_size, data.dtype, x.dtype)
         return dsd(pattern, data.astype(dt), x.astype(dt), out_dtype)
 
     def dds(self, x, pattern: BlockPattern, data, out_dtype):
-        dt = _check(pattern, data.dtype, x.dtype)
+        dt = _check(pattern.block_size, data.dtype, x.dtype)
         return dds(x.astype(dt), pattern, data.astype(dt), out_dtype)
 
     def sdd(self, a, b, pattern: BlockPattern, out_dtype):
-        dt = _check(pattern, a.dtype, b.dtype)
+        dt = _check(pattern.block_size, a.dtype, b.dtype)
         return sdd(a.astype(dt), b.astype(dt), pattern, out_dtype)
+
+    def dyn_dsd(self, rows, cols, keep, data, x, num_rows: int, out_dtype):
+        dt = _check(data.shape[1:], data.dtype, x.dtype)
+        return dsd_dynamic(rows, cols, keep, data.astype(dt), x.astype(dt), num_rows, out_dtype)
+
+    def dyn_sdd(self, a, b, rows, cols, keep, block_size, out_dtype):
+        dt = _check(block_size, a.dtype, b.dtype)
+        r, c = jnp.where(keep, rows, 0), jnp.where(keep, cols, 0)
+        out = sdd_coords(a.astype(dt), b.astype(dt), r, c, block_size, out_dtype)
+        return jnp.where(keep[:, None, None], out, jnp.zeros((), out.dtype))

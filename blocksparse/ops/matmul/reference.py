@@ -102,3 +102,14 @@ class XlaBackend:
         return coo_sdd(
             a, b, jnp.asarray(pattern.rows), jnp.asarray(pattern.cols), pattern.block_size, out_dtype=out_dtype
         )
+
+    # Dynamic (traced) patterns: ``keep`` masks padding and invalid blocks.
+    def dyn_dsd(self, rows, cols, keep, data, x, num_rows: int, out_dtype):
+        r = jnp.where(keep, rows, num_rows)  # out of range: dropped by the segment sum
+        c = jnp.where(keep, cols, 0)
+        return coo_dsd(r, c, data, x, num_rows, sorted_rows=False, out_dtype=out_dtype)
+
+    def dyn_sdd(self, a, b, rows, cols, keep, block_size, out_dtype):
+        r, c = jnp.where(keep, rows, 0), jnp.where(keep, cols, 0)
+        out = coo_sdd(a, b, r, c, block_size, out_dtype=out_dtype)
+        return jnp.where(keep[:, None, None], out, jnp.zeros((), out.dtype))
