@@ -241,7 +241,7 @@ def matmul(a, b, *, implementation=None, preferred_element_type=None) -> jax.Arr
             x2 = x[:, None]
         else:
             x2 = jnp.moveaxis(x, -2, 0).reshape(k, -1)
-        y2 = _sparse_dense(W, x2, impls, out_dtype)
+        y2 = _sparse_dense(W, x2, impls, out_dtype, implementation is None)
         if x.ndim == 1:
             return y2[:, 0]
         return jnp.moveaxis(y2.reshape(m, *x.shape[:-2], x.shape[-1]), 0, -2)
@@ -252,22 +252,30 @@ def matmul(a, b, *, implementation=None, preferred_element_type=None) -> jax.Arr
             f"Expected the dense operand's last dimension to be {m} (W is {W.shape}). Got shape {x.shape}."
         )
     out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(W.dtype, x.dtype))
-    y2 = _dense_sparse(x.reshape(-1, m), W, impls, out_dtype)
+    y2 = _dense_sparse(x.reshape(-1, m), W, impls, out_dtype, implementation is None)
     return y2.reshape(*x.shape[:-1], k)
 
 
-def _sparse_dense(W, x, impls, out_dtype):
+# Building the dynamic work list on the device costs about 0.25 ms on the H200 (sort, scans,
+# scatters; docs/benchmarks.md), more than the whole pure-JAX product at small n: by default the
+# Pallas path goes first only from this many dense columns on.
+DYNAMIC_PALLAS_MIN_N = 1024
+
+
+def _sparse_dense(W, x, impls, out_dtype, default: bool = False):
     if isinstance(W, BlockSparseMatrix):
         return _dsd(W.pattern, W.data, x, impls, out_dtype)
+    if default and x.shape[1] < DYNAMIC_PALLAS_MIN_N:
+        impls = tuple(sorted(impls, key=lambda name: name != "xla"))
     keep, valid = _keep_and_validity(W)
     return _poison(_dyn_dsd(W.grid, out_dtype, impls, W.rows, W.cols, keep, W.data, x), valid)
 
 
-def _dense_sparse(x, W, impls, out_dtype):
+def _dense_sparse(x, W, impls, out_dtype, default: bool = False):
     if isinstance(W, BlockSparseMatrix):
         return _dds(x, W.pattern, W.data, impls, out_dtype)
     # x @ W = (W^T @ x^T)^T
-    return _sparse_dense(W.T, x.T, impls, out_dtype).T
+    return _sparse_dense(W.T, x.T, impls, out_dtype, default).T
 
 
 def sdd(a, b, like, *, implementation=None, preferred_element_type=None):
