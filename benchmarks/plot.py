@@ -1,0 +1,98 @@
+"""Plots for docs/benchmarks.md, made from the benchmark JSON files (needs matplotlib).
+
+Usage::
+
+    python benchmarks/plot.py --matmul benchmarks/results/matmul_h200_run4.json \
+        --gnn benchmarks/results/gnn_h200_run2.json --out docs/img
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def plot_matmul(path: str, out: str) -> str:
+    rows = [r for r in json.load(open(path))["rows"] if r.get("pattern", "uniform") == "uniform"]
+    rows = [r for r in rows if r.get("variant", "default") == "default" and r.get("op", "dsd") == "dsd"]
+    ns = sorted({r["n"] for r in rows})
+    fig, axes = plt.subplots(1, len(ns), figsize=(5.5 * len(ns), 4), squeeze=False)
+    for ax, n in zip(axes[0], ns, strict=True):
+        for b in sorted({r["b"] for r in rows if r["n"] == n}):
+            cell = sorted((r for r in rows if r["n"] == n and r["b"] == b), key=lambda r: -r["d"])
+            ds = [r["d"] for r in cell]
+            ax.plot(ds, [r["vs_jnp"] for r in cell], "o-", label=f"blocksparse b={b}")
+            if all("vs_torch_bsr" in r for r in cell):
+                bsr = [r["torch_bsr_ms"] / r["dense_jnp_ms"] for r in cell]
+                ax.plot(ds, bsr, "x:", color=ax.lines[-1].get_color(), alpha=0.6, label=f"torch BSR b={b}")
+        ax.plot(ds, ds, "k--", lw=0.8, label="ideal (= density)")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.invert_xaxis()
+        ax.set_xlabel("density")
+        ax.set_ylabel("time / dense jnp.dot time")
+        ax.set_title(f"8192 x 8192 @ 8192 x {n}, bf16, H200")
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    dest = os.path.join(out, "matmul_vs_dense.png")
+    fig.savefig(dest, dpi=110)
+    return dest
+
+
+def plot_gnn(path: str, out: str) -> str:
+    rows = json.load(open(path))["rows"]
+    cases = [("spmm_sum", "fwd", None), ("max", "fwd", None), ("max", "fwd+bwd", None),
+             ("gatv2", "fwd+bwd", 8), ("transformer", "fwd+bwd", 8)]  # fmt: skip
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4))
+    labels, ours, best_peer, ours_mem, peer_mem, peer_names = [], [], [], [], [], []
+    for op, mode, heads in cases:
+        sel = [r for r in rows if r["op"] == op and r["mode"] == mode and r.get("heads") == heads]
+        mine = [r for r in sel if r["impl"] == "bs-pallas"]
+        peers = [r for r in sel if not r["impl"].startswith("bs-")]
+        if not mine or not peers:
+            continue
+        peer = min(peers, key=lambda r: r["ms"])
+        labels.append(f"{op} {mode}" + (f" H={heads}" if heads else ""))
+        ours.append(mine[0]["ms"])
+        best_peer.append(peer["ms"])
+        peer_names.append(peer["impl"])
+        ours_mem.append(mine[0]["mem_bytes"] / 2**30)
+        peer_mem.append(peer["mem_bytes"] / 2**30)
+    x = range(len(labels))
+    for ax, a, b, unit in ((ax_t, ours, best_peer, "ms"), (ax_m, ours_mem, peer_mem, "GiB (extra peak)")):
+        ax.bar([i - 0.2 for i in x], a, 0.4, label="blocksparse (Pallas)")
+        ax.bar([i + 0.2 for i in x], b, 0.4, label="fastest peer measured")
+        ax.set_xticks(list(x), labels, rotation=20, ha="right", fontsize=8)
+        ax.set_yscale("log")
+        ax.set_ylabel(unit)
+        ax.legend(fontsize=8)
+    for i, name in enumerate(peer_names):
+        ax_t.annotate(name, (i + 0.2, best_peer[i]), fontsize=6, ha="center", va="bottom")
+    ax_t.set_title("GNN ops, N=262,144 E=8,388,608 F=128, fp32, H200")
+    ax_m.set_title("peak memory beyond the inputs")
+    fig.tight_layout()
+    dest = os.path.join(out, "gnn_vs_peers.png")
+    fig.savefig(dest, dpi=110)
+    return dest
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--matmul", default="benchmarks/results/matmul_h200_run4.json")
+    ap.add_argument("--gnn", default="benchmarks/results/gnn_h200_run2.json")
+    ap.add_argument("--out", default="docs/img")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    for dest in (plot_matmul(args.matmul, args.out), plot_gnn(args.gnn, args.out)):
+        print(dest)
+
+
+if __name__ == "__main__":
+    main()
