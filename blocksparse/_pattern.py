@@ -165,8 +165,7 @@ class BlockPattern:
     def random(cls, rng: np.random.Generator | int, shape, block_size, density: float) -> BlockPattern:
         """A pattern with ``round(density * blocks)`` blocks placed uniformly at random."""
         bh, bw = check_block_size(shape, block_size)
-        if not 0.0 <= float(density) <= 1.0:
-            raise ValueError(f"Expected density in [0, 1]. Got {density}.")
+        _check_density(density)
         rng = np.random.default_rng(rng)
         gm, gk = shape[0] // bh, shape[1] // bw
         n = int(round(float(density) * gm * gk))
@@ -177,6 +176,7 @@ class BlockPattern:
     def power_law(cls, rng, shape, block_size, density: float, alpha: float = 1.2) -> BlockPattern:
         """A pattern whose row lengths follow a Zipf-like law (a few very long rows)."""
         bh, bw = check_block_size(shape, block_size)
+        _check_density(density)
         rng = np.random.default_rng(rng)
         gm, gk = shape[0] // bh, shape[1] // bw
         total = int(round(float(density) * gm * gk))
@@ -206,6 +206,11 @@ def _pair(block_size) -> tuple[int, int]:
     if pair[0] <= 0 or pair[1] <= 0:
         raise ValueError(f"Expected a positive block size. Got block_size={pair}.")
     return pair
+
+
+def _check_density(density) -> None:
+    if not 0.0 <= float(density) <= 1.0:
+        raise ValueError(f"Expected density in [0, 1]. Got {density}.")
 
 
 def _check_range(name: str, idx: np.ndarray, limit: int) -> None:

@@ -146,3 +146,9 @@ def test_trailing_feature_dims_and_vmap():
     xb = jnp.stack([x, 2 * x])
     yb = jax.vmap(lambda x: gnn.aggregate(g, x))(xb)
     np.testing.assert_allclose(yb[1], gnn.aggregate(g, 2 * x), rtol=1e-6)
+
+
+def test_empty_graph():
+    g0 = gnn.Graph.from_edges([], [], 0)
+    assert gnn.spmm(g0, jnp.zeros((0, 3))).shape == (0, 3)
+    assert gnn.aggregate(g0, jnp.zeros((0, 3))).shape == (0, 3)

@@ -259,3 +259,22 @@ def test_dynamic_out_of_range_is_reported_not_silent():
     err, y = checkify.checkify(bs.matmul)(D, x)
     err.throw()
     np.testing.assert_allclose(y[:8], 8.0)
+
+
+def test_zero_size_dimensions():
+    Z = bs.BlockSparseMatrix.from_dense(jnp.zeros((0, 16)), 8)  # m = 0
+    assert bs.matmul(jnp.ones((3, 0)), Z).shape == (3, 16)
+    assert not bs.matmul(jnp.ones((3, 0)), Z).any()
+    assert bs.matmul(Z, jnp.ones((16, 3))).shape == (0, 3)
+    K = bs.BlockSparseMatrix.from_dense(jnp.zeros((16, 0)), 8)  # k = 0
+    np.testing.assert_array_equal(bs.matmul(K, jnp.ones((0, 3))), np.zeros((16, 3)))
+    np.testing.assert_array_equal(bs.matmul(K, jnp.ones((2, 0, 3))), np.zeros((2, 16, 3)))
+    D = bs.DynamicBlockSparseMatrix.from_static(K, capacity=2)
+    np.testing.assert_array_equal(bs.matmul(D, jnp.ones((0, 3))), np.zeros((16, 3)))
+    W = bs.random(jax.random.key(0), (16, 16), 8, 0.5)
+    assert bs.matmul(jnp.ones((0, 4, 16)), W).shape == (0, 4, 16)
+    assert bs.matmul(W, jnp.ones((16, 0))).shape == (16, 0)
+    # sdd on an empty dimension, dynamic padding included
+    Dm = bs.DynamicBlockSparseMatrix.from_static(Z, capacity=3)
+    assert bs.sdd(jnp.ones((0, 5)), jnp.ones((5, 16)), Dm).data.shape == (3, 8, 8)
+    assert bs.sdd(jnp.ones((16, 5)), jnp.ones((5, 0)), D).data.shape == (2, 8, 8)

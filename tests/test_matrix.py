@@ -165,3 +165,10 @@ def test_bad_dynamic():
         bs.DynamicBlockSparseMatrix(jnp.zeros(3, jnp.int32), jnp.zeros(3), blocks, 3, (8, 8))
     with pytest.raises(ValueError, match=r"block_size \(4, 4\) to divide the shape \(8, 6\)"):
         bs.DynamicBlockSparseMatrix.from_blocks([0], [0], blocks[:1], shape=(8, 6))
+
+
+def test_generators_reject_bad_density():
+    for gen in (bs.BlockPattern.random, bs.BlockPattern.power_law):
+        for d in (1.5, -0.5):
+            with pytest.raises(ValueError, match=rf"density in \[0, 1\]. Got {d}"):
+                gen(0, (64, 64), 16, d)

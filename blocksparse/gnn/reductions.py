@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -88,7 +89,7 @@ def aggregate(g: Graph, x: jax.Array, reduce: str = "max", *, implementation=Non
         raise ValueError(f"Expected x of shape ({g.num_nodes}, ...). Got a scalar.")
     g.check_features(x, "x", ndim=tuple(range(1, 8)))
     shape = x.shape
-    x2 = x.reshape(shape[0], -1)
+    x2 = x.reshape(shape[0], math.prod(shape[1:]))
     if g.num_edges == 0 or x2.shape[1] == 0:
         return jnp.zeros_like(x)
     return _extreme(g, impls, reduce == "max", x2).reshape(shape)

@@ -8,6 +8,7 @@ j -> i``; its backward is ``dx = A^T dout`` through the cached transposed CSR (`
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -133,7 +134,7 @@ def spmm(
         if not jnp.issubdtype(edge_weight.dtype, jnp.floating):
             raise TypeError(f"Expected floating-point edge_weight. Got {edge_weight.dtype}.")
     shape = x.shape
-    x2 = x.reshape(shape[0], -1)
+    x2 = x.reshape(shape[0], math.prod(shape[1:]))
     if norm in ("left", "both"):
         x2 = (x2 * _inv_pow(g.out_degree, 1.0 if norm == "left" else 0.5)[:, None]).astype(x.dtype)
     if g.num_edges == 0 or x2.shape[1] == 0:

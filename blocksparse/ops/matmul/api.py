@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import math
 
 import jax
 import jax.numpy as jnp
@@ -240,7 +241,7 @@ def matmul(a, b, *, implementation=None, preferred_element_type=None) -> jax.Arr
         if x.ndim == 1:
             x2 = x[:, None]
         else:
-            x2 = jnp.moveaxis(x, -2, 0).reshape(k, -1)
+            x2 = jnp.moveaxis(x, -2, 0).reshape(k, math.prod(x.shape[:-2]) * x.shape[-1])
         y2 = _sparse_dense(W, x2, impls, out_dtype, implementation is None)
         if x.ndim == 1:
             return y2[:, 0]
@@ -252,7 +253,7 @@ def matmul(a, b, *, implementation=None, preferred_element_type=None) -> jax.Arr
             f"Expected the dense operand's last dimension to be {m} (W is {W.shape}). Got shape {x.shape}."
         )
     out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(W.dtype, x.dtype))
-    y2 = _dense_sparse(x.reshape(-1, m), W, impls, out_dtype, implementation is None)
+    y2 = _dense_sparse(x.reshape(math.prod(x.shape[:-1]), m), W, impls, out_dtype, implementation is None)
     return y2.reshape(*x.shape[:-1], k)
 
 

@@ -281,7 +281,7 @@ def dsd_dynamic(rows, cols, keep, data, x, num_rows: int, out_dtype, config: Ker
     cfg = config or CONFIG
     _, bh, _ = data.shape
     n = x.shape[1]
-    if data.shape[0] == 0 or n == 0:
+    if data.shape[0] == 0 or n == 0 or x.shape[0] == 0:  # k == 0: no block can be in range
         return jnp.zeros((num_rows * bh, n), out_dtype)
     tn = _tile(n, cfg.tn or _default_tn(bh, n, num_rows))
     sched = redistribute(rows, cols, keep, num_rows, cfg.max_len)
@@ -451,6 +451,8 @@ class PallasBackend:
 
     def dyn_sdd(self, a, b, rows, cols, keep, block_size, out_dtype):
         dt = _check(block_size, a.dtype, b.dtype)
+        if a.shape[0] == 0 or b.shape[1] == 0:  # no block can be in range
+            return jnp.zeros((rows.shape[0], *block_size), out_dtype)
         r, c = jnp.where(keep, rows, 0), jnp.where(keep, cols, 0)
         out = sdd_coords(a.astype(dt), b.astype(dt), r, c, block_size, out_dtype)
         return jnp.where(keep[:, None, None], out, jnp.zeros((), out.dtype))

@@ -37,7 +37,7 @@ def coo_dsd(rows, cols, data, x, grid_m: int, *, sorted_rows: bool, out_dtype) -
     k, n = x.shape
     acc = acc_dtype(data.dtype, x.dtype)
     xb = x.reshape(k // bw, bw, n)
-    if nnz == 0 or n == 0:
+    if nnz == 0 or n == 0 or k == 0:  # nothing to gather from (k == 0) or to compute
         return jnp.zeros((grid_m * bh, n), out_dtype)
 
     def part(r, c, d):
@@ -63,8 +63,8 @@ def coo_sdd(a, b, rows, cols, block_size, *, out_dtype) -> jax.Array:
     _, k = b.shape
     nnz = rows.shape[0]
     acc = acc_dtype(a.dtype, b.dtype)
-    if nnz == 0:
-        return jnp.zeros((0, bh, bw), out_dtype)
+    if nnz == 0 or m == 0 or k == 0:  # no blocks, or none can be in range (dynamic padding)
+        return jnp.zeros((nnz, bh, bw), out_dtype)
     ab = a.reshape(m // bh, bh, n)
     bb = b.reshape(n, k // bw, bw).swapaxes(0, 1)  # (k // bw, n, bw)
 
