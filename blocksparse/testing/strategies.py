@@ -13,6 +13,9 @@ Example::
 Values are drawn from a NumPy generator seeded by hypothesis (fast and still shrinkable through
 the seed); the *structure* (shape, block size, pattern kind, density, dtype) is drawn directly
 so that hypothesis explores and shrinks it.
+
+Graphs for the GNN ops: :func:`graphs` (a :class:`blocksparse.gnn.Graph` with an isolated node, a
+self-loop, a multi-edge and a high in-degree hub) and :func:`edge_lists`, from :mod:`.graphs`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from hypothesis import strategies as st
 
 from .._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix
 from .._pattern import BlockPattern
+from .graphs import edge_lists, graphs
 
 __all__ = [
     "PATTERN_KINDS",
@@ -32,6 +36,8 @@ __all__ = [
     "dense_arrays",
     "dtypes",
     "dynamic_block_sparse_matrices",
+    "edge_lists",
+    "graphs",
 ]
 
 #: Pattern families: uniform random at a drawn density (0 and 1 included), and adversarial ones.
