@@ -1,8 +1,13 @@
 import os
 
-import jax
-import pytest
-from hypothesis import HealthCheck, settings
+# Several CPU devices, so sharding (shard_map over a mesh) is tested on a machine without GPUs.
+# Must be set before JAX initialises its backends; a GPU machine keeps its own devices.
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 # Bounded example counts keep CI (2 CPU cores) fast; `HYPOTHESIS_PROFILE=thorough` for more.
 settings.register_profile(

@@ -124,7 +124,8 @@ def _attention_fwd(g, impls, mode, slope, scale, a, b, c):
 
 def _attention_bwd(g, impls, mode, slope, scale, res, dout):
     a, b, c, out, lse = res
-    return _dispatch.run(_name(mode) + "_bwd", impls, _BWD, g, mode, slope, scale, a, b, c, out, lse, dout)
+    grads = _dispatch.run(_name(mode) + "_bwd", impls, _BWD, g, mode, slope, scale, a, b, c, out, lse, dout)
+    return tuple(_dispatch.cotangent_like(d, p) for d, p in zip(grads, (a, b, c), strict=True))
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)

@@ -77,7 +77,7 @@ def _spmm_xw_bwd(g, impls, res, dout):
     dx = _spmm_xw(g.T, impls, dout, w)  # edge ids are shared by g and g.T
     src, dst = jnp.asarray(g.src), jnp.asarray(g.dst)
     dw = jnp.sum(dout[dst].astype(jnp.float32) * x[src].astype(jnp.float32), axis=-1)
-    return dx, dw.astype(w.dtype)
+    return _dispatch.cotangent_like(dx, x), _dispatch.cotangent_like(dw.astype(w.dtype), w)
 
 
 _spmm_xw.defvjp(_spmm_xw_fwd, _spmm_xw_bwd)

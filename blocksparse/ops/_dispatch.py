@@ -19,7 +19,17 @@ from collections.abc import Callable, Mapping, Sequence
 
 import jax
 
-__all__ = ["INTERPRET", "check_choice", "dispatch_log", "interpret", "pallas_mode", "record", "resolve", "run"]
+__all__ = [
+    "INTERPRET",
+    "check_choice",
+    "cotangent_like",
+    "dispatch_log",
+    "interpret",
+    "pallas_mode",
+    "record",
+    "resolve",
+    "run",
+]
 
 #: Run Pallas kernels in the interpreter (read at trace time).
 INTERPRET: bool = os.environ.get("BLOCKSPARSE_PALLAS_INTERPRET", "") not in ("", "0")
@@ -113,6 +123,29 @@ def run(op: str, impls: tuple[str, ...], table: Mapping[str, Callable] | Callabl
         record(op, name)
         return out
     raise NotImplementedError(f"No implementation of {op} among {impls} accepts these inputs. " + "; ".join(reasons))
+
+
+def _varying(x) -> frozenset:
+    mat = getattr(jax.typeof(x), "mat", None)  # manual axes of shard_map, jax >= 0.8
+    return frozenset(getattr(mat, "varying", ()))
+
+
+def cotangent_like(ct, primal):
+    """Give a custom VJP's cotangent the shard_map axis type of its primal input.
+
+    Inside ``shard_map`` a replicated input (say a weight) combined with a per-device one (a batch
+    shard) gets a per-device cotangent; JAX's own ops sum it over those axes (the transpose of
+    the implicit ``pvary``), and a ``custom_vjp`` must do the same. Outside ``shard_map`` this is
+    the identity.
+    """
+    if ct is None:
+        return ct
+    have, want = _varying(ct), _varying(primal)
+    if extra := tuple(sorted(have - want, key=str)):
+        ct = jax.lax.psum(ct, extra)
+    if missing := tuple(sorted(want - have, key=str)):
+        ct = jax.lax.pcast(ct, missing, to="varying")
+    return ct
 
 
 def check_choice(what: str, value, allowed: Sequence) -> None:

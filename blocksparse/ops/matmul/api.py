@@ -31,7 +31,7 @@ import numpy as np
 
 from ..._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, _check_floating
 from ..._pattern import BlockPattern
-from .._dispatch import dispatch_log, resolve, run
+from .._dispatch import cotangent_like, dispatch_log, resolve, run
 
 __all__ = ["matmul", "sdd", "dispatch_log", "register_backend", "get_backend"]
 
@@ -88,7 +88,7 @@ def _dsd_bwd(pattern, impls, out_dtype, res, g):
     t, data_t = _transposed(pattern, data)
     dx = _dsd(t, data_t, g, impls, x.dtype)
     ddata = _sdd(g, x.T, pattern, impls, data.dtype)
-    return ddata, dx
+    return cotangent_like(ddata, data), cotangent_like(dx, x)
 
 
 _dsd.defvjp(_dsd_fwd, _dsd_bwd)
@@ -108,7 +108,7 @@ def _dds_bwd(pattern, impls, out_dtype, res, g):
     t, data_t = _transposed(pattern, data)
     dx = _dds(g, t, data_t, impls, x.dtype)
     ddata = _sdd(x.T, g, pattern, impls, data.dtype)
-    return dx, ddata
+    return cotangent_like(dx, x), cotangent_like(ddata, data)
 
 
 _dds.defvjp(_dds_fwd, _dds_bwd)
@@ -127,7 +127,7 @@ def _sdd_bwd(pattern, impls, out_dtype, res, g):
     a, b = res
     da = _dsd(pattern, g, b.T, impls, a.dtype)
     db = _dds(a.T, pattern, g, impls, b.dtype)
-    return da, db
+    return cotangent_like(da, a), cotangent_like(db, b)
 
 
 _sdd.defvjp(_sdd_fwd, _sdd_bwd)
@@ -151,7 +151,7 @@ def _dyn_dsd_bwd(grid, out_dtype, impls, res, g):
     rows, cols, keep, data, x = res
     dx = _dyn_dsd(grid[::-1], x.dtype, impls, cols, rows, keep, data.swapaxes(-1, -2), g)
     ddata = _dyn_sdd(data.shape[1:], data.dtype, impls, rows, cols, keep, g, x.T)
-    return None, None, None, ddata, dx
+    return None, None, None, cotangent_like(ddata, data), cotangent_like(dx, x)
 
 
 _dyn_dsd.defvjp(_dyn_dsd_fwd, _dyn_dsd_bwd)
@@ -171,7 +171,7 @@ def _dyn_sdd_bwd(block_size, out_dtype, impls, res, g):
     grid = (a.shape[0] // block_size[0], b.shape[1] // block_size[1])
     da = _dyn_dsd(grid, a.dtype, impls, rows, cols, keep, g, b.T)
     db = _dyn_dsd(grid[::-1], b.dtype, impls, cols, rows, keep, g.swapaxes(-1, -2), a).T
-    return None, None, None, da, db
+    return None, None, None, cotangent_like(da, a), cotangent_like(db, b)
 
 
 _dyn_sdd.defvjp(_dyn_sdd_fwd, _dyn_sdd_bwd)
