@@ -6,8 +6,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -416,6 +414,3 @@ class DynamicBlockSparseMatrix:
         from .ops.matmul.api import matmul
 
         return matmul(other, self)
-
-
-Matrix = Any

@@ -27,11 +27,10 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ..._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, _check_floating
-from ..._pattern import BlockPattern
 from .._dispatch import cotangent_like, dispatch_log, resolve, run
+from .reference import transposed
 
 __all__ = ["matmul", "sdd", "dispatch_log", "register_backend", "get_backend"]
 
@@ -69,11 +68,6 @@ def _run(op: str, impls: tuple[str, ...], *args):
 # --------------------------------------------------------------------------------------------
 # Static ops with custom VJPs
 # --------------------------------------------------------------------------------------------
-def _transposed(pattern: BlockPattern, data):
-    t, perm = pattern.transpose()
-    return t, data[np.asarray(perm)].swapaxes(-1, -2)
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3, 4))
 def _dsd(pattern, data, x, impls, out_dtype):
     return _run("dsd", impls, pattern, data, x, out_dtype)
@@ -85,7 +79,7 @@ def _dsd_fwd(pattern, data, x, impls, out_dtype):
 
 def _dsd_bwd(pattern, impls, out_dtype, res, g):
     data, x = res
-    t, data_t = _transposed(pattern, data)
+    t, data_t = transposed(pattern, data)
     dx = _dsd(t, data_t, g, impls, x.dtype)
     ddata = _sdd(g, x.T, pattern, impls, data.dtype)
     return cotangent_like(ddata, data), cotangent_like(dx, x)
@@ -105,7 +99,7 @@ def _dds_fwd(x, pattern, data, impls, out_dtype):
 
 def _dds_bwd(pattern, impls, out_dtype, res, g):
     x, data = res
-    t, data_t = _transposed(pattern, data)
+    t, data_t = transposed(pattern, data)
     dx = _dds(g, t, data_t, impls, x.dtype)
     ddata = _sdd(x.T, g, pattern, impls, data.dtype)
     return cotangent_like(dx, x), cotangent_like(ddata, data)

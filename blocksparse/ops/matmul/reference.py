@@ -81,6 +81,12 @@ def coo_sdd(a, b, rows, cols, block_size, *, out_dtype) -> jax.Array:
     return out.reshape(-1, bh, bw)[:nnz]
 
 
+def transposed(pattern: BlockPattern, data):
+    """The cached transposed pattern and ``data`` laid out for it (blocks permuted and transposed)."""
+    t, perm = pattern.transpose()
+    return t, data[np.asarray(perm)].swapaxes(-1, -2)
+
+
 class XlaBackend:
     """The reference backend. Every backend implements these three static ops."""
 
@@ -94,9 +100,7 @@ class XlaBackend:
 
     def dds(self, x, pattern: BlockPattern, data, out_dtype):
         # x (B, m) @ W (m, k) = (W^T @ x^T)^T, on the cached transposed pattern.
-        t, perm = pattern.transpose()
-        data_t = data[np.asarray(perm)].swapaxes(1, 2)
-        return self.dsd(t, data_t, x.T, out_dtype).T
+        return self.dsd(*transposed(pattern, data), x.T, out_dtype).T
 
     def sdd(self, a, b, pattern: BlockPattern, out_dtype):
         return coo_sdd(
