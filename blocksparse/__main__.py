@@ -85,7 +85,10 @@ def main(argv=None) -> int:
     pl.add_argument("--json", metavar="PATH", help="also write the plan summary as JSON")
     pl.set_defaults(func=_plan)
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (ValueError, TypeError) as e:  # bad input: the message names expected and actual values
+        parser.exit(2, f"{parser.prog} {args.cmd}: error: {e}\n")
 
 
 if __name__ == "__main__":

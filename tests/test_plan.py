@@ -201,3 +201,12 @@ def test_larger_blocks_n_and_matrices_raise_throughput():
     by_size = [_speedup(m, 16, 1 / 16, 1024).tflops for m in (1024, 2048, 4096, 8192)]
     assert by_size == sorted(by_size) and len(set(by_size)) == 4
     assert _speedup(4096, 32, 1 / 16, 1024).tflops >= by_block[-1]  # decomposed into 16 x 16
+
+
+def test_cli_reports_bad_input_without_a_traceback(capsys):
+    from blocksparse.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "--m", "1000", "--k", "1024", "--n", "64", "--block", "16"])
+    assert exit_info.value.code == 2
+    assert "to divide the shape (1000, 1024)" in capsys.readouterr().err

@@ -602,7 +602,8 @@ def _raise_no_plan(pattern, n, machine, dt, amp, limit, smallest, scored):
         f"{top / kib:.1f} KiB (n_split={s}, bands={nb}), above the limit available_memory_proportion={amp:g} x "
         f"{machine.tile_memory_bytes / kib:g} KiB = {limit / kib:.1f} KiB. Raise available_memory_proportion "
         f"(at most 1.0; {min(1.0, top / machine.tile_memory_bytes):.2f} would fit), reduce n (about n <= {n_fit}), "
-        "use float16 instead of float32, or split the product over several IPUs."
+        + ("use float16 instead of float32, " if str(dt) == "float32" else "")
+        + "or split the product over several IPUs."
     )
 
 
