@@ -7,6 +7,9 @@ from ._pattern import BlockPattern
 from .ops import dispatch_log, interpret, matmul, sdd
 from .plan import ipu, simulate
 
+# isort: split
+from .plan import DynamicPlan, dynamic_plan, simulate_dynamic
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -26,6 +29,9 @@ __all__ = [
     "random",
     "sdd",
     "simulate",
+    "DynamicPlan",
+    "dynamic_plan",
+    "simulate_dynamic",
 ]
 
 

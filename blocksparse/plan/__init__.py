@@ -9,6 +9,7 @@ Modules:
     cost: the cycle and memory model by phase, and the dense-matmul estimate.
     planner: the partition search, :class:`Plan` and the plan cache.
     simulate: :func:`simulate`, the plan executed tile by tile in JAX.
+    dynamic: dynamic sparsity: :func:`dynamic_plan`, :func:`distribute` (buckets) and :func:`simulate_dynamic`.
     gpu: the GPU machine model and schedule lowering (loaded on first use).
 """
 
@@ -24,6 +25,10 @@ from .planner import NoValidPlanError, Plan, cache_info, clear_cache
 from .planner import plan as plan
 from .simulate import simulate
 
+# isort: split
+from . import dynamic
+from .dynamic import Distribution, DynamicPlan, distribute, dynamic_plan, simulate_dynamic
+
 __all__ = [
     "BOW",
     "MK2",
@@ -36,6 +41,12 @@ __all__ = [
     "ipu",
     "plan",
     "simulate",
+    "dynamic",
+    "Distribution",
+    "DynamicPlan",
+    "distribute",
+    "dynamic_plan",
+    "simulate_dynamic",
 ]
 
 _LAZY = ("gpu",)

@@ -1,0 +1,264 @@
+"""The IPU model of dynamic sparsity: plan, bucket distribution (with spills) and tile simulator."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from jax.experimental import checkify
+
+import blocksparse as bs
+from blocksparse.plan import cost
+from blocksparse.plan.dynamic import DYNAMIC_PHASES, DynamicPlan, distribute, dynamic_plan, simulate_dynamic
+from blocksparse.plan.ipu import IPUMachine
+from blocksparse.testing.oracles import to_dense64
+
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _tiny(tiles):
+    return IPUMachine(name="tiny", clock_hz=1e9, num_tiles=tiles, tile_memory_bytes=1 << 22)
+
+
+# --------------------------------------------------------------------------------------------------
+# Plan
+# --------------------------------------------------------------------------------------------------
+def test_plan_fields_report_and_dict():
+    p = dynamic_plan((1024, 2048), 16, 1000, 256)
+    assert isinstance(p, DynamicPlan)
+    pm, pk, pn = p.split
+    assert p.num_buckets == pm * pk * pn <= bs.ipu.BOW.num_tiles
+    assert p.bucket_capacity == int(np.ceil(-(-1000 // p.num_buckets) * 1.3))
+    assert p.total_capacity >= 1000 * 1.3 - 1e-9
+    assert p.bytes_per_tile <= p.memory_limit_bytes
+    assert set(p.cycles) == set(DYNAMIC_PHASES) and p.total_cycles > 0
+    assert p.cycles["propagate"] > 0 and p.cycles["metadata"] > 0
+    d = json.loads(json.dumps(p.to_dict()))
+    assert d["split_mkn"] == list(p.split) and d["bucket_capacity"] == p.bucket_capacity
+    text = p.report()
+    for name in DYNAMIC_PHASES:
+        assert name in text
+    assert "bucket" in text and "limit" in text
+    # Frozen and deterministic.
+    with pytest.raises(AttributeError):
+        p.n = 3
+    assert dynamic_plan((1024, 2048), 16, 1000, 256).to_dict() == p.to_dict()
+
+
+@pytest.mark.parametrize(
+    "shape,b,density,n,dtype",
+    [((4096, 4096), 16, 1 / 16, 1024, "float16"), ((2048, 1024), 8, 1 / 8, 512, "float32"),
+     ((1024, 1024), 4, 1 / 32, 256, "float16"), ((512, 512), 1, 1 / 64, 64, "float16")],
+)  # fmt: skip
+def test_static_plan_is_faster_than_dynamic(shape, b, density, n, dtype):
+    W = bs.BlockPattern.random(0, shape, b, density)
+    static = bs.plan(W, n, dtype=dtype)
+    dyn = dynamic_plan(shape, b, W.nnz_blocks, n, dtype=dtype)
+    assert static.seconds < dyn.seconds, (static.seconds, dyn.seconds)
+    assert dyn.bytes_per_tile <= dyn.memory_limit_bytes
+
+
+def test_bucket_compute_matches_static_cost_model():
+    from blocksparse.plan.dynamic import _bucket_compute
+
+    p = dynamic_plan((2048, 2048), 16, 2000, 512)
+    npc = int(p.n_pieces[0, 1] - p.n_pieces[0, 0])
+    rows = min(p.bucket_capacity, p.rows_per_partition)
+    one = np.array([p.bucket_capacity]), np.array([rows]), np.array([1])
+    stats = cost.TileStats(*one, 0, 0)
+    cycles, _, _ = cost.sparse_cost(
+        p.machine, stats, shape=p.shape, block_size=p.block_size, n=npc, n_split=1, tiles_per_split=1,
+        dtype=p.dtype, partials_dtype=p.partials_dtype,
+    )  # fmt: skip
+    assert float(_bucket_compute(p.machine, p.bucket_capacity, rows, npc, p.block_size, p.dtype)) == pytest.approx(
+        cycles["compute"]
+    )
+
+
+def test_more_oversize_means_bigger_buckets_and_memory():
+    a = dynamic_plan((1024, 1024), 16, 1024, 256, bucket_oversize=0.0)
+    b = dynamic_plan((1024, 1024), 16, 1024, 256, bucket_oversize=1.0, available_memory_proportion=1.0)
+    assert a.total_capacity >= 1024 and b.total_capacity >= 2048
+
+
+def test_memory_error_names_sizes():
+    small = IPUMachine(name="small", clock_hz=1e9, num_tiles=4, tile_memory_bytes=4096)
+    with pytest.raises(bs.plan.NoValidPlanError, match=r"KiB.*limit available_memory_proportion=0.6"):
+        dynamic_plan((1024, 1024), 16, 4096, 1024, machine=small)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [(dict(shape=(64, 60)), r"block size dividing shape \(64, 60\)"),
+     (dict(max_nnz_blocks=17), r"max_nnz_blocks <= 16 .*Got 17"),
+     (dict(max_nnz_blocks=-1), r"max_nnz_blocks as an integer >= 0. Got -1"),
+     (dict(n=0), r"n as an integer >= 1. Got 0"),
+     (dict(bucket_oversize=-0.1), r"bucket_oversize >= 0.*Got -0.1"),
+     (dict(available_memory_proportion=1.5), r"available_memory_proportion in \(0, 1\]. Got 1.5"),
+     (dict(dtype="int8"), r"Expected a dtype the IPU model supports"),
+     (dict(shape="ab"), r"shape as a pair of integers")],
+)  # fmt: skip
+def test_plan_bad_input(kwargs, match):
+    args = dict(shape=(64, 64), block_size=16, max_nnz_blocks=4, n=8) | kwargs
+    with pytest.raises((ValueError, TypeError), match=match):
+        dynamic_plan(**args)
+
+
+def test_distribute_and_simulate_bad_input():
+    p = dynamic_plan((32, 32), 8, 4, 8, machine=_tiny(4))
+    with pytest.raises(TypeError, match="Expected a DynamicPlan"):
+        distribute(object(), jnp.zeros(3, jnp.int32), jnp.zeros(3, jnp.int32), 3)
+    with pytest.raises(ValueError, match=r"one 1-D shape.*\(3,\) and \(4,\)"):
+        distribute(p, jnp.zeros(3, jnp.int32), jnp.zeros(4, jnp.int32), 3)
+    with pytest.raises(ValueError, match=r"nnz in \[0, 3\].*Got 5"):
+        distribute(p, jnp.zeros(3, jnp.int32), jnp.zeros(3, jnp.int32), 5)
+    with pytest.raises(TypeError, match="integer rows"):
+        distribute(p, jnp.zeros(3), jnp.zeros(3, jnp.int32), 3)
+    D = bs.DynamicBlockSparseMatrix(jnp.zeros(2, jnp.int32), jnp.zeros(2, jnp.int32), jnp.ones((2, 8, 8)), 2, (32, 64))
+    with pytest.raises(ValueError, match=r"shape \(32, 32\) with blocks \(8, 8\).*Got shape \(32, 64\)"):
+        simulate_dynamic(p, D, jnp.ones((64, 8)))
+    D = bs.DynamicBlockSparseMatrix(jnp.zeros(2, jnp.int32), jnp.zeros(2, jnp.int32), jnp.ones((2, 8, 8)), 2, (32, 32))
+    with pytest.raises(ValueError, match=r"x of shape \(32, 8\).*Got \(32, 7\)"):
+        simulate_dynamic(p, D, jnp.ones((32, 7)))
+
+
+# --------------------------------------------------------------------------------------------------
+# Distribution and simulation, property-based
+# --------------------------------------------------------------------------------------------------
+@st.composite
+def cases(draw):
+    tiles = draw(st.integers(1, 8))
+    b = draw(st.sampled_from([1, 2, 4]))
+    gm, gk = draw(st.integers(1, 6)), draw(st.integers(1, 6))
+    n = draw(st.integers(1, 9))
+    max_nnz = draw(st.integers(0, gm * gk))
+    oversize = draw(st.sampled_from([0.0, 0.3, 1.0]))
+    p = dynamic_plan((gm * b, gk * b), b, max_nnz, n, machine=_tiny(tiles), bucket_oversize=oversize)
+    kind = draw(st.sampled_from(["random", "one_row", "one_col", "duplicates", "empty", "full", "overfull"]))
+    cap = p.total_capacity
+    if kind == "empty":
+        nnz = 0
+    elif kind == "full":
+        nnz = cap
+    elif kind == "overfull":
+        nnz = cap + draw(st.integers(1, 3))
+    else:
+        nnz = draw(st.integers(0, max(max_nnz, 1)))
+    L = nnz + draw(st.integers(0, 3))  # padding after nnz
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(0, gm, L)
+    cols = rng.integers(0, gk, L)
+    if kind == "one_row":
+        rows[:] = rng.integers(gm)
+    elif kind == "one_col":
+        cols[:] = rng.integers(gk)
+    elif kind == "duplicates":
+        rows[:], cols[:] = rng.integers(gm), rng.integers(gk)
+    # Padding positions hold garbage, including out-of-range coordinates.
+    rows[nnz:] = rng.integers(-5, gm + 5, L - nnz)
+    cols[nnz:] = rng.integers(-5, gk + 5, L - nnz)
+    data = rng.standard_normal((L, b, b)).astype(np.float32)
+    x = rng.standard_normal((gk * b, n)).astype(np.float32)
+    return p, rows.astype(np.int32), cols.astype(np.int32), nnz, data, x
+
+
+def _check_distribution(p, rows, nnz, d):
+    L = rows.shape[0]
+    ids = np.asarray(d.bucket_ids)
+    fill = np.asarray(d.bucket_fill)
+    assert ids.shape == (p.num_buckets, p.bucket_capacity)
+    # Buckets are filled from the front and never beyond capacity.
+    assert (fill <= p.bucket_capacity).all() and ((ids >= 0).sum(axis=1) == fill).all()
+    assert all((row[:f] >= 0).all() and (row[f:] == -1).all() for row, f in zip(ids, fill, strict=True))
+    placed = ids[ids >= 0]
+    # Never placed twice; only active positions.
+    assert np.unique(placed).size == placed.size and (placed < nnz).all()
+    overflow = max(0, nnz - p.total_capacity)
+    assert int(d.overflow) == overflow and placed.size == min(nnz, p.total_capacity)
+    bb, bsl, home = np.asarray(d.block_bucket), np.asarray(d.block_slot), np.asarray(d.home_bucket)
+    for i in range(L):
+        if bb[i] >= 0:
+            assert ids[bb[i], bsl[i]] == i
+    assert (bb[nnz:] == -1).all() and (home[nnz:] == -1).all()
+    # A block spills only when its home bucket is full.
+    spilled = (bb >= 0) & (bb != home)
+    assert int(d.spilled) == int(spilled.sum())
+    if spilled.any() or overflow:
+        assert (fill[home[:nnz][(bb[:nnz] != home[:nnz])]] == p.bucket_capacity).all()
+
+
+@SETTINGS
+@given(cases())
+def test_distribute_and_simulate_match_oracle(case):
+    p, rows, cols, nnz, data, x = case
+    d = distribute(p, rows, cols, nnz)
+    _check_distribution(p, rows, nnz, d)
+    again = distribute(p, rows, cols, nnz)  # deterministic
+    assert all(np.array_equal(a, b) for a, b in zip(again, d, strict=True))
+    D = bs.DynamicBlockSparseMatrix(rows, cols, data, nnz, p.shape)
+    if nnz > p.total_capacity:
+        with pytest.raises(ValueError, match=rf"total_capacity={p.total_capacity}.*Got nnz={nnz}"):
+            simulate_dynamic(p, D, x)
+        assert np.isnan(np.asarray(jax.jit(lambda D, x: simulate_dynamic(p, D, x))(D, x))).all()
+        return
+    y = simulate_dynamic(p, D, x)
+    want = to_dense64(D) @ x.astype(np.float64)
+    scale = np.abs(to_dense64(D)) @ np.abs(x.astype(np.float64))
+    bs.testing.oracles.assert_close(y, want, scale, jnp.float32, "simulate_dynamic")
+
+
+def test_one_row_overflows_home_and_spills_to_nearest():
+    # 8 block rows, 2 partitions of rows: every block in row 0 overflows bucket 0 and spills up.
+    p = dynamic_plan((64, 8), 8, 8, 4, machine=_tiny(4), bucket_oversize=0.0)
+    assert p.split[0] > 1 and p.split[1] == 1 and p.split[2] == 1, p.split
+    rows = np.zeros(8, np.int32)
+    cols = np.zeros(8, np.int32)
+    d = distribute(p, rows, cols, 8)
+    _check_distribution(p, rows, 8, d)
+    bb = np.asarray(d.block_bucket)
+    assert int(d.overflow) == 0 and int(d.spilled) == 8 - p.bucket_capacity
+    # Nearest first: buckets are filled in order of distance from home 0.
+    assert (np.diff(bb) >= 0).all() and bb[0] == 0
+
+
+def test_jit_pattern_changes_without_recompiling_and_checkify():
+    p = dynamic_plan((32, 32), 4, 20, 8, machine=_tiny(6))
+    L = p.total_capacity + 2
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((32, 8)), jnp.float32)
+
+    @jax.jit
+    def f(rows, cols, data, nnz, x):
+        D = bs.DynamicBlockSparseMatrix(rows, cols, data, nnz, (32, 32))
+        return simulate_dynamic(p, D, x, return_distribution=True)
+
+    for seed, nnz in enumerate([0, 5, p.total_capacity, 3]):
+        r = np.random.default_rng(seed)
+        rows = r.integers(0, 8, L).astype(np.int32)
+        if seed == 2:
+            rows[:] = 1  # all in one row: spills
+        cols = r.integers(0, 8, L).astype(np.int32)
+        data = r.standard_normal((L, 4, 4)).astype(np.float32)
+        y, d = f(rows, cols, data, jnp.int32(nnz), x)
+        D = bs.DynamicBlockSparseMatrix(rows, cols, data, nnz, (32, 32))
+        np.testing.assert_allclose(np.asarray(y), to_dense64(D) @ np.asarray(x, np.float64), rtol=1e-4, atol=1e-4)
+        assert int(d.overflow) == 0
+    assert f._cache_size() == 1
+
+    # checkify on top of the explicit overflow output.
+    def g(rows, cols, nnz):
+        d = distribute(p, rows, cols, nnz)
+        checkify.check(d.overflow == 0, "{o} blocks fit no bucket", o=d.overflow)
+        return d.bucket_ids
+
+    checked = jax.jit(checkify.checkify(g))
+    rows = jnp.zeros(L, jnp.int32)
+    err, _ = checked(rows, rows, jnp.int32(p.total_capacity))
+    err.throw()
+    err, _ = checked(rows, rows, jnp.int32(L))
+    with pytest.raises(checkify.JaxRuntimeError, match="2 blocks fit no bucket"):
+        err.throw()
