@@ -5,10 +5,7 @@ from . import plan as plan  # the package is callable: bs.plan(W, n, ...) plans
 from ._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, random
 from ._pattern import BlockPattern
 from .ops import dispatch_log, interpret, matmul, sdd
-from .plan import ipu, simulate
-
-# isort: split
-from .plan import DynamicPlan, dynamic_plan, simulate_dynamic
+from .plan import DynamicPlan, dynamic_plan, ipu, simulate, simulate_dynamic
 
 __version__ = "0.1.0"
 

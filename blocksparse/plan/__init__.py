@@ -19,15 +19,12 @@ import importlib
 import sys
 import types
 
-from . import cost, ipu
+from . import cost, dynamic, ipu
+from .dynamic import Distribution, DynamicPlan, distribute, dynamic_plan, simulate_dynamic
 from .ipu import BOW, MK2, IPUMachine
 from .planner import NoValidPlanError, Plan, cache_info, clear_cache
 from .planner import plan as plan
 from .simulate import simulate
-
-# isort: split
-from . import dynamic
-from .dynamic import Distribution, DynamicPlan, distribute, dynamic_plan, simulate_dynamic
 
 __all__ = [
     "BOW",
