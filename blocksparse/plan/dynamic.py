@@ -42,7 +42,7 @@ import numpy as np
 from .._pattern import _pair
 from . import cost as _cost
 from .ipu import BOW, IPUMachine
-from .planner import NoValidPlanError, _check_int, _dtype_name
+from .planner import NoValidPlanError, _check_int, _dtype_name, _Estimates
 
 __all__ = [
     "DYNAMIC_PHASES",
@@ -74,7 +74,7 @@ def _cdiv(a, b):
 # The plan
 # --------------------------------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)
-class DynamicPlan:
+class DynamicPlan(_Estimates):
     """A partition of ``W @ X`` over IPU tiles for a pattern known only by its maximum size.
 
     Attributes:
@@ -132,30 +132,9 @@ class DynamicPlan:
         return self.num_buckets * self.bucket_capacity
 
     @property
-    def total_cycles(self) -> float:
-        return float(sum(self.cycles.values()))
-
-    @property
-    def seconds(self) -> float:
-        return self.machine.seconds(self.total_cycles)
-
-    @property
-    def flops(self) -> float:
-        """Useful flops at the maximum number of non-zero blocks."""
-        bh, bw = self.block_size
-        return 2.0 * self.max_nnz_blocks * bh * bw * self.n
-
-    @property
-    def tflops(self) -> float:
-        return self.flops / self.seconds / 1e12 if self.seconds > 0 else 0.0
-
-    @property
-    def memory_limit_bytes(self) -> float:
-        return self.available_memory_proportion * self.machine.tile_memory_bytes
-
-    @property
-    def speedup(self) -> float | None:
-        return self.dense.seconds / self.seconds if self.dense is not None and self.seconds > 0 else None
+    def _useful_blocks(self) -> int:
+        """Blocks of useful work: the maximum number of non-zero blocks."""
+        return self.max_nnz_blocks
 
     def __repr__(self) -> str:
         return (

@@ -179,8 +179,40 @@ def _estimate_stats(bands: _Bands, tiles_per_band: np.ndarray, rows_nonempty: in
 # --------------------------------------------------------------------------------------------------
 # The plan
 # --------------------------------------------------------------------------------------------------
+class _Estimates:
+    """Derived estimates shared by :class:`Plan` and the dynamic plan: both carry ``cycles`` (per
+    phase), ``machine``, ``available_memory_proportion``, ``dense`` and ``_useful_blocks``."""
+
+    @property
+    def total_cycles(self) -> float:
+        return float(sum(self.cycles.values()))
+
+    @property
+    def seconds(self) -> float:
+        return self.machine.seconds(self.total_cycles)
+
+    @property
+    def flops(self) -> float:
+        """Useful flops: ``2 * blocks * bh * bw * n`` over the non-zero elements of the blocks."""
+        bh, bw = self.block_size
+        return 2.0 * self._useful_blocks * bh * bw * self.n
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / self.seconds / 1e12 if self.seconds > 0 else 0.0
+
+    @property
+    def memory_limit_bytes(self) -> float:
+        return self.available_memory_proportion * self.machine.tile_memory_bytes
+
+    @property
+    def speedup(self) -> float | None:
+        """Predicted speedup over the modelled dense matmul (``None`` if dense does not fit)."""
+        return self.dense.seconds / self.seconds if self.dense is not None and self.seconds > 0 else None
+
+
 @dataclass(frozen=True, eq=False)
-class Plan:
+class Plan(_Estimates):
     """A static partition of ``W @ X`` over IPU tiles, with its estimated cost.
 
     The block assignment is the same for every piece of ``n``: local tile ``t`` of piece ``s``
@@ -257,31 +289,8 @@ class Plan:
         return int((self.tile_num_blocks > 0).sum()) * self.n_split
 
     @property
-    def total_cycles(self) -> float:
-        return float(sum(self.cycles.values()))
-
-    @property
-    def seconds(self) -> float:
-        return self.machine.seconds(self.total_cycles)
-
-    @property
-    def flops(self) -> float:
-        """Useful flops: ``2 * nnz * n`` over the non-zero elements of the blocks."""
-        bh, bw = self.block_size
-        return 2.0 * self.pattern.nnz_blocks * bh * bw * self.n
-
-    @property
-    def tflops(self) -> float:
-        return self.flops / self.seconds / 1e12 if self.seconds > 0 else 0.0
-
-    @property
-    def memory_limit_bytes(self) -> float:
-        return self.available_memory_proportion * self.machine.tile_memory_bytes
-
-    @property
-    def speedup(self) -> float | None:
-        """Predicted speedup over the modelled dense matmul (``None`` if dense does not fit)."""
-        return self.dense.seconds / self.seconds if self.dense is not None and self.seconds > 0 else None
+    def _useful_blocks(self) -> int:
+        return self.pattern.nnz_blocks
 
     def __repr__(self) -> str:
         return (
