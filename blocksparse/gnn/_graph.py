@@ -11,6 +11,7 @@ import functools
 import hashlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["Graph", "Schedule"]
@@ -189,14 +190,20 @@ class Graph:
             f"{int(self.in_degree.max(initial=0))}, heavy={self.num_heavy}{label})"
         )
 
-    def check_features(self, x, what: str, ndim: int | tuple[int, ...] = (1, 2, 3)) -> None:
+    def check_features(self, x, what: str, ndim: int | tuple[int, ...] = (1, 2, 3)):
+        """Node features ``x`` as a floating array with one row per node; returns it."""
+        x = jnp.asarray(x)
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise TypeError(f"Expected floating-point {what}. Got {x.dtype}.")
         ndims = (ndim,) if isinstance(ndim, int) else ndim
         if x.ndim not in ndims:
-            raise ValueError(f"Expected {what} with {' or '.join(map(str, ndims))} dimensions. Got shape {x.shape}.")
+            span = f"{ndims[0]} to {ndims[-1]}" if len(ndims) > 2 else " or ".join(map(str, ndims))
+            raise ValueError(f"Expected {what} with {span} dimensions. Got shape {x.shape}.")
         if x.shape[0] != self.num_nodes:
             raise ValueError(
                 f"Expected {what} with one row per node: leading dimension {self.num_nodes}. Got shape {x.shape}."
             )
+        return x
 
 
 jax.tree_util.register_pytree_node(Graph, lambda g: ((), g), lambda g, _: g)

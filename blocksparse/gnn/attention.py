@@ -134,12 +134,9 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 # ------------------------------------------------------------------------------------ public API
 def _check_nhd(g: Graph, x, what: str):
     x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"Expected floating-point {what}. Got {x.dtype}.")
     if x.ndim != 3:
         raise ValueError(f"Expected {what} of shape (num_nodes={g.num_nodes}, heads, head_dim). Got shape {x.shape}.")
-    g.check_features(x, what, ndim=3)
-    return x
+    return g.check_features(x, what, ndim=3)
 
 
 def gatv2(g: Graph, x_src, x_dst, att, negative_slope: float = 0.2, *, implementation=None) -> jax.Array:

@@ -82,12 +82,7 @@ def aggregate(g: Graph, x: jax.Array, reduce: str = "max", *, implementation=Non
         raise TypeError(f"Expected a blocksparse.gnn.Graph. Got {type(g).__name__}.")
     _dispatch.check_choice("reduce", reduce, ("max", "min"))
     impls = _dispatch.resolve(implementation, DEFAULT, _IMPLS)
-    x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"Expected floating-point features. Got {x.dtype}.")
-    if x.ndim == 0:
-        raise ValueError(f"Expected x of shape ({g.num_nodes}, ...). Got a scalar.")
-    g.check_features(x, "x", ndim=tuple(range(1, 8)))
+    x = g.check_features(x, "features", ndim=tuple(range(1, 8)))
     shape = x.shape
     x2 = x.reshape(shape[0], math.prod(shape[1:]))
     if g.num_edges == 0 or x2.shape[1] == 0:

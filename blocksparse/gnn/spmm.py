@@ -121,12 +121,7 @@ def spmm(
     _dispatch.check_choice("reduce", reduce, ("sum", "mean"))
     _dispatch.check_choice("norm", norm, (None, "left", "right", "both"))
     impls = _dispatch.resolve(implementation, DEFAULT, _IMPLS)
-    x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"Expected floating-point features. Got {x.dtype}.")
-    if x.ndim == 0:
-        raise ValueError(f"Expected x of shape ({g.num_nodes}, ...). Got a scalar.")
-    g.check_features(x, "x", ndim=tuple(range(1, 8)))
+    x = g.check_features(x, "features", ndim=tuple(range(1, 8)))
     if edge_weight is not None:
         edge_weight = jnp.asarray(edge_weight)
         if edge_weight.shape != (g.num_edges,):
