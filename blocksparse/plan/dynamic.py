@@ -29,7 +29,6 @@ a whole partition and the extra propagation and metadata phases.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from functools import partial
@@ -167,23 +166,8 @@ class DynamicPlan(_Estimates):
             "total_capacity": self.total_capacity,
             "propagation_rounds": self.propagation_rounds,
             "bytes_per_tile": self.bytes_per_tile,
-            "memory_limit_bytes": self.memory_limit_bytes,
-            "exchange_bytes": dict(self.exchange_bytes),
-            "cycles": dict(self.cycles),
-            "total_cycles": self.total_cycles,
-            "seconds": self.seconds,
-            "tflops": self.tflops,
-            "dense": None if self.dense is None else self.dense.to_dict(),
-            "speedup_over_dense": self.speedup,
-            "candidates": self.candidates,
+            **self._estimates_dict(),
         }
-
-    def to_json(self, path=None) -> str:
-        text = json.dumps(self.to_dict(), indent=2)
-        if path is not None:
-            with open(path, "w") as f:
-                f.write(text + "\n")
-        return text
 
     def report(self) -> str:
         """A readable table: partition, buckets, memory, cycles and bytes per phase, speedup."""

@@ -210,6 +210,28 @@ class _Estimates:
         """Predicted speedup over the modelled dense matmul (``None`` if dense does not fit)."""
         return self.dense.seconds / self.seconds if self.dense is not None and self.seconds > 0 else None
 
+    def _estimates_dict(self) -> dict:
+        """The estimate entries of ``to_dict()``, common to both plan kinds."""
+        return {
+            "memory_limit_bytes": self.memory_limit_bytes,
+            "exchange_bytes": dict(self.exchange_bytes),
+            "cycles": dict(self.cycles),
+            "total_cycles": self.total_cycles,
+            "seconds": self.seconds,
+            "tflops": self.tflops,
+            "dense": None if self.dense is None else self.dense.to_dict(),
+            "speedup_over_dense": self.speedup,
+            "candidates": self.candidates,
+        }
+
+    def to_json(self, path=None, **to_dict_options) -> str:
+        """The summary as JSON text; written to ``path`` too when given."""
+        text = json.dumps(self.to_dict(**to_dict_options), indent=2)
+        if path is not None:
+            with open(path, "w") as f:
+                f.write(text + "\n")
+        return text
+
 
 @dataclass(frozen=True, eq=False)
 class Plan(_Estimates):
@@ -323,29 +345,13 @@ class Plan(_Estimates):
             "tiles_used": self.tiles_used,
             "blocks_per_tile": {"max": int(nb.max(initial=0)), "mean": float(nb.mean()) if nb.size else 0.0},
             "bytes_per_tile": {"max": float(tb.max(initial=0.0)), "mean": float(tb.mean()) if tb.size else 0.0},
-            "memory_limit_bytes": self.memory_limit_bytes,
-            "exchange_bytes": dict(self.exchange_bytes),
-            "cycles": dict(self.cycles),
-            "total_cycles": self.total_cycles,
-            "seconds": self.seconds,
-            "tflops": self.tflops,
-            "dense": None if self.dense is None else self.dense.to_dict(),
-            "speedup_over_dense": self.speedup,
-            "candidates": self.candidates,
+            **self._estimates_dict(),
         }
         if arrays:
             for name in ("n_pieces", "band_boundaries", "tiles_per_band", "tile_band", "tile_blocks", "tile_rows",
                          "tile_cols", "tile_local_row", "tile_local_col", "tile_bytes"):  # fmt: skip
                 out[name] = getattr(self, name).tolist()
         return out
-
-    def to_json(self, path=None, arrays: bool = False) -> str:
-        """The summary as JSON text; written to ``path`` too when given."""
-        text = json.dumps(self.to_dict(arrays=arrays), indent=2)
-        if path is not None:
-            with open(path, "w") as f:
-                f.write(text + "\n")
-        return text
 
     def report(self) -> str:
         """A readable table: partition, per-tile load and memory, cycles and bytes per phase, speedup."""
