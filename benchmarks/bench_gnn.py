@@ -153,8 +153,8 @@ def bench_jax(g, x, feat, heads, iters, impls, do_reorder, sweep=False):
             record("transformer", f"bs-{impl}", "fwd+bwd", lambda: jax_time(tg, x, w1, w2, w3, iters=iters), heads=h)
 
     if sweep and "pallas" in impls:
-        from blocksparse.gnn.pallas_reductions import segment_extreme
-        from blocksparse.gnn.pallas_spmm import csr_sum
+        from blocksparse.ops.gnn_aggregate.pallas_triton import segment_extreme
+        from blocksparse.ops.gnn_spmm.pallas_triton import csr_sum
 
         for be in (16, 32, 64):
             record(

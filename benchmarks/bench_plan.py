@@ -22,7 +22,7 @@ def time_planning(repeats: int) -> dict:
     pattern = bs.BlockPattern.random(0, (8192, 8192), 16, 1 / 16)
     times = []
     for _ in range(repeats):
-        bs.plan.clear_cache()
+        bs.ipu.clear_cache()
         t0 = time.perf_counter()
         p = bs.plan(pattern, 4096)
         times.append(time.perf_counter() - t0)

@@ -1,20 +1,37 @@
-"""blocksparse: block-sparse matrix multiplication for JAX, modelled on Graphcore's PopSparse."""
+"""blocksparse: block-sparse matrix multiplication for JAX, modelled on Graphcore's PopSparse.
 
-from . import dynamic, gnn, nn, ops, prune
-from . import plan as plan  # the package is callable: bs.plan(W, n, ...) plans
+Where things live (see docs/architecture.md):
+
+- :class:`BlockSparseMatrix` (static pattern) and :class:`DynamicBlockSparseMatrix` (traced
+  pattern); :func:`matmul` and :func:`sdd`, dispatched in :mod:`blocksparse.ops`;
+- :mod:`blocksparse.ipu`: the IPU model (:func:`plan`, :func:`dynamic_plan`, :func:`simulate`);
+- :mod:`blocksparse.gnn`: graphs and the IO-aware GNN operations;
+- :mod:`blocksparse.nn`, :mod:`blocksparse.prune`, :mod:`blocksparse.testing`.
+"""
+
+from importlib.metadata import PackageNotFoundError as _NotFound
+from importlib.metadata import version as _version
+
+from . import gnn, ipu, nn, ops, prune
 from ._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, random
 from ._pattern import BlockPattern
+from .ipu import DynamicPlan, NoValidPlanError, Plan, dynamic_plan, plan, simulate, simulate_dynamic
 from .ops import dispatch_log, interpret, matmul, sdd
-from .plan import DynamicPlan, dynamic_plan, ipu, simulate, simulate_dynamic
 
-__version__ = "0.1.0"
+try:
+    __version__ = _version("blocksparse")
+except _NotFound:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "BlockPattern",
     "BlockSparseMatrix",
     "DynamicBlockSparseMatrix",
+    "DynamicPlan",
+    "NoValidPlanError",
+    "Plan",
     "dispatch_log",
-    "dynamic",
+    "dynamic_plan",
     "gnn",
     "interpret",
     "ipu",
@@ -26,8 +43,6 @@ __all__ = [
     "random",
     "sdd",
     "simulate",
-    "DynamicPlan",
-    "dynamic_plan",
     "simulate_dynamic",
 ]
 

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import blocksparse as bs
-from blocksparse.dynamic import choose_max_len, execute_dsd, redistribute
+from blocksparse.ops.matmul.lowering import dynamic_max_len, execute_dsd, redistribute
 from blocksparse.testing import strategies as bst
 from blocksparse.testing.oracles import assert_close, to_dense64
 
@@ -52,7 +52,7 @@ def test_one_long_row_is_split_and_recombined():
     np.testing.assert_allclose(y[16:, 0], 0.0)
 
 
-def test_choose_max_len():
-    assert choose_max_len(1024, 64) == 32
-    assert choose_max_len(10, 1000) == 4
-    assert choose_max_len(1 << 20, 16) == 64
+def test_dynamic_max_len():
+    assert dynamic_max_len(1024, 64) == 32
+    assert dynamic_max_len(10, 1000) == 4
+    assert dynamic_max_len(1 << 20, 16) == 64

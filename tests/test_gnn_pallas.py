@@ -152,7 +152,7 @@ def _lower_for_cuda(fn, *args):
 
 @pytest.mark.skipif(ON_GPU, reason="the GPU runs the kernels for real")
 def test_every_kernel_lowers_to_triton(monkeypatch):
-    import blocksparse.gnn._dispatch as D
+    import blocksparse.ops._dispatch as D
 
     monkeypatch.setattr(D, "pallas_mode", lambda: False)
     rng = np.random.default_rng(0)

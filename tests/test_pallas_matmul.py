@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 import blocksparse as bs
 from blocksparse.ops import _dispatch as dispatch
 from blocksparse.ops.matmul import pallas_triton as pt
+from blocksparse.ops.matmul.lowering import H200, GpuLowering, choose_max_len, lower
 from blocksparse.ops.matmul.reference import XlaBackend
-from blocksparse.plan.gpu import H200, GpuLowering, choose_max_len, lower
 
 REF = XlaBackend()
 PAL = pt.PallasBackend()

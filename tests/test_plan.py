@@ -1,6 +1,5 @@
 """Static planner: machine models, invariants of the partition, errors, cache, report, published shapes."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -10,9 +9,9 @@ import numpy as np
 import pytest
 
 import blocksparse as bs
-from blocksparse.plan import NoValidPlanError, Plan
-from blocksparse.plan.ipu import IPUMachine
-from blocksparse.plan.planner import column_bands, tiles_for_bands
+from blocksparse.ipu import NoValidPlanError, Plan
+from blocksparse.ipu.machines import IPUMachine
+from blocksparse.ipu.planner import column_bands, tiles_for_bands
 
 TINY = IPUMachine(name="tiny", clock_hz=1e9, num_tiles=7, tile_memory_bytes=1 << 20)
 
@@ -28,18 +27,16 @@ def _patterns():
 
 
 # -- API surface ------------------------------------------------------------------------------------
-def test_public_names_and_package_is_callable():
-    # The GPU lowering (another module of this package) stays importable although `bs.plan` plans.
-    if importlib.util.find_spec("blocksparse.plan.gpu") is not None:
-        import blocksparse.plan.gpu as gpu
+def test_public_names_plan_is_a_plain_function():
+    import inspect
 
-        assert gpu.__name__ == "blocksparse.plan.gpu"
-        assert bs.plan.gpu is gpu
+    assert inspect.isfunction(bs.plan) and inspect.isfunction(bs.dynamic_plan)
+    assert bs.plan is bs.ipu.plan and bs.simulate is bs.ipu.simulate
     assert isinstance(bs.ipu.BOW, IPUMachine) and isinstance(bs.ipu.MK2, IPUMachine)
     W = bs.random(__import__("jax").random.key(0), (64, 64), 16, 0.5)
     p = bs.plan(W, 32, machine=bs.ipu.BOW, dtype=jnp.float16, available_memory_proportion=0.6)
     assert isinstance(p, Plan)
-    assert bs.plan.plan(W.pattern, 32) is p  # same cache entry whether given W or its pattern
+    assert bs.ipu.plan(W.pattern, 32) is p  # same cache entry whether given W or its pattern
 
 
 def test_machine_constants_match_published_peaks():
@@ -97,7 +94,7 @@ def test_deterministic_and_cached():
     pattern = bs.BlockPattern.power_law(5, (1024, 512), 16, 1 / 8)
     p1 = bs.plan(pattern, 256)
     assert bs.plan(pattern, 256) is p1
-    bs.plan.clear_cache()
+    bs.ipu.clear_cache()
     p2 = bs.plan(pattern, 256)
     assert p2 is not p1
     assert json.dumps(p1.to_dict(arrays=True)) == json.dumps(p2.to_dict(arrays=True))
@@ -163,7 +160,7 @@ def test_report_and_json():
     d = json.loads(p.to_json())
     assert d["nnz_blocks"] == 256 and d["total_cycles"] == pytest.approx(sum(d["cycles"].values()))
     assert d["speedup_over_dense"] == pytest.approx(p.speedup)
-    assert set(d["cycles"]) == set(bs.plan.cost.PHASES)
+    assert set(d["cycles"]) == set(bs.ipu.cost.PHASES)
 
 
 def test_cli_plan(tmp_path):

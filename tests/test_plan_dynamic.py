@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from jax.experimental import checkify
 
 import blocksparse as bs
-from blocksparse.plan import cost
-from blocksparse.plan.dynamic import DYNAMIC_PHASES, DynamicPlan, distribute, dynamic_plan, simulate_dynamic
-from blocksparse.plan.ipu import IPUMachine
+from blocksparse.ipu import cost
+from blocksparse.ipu.dynamic import DYNAMIC_PHASES, DynamicPlan, distribute, dynamic_plan, simulate_dynamic
+from blocksparse.ipu.machines import IPUMachine
 from blocksparse.testing.oracles import to_dense64
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -62,7 +62,7 @@ def test_static_plan_is_faster_than_dynamic(shape, b, density, n, dtype):
 
 
 def test_bucket_compute_matches_static_cost_model():
-    from blocksparse.plan.dynamic import _bucket_compute
+    from blocksparse.ipu.dynamic import _bucket_compute
 
     p = dynamic_plan((2048, 2048), 16, 2000, 512)
     npc = int(p.n_pieces[0, 1] - p.n_pieces[0, 0])
@@ -86,7 +86,7 @@ def test_more_oversize_means_bigger_buckets_and_memory():
 
 def test_memory_error_names_sizes():
     small = IPUMachine(name="small", clock_hz=1e9, num_tiles=4, tile_memory_bytes=4096)
-    with pytest.raises(bs.plan.NoValidPlanError, match=r"KiB.*limit available_memory_proportion=0.6"):
+    with pytest.raises(bs.NoValidPlanError, match=r"KiB.*limit available_memory_proportion=0.6"):
         dynamic_plan((1024, 1024), 16, 4096, 1024, machine=small)
 
 

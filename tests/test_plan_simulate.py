@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import blocksparse as bs
-from blocksparse.plan.ipu import IPUMachine
+from blocksparse.ipu.machines import IPUMachine
 
 # Few tiles make rows span tiles and bands share tiles; plenty of memory keeps every candidate valid.
 TINY = IPUMachine(name="tiny", clock_hz=1e9, num_tiles=5, tile_memory_bytes=1 << 22)

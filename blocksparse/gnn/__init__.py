@@ -6,13 +6,13 @@ Each op has a pure-JAX reference (segment ops; the oracle and the CPU path) and 
 :func:`blocksparse.matmul`, and :func:`blocksparse.dispatch_log` records which one ran.
 """
 
-from ._dispatch import interpret
+from ..ops._dispatch import interpret
+from ..ops.gnn_aggregate import aggregate
+from ..ops.gnn_attention import gatv2, graph_attention
+from ..ops.gnn_spmm import spmm
 from ._graph import Graph
-from .attention import gatv2, graph_attention
 from .generators import PAPER_GRAPHS, power_law, rmat, synthetic
-from .reductions import aggregate
 from .reorder import reorder
-from .spmm import spmm
 
 __all__ = [
     "PAPER_GRAPHS",

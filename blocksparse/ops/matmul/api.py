@@ -12,7 +12,7 @@ the gradient w.r.t. the values is an ``sdd`` laid out like ``.data``.
 
 Dynamic matrices have the twins ``dyn_dsd`` and ``dyn_sdd`` (``dds`` is ``dsd`` on the swapped
 coordinates): the Pallas backend builds its work list inside ``jit`` with
-:func:`blocksparse.dynamic.redistribute`, so the transposed product needs no cached transpose.
+:func:`.lowering.redistribute`, so the transposed product needs no cached transpose.
 
 ``implementation`` is ``None``, a name or a sequence of names; the first backend that does not
 raise ``NotImplementedError`` wins. ``None`` means ``("pallas", "xla")``: the Pallas kernel where
@@ -129,7 +129,7 @@ _sdd.defvjp(_sdd_fwd, _sdd_bwd)
 
 # --------------------------------------------------------------------------------------------
 # Dynamic ops: the pattern is traced; ``keep`` masks padding and invalid blocks. The Pallas
-# backend builds its work list inside jit (blocksparse.dynamic.redistribute); the transposed
+# backend builds its work list inside jit (lowering.redistribute); the transposed
 # product needs no cached transpose, the redistributor sorts by the other coordinate.
 # --------------------------------------------------------------------------------------------
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))

@@ -1,9 +1,9 @@
 """Pallas (Triton lowering) kernels for static block-sparse products: ``dsd``, ``dds``, ``sdd``.
 
-All three walk a host-built, fixed-shape work list (:mod:`.schedule`, lowered by
-:func:`blocksparse.plan.gpu.lower`), passed as whole-array ``int32`` refs: the Triton backend has
-no scalar prefetch and no dynamic grid, so each program reads its own scalars (``start_ref[u]``)
-and loops with ``lax.fori_loop`` over a dynamic trip count.
+All three walk a fixed-shape work list (:mod:`.lowering`: built by :func:`~.lowering.lower` on
+the host or by :func:`~.lowering.redistribute` inside ``jit``), passed as whole-array ``int32``
+refs: the Triton backend has no scalar prefetch and no dynamic grid, so each program reads its
+own scalars (``start_ref[u]``) and loops with ``lax.fori_loop`` over a dynamic trip count.
 
 - ``dsd`` (``W @ x``): program ``(u, t)`` owns unit ``u`` (<= ``max_len`` blocks of one block row
   of W) and columns ``[t * tn, (t + 1) * tn)`` of ``x``. Per block it loads the ``bh x bw`` block
@@ -43,7 +43,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from ..._pattern import BlockPattern
+from ..._util import next_power_of_2
 from .. import _dispatch
+from .lowering import GpuLowering, lower, redistribute
 
 __all__ = ["PallasBackend", "KernelConfig", "FP32_PRECISION", "SUPPORTED_BLOCKS"]
 
@@ -79,13 +81,9 @@ class KernelConfig:
 CONFIG = KernelConfig()
 
 
-def _pow2_at_least(x: int, lo: int = 16) -> int:
-    return max(lo, 1 << max(0, int(x) - 1).bit_length())
-
-
 def _tile(n: int, preferred: int) -> int:
     """A power-of-two tile <= preferred that wastes little padding on ``n``."""
-    return min(preferred, _pow2_at_least(n))
+    return min(preferred, next_power_of_2(n, 16))
 
 
 def _default_tn(bh: int, n: int, rows: int) -> int:
@@ -222,8 +220,6 @@ def _combine_rows(y, p, sched, block: int, tile: int, axis: int, num_warps: int)
 
 def dsd(pattern: BlockPattern, data, x, out_dtype, config: KernelConfig | None = None):
     """``W @ x`` with the Pallas kernel; ``data`` and ``x`` already of one supported dtype."""
-    from ...plan.gpu import GpuLowering, lower
-
     cfg = config or CONFIG
     bh, bw = pattern.block_size
     m, _ = pattern.shape
@@ -275,9 +271,7 @@ def _dsd_call(sched, m: int, data, x, out_dtype, tn: int, cfg: KernelConfig):
 
 def dsd_dynamic(rows, cols, keep, data, x, num_rows: int, out_dtype, config: KernelConfig | None = None):
     """``W @ x`` for a traced block COO (``keep`` masks padding): the same kernel, on a work list
-    that :func:`blocksparse.dynamic.redistribute` builds inside ``jit``."""
-    from ...dynamic.redistribute import redistribute
-
+    that :func:`.lowering.redistribute` builds inside ``jit``."""
     cfg = config or CONFIG
     _, bh, _ = data.shape
     n = x.shape[1]
@@ -319,8 +313,6 @@ def _dds_kernel(start_ref, len_ref, dest_ref, col_ref, id_ref, w_ref, x_ref, y_r
 
 def dds(x, pattern: BlockPattern, data, out_dtype, config: KernelConfig | None = None):
     """``x @ W`` with the Pallas kernel, walking W's block columns through the cached transpose."""
-    from ...plan.gpu import GpuLowering, lower
-
     cfg = config or CONFIG
     bh, bw = pattern.block_size
     _, k = pattern.shape

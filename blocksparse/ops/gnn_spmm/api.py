@@ -13,8 +13,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from . import _dispatch
-from ._graph import Graph
+from ...gnn._graph import Graph
+from .. import _dispatch
 
 __all__ = ["spmm", "spmm_reference"]
 
@@ -34,7 +34,7 @@ def _xla_sum(g: Graph, w_csr, x):
 
 
 def _pallas_sum(g: Graph, w_csr, x):
-    from .pallas_spmm import csr_sum
+    from .pallas_triton import csr_sum
 
     return csr_sum(g, w_csr, x)
 

@@ -40,7 +40,7 @@ import numpy as np
 
 from .._pattern import _pair
 from . import cost as _cost
-from .ipu import BOW, IPUMachine
+from .machines import BOW, IPUMachine
 from .planner import NoValidPlanError, _check_int, _dtype_name, _Estimates
 
 __all__ = [
@@ -455,7 +455,7 @@ class Distribution(NamedTuple):
 
 def _check_plan(dplan) -> None:
     if not isinstance(dplan, DynamicPlan):
-        raise TypeError(f"Expected a DynamicPlan from bs.plan.dynamic_plan(...). Got {type(dplan).__name__}.")
+        raise TypeError(f"Expected a DynamicPlan from bs.dynamic_plan(...). Got {type(dplan).__name__}.")
 
 
 def distribute(dplan: DynamicPlan, rows, cols, nnz) -> Distribution:

@@ -1,4 +1,4 @@
-"""Execute a static :class:`~blocksparse.plan.Plan` tile by tile in JAX.
+"""Execute a static :class:`~blocksparse.ipu.Plan` tile by tile in JAX.
 
 Every physical tile (piece ``s`` of ``n``, local tile ``t``) computes its partial output rows
 from only what the plan gives it: its own non-zero blocks and the rows of ``X`` for its own

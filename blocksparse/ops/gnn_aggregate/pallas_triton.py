@@ -15,9 +15,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import _dispatch
-from . import _pallas as P
-from ._graph import Graph
+from ..._util import next_power_of_2
+from ...gnn._graph import Graph
+from .. import _dispatch
+from .. import _gnn_triton as P
 
 _BIG = 2**31 - 1
 
@@ -70,7 +71,7 @@ def segment_extreme(g: Graph, x: jax.Array, is_max: bool, *, with_arg: bool = Tr
     interpret = _dispatch.pallas_mode()
     P.check_dtype(x)
     n, f = x.shape
-    fp = P.next_pow2(f, 16)
+    fp = next_power_of_2(f, 16)
     bf = min(fp, 128)
     be = be or max(16, min(64, 2048 // bf))  # 16 edges for F >= 128: best measured on the H200
     xp = P.pad_last(x, fp)

@@ -14,9 +14,9 @@ import math
 import jax
 import jax.numpy as jnp
 
-from . import _dispatch
-from . import _pallas as P
-from ._graph import Graph
+from ..._util import next_power_of_2
+from ...gnn._graph import Graph
+from .. import _dispatch
 
 __all__ = ["gatv2", "graph_attention", "gatv2_reference", "graph_attention_reference"]
 
@@ -81,11 +81,11 @@ def _flat(x, hp, dp):
 
 def _geometry(a):
     n, h, d = a.shape
-    return n, h, d, P.next_pow2(h), P.next_pow2(d, 4)
+    return n, h, d, next_power_of_2(h), next_power_of_2(d, 4)
 
 
 def _pallas_fwd(g, mode, slope, scale, a, b, c):
-    from . import pallas_attention as K
+    from . import pallas_triton as K
 
     n, h, d, hp, dp = _geometry(a)
     out, lse = K.forward(g, mode, _flat(a, hp, dp), _flat(b, hp, dp), _flat(c, hp, dp), hp, slope, scale)
@@ -93,7 +93,7 @@ def _pallas_fwd(g, mode, slope, scale, a, b, c):
 
 
 def _pallas_bwd(g, mode, slope, scale, a, b, c, out, lse, dout):
-    from . import pallas_attention as K
+    from . import pallas_triton as K
 
     n, h, d, hp, dp = _geometry(a)
     f = lambda t: _flat(t, hp, dp)

@@ -27,7 +27,7 @@ import numpy as np
 
 from .._pattern import BlockPattern
 from . import cost as _cost
-from .ipu import BOW, IPUMachine
+from .machines import BOW, IPUMachine
 
 __all__ = ["NoValidPlanError", "Plan", "clear_cache", "plan"]
 
@@ -244,7 +244,7 @@ class Plan(_Estimates):
     Attributes:
         pattern: the planned :class:`~blocksparse.BlockPattern`.
         n: columns of ``X``.
-        machine: the :class:`~blocksparse.plan.ipu.IPUMachine`.
+        machine: the :class:`~blocksparse.ipu.IPUMachine`.
         dtype, partials_dtype: operand and accumulation dtype names.
         available_memory_proportion: the fraction of tile memory the plan may use.
         n_split, num_bands, tiles_per_split: the chosen partition.
@@ -261,7 +261,7 @@ class Plan(_Estimates):
         tile_local_row, tile_local_col: ``int[tiles_per_split, max_blocks]`` slot of each block's
             row in ``tile_rows`` and of its column in ``tile_cols``.
         tile_bytes: ``float[tiles_per_split]`` modelled memory per tile.
-        cycles: estimated cycles per phase (see :data:`blocksparse.plan.cost.PHASES`).
+        cycles: estimated cycles per phase (see :data:`blocksparse.ipu.cost.PHASES`).
         exchange_bytes: bytes moved per exchange phase, over all tiles.
         dense: the modelled dense matmul of the same shape (``None`` if it does not fit).
         candidates: number of partitions scored.

@@ -8,8 +8,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from . import _dispatch
-from ._graph import Graph
+from ...gnn._graph import Graph
+from .. import _dispatch
 
 __all__ = ["aggregate", "aggregate_reference"]
 
@@ -33,7 +33,7 @@ def _xla_extreme(g: Graph, x, is_max: bool, with_arg: bool):
 
 
 def _pallas_extreme(g: Graph, x, is_max: bool, with_arg: bool):
-    from .pallas_reductions import segment_extreme
+    from .pallas_triton import segment_extreme
 
     return segment_extreme(g, x, is_max, with_arg=with_arg)
 

@@ -26,9 +26,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import _dispatch
-from . import _pallas as P
-from ._graph import Graph
+from ...gnn._graph import Graph
+from .. import _dispatch
+from .. import _gnn_triton as P
 
 _NEG = -1e30  # finite start of the running max: exp(-inf - -inf) would be NaN
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ipu import IPUMachine
+from .machines import IPUMachine
 
 __all__ = ["PHASES", "DenseEstimate", "TileStats", "dense_estimate", "sparse_cost"]
 

@@ -16,14 +16,9 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from ._graph import Graph
+from ..gnn._graph import Graph
 
 SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
-
-
-def next_pow2(n: int, minimum: int = 1) -> int:
-    n = max(int(n), minimum)
-    return 1 << (n - 1).bit_length()
 
 
 def check_dtype(*arrays) -> None:

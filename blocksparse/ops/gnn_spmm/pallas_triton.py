@@ -14,9 +14,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import _dispatch
-from . import _pallas as P
-from ._graph import Graph
+from ..._util import next_power_of_2
+from ...gnn._graph import Graph
+from .. import _dispatch
+from .. import _gnn_triton as P
 
 
 def _kernel(starts_ref, ends_ref, indices_ref, *rest, be: int, bf: int, weighted: bool):
@@ -60,7 +61,7 @@ def csr_sum(g: Graph, w_csr: jax.Array | None, x: jax.Array, *, be: int | None =
     interpret = _dispatch.pallas_mode()
     P.check_dtype(x)
     n, f = x.shape
-    fp = P.next_pow2(f, 16)
+    fp = next_power_of_2(f, 16)
     bf = min(fp, 128)
     be = be or max(16, min(64, 4096 // bf))
     xp = P.pad_last(x, fp)
