@@ -1,8 +1,6 @@
 """Static planner: machine models, invariants of the partition, errors, cache, report, published shapes."""
 
 import json
-import subprocess
-import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -11,9 +9,10 @@ import pytest
 import blocksparse as bs
 from blocksparse.ipu import NoValidPlanError, Plan
 from blocksparse.ipu.machines import IPUMachine
-from blocksparse.ipu.planner import column_bands, tiles_for_bands
+from blocksparse.ipu.partition import column_bands, tiles_for_bands
 
 TINY = IPUMachine(name="tiny", clock_hz=1e9, num_tiles=7, tile_memory_bytes=1 << 20)
+SMALL = IPUMachine(name="small", clock_hz=1e9, num_tiles=16, tile_memory_bytes=64 * 1024)
 
 
 def _patterns():
@@ -53,7 +52,10 @@ def test_machine_constants_match_published_peaks():
 def test_column_bands_balance_and_tiles_proportional():
     cols = np.repeat(np.arange(8), [10, 0, 10, 10, 0, 10, 30, 10])
     b = column_bands(cols, 8, 4)
-    assert b[0] == 0 and b[-1] == 8 and np.all(np.diff(b) > 0)
+    # 80 blocks in 4 bands: cut after the columns where the running count first reaches 20, 40, 60.
+    assert b.tolist() == [0, 3, 6, 7, 8]
+    assert np.add.reduceat(np.bincount(cols, minlength=8), b[:-1]).tolist() == [20, 20, 30, 10]
+    assert column_bands(cols, 8, 1).tolist() == [0, 8]
     t = tiles_for_bands(np.array([10, 30, 0, 60]), 10)
     assert t.tolist() == [1, 3, 0, 6]
     assert tiles_for_bands(np.array([1, 1, 1]), 2) is None
@@ -94,7 +96,10 @@ def test_deterministic_and_cached():
     pattern = bs.BlockPattern.power_law(5, (1024, 512), 16, 1 / 8)
     p1 = bs.plan(pattern, 256)
     assert bs.plan(pattern, 256) is p1
+    info = bs.ipu.cache_info()
+    assert info["size"] >= 1 and info["hits"] >= 1
     bs.ipu.clear_cache()
+    assert bs.ipu.cache_info()["size"] == 0
     p2 = bs.plan(pattern, 256)
     assert p2 is not p1
     assert json.dumps(p1.to_dict(arrays=True)) == json.dumps(p2.to_dict(arrays=True))
@@ -113,14 +118,65 @@ def test_empty_pattern():
     pattern = bs.BlockPattern((64, 64), 16, np.zeros(0, np.int32), np.zeros(0, np.int32))
     p = bs.plan(pattern, 16)
     assert p.tiles_used == 0 and p.cycles["compute"] == 0
-    assert "0 non-zero blocks" in p.report()
+    assert p.speedup is None  # no useful work: no speedup to claim
+    assert "0 non-zero blocks" in p.report() and "speedup over dense none" in p.report()
 
 
 # -- bad input ----------------------------------------------------------------------------------------
-def test_no_valid_plan_says_what_to_change():
-    pattern = bs.BlockPattern.random(0, (512, 512), 16, 1 / 4)
-    with pytest.raises(NoValidPlanError, match=r"available_memory_proportion=0.001.*Raise available_memory_proportion"):
-        bs.plan(pattern, 1024, available_memory_proportion=0.001)
+# Each case fails; the error's suggestions are followed one by one and each must then give a plan.
+NO_FIT = [
+    pytest.param((512, 512), 1024, {"available_memory_proportion": 0.001}, ["available_memory_proportion"],
+                 id="tiny-proportion"),
+    pytest.param((1024, 1024), 64, {"machine": SMALL}, ["available_memory_proportion"], id="proportion-below-1"),
+    pytest.param((256, 256), 1 << 14, {"machine": SMALL}, ["n"], id="n-only"),
+    pytest.param((256, 256), 4096, {"machine": SMALL, "available_memory_proportion": 0.05},
+                 ["available_memory_proportion", "n"], id="proportion-and-n"),
+    pytest.param((256, 256), 4096, {"machine": SMALL, "dtype": "float32", "available_memory_proportion": 0.3},
+                 ["n"], id="float32"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("shape, n, kwargs, changed", NO_FIT)
+def test_no_valid_plan_advice_is_checked(shape, n, kwargs, changed):
+    pattern = bs.BlockPattern.random(0, shape, 16, 1 / 4)
+    with pytest.raises(NoValidPlanError) as info:
+        bs.plan(pattern, n, **kwargs)
+    e = info.value
+    text = str(e)
+    assert not e.nothing_fits and e.suggestions
+    assert sorted({key for s in e.suggestions for key in s}) == sorted(changed)
+    for s in e.suggestions:
+        p = bs.plan(pattern, **({"n": n} | kwargs | s))  # following the advice gives a plan
+        assert p.tile_bytes.max() <= p.memory_limit_bytes
+        for key, value in s.items():
+            assert f"{'reduce' if key == 'n' else 'raise'} {key} to {'at most ' if key == 'n' else ''}{value:g}" in text
+        if "available_memory_proportion" in s:
+            assert 0 < s["available_memory_proportion"] <= 1
+        if "n" in s:
+            assert 1 <= s["n"] < n
+    # The advice never claims a proportion that cannot fit, nor one that is not a raise.
+    assert "0.00 would fit" not in text and "1.00 would fit" not in text
+
+
+def test_no_valid_plan_suggested_n_is_the_largest_found():
+    pattern = bs.BlockPattern.random(0, (256, 256), 16, 1 / 4)
+    with pytest.raises(NoValidPlanError) as info:
+        bs.plan(pattern, 1 << 14, machine=SMALL)
+    (s,) = info.value.suggestions
+    bs.plan(pattern, s["n"], machine=SMALL)
+    with pytest.raises(NoValidPlanError):
+        bs.plan(pattern, s["n"] + 1, machine=SMALL)
+
+
+def test_no_valid_plan_when_nothing_fits_says_so():
+    pattern = bs.BlockPattern.random(0, (1024, 1024), 16, 1 / 4)
+    machine = IPUMachine(name="small", clock_hz=1e9, num_tiles=4, tile_memory_bytes=4096)
+    with pytest.raises(NoValidPlanError, match=r"Nothing fits on this machine.*several IPUs") as info:
+        bs.plan(pattern, 1 << 16, machine=machine)
+    assert info.value.nothing_fits and info.value.suggestions == []
+    assert "would fit" not in str(info.value) and "reduce n" not in str(info.value)
+    with pytest.raises(NoValidPlanError):  # the claim holds
+        bs.plan(pattern, 1, machine=machine, available_memory_proportion=1.0)
 
 
 @pytest.mark.parametrize(
@@ -157,20 +213,41 @@ def test_report_and_json():
     text = p.report()
     for word in ("tiles used", "blocks", "memory (KiB)", "exchange_dense", "reduction", "TFLOP/s", "speedup"):
         assert word in text
+    # The table shows the plan's numbers, phase by phase, in phase order.
+    assert f"{p.total_cycles:>14,.0f}" in text and f"{p.speedup:.2f}x" in text
+    positions = [text.index(f"  {name} ") for name in bs.ipu.cost.PHASES]
+    assert positions == sorted(positions)
     d = json.loads(p.to_json())
-    assert d["nnz_blocks"] == 256 and d["total_cycles"] == pytest.approx(sum(d["cycles"].values()))
-    assert d["speedup_over_dense"] == pytest.approx(p.speedup)
-    assert set(d["cycles"]) == set(bs.ipu.cost.PHASES)
+    assert d == json.loads(json.dumps(p.to_dict()))
+    assert d["nnz_blocks"] == 256 and d["kind"] == "static" and list(d["cycles"]) == list(bs.ipu.cost.PHASES)
+    assert 1.0 < d["speedup_over_dense"] < 100.0 and d["dense"]["seconds"] > d["seconds"] > 0
 
 
-def test_cli_plan(tmp_path):
-    out = tmp_path / "plan.json"
-    cmd = [sys.executable, "-m", "blocksparse", "plan", "--m", "1024", "--k", "512", "--n", "256", "--block", "8",
-           "--density", "1/16", "--dtype", "float32", "--machine", "mk2", "--json", str(out)]  # fmt: skip
-    res = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    assert "Static block-sparse plan" in res.stdout
-    d = json.loads(out.read_text())
-    assert d["machine"] == "mk2" and d["dtype"] == "float32" and d["shape"] == [1024, 512]
+def test_cached_plans_are_immutable():
+    pattern = bs.BlockPattern.random(7, (512, 512), 16, 1 / 8)
+    p = bs.plan(pattern, 128)
+    compute, dense_bytes, tile_blocks = p.cycles["compute"], p.exchange_bytes["exchange_dense"], p.tile_blocks.copy()
+    assert compute > 0
+    with pytest.raises(TypeError):
+        p.cycles["compute"] = 0
+    with pytest.raises(TypeError):
+        p.exchange_bytes["exchange_dense"] = 0
+    with pytest.raises(TypeError):
+        p.dense.phases["compute"] = 0
+    for name in ("n_pieces", "band_boundaries", "tiles_per_band", "tile_band", "tile_blocks", "tile_rows",
+                 "tile_cols", "tile_local_row", "tile_local_col", "tile_bytes"):  # fmt: skip
+        with pytest.raises(ValueError, match="read-only"):
+            getattr(p, name)[...] = 0
+    with pytest.raises(AttributeError):
+        p.cycles = {}
+    again = bs.plan(pattern, 128)
+    assert again is p and again.cycles["compute"] == compute and again.exchange_bytes["exchange_dense"] == dense_bytes
+    assert np.array_equal(again.tile_blocks, tile_blocks)
+    # to_dict() hands out plain copies: changing them changes nothing in the plan.
+    d = p.to_dict()
+    assert type(d["cycles"]) is dict
+    d["cycles"]["compute"] = 0
+    assert bs.plan(pattern, 128).cycles["compute"] == compute
 
 
 # -- the published shape of PopSparse's results (Li et al. 2023), on the estimates ------------------
@@ -198,12 +275,3 @@ def test_larger_blocks_n_and_matrices_raise_throughput():
     by_size = [_speedup(m, 16, 1 / 16, 1024).tflops for m in (1024, 2048, 4096, 8192)]
     assert by_size == sorted(by_size) and len(set(by_size)) == 4
     assert _speedup(4096, 32, 1 / 16, 1024).tflops >= by_block[-1]  # decomposed into 16 x 16
-
-
-def test_cli_reports_bad_input_without_a_traceback(capsys):
-    from blocksparse.__main__ import main
-
-    with pytest.raises(SystemExit) as exit_info:
-        main(["plan", "--m", "1000", "--k", "1024", "--n", "64", "--block", "16"])
-    assert exit_info.value.code == 2
-    assert "to divide the shape (1000, 1024)" in capsys.readouterr().err

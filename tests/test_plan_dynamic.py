@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from jax.experimental import checkify
 
 import blocksparse as bs
-from blocksparse.ipu import cost
-from blocksparse.ipu.dynamic import DYNAMIC_PHASES, DynamicPlan, distribute, dynamic_plan, simulate_dynamic
+from blocksparse.ipu import DynamicPlan, cost, distribute, dynamic_plan, simulate_dynamic
+from blocksparse.ipu.cost import DYNAMIC_PHASES
 from blocksparse.ipu.machines import IPUMachine
 from blocksparse.testing.oracles import to_dense64
 
@@ -30,7 +30,12 @@ def test_plan_fields_report_and_dict():
     p = dynamic_plan((1024, 2048), 16, 1000, 256)
     assert isinstance(p, DynamicPlan)
     pm, pk, pn = p.split
-    assert p.num_buckets == pm * pk * pn <= bs.ipu.BOW.num_tiles
+    assert p.num_buckets <= bs.ipu.BOW.num_tiles
+    # Every partition is non-empty and they cover the grid and n.
+    gm, gk = p.grid
+    assert (pm - 1) * p.rows_per_partition < gm <= pm * p.rows_per_partition
+    assert (pk - 1) * p.cols_per_partition < gk <= pk * p.cols_per_partition
+    assert p.n_pieces[0, 0] == 0 and p.n_pieces[-1, 1] == 256 and len(p.n_pieces) == pn
     assert p.bucket_capacity == int(np.ceil(-(-1000 // p.num_buckets) * 1.3))
     assert p.total_capacity >= 1000 * 1.3 - 1e-9
     assert p.bytes_per_tile <= p.memory_limit_bytes
@@ -42,9 +47,13 @@ def test_plan_fields_report_and_dict():
     for name in DYNAMIC_PHASES:
         assert name in text
     assert "bucket" in text and "limit" in text
-    # Frozen and deterministic.
+    # Frozen, read-only and deterministic.
     with pytest.raises(AttributeError):
         p.n = 3
+    with pytest.raises(TypeError):
+        p.cycles["compute"] = 0
+    with pytest.raises(ValueError, match="read-only"):
+        p.n_pieces[0, 0] = 1
     assert dynamic_plan((1024, 2048), 16, 1000, 256).to_dict() == p.to_dict()
 
 
@@ -61,21 +70,61 @@ def test_static_plan_is_faster_than_dynamic(shape, b, density, n, dtype):
     assert dyn.bytes_per_tile <= dyn.memory_limit_bytes
 
 
-def test_bucket_compute_matches_static_cost_model():
-    from blocksparse.ipu.dynamic import _bucket_compute
+# --------------------------------------------------------------------------------------------------
+# The one per-tile compute formula (cost.compute_cycles), used by the static and the dynamic model
+# --------------------------------------------------------------------------------------------------
+def test_compute_cycles_by_hand_on_the_amp():
+    # b = 16, float16 on Bow: one 16 x 16 AMP pass at 64 MACs/cycle. npc = 64 columns over 6 workers in
+    # grains of 4: n_eff = ceil(ceil(64 / 6) / 4) * 4 * 6 = 72. Per block: 16 metadata + 256 * 2 / 8 load
+    # + 100 pipeline + 256 * 72 / 64 MACs = 468; per tile: 200 vertex + 24 per row.
+    got = cost.compute_cycles(bs.ipu.BOW, np.array([3, 0, 1]), np.array([2, 0, 1]), 64, (16, 16), "float16")
+    np.testing.assert_allclose(got, [200 + 2 * 24 + 3 * 468, 0.0, 200 + 24 + 468])
 
+
+def test_compute_cycles_by_hand_elementwise():
+    # b = 1, float32: the vector unit at 2 lanes / 1.5 issue = 4/3 MACs/cycle; npc = 5 in grains of 2 -> 6.
+    # Per non-zero: 6 + 6 / (4/3) = 10.5 cycles; per tile 200 + 24 per row.
+    got = cost.compute_cycles(bs.ipu.BOW, 4, 2, 5, (1, 1), "float32")
+    assert float(got) == pytest.approx(200 + 2 * 24 + 4 * 10.5)
+
+
+def test_compute_cycles_shape_of_the_formula():
+    mc = bs.ipu.MK2
+    blocks = np.arange(0, 50)
+    c = cost.compute_cycles(mc, blocks, np.minimum(blocks, 8), 128, (8, 8), "float16")
+    assert c[0] == 0 and (np.diff(c) > 0).all()  # idle tiles cost nothing; more blocks cost more
+    # Vectorised over npc too, equal to one call per value.
+    npcs = np.array([4, 24, 64, 256])
+    many = cost.compute_cycles(mc, 10, 5, npcs, (16, 16), "float16")
+    assert many.tolist() == [float(cost.compute_cycles(mc, 10, 5, int(v), (16, 16), "float16")) for v in npcs]
+    # Six workers take whole grains: up to 24 columns cost the same, beyond that more.
+    assert many[0] == many[1] < many[2] < many[3]
+    # Per multiply-accumulate, larger blocks are cheaper (the AMP is busier), float32 dearer than float16.
+    per_mac = [
+        float(cost.compute_cycles(mc, (64 // b) ** 2, 64 // b, 1024, (b, b), "float16")) / (64 * 64)
+        for b in (1, 4, 8, 16)
+    ]
+    assert per_mac == sorted(per_mac, reverse=True)
+    assert cost.compute_cycles(mc, 10, 5, 256, (16, 16), "float32") > cost.compute_cycles(
+        mc, 10, 5, 256, (16, 16), "float16"
+    )
+
+
+def test_static_and_dynamic_compute_phases_use_the_formula():
     p = dynamic_plan((2048, 2048), 16, 2000, 512)
     npc = int(p.n_pieces[0, 1] - p.n_pieces[0, 0])
-    rows = min(p.bucket_capacity, p.rows_per_partition)
-    one = np.array([p.bucket_capacity]), np.array([rows]), np.array([1])
-    stats = cost.TileStats(*one, 0, 0)
-    cycles, _, _ = cost.sparse_cost(
-        p.machine, stats, shape=p.shape, block_size=p.block_size, n=npc, n_split=1, tiles_per_split=1,
-        dtype=p.dtype, partials_dtype=p.partials_dtype,
-    )  # fmt: skip
-    assert float(_bucket_compute(p.machine, p.bucket_capacity, rows, npc, p.block_size, p.dtype)) == pytest.approx(
-        cycles["compute"]
-    )
+    one = cost.compute_cycles(p.machine, p.bucket_capacity, min(p.bucket_capacity, p.rows_per_partition), npc,
+                              p.block_size, p.dtype)  # fmt: skip
+    pm, pk, pn = p.split
+    spill = cost.compute_cycles(p.machine, p.bucket_capacity, min(p.bucket_capacity, p.grid[0]), npc, p.block_size,
+                                p.dtype) if pm * pk > 1 else 0.0  # fmt: skip
+    assert p.cycles["compute"] == pytest.approx(float(pn * one + spill))
+    W = bs.BlockPattern.random(0, (512, 512), 16, 1 / 8)
+    s = bs.plan(W, 64, n_split=1, num_bands=1, machine=bs.ipu.BOW)
+    tiles = s.tile_num_blocks
+    rows = (s.tile_rows >= 0).sum(axis=1)
+    want = cost.compute_cycles(s.machine, tiles, rows, 64, (16, 16), "float16").max()
+    assert s.cycles["compute"] == pytest.approx(float(want))
 
 
 def test_more_oversize_means_bigger_buckets_and_memory():
@@ -86,8 +135,36 @@ def test_more_oversize_means_bigger_buckets_and_memory():
 
 def test_memory_error_names_sizes():
     small = IPUMachine(name="small", clock_hz=1e9, num_tiles=4, tile_memory_bytes=4096)
-    with pytest.raises(bs.NoValidPlanError, match=r"KiB.*limit available_memory_proportion=0.6"):
+    with pytest.raises(bs.NoValidPlanError, match=r"KiB.*limit available_memory_proportion=0.6") as info:
         dynamic_plan((1024, 1024), 16, 4096, 1024, machine=small)
+    assert info.value.nothing_fits and "Nothing fits on this machine" in str(info.value)
+    with pytest.raises(bs.NoValidPlanError):  # the claim holds
+        dynamic_plan((1024, 1024), 16, 4096, 1, machine=small, available_memory_proportion=1.0, bucket_oversize=0.0)
+
+
+SMALL = IPUMachine(name="small", clock_hz=1e9, num_tiles=16, tile_memory_bytes=64 * 1024)
+
+
+@pytest.mark.parametrize(
+    "shape, max_nnz, n, kwargs",
+    [((256, 256), 64, 1 << 14, {"machine": SMALL}),
+     ((256, 256), 64, 2048, {"machine": SMALL, "available_memory_proportion": 0.1}),
+     ((256, 256), 64, 64, {"machine": SMALL, "available_memory_proportion": 0.05, "dtype": "float32"}),
+     ((1024, 1024), 256, 512, {"available_memory_proportion": 0.001})],
+)  # fmt: skip
+def test_no_valid_plan_advice_is_checked(shape, max_nnz, n, kwargs):
+    args = {"shape": shape, "block_size": 16, "max_nnz_blocks": max_nnz, "n": n} | kwargs
+    with pytest.raises(bs.NoValidPlanError) as info:
+        dynamic_plan(**args)
+    e = info.value
+    assert e.suggestions and not e.nothing_fits
+    for s in e.suggestions:
+        p = dynamic_plan(**(args | s))  # following each piece of advice gives a plan
+        assert p.bytes_per_tile <= p.memory_limit_bytes
+        if "n" in s:
+            assert 1 <= s["n"] < n and f"n to at most {s['n']}" in str(e)
+        if "available_memory_proportion" in s:
+            assert kwargs.get("available_memory_proportion", 0.6) < s["available_memory_proportion"] <= 1.0
 
 
 @pytest.mark.parametrize(

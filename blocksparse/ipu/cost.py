@@ -11,7 +11,7 @@ arXiv:2303.16999): the phases are
 2. ``exchange_nonzeros``: with ``n_split > 1`` the non-zero blocks are replicated to the tiles
    of every piece of ``n`` (with one piece they are stored where they are used);
 3. ``zero_partials``: the AMP accumulates into its output, so the partial rows are zeroed first;
-4. ``compute``: every tile multiplies its blocks by its ``X`` rows (rates in :mod:`.ipu`);
+4. ``compute``: every tile multiplies its blocks by its ``X`` rows (:func:`compute_cycles`);
 5. ``exchange_partials``: rows whose blocks are spread over several tiles (other bands, or a long
    row split across tiles of one band) send their partial sums to a reducing tile;
 6. ``reduction``: the reducing tiles add the partials;
@@ -24,13 +24,15 @@ once. Our formulas are our own estimates; the constants they use live on the mac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import numpy as np
 
+from .._util import cdiv
 from .machines import IPUMachine
 
-__all__ = ["PHASES", "DenseEstimate", "TileStats", "dense_estimate", "sparse_cost"]
+__all__ = ["DYNAMIC_PHASES", "PHASES", "DenseEstimate", "TileStats", "compute_cycles", "dense_estimate", "sparse_cost"]
 
 PHASES = (
     "exchange_dense",
@@ -41,11 +43,19 @@ PHASES = (
     "reduction",
     "output",
 )
+#: Phases of a dynamic plan (:mod:`.buckets`): the static ones plus bucket exchange, metadata and propagation.
+DYNAMIC_PHASES = (
+    "exchange_dense",
+    "exchange_buckets",
+    "metadata",
+    "zero_partials",
+    "compute",
+    "propagate",
+    "exchange_partials",
+    "reduction",
+    "output",
+)
 EXCHANGE_PHASES = ("exchange_dense", "exchange_nonzeros", "exchange_partials", "output")
-
-
-def _cdiv(a, b):
-    return -(-np.asarray(a) // b)
 
 
 @dataclass(frozen=True)
@@ -69,15 +79,53 @@ class TileStats:
 
 def n_piece(n: int, n_split: int, grain: int, serial: int = 1) -> int:
     """Columns of the largest piece: ``n`` in ``serial`` passes, each split ``n_split`` ways, in whole grains."""
-    per_pass = int(_cdiv(_cdiv(n, grain), serial))  # grains per pass
-    return int(_cdiv(per_pass, n_split) * grain)
+    per_pass = int(cdiv(cdiv(n, grain), serial))  # grains per pass
+    return int(cdiv(per_pass, n_split) * grain)
 
 
 def n_pieces(n: int, n_split: int, grain: int, serial: int = 1) -> np.ndarray:
     """``int[pieces, 2]``: ``[start, stop)`` of each piece of ``n``; piece ``j`` runs in pass ``j // n_split``."""
     p = n_piece(n, n_split, grain, serial)
-    starts = np.arange(int(_cdiv(n, p))) * p
+    starts = np.arange(int(cdiv(n, p))) * p
     return np.stack([starts, np.minimum(starts + p, n)], axis=1)
+
+
+def compute_cycles(machine: IPUMachine, blocks, rows, npc, block_size: tuple[int, int], dtype: str) -> np.ndarray:
+    """Cycles of one tile's compute set: ``blocks`` non-zero blocks over ``rows`` block rows times ``npc`` columns.
+
+    The one copy of the per-tile compute formula, used by the static model (:func:`sparse_cost`) and
+    the dynamic one (a tile computing a full bucket). Vectorised: ``blocks``, ``rows`` and ``npc``
+    broadcast (arrays over tiles or over candidate splits); a tile without blocks costs nothing.
+
+    * AMP (sub-blocks of 4, 8 or 16): the ``num_workers`` workers split the piece's columns, each
+      handling whole vector grains; every (sub-)block pays its metadata entry, loading its values
+      and filling the AMP pipeline, then ``sub * sub * n_eff / rate`` cycles of multiply-accumulate.
+    * Element-wise (no AMP): every non-zero streams its row of ``X`` through the vector unit,
+      ``elementwise_overhead_cycles`` plus ``n_eff / rate`` cycles each; rows are the unit of work.
+
+    Every busy tile also pays the vertex launch and a work-list entry per output row.
+    """
+    mc = machine
+    bh, bw = block_size
+    dbytes = np.dtype(dtype).itemsize
+    grain = mc.column_grain(dtype)
+    sub = mc.sub_block((bh, bw))
+    nsub = (bh // sub) * (bw // sub)
+    rate = mc.block_macs_per_cycle(sub, dtype)
+    blocks = np.asarray(blocks, np.float64)
+    rows = np.asarray(rows, np.float64)
+    npc = np.asarray(npc, np.int64)
+    if sub >= 4:
+        W = mc.num_workers
+        n_eff = cdiv(cdiv(npc, W), grain) * grain * W
+        per_block = nsub * (mc.block_overhead_cycles + sub * sub * dbytes / mc.load_bytes_per_cycle)
+        per_block = per_block + nsub * mc.amp_pipeline_cycles + nsub * sub * sub * n_eff / rate
+        out = mc.vertex_overhead_cycles + rows * mc.row_overhead_cycles + blocks * per_block
+    else:
+        n_eff = cdiv(npc, grain) * grain
+        per_elem = mc.elementwise_overhead_cycles + n_eff / rate
+        out = mc.vertex_overhead_cycles + rows * bh * mc.row_overhead_cycles + blocks * nsub * sub * sub * per_elem
+    return np.where(blocks > 0, out, 0.0)
 
 
 def sparse_cost(
@@ -119,32 +167,17 @@ def sparse_cost(
     nz_bytes = blocks * bh * bw * dbytes if n_split > 1 else np.zeros_like(blocks)
 
     # -- compute -------------------------------------------------------------------------------------
-    sub = mc.sub_block((bh, bw))
-    nsub = (bh // sub) * (bw // sub)
-    rate = mc.block_macs_per_cycle(sub, dtype)
-    W = mc.num_workers
-    if sub >= 4:
-        # Workers split the columns of the piece; each handles whole vector grains.
-        n_eff = int(_cdiv(_cdiv(npc, W), grain) * grain) * W
-        per_block = nsub * (mc.block_overhead_cycles + sub * sub * dbytes / mc.load_bytes_per_cycle)
-        per_block += nsub * mc.amp_pipeline_cycles + nsub * sub * sub * n_eff / rate
-        compute = mc.vertex_overhead_cycles + rows * mc.row_overhead_cycles + blocks * per_block
-    else:
-        # Element-wise: workers split the rows; each non-zero streams its row of X.
-        n_eff = int(_cdiv(npc, grain) * grain)
-        per_elem = mc.elementwise_overhead_cycles + n_eff / rate
-        compute = mc.vertex_overhead_cycles + rows * bh * mc.row_overhead_cycles + blocks * nsub * sub * sub * per_elem
-    compute = np.where(busy, compute, 0.0)
+    compute = compute_cycles(mc, blocks, rows, npc, block_size, dtype)
     zero_bytes = rows * bh * npc * pbytes
 
     # -- partials, reduction, output -----------------------------------------------------------------
     tps = tiles_per_split
-    in_rows = int(_cdiv(stats.multi_partial_rows, tps))
-    add_rows = int(_cdiv(stats.multi_partial_rows - stats.multi_rows, tps))
+    in_rows = int(cdiv(stats.multi_partial_rows, tps))
+    add_rows = int(cdiv(stats.multi_partial_rows - stats.multi_rows, tps))
     partial_in_bytes = in_rows * bh * npc * pbytes
     reduce_rate = mc.vector_lanes.get(partials_dtype, 1) / mc.elementwise_issue_overhead
-    out_home = int(_cdiv(m * n, T)) * dbytes
-    x_home = int(_cdiv(k * n, T)) * dbytes
+    out_home = int(cdiv(m * n, T)) * dbytes
+    x_home = int(cdiv(k * n, T)) * dbytes
 
     sync = mc.exchange_sync_cycles
 
@@ -189,8 +222,11 @@ class DenseEstimate:
     cycles: float
     seconds: float
     tflops: float
-    phases: dict
-    memory_bytes_per_tile: float
+    phases: MappingProxyType = field(repr=False)
+    memory_bytes_per_tile: float = 0.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "phases", MappingProxyType(dict(self.phases)))
 
     def to_dict(self) -> dict:
         return {
@@ -204,7 +240,7 @@ class DenseEstimate:
         }
 
 
-def _split_candidates(limit: int) -> np.ndarray:
+def split_candidates(limit: int) -> np.ndarray:
     """Candidate split counts up to ``limit``: every integer to 16, then about 12% apart."""
     geo = np.unique(np.round(16 * 1.125 ** np.arange(64)).astype(np.int64))
     c = np.unique(np.concatenate([np.arange(1, 17), geo]))
@@ -228,25 +264,25 @@ def dense_estimate(
     dbytes = np.dtype(dtype).itemsize
     pbytes = np.dtype(partials_dtype).itemsize
     grain = mc.column_grain(dtype)
-    n_grains = int(_cdiv(n, grain))
+    n_grains = int(cdiv(n, grain))
     serial_opts = np.array([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64])
     serial_opts = serial_opts[serial_opts <= n_grains]
     pm, pk, pn, ser = np.meshgrid(
-        _split_candidates(m), _split_candidates(k), _split_candidates(n_grains), serial_opts, indexing="ij"
+        split_candidates(m), split_candidates(k), split_candidates(n_grains), serial_opts, indexing="ij"
     )
     pm, pk, pn, ser = pm.ravel(), pk.ravel(), pn.ravel(), ser.ravel()
-    n_pass = _cdiv(n_grains, ser)  # grains per pass
+    n_pass = cdiv(n_grains, ser)  # grains per pass
     ok = (pm * pk * pn <= T) & (pn <= n_pass)
     pm, pk, pn, ser, n_pass = pm[ok], pk[ok], pn[ok], ser[ok], n_pass[ok]
-    mt = _cdiv(m, pm).astype(np.float64)
-    kt = _cdiv(k, pk).astype(np.float64)
-    nt = (_cdiv(n_pass, pn) * grain).astype(np.float64)
+    mt = cdiv(m, pm).astype(np.float64)
+    kt = cdiv(k, pk).astype(np.float64)
+    nt = (cdiv(n_pass, pn) * grain).astype(np.float64)
     sync = mc.exchange_sync_cycles
     xbw = mc.exchange_bytes_per_cycle
     peak = mc.amp_macs_per_cycle[dtype] * mc.dense_amp_efficiency
     reduce_rate = mc.vector_lanes.get(partials_dtype, 1) / mc.elementwise_issue_overhead
     split_k = pk > 1
-    out_pass = _cdiv(m * n, T) / ser * dbytes
+    out_pass = cdiv(m * n, T) / ser * dbytes
     phases = {
         # W is placed where it is used (static weights); only its copies for other pieces of n move.
         "exchange_inputs": (kt * nt + np.where(pn > 1, mt * kt, 0.0)) * dbytes / xbw + sync,
@@ -258,7 +294,7 @@ def dense_estimate(
     }
     phases = {name: v * ser for name, v in phases.items()}
     total = sum(phases.values())
-    home = float(_cdiv(k * n, T) + _cdiv(m * n, T)) * dbytes
+    home = float(cdiv(k * n, T) + cdiv(m * n, T)) * dbytes
     memory = (mt * kt + kt * nt) * dbytes + mt * nt * pbytes * np.where(split_k, 2, 1) + home
     fits = memory <= available_memory_proportion * mc.tile_memory_bytes
     if not fits.any():

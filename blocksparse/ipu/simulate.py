@@ -1,6 +1,6 @@
-"""Execute a static :class:`~blocksparse.ipu.Plan` tile by tile in JAX.
+"""Execute plans on simulated tiles in JAX: :func:`simulate` (static) and :func:`simulate_dynamic`.
 
-Every physical tile (piece ``s`` of ``n``, local tile ``t``) computes its partial output rows
+**Static.** Every physical tile (piece ``s`` of ``n``, local tile ``t``) computes its partial output rows
 from only what the plan gives it: its own non-zero blocks and the rows of ``X`` for its own
 block columns, restricted to its piece of ``n``. The partials of all tiles are then reduced
 into ``Y`` (a scatter-add by block row), the step the IPU performs with the partials exchange
@@ -8,6 +8,12 @@ and reduction phases. The result equals ``W @ X`` up to the order of floating-po
 
 Tiles are processed in batches inside a ``lax.scan`` so that memory stays bounded by a batch,
 not by the whole chip.
+
+**Dynamic.** The blocks of a :class:`~blocksparse.DynamicBlockSparseMatrix` are put in the plan's
+buckets with :func:`~blocksparse.ipu.distribute`; every bucket computes the partial products of
+only its own blocks, reduced into ``Y`` by block row. Invalid input is never a finite wrong
+value: out-of-grid coordinates and blocks that fit no bucket make the whole output NaN, as the
+products (``D @ x``) do.
 """
 
 from __future__ import annotations
@@ -17,10 +23,12 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
+from .._matrix import DynamicBlockSparseMatrix
 from .._pattern import BlockPattern
-from .planner import Plan
+from .buckets import _check_plan, _distribute
+from .plan import DynamicPlan, Plan
 
-__all__ = ["simulate"]
+__all__ = ["simulate", "simulate_dynamic"]
 
 _BATCH_BYTES = 1 << 26
 
@@ -124,3 +132,79 @@ def simulate(plan: Plan, W, x) -> jax.Array:
         acc=acc,
         out=jnp.dtype(out),
     )
+
+
+@partial(jax.jit, static_argnames=("grid", "split", "part", "cap", "npc", "acc", "out"))
+def _simulate(rows, cols, data, nnz, x, *, grid, split, part, cap, npc, acc, out):
+    gm, gk = grid
+    pn = split[2]
+    dist = _distribute(rows, cols, nnz, grid=grid, split=split, part=part, cap=cap)
+    k, n = x.shape
+    bh, bw = data.shape[1:]
+    xp = jnp.pad(x, ((0, 0), (0, pn * npc - n))).reshape(gk, bw, pn, npc).astype(acc)
+
+    def one_bucket(y, ids):
+        """Partial products of one bucket's blocks (every piece of n), reduced into Y by block row."""
+        ok = ids >= 0
+        j = jnp.maximum(ids, 0)
+        w = jnp.where(ok[:, None, None], data[j], 0).astype(acc)
+        xb = xp[jnp.clip(cols[j], 0, gk - 1)]  # (cap, bw, pn, npc): the exchange delivers these rows
+        prod = jnp.einsum("zij,zjsn->zisn", w, xb, preferred_element_type=acc)
+        r = jnp.where(ok & (rows[j] >= 0), rows[j], gm)  # padding (and invalid rows) out of range: dropped
+        return y.at[r].add(prod, mode="drop"), None
+
+    y = jnp.zeros((gm, bh, pn, npc), acc)
+    if rows.shape[0]:  # no blocks at all: nothing to gather
+        y, _ = jax.lax.scan(one_bucket, y, dist.bucket_ids)
+    y = y.reshape(gm * bh, pn * npc)[:, :n].astype(out)
+    return jnp.where(dist.overflow > 0, jnp.nan, y), dist
+
+
+def simulate_dynamic(dplan: DynamicPlan, D, x, *, return_distribution: bool = False):
+    """Run ``D @ x`` bucket by bucket as the dynamic plan lays it out on the tiles.
+
+    The blocks of ``D`` are distributed with :func:`~blocksparse.ipu.distribute`; every bucket then
+    computes the partial products of only its own blocks (against each piece of ``n``), and the
+    partials of all buckets are reduced into ``Y`` by block row. Jit-able; the pattern of ``D`` may
+    change between calls without recompiling.
+
+    Invalid input gives NaN in the whole output, never a finite wrong value:
+
+    * an active block outside the grid (``D.is_valid()`` is False), exactly as ``D @ x`` does;
+      under ``jax.experimental.checkify.checkify`` the error names the valid ranges (``D.check()``);
+    * blocks that fit no bucket (``nnz > total_capacity``); outside ``jit`` a ``ValueError`` says so.
+
+    Returns:
+        ``(m, n)`` equal to ``D @ x`` (and the :class:`~blocksparse.ipu.Distribution` with
+        ``return_distribution=True``).
+    """
+    _check_plan(dplan)
+    if not isinstance(D, DynamicBlockSparseMatrix):
+        raise TypeError(f"Expected a DynamicBlockSparseMatrix for D. Got {type(D).__name__}.")
+    if D.shape != dplan.shape or D.block_size != dplan.block_size:
+        raise ValueError(
+            f"Expected D of shape {dplan.shape} with blocks {dplan.block_size} (the plan's). "
+            f"Got shape {D.shape}, blocks {D.block_size}."
+        )
+    x = jnp.asarray(x)
+    m, k = dplan.shape
+    if x.shape != (k, dplan.n):
+        raise ValueError(f"Expected x of shape {(k, dplan.n)} (k, n) for this plan. Got {x.shape}.")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"Expected floating-point x. Got dtype {x.dtype}.")
+    out = jnp.result_type(D.data.dtype, x.dtype)
+    npc = int(dplan.n_pieces[0, 1] - dplan.n_pieces[0, 0])
+    y, dist = _simulate(
+        D.rows, D.cols, D.data, D.nnz, x,
+        grid=dplan.grid, split=dplan.split, part=(dplan.rows_per_partition, dplan.cols_per_partition),
+        cap=dplan.bucket_capacity, npc=npc, acc=_acc_dtype(out), out=jnp.dtype(out),
+    )  # fmt: skip
+    valid = D.check()  # out-of-grid blocks: reported through checkify, else NaN like the products
+    y = jnp.where(valid, y, jnp.asarray(jnp.nan, y.dtype))
+    if not isinstance(dist.overflow, jax.core.Tracer) and int(dist.overflow) > 0:
+        raise ValueError(
+            f"Expected at most total_capacity={dplan.total_capacity} blocks ({dplan.num_buckets} buckets x "
+            f"{dplan.bucket_capacity}). Got nnz={int(D.nnz)}: {int(dist.overflow)} blocks fit no bucket; "
+            "plan with a larger max_nnz_blocks or bucket_oversize."
+        )
+    return (y, dist) if return_distribution else y

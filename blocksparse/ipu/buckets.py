@@ -1,4 +1,4 @@
-"""The IPU model of PopSparse's *dynamic* sparsity: plan, bucket distribution and tile simulator.
+"""The IPU model of PopSparse's *dynamic* sparsity: the plan search and the bucket distribution.
 
 With dynamic sparsity only the shape, the block size and the maximum number of non-zero blocks
 are known when the program is built; the pattern and the values change on every call
@@ -17,11 +17,12 @@ are known when the program is built; the pattern and the values change on every 
   blocks that spilled: the buckets are propagated between tiles in extra exchange phases
   (``pn - 1`` rounds within a group, plus one round for spills when there are several groups),
   each round followed by a metadata pass (which blocks of the received bucket are mine) and a
-  compute pass over a full bucket. The machine model and the compute-rate formula are those of
-  :mod:`.ipu` and :mod:`.cost` (the compute per bucket equals :func:`.cost.sparse_cost`'s
-  compute phase for one tile holding ``bucket_capacity`` blocks).
+  compute pass over a full bucket. The machine model is :mod:`.machines` and the compute per
+  bucket is :func:`.cost.compute_cycles`, the formula of the static model's compute phase, for one
+  tile holding ``bucket_capacity`` blocks.
 
-:func:`simulate_dynamic` executes a plan bucket by bucket in JAX and equals ``D @ x``.
+:func:`blocksparse.ipu.simulate_dynamic` (in :mod:`.simulate`) executes a plan bucket by bucket in
+JAX and equals ``D @ x``.
 Constants and formulas are our estimates; they make a dynamic plan slower than the static plan
 of the same pattern (as PopSparse reports), by the bucket oversize, the dense-operand exchange of
 a whole partition and the extra propagation and metadata phases.
@@ -30,7 +31,6 @@ a whole partition and the extra propagation and metadata phases.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from functools import partial
 from typing import NamedTuple
 
@@ -39,205 +39,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._pattern import _pair
+from .._util import cdiv
 from . import cost as _cost
+from ._checks import advice, check_common, check_int, check_machine
 from .machines import BOW, IPUMachine
-from .planner import NoValidPlanError, _check_int, _dtype_name, _Estimates
+from .plan import DynamicPlan, NoValidPlanError
 
-__all__ = [
-    "DYNAMIC_PHASES",
-    "DynamicPlan",
-    "Distribution",
-    "distribute",
-    "dynamic_plan",
-    "simulate_dynamic",
-]
-
-DYNAMIC_PHASES = (
-    "exchange_dense",
-    "exchange_buckets",
-    "metadata",
-    "zero_partials",
-    "compute",
-    "propagate",
-    "exchange_partials",
-    "reduction",
-    "output",
-)
-
-
-def _cdiv(a, b):
-    return -(-np.asarray(a) // b)
-
-
-# --------------------------------------------------------------------------------------------------
-# The plan
-# --------------------------------------------------------------------------------------------------
-@dataclass(frozen=True, eq=False)
-class DynamicPlan(_Estimates):
-    """A partition of ``W @ X`` over IPU tiles for a pattern known only by its maximum size.
-
-    Attributes:
-        shape, block_size: of ``W``.
-        max_nnz_blocks: the most non-zero blocks any call may bring.
-        n: columns of ``X``.
-        machine, dtype, partials_dtype, available_memory_proportion: as for :func:`blocksparse.plan`.
-        bucket_oversize: the extra bucket capacity over an even share.
-        split: ``(pm, pk, pn)`` partitions of block rows, block columns and ``n``.
-        rows_per_partition, cols_per_partition: block rows / block columns of one partition.
-        n_pieces: ``int[pn, 2]`` ``[start, stop)`` of each piece of ``n``.
-        bucket_capacity: blocks one bucket holds.
-        propagation_rounds: exchange rounds that move buckets between tiles.
-        bytes_per_tile: modelled memory of the busiest tile.
-        cycles: estimated cycles per phase (:data:`DYNAMIC_PHASES`), worst case (full buckets).
-        exchange_bytes: bytes moved per exchange phase, over all tiles.
-        dense: the modelled dense matmul of the same shape (``None`` if it does not fit).
-        candidates: number of partitions scored.
-    """
-
-    shape: tuple[int, int]
-    block_size: tuple[int, int]
-    max_nnz_blocks: int
-    n: int
-    machine: IPUMachine
-    dtype: str
-    partials_dtype: str
-    available_memory_proportion: float
-    bucket_oversize: float
-    split: tuple[int, int, int]
-    rows_per_partition: int
-    cols_per_partition: int
-    n_pieces: np.ndarray
-    bucket_capacity: int
-    propagation_rounds: int
-    bytes_per_tile: float
-    cycles: dict = field(repr=False)
-    exchange_bytes: dict = field(repr=False)
-    dense: _cost.DenseEstimate | None = field(repr=False)
-    candidates: int = 0
-
-    @property
-    def grid(self) -> tuple[int, int]:
-        return self.shape[0] // self.block_size[0], self.shape[1] // self.block_size[1]
-
-    @property
-    def num_buckets(self) -> int:
-        """Partitions, one bucket and one tile each."""
-        pm, pk, pn = self.split
-        return pm * pk * pn
-
-    @property
-    def total_capacity(self) -> int:
-        """Blocks all buckets together hold; :func:`distribute` places every block while nnz is at most this."""
-        return self.num_buckets * self.bucket_capacity
-
-    @property
-    def _useful_blocks(self) -> int:
-        """Blocks of useful work: the maximum number of non-zero blocks."""
-        return self.max_nnz_blocks
-
-    def __repr__(self) -> str:
-        return (
-            f"DynamicPlan({self.shape[0]}x{self.shape[1]} b={self.block_size} max_nnz_blocks={self.max_nnz_blocks} "
-            f"@ n={self.n}, {self.dtype} on {self.machine.name}: split={self.split}, "
-            f"bucket_capacity={self.bucket_capacity}, {self.seconds * 1e6:.3g} us)"
-        )
-
-    def to_dict(self) -> dict:
-        """A JSON-serialisable summary."""
-        gm, gk = self.grid
-        return {
-            "kind": "dynamic",
-            "machine": self.machine.name,
-            "shape": list(self.shape),
-            "block_size": list(self.block_size),
-            "max_nnz_blocks": self.max_nnz_blocks,
-            "max_density": self.max_nnz_blocks / max(gm * gk, 1),
-            "n": self.n,
-            "dtype": self.dtype,
-            "partials_dtype": self.partials_dtype,
-            "available_memory_proportion": self.available_memory_proportion,
-            "bucket_oversize": self.bucket_oversize,
-            "split_mkn": list(self.split),
-            "rows_per_partition": self.rows_per_partition,
-            "cols_per_partition": self.cols_per_partition,
-            "n_pieces": self.n_pieces.tolist(),
-            "num_buckets": self.num_buckets,
-            "bucket_capacity": self.bucket_capacity,
-            "total_capacity": self.total_capacity,
-            "propagation_rounds": self.propagation_rounds,
-            "bytes_per_tile": self.bytes_per_tile,
-            **self._estimates_dict(),
-        }
-
-    def report(self) -> str:
-        """A readable table: partition, buckets, memory, cycles and bytes per phase, speedup."""
-        (m, k), (bh, bw) = self.shape, self.block_size
-        pm, pk, pn = self.split
-        kib = 1024.0
-        lines = [
-            f"Dynamic block-sparse plan on {self.machine!r}",
-            f"  W {m} x {k}, blocks {bh} x {bw}, at most {self.max_nnz_blocks} non-zero blocks"
-            f"  @  X {k} x {self.n};  {self.dtype} (partials {self.partials_dtype})",
-            f"  partitions m/k/n {pm}/{pk}/{pn} = {self.num_buckets} tiles of {self.machine.num_tiles} "
-            f"({self.rows_per_partition} block rows x {self.cols_per_partition} block cols x "
-            f"<= {int(np.diff(self.n_pieces, axis=1).max(initial=0))} columns); {self.candidates} partitions scored",
-            f"  buckets: {self.num_buckets} x {self.bucket_capacity} blocks (oversize {self.bucket_oversize:g}, "
-            f"total {self.total_capacity}); {self.propagation_rounds} propagation rounds",
-            f"  memory per tile {self.bytes_per_tile / kib:.1f} KiB, limit {self.available_memory_proportion:g} x "
-            f"{self.machine.tile_memory_bytes / kib:g} KiB = {self.memory_limit_bytes / kib:.1f} KiB",
-            "",
-            f"  {'phase':<20}{'cycles':>14}{'exchange MB':>14}",
-        ]
-        for name in DYNAMIC_PHASES:
-            xb = self.exchange_bytes.get(name)
-            lines.append(f"  {name:<20}{self.cycles[name]:>14,.0f}{'' if xb is None else f'{xb / 1e6:.3f}':>14}")
-        lines.append(f"  {'total':<20}{self.total_cycles:>14,.0f}")
-        lines.append("")
-        lines.append(
-            f"  estimated {self.seconds * 1e6:,.2f} us at {self.machine.clock_hz / 1e9:g} GHz, "
-            f"{self.tflops:,.2f} TFLOP/s at max_nnz_blocks"
-        )
-        if self.dense is None:
-            lines.append("  dense estimate: does not fit the memory limit")
-        else:
-            lines.append(
-                f"  dense estimate  {self.dense.seconds * 1e6:,.2f} us;  "
-                f"predicted speedup over dense {self.speedup:.2f}x"
-            )
-        return "\n".join(lines)
-
-    __str__ = report
+__all__ = ["Distribution", "distribute", "dynamic_plan"]
 
 
 # --------------------------------------------------------------------------------------------------
 # Cost model (vectorised over candidate splits)
 # --------------------------------------------------------------------------------------------------
-def _bucket_compute(mc: IPUMachine, blocks, rows, npc, block_size, dtype):
-    """Cycles to multiply ``blocks`` blocks over ``rows`` block rows by an ``npc``-column piece.
-
-    The same formula as the compute phase of :func:`.cost.sparse_cost` (vectorised over candidates).
-    """
-    bh, bw = block_size
-    dbytes = np.dtype(dtype).itemsize
-    grain = mc.column_grain(dtype)
-    sub = mc.sub_block((bh, bw))
-    nsub = (bh // sub) * (bw // sub)
-    rate = mc.block_macs_per_cycle(sub, dtype)
-    W = mc.num_workers
-    blocks = np.asarray(blocks, np.float64)
-    rows = np.asarray(rows, np.float64)
-    if sub >= 4:
-        n_eff = _cdiv(_cdiv(npc, W), grain) * grain * W
-        per_block = nsub * (mc.block_overhead_cycles + sub * sub * dbytes / mc.load_bytes_per_cycle)
-        per_block = per_block + nsub * mc.amp_pipeline_cycles + nsub * sub * sub * n_eff / rate
-        out = mc.vertex_overhead_cycles + rows * mc.row_overhead_cycles + blocks * per_block
-    else:
-        n_eff = _cdiv(npc, grain) * grain
-        per_elem = mc.elementwise_overhead_cycles + n_eff / rate
-        out = mc.vertex_overhead_cycles + rows * bh * mc.row_overhead_cycles + blocks * nsub * sub * sub * per_elem
-    return np.where(blocks > 0, out, 0.0)
-
-
 def _dynamic_cost(mc, shape, block_size, max_nnz, n, dt, pdt, oversize, pm, pk, pn):
     """Cycles per phase, exchange bytes per phase and bytes per tile for arrays of candidate splits."""
     (m, k), (bh, bw) = shape, block_size
@@ -246,12 +59,12 @@ def _dynamic_cost(mc, shape, block_size, max_nnz, n, dt, pdt, oversize, pm, pk, 
     dbytes = np.dtype(dt).itemsize
     pbytes = np.dtype(pdt).itemsize
     grain = mc.column_grain(dt)
-    n_grains = int(_cdiv(n, grain))
+    n_grains = int(cdiv(n, grain))
     P = pm * pk * pn
-    mt = _cdiv(gm, pm)
-    kt = _cdiv(gk, pk)
-    npc = _cdiv(n_grains, pn) * grain
-    cap = np.maximum(np.ceil(_cdiv(max_nnz, P) * (1.0 + oversize)).astype(np.int64), 1)
+    mt = cdiv(gm, pm)
+    kt = cdiv(gk, pk)
+    npc = cdiv(n_grains, pn) * grain
+    cap = np.maximum(np.ceil(cdiv(max_nnz, P) * (1.0 + oversize)).astype(np.int64), 1)
     groups = pm * pk
     spill_rounds = np.where(groups > 1, 1, 0)
     rounds = pn - 1 + spill_rounds  # bucket propagation rounds after the first
@@ -265,15 +78,15 @@ def _dynamic_cost(mc, shape, block_size, max_nnz, n, dt, pdt, oversize, pm, pk, 
     x_bytes = kt * bw * npc * dbytes  # the whole partition's rows of X: the pattern is unknown
     home_rows = np.minimum(cap, mt)
     spill_rows = np.minimum(cap, gm)
-    compute = pn * _bucket_compute(mc, cap, home_rows, npc, block_size, dt)
-    compute = compute + spill_rounds * _bucket_compute(mc, cap, spill_rows, npc, block_size, dt)
+    compute = pn * _cost.compute_cycles(mc, cap, home_rows, npc, block_size, dt)
+    compute = compute + spill_rounds * _cost.compute_cycles(mc, cap, spill_rows, npc, block_size, dt)
     split_k = pk > 1
     kred_rows = np.where(split_k, mt * (pk - 1) / pk, 0.0)  # rows a reducing tile receives from other k parts
     spill_in_rows = spill_rounds * spill_rows  # partial rows of spilled blocks, sent to their home tiles
     part_bytes = (kred_rows + spill_in_rows) * bh * npc * pbytes
-    out_home = _cdiv(m * n, T) * dbytes
-    x_home = _cdiv(k * n, T) * dbytes
-    w_home = _cdiv(max_nnz * (bh * bw * dbytes + meta_block), T)  # values and metadata as the user gives them
+    out_home = cdiv(m * n, T) * dbytes
+    x_home = cdiv(k * n, T) * dbytes
+    w_home = cdiv(max_nnz * (bh * bw * dbytes + meta_block), T)  # values and metadata as the user gives them
 
     def xc(nbytes):
         return np.where(nbytes > 0, nbytes / xbw + sync, 0.0)
@@ -334,8 +147,7 @@ def dynamic_plan(
     Raises:
         NoValidPlanError: when no split fits (the message names the smallest footprint and the limit).
     """
-    if not isinstance(machine, IPUMachine):
-        raise TypeError(f"Expected an IPUMachine such as bs.ipu.BOW or bs.ipu.MK2. Got {type(machine).__name__}.")
+    check_machine(machine)
     try:
         m, k = (int(s) for s in shape)
     except (TypeError, ValueError):
@@ -346,38 +158,37 @@ def dynamic_plan(
     if bh <= 0 or bw <= 0 or m % bh or k % bw:
         raise ValueError(f"Expected a positive block size dividing shape {(m, k)}. Got {(bh, bw)}.")
     gm, gk = m // bh, k // bw
-    max_nnz = _check_int("max_nnz_blocks", max_nnz_blocks, lo=0)
+    max_nnz = check_int("max_nnz_blocks", max_nnz_blocks, lo=0)
     if max_nnz > gm * gk:
         raise ValueError(
             f"Expected max_nnz_blocks <= {gm * gk} (a {gm} x {gk} grid of {bh} x {bw} blocks). Got {max_nnz}."
         )
-    n = _check_int("n", n)
-    dt = machine.check_dtype(_dtype_name(dtype))
-    pdt = _dtype_name(partials_dtype)
-    if pdt not in ("float16", "float32"):
-        raise ValueError(f"Expected partials_dtype float16 or float32. Got {pdt}.")
-    amp = float(available_memory_proportion)
-    if not 0.0 < amp <= 1.0:
-        raise ValueError(f"Expected available_memory_proportion in (0, 1]. Got {available_memory_proportion!r}.")
+    n, dt, pdt, amp = check_common(n, machine, dtype, available_memory_proportion, partials_dtype)
     ov = float(bucket_oversize)
     if not (ov >= 0.0 and math.isfinite(ov)):
         raise ValueError(f"Expected bucket_oversize >= 0 (PopSparse's default is 0.3). Got {bucket_oversize!r}.")
+    args = ((m, k), (bh, bw), max_nnz, machine, dt, pdt, ov)
+    found = _search(*args, n, amp)
+    if isinstance(found, DynamicPlan):
+        return found
+    raise _no_plan_error(found, *args, n, amp)
 
+
+def _search(shape, block_size, max_nnz, machine, dt, pdt, ov, n, amp) -> DynamicPlan | dict:
+    """The cheapest split that fits, or (when none does) a description of the smallest footprint."""
+    (m, k), (bh, bw) = shape, block_size
+    gm, gk = m // bh, k // bw
     T = machine.num_tiles
     grain = machine.column_grain(dt)
-    n_grains = int(_cdiv(n, grain))
+    n_grains = int(cdiv(n, grain))
     pm, pk, pn = np.meshgrid(
-        _cost._split_candidates(gm), _cost._split_candidates(gk), _cost._split_candidates(n_grains), indexing="ij"
+        _cost.split_candidates(gm), _cost.split_candidates(gk), _cost.split_candidates(n_grains), indexing="ij"
     )
     pm, pk, pn = pm.ravel(), pk.ravel(), pn.ravel()
     ok = pm * pk * pn <= T
     pm, pk, pn = pm[ok], pk[ok], pn[ok]
     # Equal pieces only: drop splits whose last partition would be empty.
-    ok = (
-        (_cdiv(gm, _cdiv(gm, pm)) == pm)
-        & (_cdiv(gk, _cdiv(gk, pk)) == pk)
-        & (_cdiv(n_grains, _cdiv(n_grains, pn)) == pn)
-    )
+    ok = (cdiv(gm, cdiv(gm, pm)) == pm) & (cdiv(gk, cdiv(gk, pk)) == pk) & (cdiv(n_grains, cdiv(n_grains, pn)) == pn)
     pm, pk, pn = pm[ok], pk[ok], pn[ok]
     cycles, nbytes, memory, cap, rounds, mt, kt = _dynamic_cost(
         machine, (m, k), (bh, bw), max_nnz, n, dt, pdt, ov, pm, pk, pn
@@ -387,22 +198,13 @@ def dynamic_plan(
     fits = memory <= limit
     if not fits.any():
         i = int(np.argmin(memory))
-        kib = 1024.0
-        raise NoValidPlanError(
-            f"No valid dynamic plan for W {m} x {k} (blocks {bh} x {bw}, at most {max_nnz} non-zero blocks) @ X "
-            f"{k} x {n} in {dt} on {machine.name}: the smallest per-tile footprint over {pm.size} partitions is "
-            f"{memory[i] / kib:.1f} KiB (split m/k/n {pm[i]}/{pk[i]}/{pn[i]}, bucket capacity {cap[i]}), above the "
-            f"limit available_memory_proportion={amp:g} x {machine.tile_memory_bytes / kib:g} KiB = "
-            f"{limit / kib:.1f} KiB. Raise available_memory_proportion, reduce n, max_nnz_blocks or "
-            "bucket_oversize, or use float16."
-        )
+        return {"bytes": float(memory[i]), "split": (int(pm[i]), int(pk[i]), int(pn[i])), "cap": int(cap[i]),
+                "scored": int(pm.size)}  # fmt: skip
     # Cheapest that fits; ties to the smaller footprint, then fewer tiles.
     order = np.lexsort((pm * pk * pn, memory, np.where(fits, total, np.inf)))
     i = int(order[0])
     dense = _cost.dense_estimate(machine, m, k, n, dt, pdt, amp)
     split = (int(pm[i]), int(pk[i]), int(pn[i]))
-    pieces = _cost.n_pieces(n, split[2], grain).astype(np.int64)
-    pieces.setflags(write=False)
     return DynamicPlan(
         shape=(m, k),
         block_size=(bh, bw),
@@ -416,7 +218,7 @@ def dynamic_plan(
         split=split,
         rows_per_partition=int(mt[i]),
         cols_per_partition=int(kt[i]),
-        n_pieces=pieces,
+        n_pieces=_cost.n_pieces(n, split[2], grain).astype(np.int64),
         bucket_capacity=int(cap[i]),
         propagation_rounds=int(rounds[i]),
         bytes_per_tile=float(memory[i]),
@@ -424,6 +226,33 @@ def dynamic_plan(
         exchange_bytes={name: float(v[i]) for name, v in nbytes.items()},
         dense=dense,
         candidates=int(pm.size),
+    )
+
+
+def _no_plan_error(smallest: dict, shape, block_size, max_nnz, machine, dt, pdt, ov, n, amp) -> NoValidPlanError:
+    (m, k), (bh, bw) = shape, block_size
+
+    def fits(amp_, n_, dt_=dt, ov_=ov) -> bool:
+        return isinstance(_search(shape, block_size, max_nnz, machine, dt_, pdt, ov_, n_, amp_), DynamicPlan)
+
+    others = []
+    if dt == "float32":
+        others.append(("use float16 instead of float32", {"dtype": "float16"}, lambda: fits(amp, n, dt_="float16")))
+    if ov > 0:
+        others.append(("lower bucket_oversize to 0", {"bucket_oversize": 0.0}, lambda: fits(amp, n, ov_=0.0)))
+    text, suggestions, nothing_fits = advice(
+        fits, n=n, amp=amp, smallest_bytes=smallest["bytes"], tile_memory_bytes=machine.tile_memory_bytes, others=others
+    )
+    kib = 1024.0
+    pm, pk, pn = smallest["split"]
+    return NoValidPlanError(
+        f"No valid dynamic plan for W {m} x {k} (blocks {bh} x {bw}, at most {max_nnz} non-zero blocks) @ X "
+        f"{k} x {n} in {dt} on {machine.name}: the smallest per-tile footprint over {smallest['scored']} partitions "
+        f"is {smallest['bytes'] / kib:.1f} KiB (split m/k/n {pm}/{pk}/{pn}, bucket capacity {smallest['cap']}), "
+        f"above the limit available_memory_proportion={amp:g} x {machine.tile_memory_bytes / kib:g} KiB = "
+        f"{amp * machine.tile_memory_bytes / kib:.1f} KiB. {text}",
+        suggestions=suggestions,
+        nothing_fits=nothing_fits,
     )
 
 
@@ -575,81 +404,3 @@ def _distribute(rows, cols, nnz, *, grid, split, part, cap) -> Distribution:
     overflow = jnp.sum(pending).astype(jnp.int32)
     spilled = jnp.sum(placed & ~at_home).astype(jnp.int32)
     return Distribution(bucket_ids, fill, block_bucket, block_slot, home, spilled, overflow)
-
-
-# --------------------------------------------------------------------------------------------------
-# Tile simulator
-# --------------------------------------------------------------------------------------------------
-def _acc_dtype(dt) -> jnp.dtype:
-    dt = jnp.dtype(dt)
-    return jnp.dtype(jnp.float32) if jnp.finfo(dt).bits < 32 else dt
-
-
-@partial(jax.jit, static_argnames=("grid", "split", "part", "cap", "npc", "acc", "out"))
-def _simulate(rows, cols, data, nnz, x, *, grid, split, part, cap, npc, acc, out):
-    gm, gk = grid
-    pn = split[2]
-    dist = _distribute(rows, cols, nnz, grid=grid, split=split, part=part, cap=cap)
-    k, n = x.shape
-    bh, bw = data.shape[1:]
-    xp = jnp.pad(x, ((0, 0), (0, pn * npc - n))).reshape(gk, bw, pn, npc).astype(acc)
-
-    def one_bucket(y, ids):
-        """Partial products of one bucket's blocks (every piece of n), reduced into Y by block row."""
-        ok = ids >= 0
-        j = jnp.maximum(ids, 0)
-        w = jnp.where(ok[:, None, None], data[j], 0).astype(acc)
-        xb = xp[jnp.clip(cols[j], 0, gk - 1)]  # (cap, bw, pn, npc): the exchange delivers these rows
-        prod = jnp.einsum("zij,zjsn->zisn", w, xb, preferred_element_type=acc)
-        r = jnp.where(ok, rows[j], gm)  # padding goes out of range and is dropped
-        return y.at[r].add(prod, mode="drop"), None
-
-    y = jnp.zeros((gm, bh, pn, npc), acc)
-    if rows.shape[0]:  # no blocks at all: nothing to gather
-        y, _ = jax.lax.scan(one_bucket, y, dist.bucket_ids)
-    y = y.reshape(gm * bh, pn * npc)[:, :n].astype(out)
-    return jnp.where(dist.overflow > 0, jnp.nan, y), dist
-
-
-def simulate_dynamic(dplan: DynamicPlan, D, x, *, return_distribution: bool = False):
-    """Run ``D @ x`` bucket by bucket as the dynamic plan lays it out on the tiles.
-
-    The blocks of ``D`` are distributed with :func:`distribute`; every bucket then computes the
-    partial products of only its own blocks (against each piece of ``n``), and the partials of all
-    buckets are reduced into ``Y`` by block row. Jit-able; the pattern of ``D`` may change between
-    calls without recompiling. If some blocks could not be placed (``nnz > total_capacity``) the
-    output is NaN, and outside ``jit`` a ``ValueError`` says so.
-
-    Returns:
-        ``(m, n)`` equal to ``D @ x`` (and the :class:`Distribution` with ``return_distribution=True``).
-    """
-    _check_plan(dplan)
-    from .._matrix import DynamicBlockSparseMatrix
-
-    if not isinstance(D, DynamicBlockSparseMatrix):
-        raise TypeError(f"Expected a DynamicBlockSparseMatrix for D. Got {type(D).__name__}.")
-    if D.shape != dplan.shape or D.block_size != dplan.block_size:
-        raise ValueError(
-            f"Expected D of shape {dplan.shape} with blocks {dplan.block_size} (the plan's). "
-            f"Got shape {D.shape}, blocks {D.block_size}."
-        )
-    x = jnp.asarray(x)
-    m, k = dplan.shape
-    if x.shape != (k, dplan.n):
-        raise ValueError(f"Expected x of shape {(k, dplan.n)} (k, n) for this plan. Got {x.shape}.")
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"Expected floating-point x. Got dtype {x.dtype}.")
-    out = jnp.result_type(D.data.dtype, x.dtype)
-    npc = int(dplan.n_pieces[0, 1] - dplan.n_pieces[0, 0])
-    y, dist = _simulate(
-        D.rows, D.cols, D.data, D.nnz, x,
-        grid=dplan.grid, split=dplan.split, part=(dplan.rows_per_partition, dplan.cols_per_partition),
-        cap=dplan.bucket_capacity, npc=npc, acc=_acc_dtype(out), out=jnp.dtype(out),
-    )  # fmt: skip
-    if not isinstance(dist.overflow, jax.core.Tracer) and int(dist.overflow) > 0:
-        raise ValueError(
-            f"Expected at most total_capacity={dplan.total_capacity} blocks ({dplan.num_buckets} buckets x "
-            f"{dplan.bucket_capacity}). Got nnz={int(D.nnz)}: {int(dist.overflow)} blocks fit no bucket; "
-            "plan with a larger max_nnz_blocks or bucket_oversize."
-        )
-    return (y, dist) if return_distribution else y

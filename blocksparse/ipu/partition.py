@@ -1,4 +1,4 @@
-"""The static planner: partition the non-zero blocks of ``W`` over IPU tiles for ``Y = W X``.
+"""The static partition search: partition the non-zero blocks of ``W`` over IPU tiles for ``Y = W X``.
 
 The partition follows PopSparse's static sparse matmul (Li et al. 2023, arXiv:2303.16999, and
 its implementation, poplibs ``popsparse/StaticMatMulPartitioner``):
@@ -12,32 +12,30 @@ its implementation, poplibs ``popsparse/StaticMatMulPartitioner``):
 
 Every candidate ``(n_split, num_bands)`` is scored exactly on the given pattern with the phase
 model of :mod:`.cost`; the cheapest one whose busiest tile fits ``available_memory_proportion``
-of tile memory wins. Everything here is host-side NumPy, vectorised over blocks (no per-block
+of tile memory wins; when none does, :class:`~.plan.NoValidPlanError` says what would fit
+(checked by planning again). Everything here is host-side NumPy, vectorised over blocks (no per-block
 Python loops), and plans are cached on the pattern's fingerprint and the options.
 """
 
 from __future__ import annotations
 
-import json
-import threading
-from collections import OrderedDict
-from dataclasses import dataclass, field
+import functools
+from dataclasses import dataclass
 
 import numpy as np
 
 from .._pattern import BlockPattern
+from .._util import cdiv
 from . import cost as _cost
+from ._checks import advice, check_common, check_int
 from .machines import BOW, IPUMachine
+from .plan import NoValidPlanError, Plan
 
-__all__ = ["NoValidPlanError", "Plan", "clear_cache", "plan"]
+__all__ = ["cache_info", "clear_cache", "column_bands", "plan", "tiles_for_bands"]
 
 N_SPLIT_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 BAND_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 _CACHE_SIZE = 64
-
-
-class NoValidPlanError(ValueError):
-    """No partition of the product fits the tile memory limit."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -49,7 +47,7 @@ def column_bands(cols: np.ndarray, grid_k: int, num_bands: int) -> np.ndarray:
     if total == 0 or num_bands <= 1:
         return np.array([0, grid_k], np.int64)
     cum = np.cumsum(np.bincount(cols, minlength=grid_k))
-    targets = -(-total * np.arange(1, num_bands, dtype=np.int64) // num_bands)
+    targets = cdiv(total * np.arange(1, num_bands, dtype=np.int64), num_bands)
     cuts = np.searchsorted(cum, targets, side="left") + 1
     return np.unique(np.concatenate([[0], np.minimum(cuts, grid_k), [grid_k]]))
 
@@ -125,8 +123,8 @@ def _bands(pattern: BlockPattern, num_bands: int, col_counts: np.ndarray) -> _Ba
 def _tile_of_block(bands: _Bands, tiles_per_band: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Tile (within one piece of ``n``) of each block in band order, blocks per tile chunk, tiles used per band."""
     nnz = bands.nnz
-    chunk = np.where(tiles_per_band > 0, -(-nnz // np.maximum(tiles_per_band, 1)), 1)
-    used = np.where(nnz > 0, -(-nnz // chunk), 0)
+    chunk = np.where(tiles_per_band > 0, cdiv(nnz, np.maximum(tiles_per_band, 1)), 1)
+    used = np.where(nnz > 0, cdiv(nnz, chunk), 0)
     first = np.concatenate([[0], np.cumsum(used)[:-1]])
     tile = first[bands.band] + bands.pos // chunk[bands.band]
     return tile, chunk, used
@@ -177,227 +175,6 @@ def _estimate_stats(bands: _Bands, tiles_per_band: np.ndarray, rows_nonempty: in
 
 
 # --------------------------------------------------------------------------------------------------
-# The plan
-# --------------------------------------------------------------------------------------------------
-class _Estimates:
-    """Derived estimates shared by :class:`Plan` and the dynamic plan: both carry ``cycles`` (per
-    phase), ``machine``, ``available_memory_proportion``, ``dense`` and ``_useful_blocks``."""
-
-    @property
-    def total_cycles(self) -> float:
-        return float(sum(self.cycles.values()))
-
-    @property
-    def seconds(self) -> float:
-        return self.machine.seconds(self.total_cycles)
-
-    @property
-    def flops(self) -> float:
-        """Useful flops: ``2 * blocks * bh * bw * n`` over the non-zero elements of the blocks."""
-        bh, bw = self.block_size
-        return 2.0 * self._useful_blocks * bh * bw * self.n
-
-    @property
-    def tflops(self) -> float:
-        return self.flops / self.seconds / 1e12 if self.seconds > 0 else 0.0
-
-    @property
-    def memory_limit_bytes(self) -> float:
-        return self.available_memory_proportion * self.machine.tile_memory_bytes
-
-    @property
-    def speedup(self) -> float | None:
-        """Predicted speedup over the modelled dense matmul (``None`` if dense does not fit)."""
-        return self.dense.seconds / self.seconds if self.dense is not None and self.seconds > 0 else None
-
-    def _estimates_dict(self) -> dict:
-        """The estimate entries of ``to_dict()``, common to both plan kinds."""
-        return {
-            "memory_limit_bytes": self.memory_limit_bytes,
-            "exchange_bytes": dict(self.exchange_bytes),
-            "cycles": dict(self.cycles),
-            "total_cycles": self.total_cycles,
-            "seconds": self.seconds,
-            "tflops": self.tflops,
-            "dense": None if self.dense is None else self.dense.to_dict(),
-            "speedup_over_dense": self.speedup,
-            "candidates": self.candidates,
-        }
-
-    def to_json(self, path=None, **to_dict_options) -> str:
-        """The summary as JSON text; written to ``path`` too when given."""
-        text = json.dumps(self.to_dict(**to_dict_options), indent=2)
-        if path is not None:
-            with open(path, "w") as f:
-                f.write(text + "\n")
-        return text
-
-
-@dataclass(frozen=True, eq=False)
-class Plan(_Estimates):
-    """A static partition of ``W @ X`` over IPU tiles, with its estimated cost.
-
-    The block assignment is the same for every piece of ``n``: local tile ``t`` of piece ``s``
-    is physical tile ``s * tiles_per_split + t``. Per-tile arrays have fixed shapes, padded
-    with ``-1``; block indices refer to the pattern's (row-major) block order.
-
-    Attributes:
-        pattern: the planned :class:`~blocksparse.BlockPattern`.
-        n: columns of ``X``.
-        machine: the :class:`~blocksparse.ipu.IPUMachine`.
-        dtype, partials_dtype: operand and accumulation dtype names.
-        available_memory_proportion: the fraction of tile memory the plan may use.
-        n_split, num_bands, tiles_per_split: the chosen partition.
-        serial: passes over ``n`` run one after the other (1 unless no single pass fits).
-        n_pieces: ``int[pieces, 2]`` ``[start, stop)`` of each piece of ``n`` (equal widths but for
-            a shorter last one); piece ``j`` runs on the tiles of split ``j % n_split`` in pass
-            ``j // n_split``.
-        band_boundaries: ``int[num_bands + 1]`` block-column boundaries of the bands.
-        tiles_per_band: ``int[num_bands]`` tiles holding each band's blocks.
-        tile_band: ``int[tiles_per_split]`` band of each local tile (``-1`` if idle).
-        tile_blocks: ``int[tiles_per_split, max_blocks]`` blocks of each tile, in row order.
-        tile_rows: ``int[tiles_per_split, max_rows]`` distinct block rows of each tile.
-        tile_cols: ``int[tiles_per_split, max_cols]`` distinct block columns of each tile.
-        tile_local_row, tile_local_col: ``int[tiles_per_split, max_blocks]`` slot of each block's
-            row in ``tile_rows`` and of its column in ``tile_cols``.
-        tile_bytes: ``float[tiles_per_split]`` modelled memory per tile.
-        cycles: estimated cycles per phase (see :data:`blocksparse.ipu.cost.PHASES`).
-        exchange_bytes: bytes moved per exchange phase, over all tiles.
-        dense: the modelled dense matmul of the same shape (``None`` if it does not fit).
-        candidates: number of partitions scored.
-    """
-
-    pattern: BlockPattern
-    n: int
-    machine: IPUMachine
-    dtype: str
-    partials_dtype: str
-    available_memory_proportion: float
-    n_split: int
-    num_bands: int
-    tiles_per_split: int
-    serial: int
-    n_pieces: np.ndarray
-    band_boundaries: np.ndarray
-    tiles_per_band: np.ndarray
-    tile_band: np.ndarray
-    tile_blocks: np.ndarray
-    tile_rows: np.ndarray
-    tile_cols: np.ndarray
-    tile_local_row: np.ndarray
-    tile_local_col: np.ndarray
-    tile_bytes: np.ndarray
-    cycles: dict = field(repr=False)
-    exchange_bytes: dict = field(repr=False)
-    dense: _cost.DenseEstimate | None = field(repr=False)
-    candidates: int = 0
-
-    # -- derived -----------------------------------------------------------------------------------
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.pattern.shape
-
-    @property
-    def block_size(self) -> tuple[int, int]:
-        return self.pattern.block_size
-
-    @property
-    def tile_num_blocks(self) -> np.ndarray:
-        return (self.tile_blocks >= 0).sum(axis=1)
-
-    @property
-    def tiles_used(self) -> int:
-        """Physical tiles holding at least one block (over all pieces of ``n``)."""
-        return int((self.tile_num_blocks > 0).sum()) * self.n_split
-
-    @property
-    def _useful_blocks(self) -> int:
-        return self.pattern.nnz_blocks
-
-    def __repr__(self) -> str:
-        return (
-            f"Plan({self.shape[0]}x{self.shape[1]} b={self.block_size} nnz_blocks={self.pattern.nnz_blocks} "
-            f"@ n={self.n}, {self.dtype} on {self.machine.name}: n_split={self.n_split}, "
-            f"bands={self.num_bands}, tiles={self.tiles_used}, {self.seconds * 1e6:.3g} us)"
-        )
-
-    # -- output ------------------------------------------------------------------------------------
-    def to_dict(self, arrays: bool = False) -> dict:
-        """A JSON-serialisable summary; ``arrays=True`` adds the per-tile assignment arrays."""
-        used = self.tile_num_blocks > 0
-        nb = self.tile_num_blocks[used]
-        tb = self.tile_bytes[used] if used.any() else self.tile_bytes[:1]
-        out = {
-            "machine": self.machine.name,
-            "shape": list(self.shape),
-            "block_size": list(self.block_size),
-            "nnz_blocks": self.pattern.nnz_blocks,
-            "density": self.pattern.density,
-            "fingerprint": self.pattern.fingerprint,
-            "n": self.n,
-            "dtype": self.dtype,
-            "partials_dtype": self.partials_dtype,
-            "available_memory_proportion": self.available_memory_proportion,
-            "n_split": self.n_split,
-            "serial_passes": self.serial,
-            "num_bands": self.num_bands,
-            "tiles_per_split": self.tiles_per_split,
-            "tiles_used": self.tiles_used,
-            "blocks_per_tile": {"max": int(nb.max(initial=0)), "mean": float(nb.mean()) if nb.size else 0.0},
-            "bytes_per_tile": {"max": float(tb.max(initial=0.0)), "mean": float(tb.mean()) if tb.size else 0.0},
-            **self._estimates_dict(),
-        }
-        if arrays:
-            for name in ("n_pieces", "band_boundaries", "tiles_per_band", "tile_band", "tile_blocks", "tile_rows",
-                         "tile_cols", "tile_local_row", "tile_local_col", "tile_bytes"):  # fmt: skip
-                out[name] = getattr(self, name).tolist()
-        return out
-
-    def report(self) -> str:
-        """A readable table: partition, per-tile load and memory, cycles and bytes per phase, speedup."""
-        d = self.to_dict()
-        (m, k), (bh, bw) = self.shape, self.block_size
-        kib = 1024.0
-        lines = [
-            f"Static block-sparse plan on {self.machine!r}",
-            f"  W {m} x {k}, blocks {bh} x {bw}, {d['nnz_blocks']} non-zero blocks (density {d['density']:.4g})"
-            f"  @  X {k} x {self.n};  {self.dtype} (partials {self.partials_dtype})",
-            f"  n_split {self.n_split} (pieces of <= {int(np.diff(self.n_pieces, axis=1).max(initial=0))} columns), "
-            f"column bands {self.num_bands}, serial passes {self.serial}, "
-            f"tiles used {self.tiles_used} of {self.machine.num_tiles}; "
-            f"{self.candidates} partitions scored",
-            "",
-            f"  {'per tile':<20}{'max':>14}{'mean':>14}",
-            f"  {'blocks':<20}{d['blocks_per_tile']['max']:>14d}{d['blocks_per_tile']['mean']:>14.1f}",
-            f"  {'memory (KiB)':<20}{d['bytes_per_tile']['max'] / kib:>14.1f}{d['bytes_per_tile']['mean'] / kib:>14.1f}"
-            f"   limit {self.available_memory_proportion:g} x {self.machine.tile_memory_bytes / kib:g} KiB"
-            f" = {self.memory_limit_bytes / kib:.1f} KiB",
-            "",
-            f"  {'phase':<20}{'cycles':>14}{'exchange MB':>14}",
-        ]
-        for name in _cost.PHASES:
-            xb = self.exchange_bytes.get(name)
-            lines.append(f"  {name:<20}{self.cycles[name]:>14,.0f}{'' if xb is None else f'{xb / 1e6:.3f}':>14}")
-        lines.append(f"  {'total':<20}{self.total_cycles:>14,.0f}")
-        lines.append("")
-        lines.append(
-            f"  estimated {self.seconds * 1e6:,.2f} us at {self.machine.clock_hz / 1e9:g} GHz, "
-            f"{self.tflops:,.2f} TFLOP/s (useful flops {self.flops / 1e9:,.3f} GFLOP)"
-        )
-        if self.dense is None:
-            lines.append("  dense estimate: does not fit the memory limit")
-        else:
-            pm, pk, pn = self.dense.split
-            lines.append(
-                f"  dense estimate  {self.dense.seconds * 1e6:,.2f} us, {self.dense.tflops:,.2f} TFLOP/s "
-                f"(split m/k/n {pm}/{pk}/{pn});  predicted speedup over dense {self.speedup:.2f}x"
-            )
-        return "\n".join(lines)
-
-    __str__ = report
-
-
-# --------------------------------------------------------------------------------------------------
 # Search
 # --------------------------------------------------------------------------------------------------
 def _as_pattern(W) -> BlockPattern:
@@ -409,34 +186,6 @@ def _as_pattern(W) -> BlockPattern:
     raise TypeError(
         f"Expected a BlockSparseMatrix or a BlockPattern (a static pattern known on the host). Got {type(W).__name__}."
     )
-
-
-def _dtype_name(dtype) -> str:
-    try:
-        return np.dtype(dtype).name
-    except TypeError:
-        raise TypeError(f"Expected a NumPy/JAX dtype. Got {dtype!r}.") from None
-
-
-def _check_int(name: str, v, lo: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, int | np.integer) or int(v) < lo:
-        raise ValueError(f"Expected {name} as an integer >= {lo}. Got {v!r}.")
-    return int(v)
-
-
-_cache: OrderedDict = OrderedDict()
-_cache_lock = threading.Lock()
-
-
-def clear_cache() -> None:
-    """Forget every cached plan."""
-    with _cache_lock:
-        _cache.clear()
-
-
-def cache_info() -> dict:
-    with _cache_lock:
-        return {"size": len(_cache), "maxsize": _CACHE_SIZE}
 
 
 def plan(
@@ -477,33 +226,32 @@ def plan(
         True
     """
     pattern = _as_pattern(W)
-    n = _check_int("n", n)
-    if not isinstance(machine, IPUMachine):
-        raise TypeError(f"Expected an IPUMachine such as bs.ipu.BOW or bs.ipu.MK2. Got {type(machine).__name__}.")
-    dt = machine.check_dtype(_dtype_name(dtype))
-    pdt = _dtype_name(partials_dtype)
-    if pdt not in ("float16", "float32"):
-        raise ValueError(f"Expected partials_dtype float16 or float32. Got {pdt}.")
-    amp = float(available_memory_proportion)
-    if not 0.0 < amp <= 1.0:
-        raise ValueError(f"Expected available_memory_proportion in (0, 1]. Got {available_memory_proportion!r}.")
+    n, dt, pdt, amp = check_common(n, machine, dtype, available_memory_proportion, partials_dtype)
     if n_split is not None:
-        n_split = _check_int("n_split", n_split)
+        n_split = check_int("n_split", n_split)
     if num_bands is not None:
-        num_bands = _check_int("num_bands", num_bands)
+        num_bands = check_int("num_bands", num_bands)
+    try:
+        return _cached_plan(pattern, n, machine, dt, pdt, amp, n_split, num_bands)
+    except _NoFit as e:
+        raise _no_plan_error(e, pattern, n, machine, dt, pdt, amp, n_split, num_bands) from None
 
-    key = (pattern.fingerprint, n, machine, dt, pdt, amp, n_split, num_bands)
-    with _cache_lock:
-        hit = _cache.get(key)
-        if hit is not None:
-            _cache.move_to_end(key)
-            return hit
-    result = _search(pattern, n, machine, dt, pdt, amp, n_split, num_bands)
-    with _cache_lock:
-        _cache[key] = result
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
-    return result
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def _cached_plan(pattern, n, machine, dt, pdt, amp, n_split, num_bands) -> Plan:
+    """The plan cache: keyed on the pattern (hashed and compared by fingerprint) and the checked options."""
+    return _search(pattern, n, machine, dt, pdt, amp, n_split, num_bands)
+
+
+def clear_cache() -> None:
+    """Forget every cached plan."""
+    _cached_plan.cache_clear()
+
+
+def cache_info() -> dict:
+    """``{"size", "maxsize", "hits", "misses"}`` of the plan cache."""
+    info = _cached_plan.cache_info()
+    return {"size": info.currsize, "maxsize": info.maxsize, "hits": info.hits, "misses": info.misses}
 
 
 # Patterns up to this many blocks are scored exactly for every candidate; larger ones are screened
@@ -516,7 +264,7 @@ SERIAL_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
 def _search(pattern, n, machine, dt, pdt, amp, n_split_opt, num_bands_opt) -> Plan:
     T = machine.num_tiles
     grain = machine.column_grain(dt)
-    max_split = -(-n // grain)
+    max_split = cdiv(n, grain)
     if n_split_opt is not None:
         if n_split_opt > min(max_split, T):
             raise ValueError(
@@ -586,39 +334,61 @@ def _search(pattern, n, machine, dt, pdt, amp, n_split_opt, num_bands_opt) -> Pl
             rank, details = score(i, True, serial)
             scored += 1
             if smallest is None or rank[1] < smallest[0]:
-                smallest = (rank[1], candidates[i][1], candidates[i][0].boundaries.size - 1)
+                smallest = (rank[1], candidates[i][1], candidates[i][0].boundaries.size - 1, serial)
             if rank[1] <= limit and (best is None or rank < best[0]):
                 best = (rank, details)
         if best is not None:
             break  # serialising costs every phase again: only when no single pass fits
     if best is None:
-        _raise_no_plan(pattern, n, machine, dt, amp, limit, smallest, len(candidates))
+        raise _NoFit(smallest, len(candidates))
     (bands, s, tps, _), serial, tile, used, cycles, nbytes, memory = best[1]
     dense = _cost.dense_estimate(machine, pattern.shape[0], pattern.shape[1], n, dt, pdt, amp)
     return _build_plan(pattern, n, machine, dt, pdt, amp, s, tps, serial, bands, used, tile, cycles, nbytes, memory,
                        dense, len(candidates))  # fmt: skip
 
 
-def _raise_no_plan(pattern, n, machine, dt, amp, limit, smallest, scored):
+class _NoFit(Exception):
+    """Raised by :func:`_search` when nothing fits; :func:`plan` turns it into a NoValidPlanError with advice."""
+
+    def __init__(self, smallest, scored):
+        super().__init__("no partition fits")
+        self.smallest, self.scored = smallest, scored  # smallest: (bytes, n_split, bands, serial) or None
+
+
+def _fits(pattern, n, machine, dt, pdt, amp, n_split, num_bands) -> bool:
+    try:
+        _search(pattern, n, machine, dt, pdt, amp, n_split, num_bands)
+    except (_NoFit, ValueError):  # ValueError: a forced n_split too large for this n
+        return False
+    return True
+
+
+def _no_plan_error(e: _NoFit, pattern, n, machine, dt, pdt, amp, n_split, num_bands) -> NoValidPlanError:
     (m, k), (bh, bw) = pattern.shape, pattern.block_size
-    kib = 1024.0
-    if smallest is None:
-        raise NoValidPlanError(
-            f"No valid plan for W {m} x {k} (blocks {bh} x {bw}, {pattern.nnz_blocks} non-zero blocks) @ X {k} x {n} "
-            f"on {machine.name}: no partition is possible with {machine.num_tiles} tiles (more non-empty column bands "
-            "than tiles). Pass a smaller num_bands or a smaller n_split."
+    what = f"W {m} x {k} (blocks {bh} x {bw}, {pattern.nnz_blocks} non-zero blocks) @ X {k} x {n} in {dt}"
+    what += f" on {machine.name}"
+    if e.smallest is None:
+        return NoValidPlanError(
+            f"No valid plan for {what}: no partition is possible with {machine.num_tiles} tiles (more non-empty "
+            "column bands than tiles). Pass a smaller num_bands or a smaller n_split."
         )
-    top, s, nb = smallest
-    # Memory grows about linearly with n: suggest the n that would bring the smallest footprint under the limit.
-    n_fit = max(1, int(n * limit / top)) if top > 0 else n
-    raise NoValidPlanError(
-        f"No valid plan for W {m} x {k} (blocks {bh} x {bw}, {pattern.nnz_blocks} non-zero blocks) @ X {k} x {n} "
-        f"in {dt} on {machine.name}: the smallest per-tile footprint over {scored} partitions is "
-        f"{top / kib:.1f} KiB (n_split={s}, bands={nb}), above the limit available_memory_proportion={amp:g} x "
-        f"{machine.tile_memory_bytes / kib:g} KiB = {limit / kib:.1f} KiB. Raise available_memory_proportion "
-        f"(at most 1.0; {min(1.0, top / machine.tile_memory_bytes):.2f} would fit), reduce n (about n <= {n_fit}), "
-        + ("use float16 instead of float32, " if str(dt) == "float32" else "")
-        + "or split the product over several IPUs."
+    top, s, nb, serial = e.smallest
+    limit = amp * machine.tile_memory_bytes
+    others = []
+    if dt == "float32":
+        others.append(("use float16 instead of float32", {"dtype": "float16"},
+                       lambda: _fits(pattern, n, machine, "float16", pdt, amp, n_split, num_bands)))  # fmt: skip
+    text, suggestions, nothing_fits = advice(
+        lambda a, n_: _fits(pattern, n_, machine, dt, pdt, a, n_split, num_bands),
+        n=n, amp=amp, smallest_bytes=top, tile_memory_bytes=machine.tile_memory_bytes, others=others,
+    )  # fmt: skip
+    kib = 1024.0
+    return NoValidPlanError(
+        f"No valid plan for {what}: the smallest per-tile footprint over {e.scored} partitions is {top / kib:.1f} KiB "
+        f"(n_split={s}, bands={nb}, serial passes={serial}), above the limit available_memory_proportion={amp:g} x "
+        f"{machine.tile_memory_bytes / kib:g} KiB = {limit / kib:.1f} KiB. {text}",
+        suggestions=suggestions,
+        nothing_fits=nothing_fits,
     )
 
 
@@ -659,7 +429,6 @@ def _build_plan(
     tile_band = np.full(tps, -1, np.int32)
     tile_band[tile] = bands.band
     grain = machine.column_grain(dt)
-    ro = lambda a: (a.setflags(write=False), a)[1]  # noqa: E731
     return Plan(
         pattern=pattern,
         n=n,
@@ -671,16 +440,16 @@ def _build_plan(
         num_bands=int(bands.boundaries.size - 1),
         tiles_per_split=tps,
         serial=serial,
-        n_pieces=ro(_cost.n_pieces(n, s, grain, serial).astype(np.int64)),
-        band_boundaries=ro(bands.boundaries.astype(np.int64)),
-        tiles_per_band=ro(used.astype(np.int64)),
-        tile_band=ro(tile_band),
-        tile_blocks=ro(tile_blocks),
-        tile_rows=ro(tile_rows),
-        tile_cols=ro(tile_cols),
-        tile_local_row=ro(tile_local_row),
-        tile_local_col=ro(tile_local_col),
-        tile_bytes=ro(np.asarray(memory, np.float64)),
+        n_pieces=_cost.n_pieces(n, s, grain, serial).astype(np.int64),
+        band_boundaries=bands.boundaries.astype(np.int64),
+        tiles_per_band=used.astype(np.int64),
+        tile_band=tile_band,
+        tile_blocks=tile_blocks,
+        tile_rows=tile_rows,
+        tile_cols=tile_cols,
+        tile_local_row=tile_local_row,
+        tile_local_col=tile_local_col,
+        tile_bytes=np.asarray(memory, np.float64),
         cycles=cycles,
         exchange_bytes=nbytes,
         dense=dense,
