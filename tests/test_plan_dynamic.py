@@ -339,3 +339,73 @@ def test_jit_pattern_changes_without_recompiling_and_checkify():
     err, _ = checked(rows, rows, jnp.int32(L))
     with pytest.raises(checkify.JaxRuntimeError, match="2 blocks fit no bucket"):
         err.throw()
+
+
+# --------------------------------------------------------------------------------------------------
+# Invalid coordinates: NaN, exactly as D @ x, never a block read from somewhere else
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("row, col", [(0, 5), (-1, 0), (0, -1), (9, 0)], ids=["col5", "row-1", "col-1", "row9"])
+def test_simulate_dynamic_poisons_out_of_grid_coordinates(row, col):
+    # A 4 x 4 grid of 4 x 4 blocks. Before, col 5 read the block column 3, row -1 became row 3, col -1
+    # became col 0 and row 9 was dropped: finite wrong values where D @ x is NaN.
+    p = dynamic_plan((16, 16), 4, 3, 8, machine=_tiny(4))
+    D = bs.DynamicBlockSparseMatrix(
+        jnp.array([0, row, 2], jnp.int32), jnp.array([0, col, 1], jnp.int32), jnp.ones((3, 4, 4)), 3, (16, 16)
+    )
+    x = jnp.ones((16, 8))
+    assert not bool(D.is_valid()) and np.isnan(np.asarray(D @ x)).all()
+    run = jax.jit(lambda D, x: simulate_dynamic(p, D, x))
+    for y in (simulate_dynamic(p, D, x), run(D, x)):
+        assert y.shape == (16, 8) and np.isnan(np.asarray(y)).all()
+    err, _ = checkify.checkify(run)(D, x)
+    with pytest.raises(checkify.JaxRuntimeError, match=r"expected active block rows in \[0, 4\) and cols in \[0, 4\)"):
+        err.throw()
+    # The same matrix with the coordinate fixed is fine, and checkify stays quiet.
+    ok = bs.DynamicBlockSparseMatrix(D.rows.at[1].set(1), D.cols.at[1].set(1), D.data, 3, (16, 16))
+    err, y = checkify.checkify(run)(ok, x)
+    err.throw()
+    np.testing.assert_allclose(np.asarray(y), to_dense64(ok) @ np.ones((16, 8)), rtol=1e-6)
+
+
+@st.composite
+def invalid_cases(draw):
+    """Small dynamic problems where some active coordinates may be outside the grid, or nnz over capacity."""
+    b = draw(st.sampled_from([1, 2, 4]))
+    gm, gk = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    n = draw(st.integers(1, 6))
+    max_nnz = draw(st.integers(1, gm * gk))
+    p = dynamic_plan((gm * b, gk * b), b, max_nnz, n, machine=_tiny(draw(st.integers(1, 6))), bucket_oversize=0.0)
+    L = draw(st.integers(1, p.total_capacity + 2))
+    nnz = draw(st.integers(0, L))
+    rows = np.array(draw(st.lists(st.integers(-3, gm + 2), min_size=L, max_size=L)), np.int32)
+    cols = np.array(draw(st.lists(st.integers(-3, gk + 2), min_size=L, max_size=L)), np.int32)
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    data = rng.standard_normal((L, b, b)).astype(np.float32)
+    x = rng.standard_normal((gk * b, n)).astype(np.float32)
+    return p, rows, cols, nnz, data, x
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(invalid_cases(), st.booleans())
+def test_simulate_dynamic_invalid_input_is_an_error_or_nan(case, jit):
+    p, rows, cols, nnz, data, x = case
+    D = bs.DynamicBlockSparseMatrix(rows, cols, data, nnz, p.shape)
+    gm, gk = p.grid
+    active = np.arange(rows.size) < nnz
+    in_grid = (rows >= 0) & (rows < gm) & (cols >= 0) & (cols < gk)
+    valid = bool((in_grid | ~active).all()) and nnz <= p.total_capacity
+    run = jax.jit(lambda D, x: simulate_dynamic(p, D, x)) if jit else (lambda D, x: simulate_dynamic(p, D, x))
+    try:
+        y = np.asarray(run(D, x))
+    except ValueError as e:  # outside jit, nnz over capacity is an error
+        assert not jit and nnz > p.total_capacity, e
+        return
+    if valid:
+        dense = np.zeros((gm, gk, p.block_size[0], p.block_size[1]))
+        np.add.at(dense, (rows[:nnz], cols[:nnz]), data[:nnz].astype(np.float64))
+        dense = dense.swapaxes(1, 2).reshape(p.shape)
+        scale = np.abs(dense) @ np.abs(x.astype(np.float64))
+        bs.testing.oracles.assert_close(y, dense @ x.astype(np.float64), scale, jnp.float32, "simulate_dynamic")
+    else:
+        assert np.isnan(y).all(), "invalid input gave a finite value"

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import blocksparse as bs
@@ -93,3 +93,40 @@ def test_simulate_bad_input(getkey):
         bs.simulate(p, W, jnp.ones((64, 8)))
     with pytest.raises(TypeError, match="Expected a Plan"):
         bs.simulate("plan", W, jnp.ones((64, 16)))
+
+
+@st.composite
+def mismatched(draw):
+    """A plan for one problem, run on W and x drawn independently: often another pattern, shape or n."""
+    b = draw(st.sampled_from([1, 2, 4]))
+    dims = st.tuples(st.integers(1, 4), st.integers(1, 4))
+    gm, gk = draw(dims)
+    gm2, gk2 = draw(dims) if draw(st.booleans()) else (gm, gk)
+    n = draw(st.integers(1, 8))
+    n2 = draw(st.sampled_from([n, n + 1, max(n - 1, 1)]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    same_pattern = draw(st.booleans())
+    x_dtype = draw(st.sampled_from(["float32", "float32", "int32"]))
+    return b, (gm, gk), (gm2, gk2), n, n2, seed, same_pattern, x_dtype
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mismatched())
+def test_simulate_invalid_input_is_an_error_never_a_wrong_value(case):
+    b, (gm, gk), (gm2, gk2), n, n2, seed, same_pattern, x_dtype = case
+    rng = np.random.default_rng(seed)
+    mask = rng.random((gm, gk)) < 0.6
+    W1 = bs.BlockSparseMatrix.from_mask(mask, rng.standard_normal((gm * b, gk * b)).astype(np.float32), b)
+    mask2 = mask if same_pattern and (gm2, gk2) == (gm, gk) else rng.random((gm2, gk2)) < 0.6
+    W2 = bs.BlockSparseMatrix.from_mask(mask2, rng.standard_normal((gm2 * b, gk2 * b)).astype(np.float32), b)
+    x = (rng.standard_normal((gk2 * b, n2)) * 4).astype(x_dtype)
+    p = bs.plan(W1, n, machine=TINY, dtype="float32")
+    try:
+        y = bs.simulate(p, W2, x)
+    except (ValueError, TypeError):
+        return  # rejected: the right outcome for a mismatch
+    # Accepted: then it was a valid call, and the result is right (never a finite wrong value).
+    assert W2.pattern == W1.pattern and x.shape == (gk * b, n) and x.dtype == np.float32
+    ref = np.asarray(W2.to_dense(), np.float64) @ x.astype(np.float64)
+    y = np.asarray(y, np.float64)
+    assert np.isnan(y).all() or np.allclose(y, ref, rtol=1e-4, atol=1e-4)
