@@ -6,12 +6,14 @@
 
 from __future__ import annotations
 
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
-from ._pattern import BlockPattern, _pair, check_block_size
+from ._pattern import BlockPattern, _pair, check_block_size, check_density
 
 __all__ = ["BlockSparseMatrix", "DynamicBlockSparseMatrix", "random"]
 
@@ -25,8 +27,99 @@ def _is_concrete(x) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
+def _require_host(what: str, **values) -> None:
+    """Raise a clear error for traced arguments of a function that builds a static pattern."""
+    for name, value in values.items():
+        if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(value)):
+            raise TypeError(
+                f"{what}: expected {name} as concrete host data. Got a traced value: the pattern is host data "
+                "(part of the program jit compiles), so build it outside jit and pass the matrix in as an argument, "
+                "or use DynamicBlockSparseMatrix for a pattern that changes inside jit."
+            )
+
+
+_INT32 = np.iinfo(np.int32)
+
+
+def _coords(name: str, idx) -> jax.Array:
+    """Block coordinates as int32: concrete values out of int32 range raise, traced ones become -1 (invalid).
+
+    A plain ``astype(int32)`` would wrap ``2**32 + 1`` to ``1``, a plausible in-range coordinate.
+    """
+    if _is_concrete(idx):
+        host = np.asarray(idx)
+        if host.dtype == object or not np.issubdtype(host.dtype, np.integer):
+            raise TypeError(f"Expected integer block {name}. Got dtype {host.dtype}; round or cast explicitly.")
+        if host.size and (int(host.min()) < _INT32.min or int(host.max()) > _INT32.max):
+            bad = int(host.max()) if int(host.max()) > _INT32.max else int(host.min())
+            raise ValueError(f"Expected block {name} within int32 range. Got {bad}.")
+        return jnp.asarray(host.astype(np.int32))
+    if not jnp.issubdtype(idx.dtype, jnp.integer):
+        raise TypeError(f"Expected integer block {name}. Got dtype {idx.dtype}; round or cast explicitly.")
+    info = jnp.iinfo(idx.dtype)
+    if info.max > _INT32.max or info.min < _INT32.min:
+        # Out of int32 range is out of any grid: -1 makes is_valid() False and products NaN.
+        idx = jnp.where((idx < 0) | (idx > _INT32.max), -1, idx)
+    return idx.astype(jnp.int32)
+
+
+def _called_by_jax_operator() -> bool:
+    # jax.Array's binary operators (x @ W, s * W) call ``other.__jax_array__()`` before deciding whether
+    # to return NotImplemented; they live in jax._src.numpy.array_methods and are named ``_operator_*``.
+    frame = sys._getframe(2)
+    return frame.f_code.co_name.startswith("_operator_") and frame.f_globals.get("__name__", "").endswith(
+        "numpy.array_methods"
+    )
+
+
+def _inside_sparsify() -> bool:
+    """Whether ``jax.experimental.sparse.sparsify`` is tracing the caller (its frames are on the stack)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__") == "jax.experimental.sparse.transform":
+            return True
+        frame = frame.f_back
+    return False
+
+
+class _NoImplicitDense:
+    """Refuse silent or cryptic conversions of a block-sparse matrix to a dense array."""
+
+    __slots__ = ()
+
+    def _conversion_error(self, how: str) -> TypeError:
+        return TypeError(
+            f"{how} cannot take a {type(self).__name__}: it is not a dense array. "
+            "Multiply with `W @ x`, `x @ W` or `bs.matmul(W, x)`; for a dense copy call `W.to_dense()`."
+        )
+
+    def __array__(self, dtype=None, copy=None):
+        raise self._conversion_error("np.asarray (or another NumPy function)")
+
+    def __jax_array__(self):
+        if _called_by_jax_operator():
+            return self  # not an array type: the operator returns NotImplemented and Python calls ours
+        raise self._conversion_error("jnp.asarray, jnp.dot (or another jax.numpy function)")
+
+    def _sparsify_matmul(self, other, swap: bool):
+        raise NotImplementedError
+
+    def _matmul(self, other, swap: bool):
+        if _inside_sparsify():
+            return self._sparsify_matmul(other, swap)
+        from .ops.matmul.api import matmul
+
+        return matmul(other, self) if swap else matmul(self, other)
+
+    def __matmul__(self, other):
+        return self._matmul(other, swap=False)
+
+    def __rmatmul__(self, other):
+        return self._matmul(other, swap=True)
+
+
 @jax.tree_util.register_pytree_node_class
-class BlockSparseMatrix:
+class BlockSparseMatrix(_NoImplicitDense):
     """An ``m x k`` matrix of ``bh x bw`` blocks whose pattern is fixed when the program is built.
 
     The pattern (a :class:`BlockPattern`, NumPy on the host) is part of the pytree's static
@@ -74,6 +167,7 @@ class BlockSparseMatrix:
     @classmethod
     def from_dense(cls, x, block_size) -> BlockSparseMatrix:
         """Keep the blocks of ``x`` (a concrete 2-D array) that hold at least one non-zero."""
+        _require_host("BlockSparseMatrix.from_dense", x=x)
         x_np = np.asarray(x)
         if x_np.ndim != 2:
             raise ValueError(f"Expected a 2-D dense matrix. Got shape {x_np.shape}.")
@@ -90,6 +184,7 @@ class BlockSparseMatrix:
 
         ``values`` may be traced; ``mask`` must be concrete.
         """
+        _require_host("BlockSparseMatrix.from_mask", mask=mask)
         bh, bw = _pair(block_size)
         values = jnp.asarray(values)
         _check_floating(values.dtype, "values")
@@ -110,6 +205,7 @@ class BlockSparseMatrix:
     @classmethod
     def from_blocks(cls, rows, cols, blocks, shape) -> BlockSparseMatrix:
         """From block coordinates (concrete, any order, no duplicates) and blocks ``(nnz, bh, bw)``."""
+        _require_host("BlockSparseMatrix.from_blocks", rows=rows, cols=cols)
         blocks = jnp.asarray(blocks)
         _check_floating(blocks.dtype, "blocks")
         rows, cols = np.asarray(rows), np.asarray(cols)
@@ -163,15 +259,11 @@ class BlockSparseMatrix:
         """The same pattern with new block values of shape ``(nnz_blocks, bh, bw)``."""
         return BlockSparseMatrix(self.pattern, data)
 
-    def __matmul__(self, other):
-        from .ops.matmul.api import matmul
-
-        return matmul(self, other)
-
-    def __rmatmul__(self, other):
-        from .ops.matmul.api import matmul
-
-        return matmul(other, self)
+    def _sparsify_matmul(self, other, swap: bool):
+        # sparsify's interpreter cannot run custom_vjp functions (our products are), so hand it the
+        # element-wise BCOO form of the same matrix, whose product it does know.
+        b = self.to_bcoo()
+        return other @ b if swap else b @ other
 
     def __neg__(self):
         return self.with_data(-self.data)
@@ -197,16 +289,28 @@ class BlockSparseMatrix:
 
     @classmethod
     def from_bcoo(cls, mat, block_size) -> BlockSparseMatrix:
-        """From a ``BCOO`` (concrete indices): every block holding a stored entry becomes a block."""
+        """From a ``BCOO`` (concrete indices): every block holding a stored entry becomes a block.
+
+        Converted block by block: only the touched blocks are materialised (never the dense matrix),
+        and duplicate entries add up, as in ``mat.todense()``.
+        """
+        _require_host("BlockSparseMatrix.from_bcoo", indices=mat.indices)
         bh, bw = check_block_size(mat.shape, block_size)
-        idx = np.asarray(mat.indices)
+        idx = np.asarray(mat.indices).astype(np.int64)  # block keys below can exceed int32
         if idx.ndim != 2 or idx.shape[1] != 2 or mat.n_batch or mat.n_dense:
             raise ValueError("Expected a 2-D BCOO with no batch or dense dimensions.")
-        gm, gk = mat.shape[0] // bh, mat.shape[1] // bw
-        mask = np.zeros((gm, gk), bool)
-        valid = (idx[:, 0] < mat.shape[0]) & (idx[:, 1] < mat.shape[1])  # BCOO pads with out-of-range indices
-        mask[idx[valid, 0] // bh, idx[valid, 1] // bw] = True
-        return cls.from_mask(mask, mat.todense(), (bh, bw))
+        data = jnp.asarray(mat.data)
+        _check_floating(data.dtype, "BCOO data")
+        m, k = mat.shape
+        gk = k // bw
+        valid = (idx[:, 0] >= 0) & (idx[:, 0] < m) & (idx[:, 1] >= 0) & (idx[:, 1] < k)  # BCOO pads out of range
+        r, c = idx[valid, 0], idx[valid, 1]
+        # One slot per touched block, in row-major order (what BlockPattern stores).
+        keys, slot = np.unique((r // bh) * gk + c // bw, return_inverse=True)
+        pattern = BlockPattern(mat.shape, (bh, bw), keys // gk if gk else keys, keys % gk if gk else keys)
+        flat = (slot * bh + r % bh) * bw + c % bw
+        blocks = jnp.zeros(keys.size * bh * bw, data.dtype).at[flat].add(data[np.flatnonzero(valid)])
+        return cls(pattern, blocks.reshape(keys.size, bh, bw))
 
     def to_scipy(self):
         """As a ``scipy.sparse.bsr_array`` (needs scipy). Half types, which scipy lacks, become float32."""
@@ -244,10 +348,13 @@ def random(
 ) -> BlockSparseMatrix:
     """A matrix with a uniformly random block pattern of the given density and normal values.
 
-    The pattern is drawn on the host; ``key`` must be concrete. Its seed comes from ``key``
-    unless ``pattern_seed`` is given.
+    The pattern is drawn on the host, so ``key``, ``density`` and ``pattern_seed`` must be concrete
+    (call it outside ``jit``). Its seed comes from ``key`` unless ``pattern_seed`` is given. A
+    positive density that keeps no block at all (``round(density * blocks) == 0``) raises.
     """
+    _require_host("bs.random", key=key, density=density, pattern_seed=pattern_seed)
     _check_floating(dtype)
+    density = check_density(density)
     kp, kv = jax.random.split(key)
     seed = pattern_seed if pattern_seed is not None else int(jax.random.randint(kp, (), 0, 2**31 - 1))
     pattern = BlockPattern.random(seed, shape, block_size, density)
@@ -256,7 +363,7 @@ def random(
 
 
 @jax.tree_util.register_pytree_node_class
-class DynamicBlockSparseMatrix:
+class DynamicBlockSparseMatrix(_NoImplicitDense):
     """A block-sparse matrix whose pattern is traced: it may change every call without recompiling.
 
     Only the shape, block size and ``capacity`` (the maximum number of blocks) are static.
@@ -282,19 +389,25 @@ class DynamicBlockSparseMatrix:
         self.shape = (int(shape[0]), int(shape[1]))
         self.block_size = check_block_size(self.shape, block_size)
         cap = data.shape[0]
-        rows, cols = jnp.asarray(rows), jnp.asarray(cols)
+        coords = []
         for name, idx in (("rows", rows), ("cols", cols)):
-            if idx.shape != (cap,):
-                raise ValueError(f"Expected {name} of shape ({cap},) to match data. Got {idx.shape}.")
-            if not jnp.issubdtype(idx.dtype, jnp.integer):
-                raise TypeError(f"Expected integer {name}. Got dtype {idx.dtype}.")
-        nnz = jnp.asarray(nnz)
-        if nnz.shape != () or not jnp.issubdtype(nnz.dtype, jnp.integer):
-            raise TypeError(f"Expected nnz as an integer scalar. Got shape {nnz.shape}, dtype {nnz.dtype}.")
-        if _is_concrete(nnz) and not 0 <= int(nnz) <= cap:
-            raise ValueError(f"Expected nnz in [0, capacity={cap}]. Got nnz={int(nnz)}.")
-        self.rows, self.cols = rows.astype(jnp.int32), cols.astype(jnp.int32)
-        self.data, self.nnz = data, nnz.astype(jnp.int32)
+            if np.shape(idx) != (cap,):
+                raise ValueError(f"Expected {name} of shape ({cap},) to match data. Got {np.shape(idx)}.")
+            coords.append(_coords(name, idx))
+        if _is_concrete(nnz):
+            host = np.asarray(nnz)
+            if host.shape != () or not np.issubdtype(host.dtype, np.integer):
+                raise TypeError(f"Expected nnz as an integer scalar. Got shape {host.shape}, dtype {host.dtype}.")
+            if not 0 <= int(host) <= cap:
+                raise ValueError(f"Expected nnz in [0, capacity={cap}]. Got nnz={int(host)}.")
+            nnz = jnp.asarray(host.astype(np.int32))
+        else:
+            if nnz.shape != () or not jnp.issubdtype(nnz.dtype, jnp.integer):
+                raise TypeError(f"Expected nnz as an integer scalar. Got shape {nnz.shape}, dtype {nnz.dtype}.")
+            # Outside [0, capacity] is invalid; -1 keeps it so after the cast (is_valid() is False).
+            nnz = jnp.where((nnz < 0) | (nnz > cap), -1, nnz).astype(jnp.int32)
+        self.rows, self.cols = coords
+        self.data, self.nnz = data, nnz
 
     def tree_flatten(self):
         return (self.rows, self.cols, self.data, self.nnz), (self.shape, self.block_size)
@@ -327,8 +440,8 @@ class DynamicBlockSparseMatrix:
         if _is_concrete(nnz) and int(nnz) > n:
             raise ValueError(f"Expected nnz <= the number of blocks given ({n}). Got nnz={int(nnz)}.")
         pad = capacity - n
-        rows = jnp.pad(jnp.asarray(rows, jnp.int32), (0, pad))
-        cols = jnp.pad(jnp.asarray(cols, jnp.int32), (0, pad))
+        rows = jnp.pad(_coords("rows", rows), (0, pad))
+        cols = jnp.pad(_coords("cols", cols), (0, pad))
         blocks = jnp.pad(blocks, ((0, pad), (0, 0), (0, 0)))
         return cls(rows, cols, blocks, nnz, shape)
 
@@ -405,12 +518,8 @@ class DynamicBlockSparseMatrix:
     def with_data(self, data) -> DynamicBlockSparseMatrix:
         return DynamicBlockSparseMatrix(self.rows, self.cols, data, self.nnz, self.shape, self.block_size)
 
-    def __matmul__(self, other):
-        from .ops.matmul.api import matmul
-
-        return matmul(self, other)
-
-    def __rmatmul__(self, other):
-        from .ops.matmul.api import matmul
-
-        return matmul(other, self)
+    def _sparsify_matmul(self, other, swap: bool):
+        raise NotImplementedError(
+            "jax.experimental.sparse.sparsify cannot trace products with a DynamicBlockSparseMatrix (they are "
+            "custom_vjp functions, which sparsify does not run). Call bs.matmul outside the sparsified function."
+        )

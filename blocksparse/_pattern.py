@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["BlockPattern", "check_block_size"]
+__all__ = ["BlockPattern", "check_block_size", "check_density"]
 
 
 def check_block_size(shape: tuple[int, int], block_size: tuple[int, int]) -> tuple[int, int]:
@@ -165,10 +165,10 @@ class BlockPattern:
     def random(cls, rng: np.random.Generator | int, shape, block_size, density: float) -> BlockPattern:
         """A pattern with ``round(density * blocks)`` blocks placed uniformly at random."""
         bh, bw = check_block_size(shape, block_size)
-        _check_density(density)
+        density = check_density(density)
         rng = np.random.default_rng(rng)
         gm, gk = shape[0] // bh, shape[1] // bw
-        n = int(round(float(density) * gm * gk))
+        n = _num_blocks(density, gm * gk)
         flat = rng.choice(gm * gk, size=n, replace=False) if n else np.zeros(0, np.int64)
         return cls(shape, (bh, bw), flat // gk, flat % gk)
 
@@ -176,10 +176,10 @@ class BlockPattern:
     def power_law(cls, rng, shape, block_size, density: float, alpha: float = 1.2) -> BlockPattern:
         """A pattern whose row lengths follow a Zipf-like law (a few very long rows)."""
         bh, bw = check_block_size(shape, block_size)
-        _check_density(density)
+        density = check_density(density)
         rng = np.random.default_rng(rng)
         gm, gk = shape[0] // bh, shape[1] // bw
-        total = int(round(float(density) * gm * gk))
+        total = _num_blocks(density, gm * gk)
         weights = 1.0 / np.arange(1, gm + 1) ** alpha
         weights = weights[rng.permutation(gm)]
         lengths = np.minimum(np.floor(weights / weights.sum() * total).astype(np.int64), gk)
@@ -195,22 +195,57 @@ class BlockPattern:
         return cls(shape, (bh, bw), rows, cols)
 
 
+def _is_int(b) -> bool:
+    # Python or NumPy integers; bool is an int subclass but never a meaningful block size.
+    return isinstance(b, int | np.integer) and not isinstance(b, bool | np.bool_)
+
+
 def _pair(block_size) -> tuple[int, int]:
-    if np.ndim(block_size) == 0:
-        b = int(block_size)
-        pair = (b, b)
+    """``b`` or ``(bh, bw)`` as a pair of positive Python ints; anything else raises."""
+    expected = "block_size as a positive int or a pair (bh, bw) of positive ints"
+    if isinstance(block_size, np.ndarray) and block_size.ndim == 0:
+        block_size = block_size[()]
+    if _is_int(block_size):
+        pair = (int(block_size), int(block_size))
+    elif isinstance(block_size, tuple | list | np.ndarray) and not isinstance(block_size, str):
+        items = list(block_size.tolist() if isinstance(block_size, np.ndarray) else block_size)
+        if len(items) != 2 or not all(_is_int(b) for b in items):
+            raise _block_size_error(expected, block_size)
+        pair = (int(items[0]), int(items[1]))
     else:
-        pair = tuple(int(b) for b in block_size)
-        if len(pair) != 2:
-            raise ValueError(f"Expected block_size as an int or a pair (bh, bw). Got {block_size!r}.")
+        raise _block_size_error(expected, block_size)
     if pair[0] <= 0 or pair[1] <= 0:
-        raise ValueError(f"Expected a positive block size. Got block_size={pair}.")
+        raise ValueError(f"Expected {expected}. Got {block_size!r}, which is not positive.")
     return pair
 
 
-def _check_density(density) -> None:
-    if not 0.0 <= float(density) <= 1.0:
+def _block_size_error(expected: str, got) -> Exception:
+    kind = type(got).__name__
+    if isinstance(got, tuple | list) and len(got) != 2:
+        return ValueError(f"Expected {expected}. Got {got!r} ({len(got)} entries).")
+    return TypeError(f"Expected {expected}. Got {got!r} of type {kind}.")
+
+
+def check_density(density) -> float:
+    """``density`` as a float in ``[0, 1]``; anything else raises."""
+    if isinstance(density, bool | np.bool_ | str):
+        raise TypeError(f"Expected density as a number in [0, 1]. Got {density!r} of type {type(density).__name__}.")
+    d = float(density)
+    if not 0.0 <= d <= 1.0:  # NaN fails too
         raise ValueError(f"Expected density in [0, 1]. Got {density}.")
+    return d
+
+
+def _num_blocks(density: float, total: int) -> int:
+    """``round(density * total)``, refusing a positive density that rounds to no block at all."""
+    n = int(round(density * total))
+    if n == 0 and density > 0 and total > 0:
+        raise ValueError(
+            f"Expected a density that keeps at least one of the {total} blocks: round(density * {total}) >= 1, "
+            f"i.e. density > {0.5 / total:.4g} (1/{total} = {1 / total:.4g} keeps exactly one), "
+            f"or density=0 for an empty matrix. Got density={density}, which keeps 0 blocks."
+        )
+    return n
 
 
 def _check_range(name: str, idx: np.ndarray, limit: int) -> None:

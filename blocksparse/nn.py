@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from . import prune as _prune
-from ._matrix import BlockSparseMatrix, random
+from ._matrix import BlockSparseMatrix, _require_host, random
 from .ops.matmul.api import matmul
 
 __all__ = ["SparseLinear"]
@@ -36,6 +36,20 @@ class SparseLinear:
     bias: jax.Array | None
     implementation: str | tuple[str, ...] | None = dataclasses.field(default=None, metadata={"static": True})
 
+    def __post_init__(self):
+        # Also runs when JAX rebuilds the layer from leaves: skip placeholders that are not arrays, and
+        # allow leading dimensions shared by the weight's data (a stack of layers, e.g. for lax.scan).
+        w, b = self.weight, self.bias
+        if b is None or not isinstance(w, BlockSparseMatrix) or not hasattr(b, "shape") or not hasattr(w.data, "shape"):
+            return
+        lead = tuple(w.data.shape[:-3])
+        expected = (*lead, w.shape[1])
+        if tuple(b.shape) != expected:
+            raise ValueError(
+                f"Expected a bias of shape {expected} (out_features,) for a weight of shape {w.shape}. "
+                f"Got {tuple(b.shape)}; pass bias=None for no bias."
+            )
+
     @classmethod
     def init(
         cls, key, in_features: int, out_features: int, block_size, density: float,
@@ -46,6 +60,7 @@ class SparseLinear:
         ``fan_in`` counts only the inputs a unit actually sees (``in_features * density``), so
         activations keep the scale of a dense layer's.
         """
+        _require_host("SparseLinear.init", key=key, density=density)
         kw, kp = jax.random.split(key)
         w = random(kw, (in_features, out_features), block_size, density, dtype)
         bound = 1.0 / math.sqrt(max(in_features * max(w.density, 1e-12), 1.0))
@@ -57,7 +72,12 @@ class SparseLinear:
     def from_dense(
         cls, weight, bias=None, *, block_size, density: float, norm: str = "l2", implementation=None
     ) -> SparseLinear:
-        """Prune a dense ``(in, out)`` weight by block magnitude (see :func:`blocksparse.prune.magnitude`)."""
+        """Prune a dense ``(in, out)`` weight by block magnitude (see :func:`blocksparse.prune.magnitude`).
+
+        The pattern is host data: call it outside ``jit`` with a concrete ``weight``.
+        """
+        _require_host("SparseLinear.from_dense", weight=weight, density=density)
+        bias = None if bias is None else jnp.asarray(bias)
         return cls(_prune.magnitude(weight, block_size, density, norm=norm), bias, implementation)
 
     @property

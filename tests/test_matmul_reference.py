@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import blocksparse as bs
@@ -58,6 +58,7 @@ def test_sdd_matches_oracle(like, n, data):
     assert_close(out.to_dense(), exact, np.abs(_np(a)) @ np.abs(_np(b)), like.dtype)
 
 
+@settings(max_examples=8)  # each example compiles a new pattern's forward and backward
 @given(bst.dynamic_block_sparse_matrices(dtype=bst.dtypes()), st.integers(1, 4), st.data())
 def test_dynamic_both_orders_match_oracle(D, n, data):
     m, k = D.shape
@@ -94,6 +95,7 @@ def _loss(y):
     return jnp.sum(jnp.sin(y))
 
 
+@settings(max_examples=8)  # each example compiles a new pattern's forward and backward
 @given(bst.block_sparse_matrices(dtype=st.sampled_from([jnp.float32, jnp.bfloat16])), st.integers(1, 4), st.data())
 def test_grads_match_dense(W, n, data):
     """d/dx and d/d(data) of both operand orders equal the dense gradient restricted to the pattern."""
@@ -119,6 +121,7 @@ def test_grads_match_dense(W, n, data):
     assert_close(h_data, full, scale, W.dtype, "ddata (dense @ sparse)")
 
 
+@settings(max_examples=8)  # each example compiles a new pattern's forward and backward
 @given(bst.block_sparse_matrices(), st.integers(1, 4), st.data())
 def test_sdd_grads_match_dense(like, n, data):
     m, k = like.shape
@@ -132,6 +135,7 @@ def test_sdd_grads_match_dense(like, n, data):
     assert_close(gb, eb, scale, jnp.float32, "db")
 
 
+@settings(max_examples=8)  # each example compiles a new pattern's forward and backward
 @given(bst.dynamic_block_sparse_matrices(), st.integers(1, 3), st.data())
 def test_dynamic_grads_match_dense(D, n, data):
     m, k = D.shape
@@ -163,6 +167,12 @@ def test_jit_vmap_over_dense_and_data(getkey):
     np.testing.assert_allclose(ys[0], W.to_dense() @ xs[0], rtol=1e-5, atol=1e-5)
     gs = jax.vmap(jax.grad(lambda d, x: _loss(bs.matmul(W.with_data(d), x))), in_axes=(None, 0))(W.data, xs)
     assert gs.shape == (3, *W.data.shape)
+    # Each gradient is the dense gradient restricted to W's blocks.
+    (bh, bw), (m, k) = W.block_size, W.shape
+    for i in range(3):
+        dense = jax.grad(lambda w, x: _loss(w @ x))(W.to_dense(), xs[i])
+        blocks = np.asarray(dense).reshape(m // bh, bh, k // bw, bw).swapaxes(1, 2)[W.pattern.rows, W.pattern.cols]
+        np.testing.assert_allclose(gs[i], blocks, rtol=1e-5, atol=1e-5)
 
 
 def test_jit_specialises_per_pattern_not_per_values(getkey):
@@ -214,9 +224,13 @@ def test_dispatch_log_and_fallback(getkey):
     with bs.dispatch_log() as log:
         jax.grad(lambda d: bs.matmul(W.with_data(d), x, implementation="xla").sum())(W.data)
     assert ("dsd", "xla") in log and ("sdd", "xla") in log
-    with bs.dispatch_log() as log:
-        bs.matmul(W, x)  # None: Pallas where it can run, else the reference
-    assert log and log[0][0] == "dsd" and log[0][1] in ("pallas", "xla")
+    # None: Pallas where it can run (a GPU, or Pallas' interpreter), else the reference.
+    for interpreted in (False, True):
+        with bs.interpret(interpreted), bs.dispatch_log() as log:
+            y = bs.matmul(W, x)
+        expected = "pallas" if interpreted or jax.default_backend() == "gpu" else "xla"
+        assert log == [("dsd", expected)], (interpreted, log)
+        np.testing.assert_allclose(y, W.to_dense() @ x, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="Expected an implementation"):
         bs.matmul(W, x, implementation="cuda")
 

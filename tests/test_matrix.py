@@ -63,7 +63,23 @@ def test_scipy_and_bcoo_interop(W):
     b = W.to_bcoo()
     np.testing.assert_array_equal(np.asarray(b.todense(), np.float32), dense)
     back = bs.BlockSparseMatrix.from_bcoo(b, W.block_size)
-    assert back.pattern == W.pattern
+    assert back.pattern == W.pattern and back.dtype == W.dtype
+    np.testing.assert_array_equal(np.asarray(back.data, np.float32), np.asarray(W.data, np.float32))
+
+
+def test_from_bcoo_sums_duplicates_block_by_block(monkeypatch):
+    from jax.experimental import sparse
+
+    # 2**20 x 2**20 would be 4 TiB dense: converting must touch only the stored entries' blocks.
+    n = 2**20
+    idx = jnp.array([[0, 1], [0, 1], [n - 1, 5], [17, n - 2], [n, 0]])  # a duplicate and a padding entry
+    mat = sparse.BCOO((jnp.array([1.0, 2.0, 3.0, 4.0, 9.0]), idx), shape=(n, n))
+    monkeypatch.setattr(sparse.BCOO, "todense", lambda self: pytest.fail("from_bcoo densified the matrix"))
+    W = bs.BlockSparseMatrix.from_bcoo(mat, 16)
+    np.testing.assert_array_equal(W.pattern.rows, [0, 1, n // 16 - 1])
+    np.testing.assert_array_equal(W.pattern.cols, [0, n // 16 - 1, 0])
+    assert W.data[0, 0, 1] == 3.0 and W.data[1, 1, 14] == 4.0 and W.data[2, 15, 5] == 3.0
+    assert float(jnp.abs(W.data).sum()) == 10.0
 
 
 def test_scipy_csr_with_block_size():
@@ -96,6 +112,76 @@ def test_random_density_and_determinism():
     assert bs.random(key, (64, 64), 8, 0.25).pattern == W.pattern
     assert bs.random(key, (64, 64), 8, 1.0).nnz_blocks == 64
     assert bs.random(key, (64, 64), 8, 0.0).nnz_blocks == 0
+    assert bs.random(key, (64, 64), 16, 1 / 16).nnz_blocks == 1
+
+
+def test_random_density_that_keeps_no_block_raises():
+    # 16 blocks: 0.01 * 16 rounds to 0, which used to give an empty matrix silently.
+    with pytest.raises(ValueError, match=r"at least one of the 16 blocks.*density > 0.03125.*Got density=0.01"):
+        bs.random(jax.random.key(0), (64, 64), 16, 0.01)
+    for gen in (bs.BlockPattern.random, bs.BlockPattern.power_law):
+        with pytest.raises(ValueError, match="keeps 0 blocks"):
+            gen(0, (64, 64), 16, 0.01)
+        assert gen(0, (64, 64), 16, 0.0).nnz_blocks == 0
+
+
+def test_pattern_builders_inside_jit_say_so():
+    key = jax.random.key(0)
+    with pytest.raises(TypeError, match="bs.random: expected key as concrete host data.*build it outside jit"):
+        jax.jit(lambda k: bs.random(k, (64, 64), 16, 0.5))(key)
+    with pytest.raises(TypeError, match="expected density as concrete host data"):
+        jax.jit(lambda d: bs.random(key, (64, 64), 16, d))(0.5)
+    with pytest.raises(TypeError, match="from_dense: expected x as concrete host data"):
+        jax.jit(lambda x: bs.BlockSparseMatrix.from_dense(x, 4))(jnp.ones((8, 8)))
+    with pytest.raises(TypeError, match="from_blocks: expected rows as concrete host data"):
+        jax.jit(lambda r: bs.BlockSparseMatrix.from_blocks(r, [0], jnp.ones((1, 4, 4)), (8, 8)))(jnp.array([0]))
+    # Values may be traced: from_mask with a concrete mask works inside jit.
+    y = jax.jit(lambda v: bs.BlockSparseMatrix.from_mask(np.eye(2, dtype=bool), v, 4).to_dense())(jnp.ones((8, 8)))
+    np.testing.assert_array_equal(y, np.kron(np.eye(2), np.ones((4, 4))))
+
+
+# ---- conversions to dense arrays are explicit -----------------------------------------------
+def _both_kinds():
+    W = bs.random(jax.random.key(0), (32, 32), 8, 0.5)
+    return [W, bs.DynamicBlockSparseMatrix.from_static(W, capacity=10)]
+
+
+@pytest.mark.parametrize("kind", [0, 1], ids=["static", "dynamic"])
+def test_implicit_dense_conversions_raise_with_advice(kind):
+    W = _both_kinds()[kind]
+    x = jnp.ones((32, 2))
+    name = type(W).__name__
+    advice = rf"cannot take a {name}.*W @ x.*bs.matmul\(W, x\).*W.to_dense\(\)"
+    for convert in (np.asarray, np.array, jnp.asarray, jnp.array, lambda W: jnp.dot(W, x),
+                    lambda W: jnp.matmul(W, x), lambda W: jnp.dot(x.T, W), lambda W: jnp.sum(W)):  # fmt: skip
+        with pytest.raises(TypeError, match=advice):
+            convert(W)
+
+
+@pytest.mark.parametrize("kind", [0, 1], ids=["static", "dynamic"])
+def test_operators_still_defer_to_the_matrix(kind):
+    W = _both_kinds()[kind]
+    dense = np.asarray(W.to_dense())
+    xj = jax.random.normal(jax.random.key(1), (3, 32))
+    for x in (xj, np.asarray(xj)):
+        np.testing.assert_allclose(x @ W, np.asarray(x) @ dense, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(W @ x.T, dense @ np.asarray(x).T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(jax.jit(lambda x, W: x @ W)(xj, W), np.asarray(xj) @ dense, rtol=1e-5, atol=1e-5)
+    if kind == 0:
+        for s in (2.0, np.float32(2.0), jnp.float32(2.0)):
+            np.testing.assert_array_equal((s * W).to_dense(), 2 * dense)
+
+
+def test_sparsify_static_and_dynamic():
+    from jax.experimental import sparse
+
+    W, D = _both_kinds()
+    x = jax.random.normal(jax.random.key(1), (32, 3))
+    dense = np.asarray(W.to_dense())
+    np.testing.assert_allclose(sparse.sparsify(lambda W, x: W @ x)(W, x), dense @ x, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(sparse.sparsify(lambda W, x: x.T @ W)(W, x), x.T @ dense, rtol=1e-5, atol=1e-5)
+    with pytest.raises(NotImplementedError, match="sparsify cannot trace products with a DynamicBlockSparseMatrix"):
+        sparse.sparsify(lambda D, x: D @ x)(D, x)
 
 
 def test_power_law_pattern_is_skewed():
@@ -124,9 +210,9 @@ def test_dynamic_from_static_and_jit():
 def test_bad_block_sizes():
     with pytest.raises(ValueError, match=r"block_size \(16, 16\) to divide the shape \(40, 32\)"):
         bs.BlockSparseMatrix.from_dense(np.ones((40, 32), np.float32), 16)
-    with pytest.raises(ValueError, match=r"positive block size. Got block_size=\(0, 4\)"):
+    with pytest.raises(ValueError, match=r"positive ints. Got \(0, 4\), which is not positive"):
         bs.random(jax.random.key(0), (8, 8), (0, 4), 0.5)
-    with pytest.raises(ValueError, match=r"an int or a pair"):
+    with pytest.raises(ValueError, match=r"a positive int or a pair \(bh, bw\).*Got \(2, 2, 2\) \(3 entries\)"):
         bs.random(jax.random.key(0), (8, 8), (2, 2, 2), 0.5)
     with pytest.raises(ValueError, match=r"density in \[0, 1\]. Got 1.5"):
         bs.random(jax.random.key(0), (8, 8), 2, 1.5)
@@ -161,7 +247,7 @@ def test_bad_dynamic():
         bs.DynamicBlockSparseMatrix.from_blocks([0, 0, 0], [0, 0, 0], blocks, shape=(8, 8), capacity=2)
     with pytest.raises(ValueError, match=r"rows of shape \(3,\)"):
         bs.DynamicBlockSparseMatrix(jnp.zeros(2, jnp.int32), jnp.zeros(3, jnp.int32), blocks, 3, (8, 8))
-    with pytest.raises(TypeError, match="integer cols"):
+    with pytest.raises(TypeError, match="integer block cols. Got dtype float32"):
         bs.DynamicBlockSparseMatrix(jnp.zeros(3, jnp.int32), jnp.zeros(3), blocks, 3, (8, 8))
     with pytest.raises(ValueError, match=r"block_size \(4, 4\) to divide the shape \(8, 6\)"):
         bs.DynamicBlockSparseMatrix.from_blocks([0], [0], blocks[:1], shape=(8, 6))
@@ -172,3 +258,65 @@ def test_generators_reject_bad_density():
         for d in (1.5, -0.5):
             with pytest.raises(ValueError, match=rf"density in \[0, 1\]. Got {d}"):
                 gen(0, (64, 64), 16, d)
+
+
+@given(bst.invalid_block_sizes())
+def test_block_sizes_are_positive_ints_everywhere(bad):
+    """No silent truncation (2.5 -> 2), parsing ('4' -> 4) or bool (True -> 1), in every constructor."""
+    expected = r"Expected block_size as a positive int or a pair \(bh, bw\) of positive ints. Got "
+    error = (TypeError, ValueError)
+    builders = (
+        lambda b: bs.random(jax.random.key(0), (8, 8), b, 0.5),
+        lambda b: bs.BlockSparseMatrix.from_dense(np.ones((8, 8), np.float32), b),
+        lambda b: bs.BlockSparseMatrix.from_mask(np.ones((2, 2), bool), jnp.ones((8, 8)), b),
+        lambda b: bs.BlockPattern.from_mask(np.ones((2, 2), bool), b),
+        lambda b: bs.BlockPattern.random(0, (8, 8), b, 0.5),
+        lambda b: bs.DynamicBlockSparseMatrix(jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32),
+                                              jnp.ones((1, 4, 4)), 1, (8, 8), b),
+        lambda b: bs.prune.magnitude(np.ones((8, 8), np.float32), b, 0.5),
+    )  # fmt: skip
+    for i, build in enumerate(builders):
+        if bad is None and i == 5:
+            continue  # DynamicBlockSparseMatrix(..., block_size=None) means "the data's block shape"
+        with pytest.raises(error, match=expected):
+            build(bad)
+
+
+def test_block_sizes_accept_numpy_ints():
+    W = bs.random(jax.random.key(0), (16, 16), np.int64(4), 0.5)
+    assert W.block_size == (4, 4) and all(type(b) is int for b in W.block_size)
+    assert bs.random(jax.random.key(0), (16, 16), (np.int32(8), 4), 0.5).block_size == (8, 4)
+    assert bs.random(jax.random.key(0), (16, 16), [2, 4], 0.5).block_size == (2, 4)
+    assert bs.random(jax.random.key(0), (16, 16), np.array([2, 4]), 0.5).block_size == (2, 4)
+
+
+def test_dynamic_coordinates_never_wrap_around():
+    blocks = jnp.ones((2, 4, 4))
+    for big in (2**32 + 1, 2**31, -(2**31) - 1):
+        with pytest.raises(ValueError, match=rf"block rows within int32 range. Got {big}"):
+            bs.DynamicBlockSparseMatrix.from_blocks(np.array([big, 0]), [0, 1], blocks, shape=(8, 8))
+        with pytest.raises(ValueError, match=rf"block cols within int32 range. Got {big}"):
+            bs.DynamicBlockSparseMatrix(jnp.zeros(2, jnp.int32), [0, big], blocks, 2, (8, 8))
+    with pytest.raises(TypeError, match="integer block rows. Got dtype float64"):
+        bs.DynamicBlockSparseMatrix.from_blocks([0.7, 1.9], [0, 1], blocks, shape=(8, 8))
+    with pytest.raises(TypeError, match="integer block cols. Got dtype float32"):
+        jax.jit(lambda c: bs.DynamicBlockSparseMatrix.from_blocks(jnp.array([0, 1]), c, blocks, shape=(8, 8)))(
+            jnp.array([0.0, 1.0])
+        )
+    # Traced 64-bit coordinates cannot raise: out of int32 range they are invalid, never wrapped into range.
+    with jax.enable_x64(True):
+
+        @jax.jit
+        def f(rows, x):
+            D = bs.DynamicBlockSparseMatrix.from_blocks(rows, jnp.array([0, 1]), blocks, shape=(8, 8))
+            return D.is_valid(), D @ x
+
+        for rows in ([2**32 + 1, 0], [0, -(2**32) + 1], [2**31, 1]):
+            valid, y = f(jnp.array(rows, jnp.int64), jnp.ones((8, 2)))
+            assert not bool(valid) and bool(jnp.isnan(y).all()), rows
+        valid, y = f(jnp.array([1, 0], jnp.int64), jnp.ones((8, 2)))
+        assert bool(valid) and float(y.sum()) == 64.0
+        nnz_bad = jax.jit(
+            lambda n: bs.DynamicBlockSparseMatrix.from_blocks([0], [0], blocks[:1], n, shape=(8, 8)).is_valid()
+        )
+        assert not bool(nnz_bad(jnp.int64(2**32 + 1)))

@@ -1,5 +1,7 @@
 """Sparse linear layers and block pruning."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -73,7 +75,46 @@ def test_sparse_linear_from_dense_no_bias():
     w = np.arange(64, dtype=np.float32).reshape(8, 8)
     layer = bs.nn.SparseLinear.from_dense(w, block_size=4, density=0.25)
     assert layer.bias is None and layer.weight.nnz_blocks == 1
-    np.testing.assert_array_equal(layer.weight.pattern.rows, [1]) and np.testing.assert_array_equal(
-        layer.weight.pattern.cols, [1]
-    )
+    # The largest block of arange(64) is the bottom-right one.
+    np.testing.assert_array_equal(layer.weight.pattern.rows, [1])
+    np.testing.assert_array_equal(layer.weight.pattern.cols, [1])
+    np.testing.assert_array_equal(layer.weight.data[0], w[4:, 4:])
     np.testing.assert_allclose(layer(jnp.ones((1, 8))), jnp.ones((1, 8)) @ layer.weight.to_dense())
+
+
+def test_sparse_linear_checks_the_bias_shape_at_construction(getkey):
+    W = bs.random(getkey(), (16, 8), 4, 0.5)
+    for bad in ((1,), (16,), (8, 1), ()):
+        with pytest.raises(ValueError, match=rf"bias of shape \(8,\).*Got {re.escape(str(bad))}"):
+            bs.nn.SparseLinear(W, jnp.zeros(bad))
+    with pytest.raises(ValueError, match=r"bias of shape \(8,\)"):
+        bs.nn.SparseLinear.from_dense(np.ones((16, 8), np.float32), np.zeros(1), block_size=4, density=0.5)
+    layer = bs.nn.SparseLinear(W, jnp.arange(8.0))
+    np.testing.assert_allclose(layer(jnp.ones((2, 16))), jnp.ones((2, 16)) @ W.to_dense() + jnp.arange(8.0), rtol=1e-5)
+    # A stack of layers (leading dimensions on every leaf, e.g. for lax.scan) still rebuilds.
+    stacked = jax.tree.map(lambda a: jnp.stack([a, a]), layer)
+    assert stacked.bias.shape == (2, 8)
+    ys = jax.vmap(lambda lay, x: lay(x), in_axes=(0, None))(stacked, jnp.ones((2, 16)))
+    np.testing.assert_allclose(ys, jnp.stack([layer(jnp.ones((2, 16)))] * 2), rtol=1e-6)
+
+
+def test_magnitude_rejects_nan_blocks():
+    w = np.ones((8, 8), np.float32)
+    w[5, 2] = np.nan
+    for norm in ("l1", "l2", "max"):
+        with pytest.raises(ValueError, match=r"NaN in block \(1, 0\) \(rows 4:8, cols 0:4\)"):
+            bs.prune.magnitude(w, 4, 0.5, norm=norm)
+    w[5, 2] = np.inf  # infinite weights rank first, they are not dropped
+    W = bs.prune.magnitude(w, 4, 0.25)
+    np.testing.assert_array_equal(W.pattern.rows, [1])
+    np.testing.assert_array_equal(W.pattern.cols, [0])
+
+
+def test_pruning_inside_jit_says_so():
+    w = jnp.ones((8, 8))
+    with pytest.raises(TypeError, match=r"bs.prune.magnitude: expected w as concrete host data.*outside jit"):
+        jax.jit(lambda w: bs.prune.magnitude(w, 4, 0.5))(w)
+    with pytest.raises(TypeError, match=r"SparseLinear.from_dense: expected weight as concrete host data"):
+        jax.jit(lambda w: bs.nn.SparseLinear.from_dense(w, block_size=4, density=0.5))(w)
+    with pytest.raises(TypeError, match=r"SparseLinear.init: expected key as concrete host data"):
+        jax.jit(lambda k: bs.nn.SparseLinear.init(k, 8, 8, block_size=4, density=0.5))(jax.random.key(0))

@@ -38,6 +38,7 @@ __all__ = [
     "dynamic_block_sparse_matrices",
     "edge_lists",
     "graphs",
+    "invalid_block_sizes",
 ]
 
 #: Pattern families: uniform random at a drawn density (0 and 1 included), and adversarial ones.
@@ -50,6 +51,24 @@ def block_sizes(sizes=(1, 2, 4, 8, 16), rectangular: bool = True) -> st.SearchSt
     """Block sizes ``(bh, bw)`` from ``sizes``; rectangular ones too unless ``rectangular=False``."""
     s = st.sampled_from(tuple(sizes))
     return st.tuples(s, s) if rectangular else s.map(lambda b: (b, b))
+
+
+def invalid_block_sizes() -> st.SearchStrategy:
+    """Values that must be refused as a ``block_size``: non-integers, bools, strings, ``None``, the
+    wrong number of entries and non-positive sizes (alone or inside an otherwise valid pair)."""
+    bad_scalar = st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.booleans(),
+        st.sampled_from([None, "4", "abc", b"4", np.float32(2.0), np.bool_(True), 2 + 0j]),
+        st.integers(max_value=0),
+    )
+    good = st.integers(1, 8)
+    return st.one_of(
+        bad_scalar,
+        st.tuples(bad_scalar, good),
+        st.tuples(good, bad_scalar),
+        st.lists(good, max_size=5).filter(lambda v: len(v) != 2),
+    )
 
 
 def dtypes(choices=FLOAT_DTYPES) -> st.SearchStrategy:
