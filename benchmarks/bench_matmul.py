@@ -282,18 +282,15 @@ def main(argv=None):
         p = bs.BlockPattern.random(0, (m, m), (b, b), 1 / d)
         names = args.variants if args.variants is not None else [None]
         for name in names or list(VARIANTS):
-            if name is not None:
-                pt.CONFIG = VARIANTS[name]
             try:
-                r = bench_cell(
-                    p, n, args.reps, args.trials, dense, op=args.op,
-                    torch_bsr=not args.no_torch_bsr and name in (None, "default") and args.op == "dsd",
-                )  # fmt: skip
+                with pt.kernel_config(VARIANTS[name] if name is not None else None):
+                    r = bench_cell(
+                        p, n, args.reps, args.trials, dense, op=args.op,
+                        torch_bsr=not args.no_torch_bsr and name in (None, "default") and args.op == "dsd",
+                    )  # fmt: skip
             except Exception as e:  # noqa: BLE001 - keep sweeping
                 print(f"FAILED {(m, n, d, b, name)}: {type(e).__name__}: {str(e)[:300]}", flush=True)
                 continue
-            finally:
-                pt.CONFIG = pt.KernelConfig()
             r["variant"] = name or "default"
             rows.append(r)
             print(json.dumps(r), flush=True)

@@ -63,13 +63,8 @@ def _check(D, n, key, dtype):
 def test_dynamic_pallas_interpret(D, n, max_len, seed):
     from blocksparse.ops.matmul import pallas_triton as pt
 
-    old = pt.CONFIG
-    pt.CONFIG = pt.KernelConfig(max_len=max_len)
-    try:
-        with bs.interpret():
-            _check(D, n, jax.random.key(seed), jnp.float32)
-    finally:
-        pt.CONFIG = old
+    with pt.kernel_config(max_len=max_len), bs.interpret():
+        _check(D, n, jax.random.key(seed), jnp.float32)
 
 
 def test_dynamic_pallas_one_long_row_interpret(getkey):

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 import blocksparse as bs
 from blocksparse.ops import _dispatch as dispatch
 from blocksparse.ops.matmul import pallas_triton as pt
+from blocksparse.ops.matmul.api import OpStatic
 from blocksparse.ops.matmul.lowering import H200, GpuLowering, choose_max_len, lower
 from blocksparse.ops.matmul.reference import XlaBackend
 
@@ -30,9 +31,13 @@ RTOL_GPU = {**RTOL, jnp.dtype(jnp.float32): 4e-3}
 
 
 @pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setattr(dispatch, "INTERPRET", True)
-    monkeypatch.setattr(pt, "CONFIG", pt.KernelConfig())
+def interpret():
+    with dispatch.interpret(True), pt.kernel_config():
+        yield
+
+
+def _static(p, out=jnp.float32, **kw):
+    return OpStatic(("xla",), jnp.dtype(out), pattern=p, **kw)
 
 
 def _pattern(kind: str, seed: int, shape, block, density=0.5) -> bs.BlockPattern:
@@ -155,9 +160,11 @@ def _check_all_ops(p, dtype, key, n, cfg=None, table=RTOL):
     # Reference in float32 on upcast inputs.
     d32 = data.astype(jnp.float32)
     f32 = jnp.float32
-    _close(pt.dsd(p, data, x, dtype, cfg), REF.dsd(p, d32, x.astype(f32), f32), dtype, table, f"dsd {p}")
-    _close(pt.dds(xb, p, data, dtype, cfg), REF.dds(xb.astype(f32), p, d32, f32), dtype, table, f"dds {p}")
-    _close(pt.sdd(a, b, p, dtype, cfg), REF.sdd(a.astype(f32), b.astype(f32), p, f32), dtype, table, f"sdd {p}")
+    s = _static(p)
+    y = pt.dsd(p, data, x, dtype, config=cfg)
+    _close(y, REF.dsd(s, d32, x.astype(f32)), dtype, table, f"dsd {p}")
+    _close(pt.dds(xb, p, data, dtype, config=cfg), REF.dds(s, xb.astype(f32), d32), dtype, table, f"dds {p}")
+    _close(pt.sdd(a, b, p, dtype, config=cfg), REF.sdd(s, a.astype(f32), b.astype(f32)), dtype, table, f"sdd {p}")
 
 
 @settings(max_examples=8)
@@ -211,17 +218,66 @@ def test_dispatch_uses_pallas_when_interpreting(interpret, getkey):
     _close(z, xb @ W.to_dense(), jnp.float32)
 
 
-def test_dispatch_falls_back_without_gpu(monkeypatch, getkey):
-    monkeypatch.setattr(dispatch, "INTERPRET", False)
+def test_dispatch_falls_back_without_gpu(getkey):
     if jax.default_backend() == "gpu":
         pytest.skip("has a GPU")
     W = bs.random(getkey(), (32, 32), (16, 16), 0.5)
     x = jax.random.normal(getkey(), (32, 4))
-    with bs.dispatch_log() as log:
+    with bs.interpret(False), bs.dispatch_log() as log:
         bs.matmul(W, x)
+        assert log == [("dsd", "xla")]
+        with pytest.raises(NotImplementedError, match="no GPU") as info:
+            bs.matmul(W, x, implementation="pallas")
+    assert isinstance(info.value, ExceptionGroup) and len(info.value.exceptions) == 1
+
+
+def test_interpret_is_part_of_the_jit_cache_key(getkey):
+    # A function jitted (and cached) outside the context is traced again inside it, and back.
+    if jax.default_backend() == "gpu":
+        pytest.skip("has a GPU")
+    W = bs.random(getkey(), (32, 32), (16, 16), 0.5)
+    x = jax.random.normal(getkey(), (32, 4))
+    f = jax.jit(lambda d, x: bs.matmul(W.with_data(d), x))
+    with bs.interpret(False), bs.dispatch_log() as log:
+        y0 = f(W.data, x)
     assert log == [("dsd", "xla")]
-    with pytest.raises(NotImplementedError, match="no GPU"):
-        bs.matmul(W, x, implementation="pallas")
+    with bs.interpret(), bs.dispatch_log() as log:
+        y1 = f(W.data, x)
+    assert log == [("dsd", "pallas")]
+    with bs.interpret(False), bs.dispatch_log() as log:
+        f(W.data, x)
+    assert log in ([], [("dsd", "xla")])  # never the pallas trace
+    _close(y1, y0, jnp.float32)
+
+
+def test_kernel_config_is_part_of_the_jit_cache_key(interpret, getkey):
+    W = bs.random(getkey(), (32, 64), (16, 16), 1.0)
+    x = jax.random.normal(getkey(), (64, 40))
+    seen = []
+
+    @jax.jit
+    def f(d, x):
+        seen.append(pt.current_config().tn)  # runs only when traced
+        return bs.matmul(W.with_data(d), x, implementation="pallas")
+
+    with pt.kernel_config(tn=16):
+        y16 = f(W.data, x)
+    with pt.kernel_config(tn=32):
+        y32 = f(W.data, x)
+    assert seen == [16, 32]
+    _close(y16, y32, jnp.float32)
+
+
+def test_dispatch_log_is_local_to_the_thread(getkey):
+    import threading
+
+    W = bs.random(getkey(), (32, 32), (16, 16), 0.5)
+    x = jax.random.normal(getkey(), (32, 4))
+    other = threading.Thread(target=lambda: bs.matmul(W, x, implementation="xla"))
+    with bs.dispatch_log() as log:
+        other.start()
+        other.join()
+    assert log == []
 
 
 @pytest.mark.parametrize("block", [(8, 8), (4, 16), (1, 1), (16, 48)])
@@ -241,7 +297,7 @@ def test_unsupported_dtype_falls_back(interpret, getkey):
     x = jax.random.normal(getkey(), (32, 4))
     f8 = jnp.float8_e4m3fn
     with pytest.raises(NotImplementedError, match="float16, bfloat16 or float32"):
-        PAL.dsd(W.pattern, W.data.astype(f8), x.astype(f8), jnp.float32)
+        PAL.dsd(_static(W.pattern), W.data.astype(f8), x.astype(f8))
 
 
 def test_gradients_use_pallas_interpret(interpret, getkey):
@@ -271,7 +327,7 @@ def test_jit_and_sdd_api_interpret(interpret, getkey):
     with bs.dispatch_log() as log:
         S = jax.jit(lambda a, b: bs.sdd(a, b, W).data)(a, b)
     assert log == [("sdd", "pallas")]
-    _close(S, REF.sdd(a, b, W.pattern, jnp.float32), jnp.float32)
+    _close(S, REF.sdd(_static(W.pattern), a, b), jnp.float32)
 
 
 # --------------------------------------------------------------------------------------------
@@ -283,7 +339,7 @@ GPU_DTYPES = [jnp.bfloat16, jnp.float16, jnp.float32]
 
 @functools.cache
 def _fwd_bwd(impl: str, config: pt.KernelConfig | None = None):
-    # `config` is only part of the cache key: the kernels read pt.CONFIG when traced.
+    # `config` is only part of this cache's key: the kernels read pt.current_config() when traced.
     def f(data, x, xb, gy, gz, pattern):
         W = bs.BlockSparseMatrix(pattern, data)
 
@@ -306,7 +362,7 @@ def _gpu_check(p, dtype, key, n=256, batch=192):
     gy = jax.random.normal(ks[3], (m, n), jnp.float32).astype(dtype)
     gz = jax.random.normal(ks[4], (batch, k), jnp.float32).astype(dtype)
     with bs.dispatch_log() as log:
-        got = _fwd_bwd("pallas", pt.CONFIG)(data, x, xb, gy, gz, p)
+        got = _fwd_bwd("pallas", pt.current_config())(data, x, xb, gy, gz, p)
     assert {name for _, name in log} == {"pallas"}, log
     f32 = [t.astype(jnp.float32) for t in (data, x, xb, gy, gz)]
     with jax.default_matmul_precision("highest"):

@@ -3,16 +3,23 @@
 ``implementation`` is ``None`` (the op's default order, Pallas first), a name, or a sequence of
 names; the first backend that does not raise ``NotImplementedError`` wins and is recorded for
 :func:`dispatch_log`. A backend raises ``NotImplementedError("reason")`` for inputs it cannot take;
-when every candidate refuses, the error lists each one's reason.
+when every candidate refuses, an ``ExceptionGroup`` carries each one's reason.
 
-Pallas kernels run on a CUDA GPU, or anywhere in Pallas' interpreter when :data:`INTERPRET` is
-set (``BLOCKSPARSE_PALLAS_INTERPRET=1``, or the :func:`interpret` context manager): that is how CI
-checks their logic on the CPU.
+Nothing here is a module global read while tracing. Interpret mode (Pallas kernels run in
+Pallas' interpreter, how CI checks them on the CPU) is a JAX *user context*
+(``jax.make_user_context``): its value is part of the ``jit`` cache key, so a function jitted
+before ``with bs.interpret():`` is traced again inside it, and it is local to the thread. Its
+default comes from ``BLOCKSPARSE_PALLAS_INTERPRET=1`` when the package is imported. The dispatch
+log is a ``contextvars`` variable: each thread (or asyncio task) sees only its own ops.
+
+:func:`differentiable` is the one ``custom_vjp`` factory every op is built with.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import functools
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -20,19 +27,18 @@ from collections.abc import Callable, Mapping, Sequence
 import jax
 
 __all__ = [
-    "INTERPRET",
     "check_choice",
     "cotangent_like",
+    "differentiable",
     "dispatch_log",
     "interpret",
+    "interpreting",
     "pallas_mode",
     "record",
     "resolve",
     "run",
+    "NoImplementationError",
 ]
-
-#: Run Pallas kernels in the interpreter (read at trace time).
-INTERPRET: bool = os.environ.get("BLOCKSPARSE_PALLAS_INTERPRET", "") not in ("", "0")
 
 # jax 0.11 warns, whenever a jit containing a Triton-lowered pallas_call is lowered, that the
 # Triton backend is deprecated in favour of Mosaic GPU. We target it on purpose (see
@@ -40,23 +46,30 @@ INTERPRET: bool = os.environ.get("BLOCKSPARSE_PALLAS_INTERPRET", "") not in ("",
 # ours, so a scoped catch_warnings cannot reach it: filter exactly that message, nothing else.
 warnings.filterwarnings("ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning)
 
-_LOGS: list[list[tuple[str, str]]] = []
+# Part of every jit cache key (and thread-local): see the module docstring.
+_INTERPRET = jax.make_user_context(os.environ.get("BLOCKSPARSE_PALLAS_INTERPRET", "") not in ("", "0"))
+_LOGS: contextvars.ContextVar[tuple[list, ...]] = contextvars.ContextVar("blocksparse_dispatch_logs", default=())
 
 
 @contextlib.contextmanager
 def interpret(enabled: bool = True):
-    """Run every Pallas kernel in Pallas' interpreter inside this block (CPU tests)."""
-    global INTERPRET
-    old, INTERPRET = INTERPRET, enabled
-    try:
+    """Run every Pallas kernel in Pallas' interpreter inside this block (CPU tests).
+
+    The setting is part of the ``jit`` cache key: a function jitted outside the block is traced
+    again inside it (and the other way round), never silently reusing the other path.
+    """
+    with _INTERPRET(bool(enabled)):
         yield
-    finally:
-        INTERPRET = old
+
+
+def interpreting() -> bool:
+    """Whether Pallas kernels run in the interpreter here (see :func:`interpret`)."""
+    return bool(_INTERPRET.value)
 
 
 def pallas_mode() -> bool:
     """The ``interpret`` argument for ``pallas_call``; raises ``NotImplementedError`` without a GPU."""
-    if INTERPRET:
+    if interpreting():
         return True
     try:
         backend = jax.default_backend()
@@ -65,7 +78,7 @@ def pallas_mode() -> bool:
     if backend != "gpu":
         raise NotImplementedError(
             f"no GPU (default backend is {backend!r}); set BLOCKSPARSE_PALLAS_INTERPRET=1 or use "
-            "blocksparse.ops.interpret() to run the Pallas kernels in the interpreter"
+            "blocksparse.interpret() to run the Pallas kernels in the interpreter"
         )
     return False
 
@@ -74,22 +87,28 @@ def pallas_mode() -> bool:
 def dispatch_log():
     """Record, at trace time, which implementation ran each op: a list of ``(op, name)``.
 
+    Only ops traced in this thread (or asyncio task) inside the block are recorded. A ``jit``
+    cache hit traces nothing, so nothing is recorded for it.
+
     Example::
 
-        with bs.dispatch_log() as log:
-            bs.matmul(W, x)
-        assert log == [("dsd", "xla")]   # on a machine without a GPU
+        >>> import jax.numpy as jnp, blocksparse as bs
+        >>> W = bs.BlockSparseMatrix.from_dense(jnp.eye(8), 4)
+        >>> with bs.dispatch_log() as log:
+        ...     _ = bs.matmul(W, jnp.ones((8, 2)), implementation="xla")
+        >>> log
+        [('dsd', 'xla')]
     """
     log: list[tuple[str, str]] = []
-    _LOGS.append(log)
+    token = _LOGS.set((*_LOGS.get(), log))
     try:
         yield log
     finally:
-        _LOGS.remove(log)
+        _LOGS.reset(token)
 
 
 def record(op: str, name: str) -> None:
-    for log in _LOGS:
+    for log in _LOGS.get():
         log.append((op, name))
 
 
@@ -112,17 +131,59 @@ def resolve(implementation, default: tuple[str, ...], known: Sequence[str] | Non
 
 def run(op: str, impls: tuple[str, ...], table: Mapping[str, Callable] | Callable[[str], Callable], *args):
     """Call the first implementation of ``op`` in ``impls`` that accepts ``args``; record it."""
-    reasons = []
+    errors = []
     for name in impls:
         fn = table[name] if isinstance(table, Mapping) else table(name)
         try:
             out = fn(*args)
         except NotImplementedError as e:
-            reasons.append(f"{name}: {e}")
+            errors.append(NotImplementedError(f"{name}: {e}"))
             continue
         record(op, name)
         return out
-    raise NotImplementedError(f"No implementation of {op} among {impls} accepts these inputs. " + "; ".join(reasons))
+    reasons = "; ".join(str(e) for e in errors)
+    raise NoImplementationError(f"no implementation of {op} among {impls} accepts these inputs: {reasons}", errors)
+
+
+class NoImplementationError(ExceptionGroup, NotImplementedError):
+    """Every implementation refused the inputs; ``.exceptions`` holds each one's reason."""
+
+
+def differentiable(op: str, table: Callable[[str], Callable], backward: Callable, forward: Callable | None = None):
+    """The one ``custom_vjp`` factory: an op ``f(static, *arrays)`` that dispatches ``op``.
+
+    Arguments:
+        op: the op's name (for :func:`dispatch_log` and error messages).
+        table: ``name -> callable(static, *arrays)`` for each implementation.
+        backward: ``backward(static, arrays, extra, g) -> cotangents`` (one per array; ``None``
+            for integer arrays). It usually calls other ops made by this factory, on the same
+            ``static.impls``, so the backward runs on the backend of the forward.
+        forward: optional ``forward(static, *arrays) -> (out, extra)`` for ops whose backward
+            needs more than the inputs (an arg-max, a log-sum-exp); by default the primal is
+            computed as without differentiation and ``extra`` is ``None``.
+
+    ``static`` is hashable (it is a ``nondiff_argnums`` argument) and has ``impls``. Cotangents get
+    the ``shard_map`` axis type of their primal (:func:`cotangent_like`).
+    """
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+    def f(static, *arrays):
+        return run(op, static.impls, table, static, *arrays)
+
+    def fwd(static, *arrays):
+        if forward is None:
+            return f(static, *arrays), (arrays, None)
+        out, extra = forward(static, *arrays)
+        return out, (arrays, extra)
+
+    def bwd(static, res, g):
+        arrays, extra = res
+        cts = backward(static, arrays, extra, g)
+        return tuple(cotangent_like(c, a) for c, a in zip(cts, arrays, strict=True))
+
+    f.defvjp(fwd, bwd)
+    f.__name__ = op
+    return f
 
 
 def _varying(x) -> frozenset:

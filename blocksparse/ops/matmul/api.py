@@ -21,18 +21,21 @@ it can run, else the pure-JAX reference.
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import importlib
 import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
 from ..._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, _check_floating
-from .._dispatch import cotangent_like, dispatch_log, resolve, run
+from ..._pattern import BlockPattern
+from .._dispatch import differentiable, dispatch_log, resolve
 from .reference import transposed
 
-__all__ = ["matmul", "sdd", "dispatch_log", "register_backend", "get_backend"]
+__all__ = ["OpStatic", "matmul", "sdd", "dispatch_log", "register_backend", "get_backend"]
 
 # name -> "module:attribute" of a backend object with dsd / dds / sdd methods; loaded lazily.
 _BACKEND_PATHS = {
@@ -57,118 +60,93 @@ def get_backend(name: str):
     return _BACKENDS[name]
 
 
-def _impls(implementation) -> tuple[str, ...]:
-    return resolve(implementation, _DEFAULT)
+@dataclasses.dataclass(frozen=True)
+class OpStatic:
+    """Everything static about one product call (hashable: the ``custom_vjp``'s static argument).
+
+    Backends receive it first: ``backend.dsd(static, data, x)``.
+
+    Attributes:
+        impls: implementation names, tried in order.
+        out_dtype: the result dtype.
+        precision: ``None`` (the backend's default: TF32 tensor-core dots for float32 on a GPU,
+            like ``jnp.dot``) or a ``lax.Precision``; ``HIGHEST`` gives float32 accuracy.
+        pattern: the static pattern (``dsd``, ``dds``, ``sdd``).
+        grid: ``(output block rows, contracting block columns)`` of a dynamic ``dyn_dsd``.
+        block_size: the blocks of a dynamic ``dyn_sdd``.
+    """
+
+    impls: tuple[str, ...]
+    out_dtype: np.dtype
+    precision: lax.Precision | None = None
+    pattern: BlockPattern | None = None
+    grid: tuple[int, int] | None = None
+    block_size: tuple[int, int] | None = None
+
+    def but(self, **changes) -> OpStatic:
+        return dataclasses.replace(self, **changes)
 
 
-def _run(op: str, impls: tuple[str, ...], *args):
-    return run(op, impls, lambda name: getattr(get_backend(name), op), *args)
+def _table(op: str):
+    return lambda name: getattr(get_backend(name), op)
 
 
 # --------------------------------------------------------------------------------------------
-# Static ops with custom VJPs
+# Static ops; each backward is made of the other two, on the same implementations: the gradient
+# w.r.t. the dense operand runs on the cached transposed pattern, the one w.r.t. the values is
+# an sdd laid out like .data.
 # --------------------------------------------------------------------------------------------
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3, 4))
-def _dsd(pattern, data, x, impls, out_dtype):
-    return _run("dsd", impls, pattern, data, x, out_dtype)
+def _dsd_bwd(s: OpStatic, arrays, _, g):
+    data, x = arrays
+    t, data_t = transposed(s.pattern, data)
+    dx = _dsd(s.but(pattern=t, out_dtype=x.dtype), data_t, g)
+    ddata = _sdd(s.but(out_dtype=data.dtype), g, x.T)
+    return ddata, dx
 
 
-def _dsd_fwd(pattern, data, x, impls, out_dtype):
-    return _dsd(pattern, data, x, impls, out_dtype), (data, x)
+def _dds_bwd(s: OpStatic, arrays, _, g):
+    x, data = arrays
+    t, data_t = transposed(s.pattern, data)
+    dx = _dds(s.but(pattern=t, out_dtype=x.dtype), g, data_t)
+    ddata = _sdd(s.but(out_dtype=data.dtype), x.T, g)
+    return dx, ddata
 
 
-def _dsd_bwd(pattern, impls, out_dtype, res, g):
-    data, x = res
-    t, data_t = transposed(pattern, data)
-    dx = _dsd(t, data_t, g, impls, x.dtype)
-    ddata = _sdd(g, x.T, pattern, impls, data.dtype)
-    return cotangent_like(ddata, data), cotangent_like(dx, x)
+def _sdd_bwd(s: OpStatic, arrays, _, g):
+    a, b = arrays
+    da = _dsd(s.but(out_dtype=a.dtype), g, b.T)
+    db = _dds(s.but(out_dtype=b.dtype), a.T, g)
+    return da, db
 
 
-_dsd.defvjp(_dsd_fwd, _dsd_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 3, 4))
-def _dds(x, pattern, data, impls, out_dtype):
-    return _run("dds", impls, x, pattern, data, out_dtype)
-
-
-def _dds_fwd(x, pattern, data, impls, out_dtype):
-    return _dds(x, pattern, data, impls, out_dtype), (x, data)
-
-
-def _dds_bwd(pattern, impls, out_dtype, res, g):
-    x, data = res
-    t, data_t = transposed(pattern, data)
-    dx = _dds(g, t, data_t, impls, x.dtype)
-    ddata = _sdd(x.T, g, pattern, impls, data.dtype)
-    return cotangent_like(dx, x), cotangent_like(ddata, data)
-
-
-_dds.defvjp(_dds_fwd, _dds_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def _sdd(a, b, pattern, impls, out_dtype):
-    return _run("sdd", impls, a, b, pattern, out_dtype)
-
-
-def _sdd_fwd(a, b, pattern, impls, out_dtype):
-    return _sdd(a, b, pattern, impls, out_dtype), (a, b)
-
-
-def _sdd_bwd(pattern, impls, out_dtype, res, g):
-    a, b = res
-    da = _dsd(pattern, g, b.T, impls, a.dtype)
-    db = _dds(a.T, pattern, g, impls, b.dtype)
-    return cotangent_like(da, a), cotangent_like(db, b)
-
-
-_sdd.defvjp(_sdd_fwd, _sdd_bwd)
+_dsd = differentiable("dsd", _table("dsd"), _dsd_bwd)  # (static, data, x) -> W @ x
+_dds = differentiable("dds", _table("dds"), _dds_bwd)  # (static, x, data) -> x @ W
+_sdd = differentiable("sdd", _table("sdd"), _sdd_bwd)  # (static, a, b) -> (a @ b) at the pattern
 
 
 # --------------------------------------------------------------------------------------------
 # Dynamic ops: the pattern is traced; ``keep`` masks padding and invalid blocks. The Pallas
-# backend builds its work list inside jit (lowering.redistribute); the transposed
-# product needs no cached transpose, the redistributor sorts by the other coordinate.
+# backend builds its work list inside jit (lowering.redistribute); the transposed product needs
+# no cached transpose, the redistributor sorts by the other coordinate.
 # --------------------------------------------------------------------------------------------
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _dyn_dsd(grid, out_dtype, impls, rows, cols, keep, data, x):
-    return _run("dyn_dsd", impls, rows, cols, keep, data, x, grid[0], out_dtype)
+def _dyn_dsd_bwd(s: OpStatic, arrays, _, g):
+    rows, cols, keep, data, x = arrays
+    dx = _dyn_dsd(s.but(grid=s.grid[::-1], out_dtype=x.dtype), cols, rows, keep, data.swapaxes(-1, -2), g)
+    ddata = _dyn_sdd(s.but(block_size=data.shape[1:], out_dtype=data.dtype), rows, cols, keep, g, x.T)
+    return None, None, None, ddata, dx
 
 
-def _dyn_dsd_fwd(grid, out_dtype, impls, rows, cols, keep, data, x):
-    return _dyn_dsd(grid, out_dtype, impls, rows, cols, keep, data, x), (rows, cols, keep, data, x)
+def _dyn_sdd_bwd(s: OpStatic, arrays, _, g):
+    rows, cols, keep, a, b = arrays
+    bh, bw = s.block_size
+    grid = (a.shape[0] // bh, b.shape[1] // bw)
+    da = _dyn_dsd(s.but(grid=grid, out_dtype=a.dtype), rows, cols, keep, g, b.T)
+    db = _dyn_dsd(s.but(grid=grid[::-1], out_dtype=b.dtype), cols, rows, keep, g.swapaxes(-1, -2), a).T
+    return None, None, None, da, db
 
 
-def _dyn_dsd_bwd(grid, out_dtype, impls, res, g):
-    rows, cols, keep, data, x = res
-    dx = _dyn_dsd(grid[::-1], x.dtype, impls, cols, rows, keep, data.swapaxes(-1, -2), g)
-    ddata = _dyn_sdd(data.shape[1:], data.dtype, impls, rows, cols, keep, g, x.T)
-    return None, None, None, cotangent_like(ddata, data), cotangent_like(dx, x)
-
-
-_dyn_dsd.defvjp(_dyn_dsd_fwd, _dyn_dsd_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _dyn_sdd(block_size, out_dtype, impls, rows, cols, keep, a, b):
-    return _run("dyn_sdd", impls, a, b, rows, cols, keep, block_size, out_dtype)
-
-
-def _dyn_sdd_fwd(block_size, out_dtype, impls, rows, cols, keep, a, b):
-    return _dyn_sdd(block_size, out_dtype, impls, rows, cols, keep, a, b), (rows, cols, keep, a, b)
-
-
-def _dyn_sdd_bwd(block_size, out_dtype, impls, res, g):
-    rows, cols, keep, a, b = res
-    grid = (a.shape[0] // block_size[0], b.shape[1] // block_size[1])
-    da = _dyn_dsd(grid, a.dtype, impls, rows, cols, keep, g, b.T)
-    db = _dyn_dsd(grid[::-1], b.dtype, impls, cols, rows, keep, g.swapaxes(-1, -2), a).T
-    return None, None, None, cotangent_like(da, a), cotangent_like(db, b)
-
-
-_dyn_sdd.defvjp(_dyn_sdd_fwd, _dyn_sdd_bwd)
+_dyn_dsd = differentiable("dyn_dsd", _table("dyn_dsd"), _dyn_dsd_bwd)  # (static, rows, cols, keep, data, x)
+_dyn_sdd = differentiable("dyn_sdd", _table("dyn_sdd"), _dyn_sdd_bwd)  # (static, rows, cols, keep, a, b)
 
 
 def _keep_and_validity(D: DynamicBlockSparseMatrix):
@@ -178,14 +156,81 @@ def _keep_and_validity(D: DynamicBlockSparseMatrix):
     return keep, valid
 
 
-def _poison(y, valid):
-    return jnp.where(valid, y, jnp.asarray(jnp.nan, y.dtype))
+@jax.custom_vjp
+def _poisoned(valid, x):
+    """``x`` where the dynamic input is valid, NaN everywhere otherwise; so is its gradient.
+
+    A plain ``jnp.where`` would give finite zero gradients for an invalid input: a training step
+    would then silently learn nothing. Here the cotangent is NaN too.
+    """
+    return jnp.where(valid, x, jnp.asarray(jnp.nan, x.dtype))
+
+
+def _poisoned_fwd(valid, x):
+    return _poisoned(valid, x), valid
+
+
+def _poisoned_bwd(valid, g):
+    return None, jnp.where(valid, g, jnp.asarray(jnp.nan, g.dtype))
+
+
+_poisoned.defvjp(_poisoned_fwd, _poisoned_bwd)
+
+
+@jax.custom_vjp
+def _nan_grad(valid, x):
+    """``x`` itself; its cotangent is NaN where the dynamic input is invalid.
+
+    Guards the dense operands: without it, an invalid matrix whose blocks are all dropped would
+    give them finite zero gradients.
+    """
+    return x
+
+
+def _nan_grad_fwd(valid, x):
+    return x, valid
+
+
+_nan_grad.defvjp(_nan_grad_fwd, _poisoned_bwd)
 
 
 # --------------------------------------------------------------------------------------------
 # Public API
 # --------------------------------------------------------------------------------------------
 _SPARSE = (BlockSparseMatrix, DynamicBlockSparseMatrix)
+
+# jax.default_matmul_precision names -> lax.Precision (the same mapping jnp.dot makes).
+_PRECISION_NAMES = {
+    "default": lax.Precision.DEFAULT,
+    "bfloat16": lax.Precision.DEFAULT,
+    "fastest": lax.Precision.DEFAULT,
+    "high": lax.Precision.HIGH,
+    "tensorfloat32": lax.Precision.HIGH,
+    "bfloat16_3x": lax.Precision.HIGH,
+    "highest": lax.Precision.HIGHEST,
+    "float32": lax.Precision.HIGHEST,
+}
+
+
+def _precision(precision) -> lax.Precision | None:
+    """Canonical precision: the argument, else ``jax.default_matmul_precision`` (read at trace time;
+    it is part of JAX's jit cache key), else ``None`` (the backend default)."""
+    where = "precision"
+    if precision is None:
+        precision = jax.config.jax_default_matmul_precision
+        where = "jax.default_matmul_precision"
+        if precision is None:
+            return None
+    if isinstance(precision, tuple | list) and len(precision) == 2 and precision[0] == precision[1]:
+        precision = precision[0]
+    if isinstance(precision, lax.Precision):
+        return precision
+    if isinstance(precision, str) and precision.lower() in _PRECISION_NAMES:
+        return _PRECISION_NAMES[precision.lower()]
+    raise ValueError(
+        f"Expected {where} None, a jax.lax.Precision, one of {sorted(_PRECISION_NAMES)} or a pair of equal "
+        f"precisions. Got {precision!r}."
+    )
 
 
 def _dense(x, what: str) -> jax.Array:
@@ -194,7 +239,22 @@ def _dense(x, what: str) -> jax.Array:
     return x
 
 
-def matmul(a, b, *, implementation=None, preferred_element_type=None) -> jax.Array:
+def _out_dtype(preferred_element_type, *dtypes) -> np.dtype:
+    if preferred_element_type is None:
+        return jnp.dtype(jnp.result_type(*dtypes))
+    try:
+        dt = jnp.dtype(preferred_element_type)
+    except TypeError:
+        raise TypeError(f"Expected preferred_element_type a floating dtype. Got {preferred_element_type!r}.") from None
+    if not jnp.issubdtype(dt, jnp.floating):
+        raise TypeError(
+            f"Expected preferred_element_type a floating dtype (float16, bfloat16, float32, float64). Got {dt}; "
+            "block-sparse products accumulate in floating point and would truncate."
+        )
+    return dt
+
+
+def matmul(a, b, *, implementation=None, precision=None, preferred_element_type=None) -> jax.Array:
     """Block-sparse matrix product; exactly one of ``a`` and ``b`` is sparse.
 
     - ``sparse (m, k) @ dense (k, n)`` -> ``(m, n)``; also ``(k,)`` -> ``(m,)`` and batched
@@ -205,14 +265,20 @@ def matmul(a, b, *, implementation=None, preferred_element_type=None) -> jax.Arr
         a, b: a :class:`BlockSparseMatrix` or :class:`DynamicBlockSparseMatrix`, and a dense array.
         implementation: ``None`` (fastest available, falling back to pure JAX), ``"pallas"``,
             ``"xla"``, or a sequence tried in order.
-        preferred_element_type: output dtype; by default JAX's promotion of the two dtypes.
-            Half-precision inputs always accumulate in float32.
+        precision: as for ``jnp.dot``: ``None`` (``jax.default_matmul_precision`` if set, else the
+            backend default: TF32 tensor-core dots for float32 on a GPU), a ``jax.lax.Precision``
+            or its name. ``"highest"`` gives float32 accuracy for float32 inputs on every backend.
+        preferred_element_type: output dtype (floating); by default JAX's promotion of the two
+            dtypes. Half-precision inputs always accumulate in float32.
 
     Returns:
         The dense product. Differentiable w.r.t. the dense operand and the sparse ``.data``;
-        works under ``jit``, ``grad`` and ``vmap``.
+        works under ``jit``, ``grad`` and ``vmap``. For a dynamic matrix with invalid
+        coordinates the result and its gradients are NaN (see
+        :meth:`~blocksparse.DynamicBlockSparseMatrix.is_valid`).
     """
-    impls = _impls(implementation)
+    impls = resolve(implementation, _DEFAULT)
+    prec = _precision(precision)
     a_sparse, b_sparse = isinstance(a, _SPARSE), isinstance(b, _SPARSE)
     if a_sparse == b_sparse:
         raise TypeError(
@@ -230,13 +296,13 @@ def matmul(a, b, *, implementation=None, preferred_element_type=None) -> jax.Arr
                 f"Expected the dense operand's contracting dimension to be {k} (W is {W.shape}). "
                 f"Got {kx} (shape {x.shape})."
             )
-        out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(W.dtype, x.dtype))
+        s = OpStatic(impls, _out_dtype(preferred_element_type, W.dtype, x.dtype), prec)
         # Fold batch dimensions into the columns: (..., k, n) -> (k, B * n).
         if x.ndim == 1:
             x2 = x[:, None]
         else:
             x2 = jnp.moveaxis(x, -2, 0).reshape(k, math.prod(x.shape[:-2]) * x.shape[-1])
-        y2 = _sparse_dense(W, x2, impls, out_dtype, implementation is None)
+        y2 = _sparse_dense(W, x2, s, implementation is None)
         if x.ndim == 1:
             return y2[:, 0]
         return jnp.moveaxis(y2.reshape(m, *x.shape[:-2], x.shape[-1]), 0, -2)
@@ -246,8 +312,8 @@ def matmul(a, b, *, implementation=None, preferred_element_type=None) -> jax.Arr
         raise ValueError(
             f"Expected the dense operand's last dimension to be {m} (W is {W.shape}). Got shape {x.shape}."
         )
-    out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(W.dtype, x.dtype))
-    y2 = _dense_sparse(x.reshape(math.prod(x.shape[:-1]), m), W, impls, out_dtype, implementation is None)
+    s = OpStatic(impls, _out_dtype(preferred_element_type, W.dtype, x.dtype), prec)
+    y2 = _dense_sparse(x.reshape(math.prod(x.shape[:-1]), m), W, s, implementation is None)
     return y2.reshape(*x.shape[:-1], k)
 
 
@@ -257,27 +323,29 @@ def matmul(a, b, *, implementation=None, preferred_element_type=None) -> jax.Arr
 DYNAMIC_PALLAS_MIN_N = 1024
 
 
-def _sparse_dense(W, x, impls, out_dtype, default: bool = False):
+def _sparse_dense(W, x, s: OpStatic, default: bool = False):
     if isinstance(W, BlockSparseMatrix):
-        return _dsd(W.pattern, W.data, x, impls, out_dtype)
+        return _dsd(s.but(pattern=W.pattern), W.data, x)
     if default and x.shape[1] < DYNAMIC_PALLAS_MIN_N:
-        impls = tuple(sorted(impls, key=lambda name: name != "xla"))
+        s = s.but(impls=tuple(sorted(s.impls, key=lambda name: name != "xla")))
     keep, valid = _keep_and_validity(W)
-    return _poison(_dyn_dsd(W.grid, out_dtype, impls, W.rows, W.cols, keep, W.data, x), valid)
+    data, x = _nan_grad(valid, W.data), _nan_grad(valid, x)
+    return _poisoned(valid, _dyn_dsd(s.but(grid=W.grid), W.rows, W.cols, keep, data, x))
 
 
-def _dense_sparse(x, W, impls, out_dtype, default: bool = False):
+def _dense_sparse(x, W, s: OpStatic, default: bool = False):
     if isinstance(W, BlockSparseMatrix):
-        return _dds(x, W.pattern, W.data, impls, out_dtype)
+        return _dds(s.but(pattern=W.pattern), x, W.data)
     # x @ W = (W^T @ x^T)^T
-    return _sparse_dense(W.T, x.T, impls, out_dtype, default).T
+    return _sparse_dense(W.T, x.T, s, default).T
 
 
-def sdd(a, b, like, *, implementation=None, preferred_element_type=None):
+def sdd(a, b, like, *, implementation=None, precision=None, preferred_element_type=None):
     """``a (m, n) @ b (n, k)`` computed only at the blocks of ``like``; returns a matrix like ``like``.
 
     This is the gradient of a block-sparse product w.r.t. its values (SDDMM). The result has
     ``like``'s pattern (static) or coordinates and ``nnz`` (dynamic); padding blocks are zero.
+    ``implementation``, ``precision`` and ``preferred_element_type`` are as for :func:`matmul`.
     """
     if not isinstance(like, _SPARSE):
         raise TypeError(f"Expected `like` to be a block-sparse matrix. Got {type(like).__name__}.")
@@ -288,12 +356,13 @@ def sdd(a, b, like, *, implementation=None, preferred_element_type=None):
             f"Expected a of shape ({m}, n) and b of shape (n, {k}) to match `like` {like.shape}. "
             f"Got {a.shape} and {b.shape}."
         )
-    out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(a.dtype, b.dtype))
+    s = OpStatic(resolve(implementation, _DEFAULT), _out_dtype(preferred_element_type, a.dtype, b.dtype),
+                 _precision(precision))  # fmt: skip
     if isinstance(like, BlockSparseMatrix):
-        return like.tree_unflatten(like.pattern, (_sdd(a, b, like.pattern, _impls(implementation), out_dtype),))
+        return like.tree_unflatten(like.pattern, (_sdd(s.but(pattern=like.pattern), a, b),))
     keep, valid = _keep_and_validity(like)
-    impls = _impls(implementation)
-    data = _poison(_dyn_sdd(like.block_size, out_dtype, impls, like.rows, like.cols, keep, a, b), valid)
+    a, b = _nan_grad(valid, a), _nan_grad(valid, b)
+    data = _poisoned(valid, _dyn_sdd(s.but(block_size=like.block_size), like.rows, like.cols, keep, a, b))
     return DynamicBlockSparseMatrix.tree_unflatten(
         (like.shape, like.block_size), (like.rows, like.cols, data, like.nnz)
     )

@@ -22,17 +22,20 @@ row and tile, output aliased in place) sums them into the split rows only. No at
 
 Supported: block sides in {16, 32, 64, 128} (tensor-core dots need >= 16 and Triton tiles need
 powers of two); dtypes float16, bfloat16 (float32 accumulation) and float32 (TF32 tensor-core
-dots, like XLA's default on GPU; set ``FP32_PRECISION = "ieee"`` for exact float32). Smaller blocks
+dots, like XLA's default on GPU; ``precision=HIGHEST`` gives exact float32 dots). Smaller blocks
 (1, 4, 8) raise ``NotImplementedError`` and dispatch falls back to XLA; see docs/kernels.md.
 
+Tile sizes and launch parameters come from :func:`kernel_config` (a JAX user context, part of the
+``jit`` cache key), chosen per problem where unset.
+
 On a machine without a GPU the backend reports itself unavailable, unless interpret mode is on
-(``BLOCKSPARSE_PALLAS_INTERPRET=1`` or ``blocksparse.ops.interpret()``, shared by every op), in
-which case the kernels run in Pallas' interpreter:
-that is how CI checks their logic on the CPU.
+(``BLOCKSPARSE_PALLAS_INTERPRET=1`` or ``blocksparse.interpret()``, shared by every op), in which
+case the kernels run in Pallas' interpreter: that is how CI checks their logic on the CPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 
@@ -47,10 +50,8 @@ from ..._util import next_power_of_2
 from .. import _dispatch
 from .lowering import GpuLowering, lower, redistribute
 
-__all__ = ["PallasBackend", "KernelConfig", "FP32_PRECISION", "SUPPORTED_BLOCKS"]
+__all__ = ["PallasBackend", "KernelConfig", "SUPPORTED_BLOCKS", "kernel_config"]
 
-#: "tf32" (tensor cores, XLA's default for float32 on GPU) or "ieee" (exact, CUDA cores).
-FP32_PRECISION: str = "tf32"
 SUPPORTED_BLOCKS = (16, 32, 64, 128)
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
 
@@ -77,8 +78,26 @@ class KernelConfig:
     max_len: int | None = None
 
 
-#: Overrides used by the benchmark to try variants; the defaults are chosen per problem.
-CONFIG = KernelConfig()
+# The configuration in force: part of the jit cache key (a JAX user context), local to the thread.
+_CONFIG = jax.make_user_context(KernelConfig())
+
+
+@contextlib.contextmanager
+def kernel_config(config: KernelConfig | None = None, **fields):
+    """Use ``config`` (or a :class:`KernelConfig` with ``fields``) for the kernels traced inside.
+
+    Example::
+
+        with kernel_config(tn=64, num_warps=4):
+            y = jax.jit(lambda W, x: W @ x)(W, x)   # traced (and cached) with these tiles
+    """
+    cfg = dataclasses.replace(config or KernelConfig(), **fields)
+    with _CONFIG(cfg):
+        yield cfg
+
+
+def current_config() -> KernelConfig:
+    return _CONFIG.value
 
 
 def _tile(n: int, preferred: int) -> int:
@@ -106,10 +125,12 @@ def _pad_to(x, axis: int, multiple: int):
     return jnp.pad(x, widths)
 
 
-def _dot(a, b, *, contract=((1,), (0,))):
-    """float32-accumulating tensor-core dot of two tiles; contraction dims as in ``dot_general``."""
+def _dot(a, b, *, exact: bool, contract=((1,), (0,))):
+    """float32-accumulating dot of two tiles; contraction dims as in ``dot_general``.
+
+    float32 tiles use TF32 tensor cores unless ``exact`` (then IEEE float32 dots)."""
     if a.dtype == jnp.float32:
-        precision = lax.Precision.HIGHEST if FP32_PRECISION == "ieee" else lax.Precision.HIGH
+        precision = lax.Precision.HIGHEST if exact else lax.Precision.HIGH
     else:
         precision = None
     return lax.dot_general(a, b, (contract, ((), ())), precision=precision, preferred_element_type=jnp.float32)
@@ -122,13 +143,13 @@ def _params(num_warps: int, num_stages: int):
 
 
 def _interpret() -> bool:
-    return bool(_dispatch.INTERPRET)
+    return _dispatch.interpreting()
 
 
 # --------------------------------------------------------------------------------------------
 # dsd: y (m, n) = W (m, k) @ x (k, n)
 # --------------------------------------------------------------------------------------------
-def _dsd_kernel(start_ref, len_ref, dest_ref, col_ref, id_ref, w_ref, x_ref, y_ref, p_ref, *, bh, bw, tn, acc_t):
+def _dsd_kernel(start_ref, len_ref, dest_ref, col_ref, id_ref, w_ref, x_ref, y_ref, p_ref, *, bh, bw, tn, acc_t, exact):
     u = pl.program_id(0)
     n0 = pl.multiple_of(pl.program_id(1) * tn, tn)
     start = start_ref[u]
@@ -142,8 +163,8 @@ def _dsd_kernel(start_ref, len_ref, dest_ref, col_ref, id_ref, w_ref, x_ref, y_r
         w = w_ref[pl.ds(pl.multiple_of(d * bh, bh), bh), :]  # (bh, bw)
         xs = x_ref[pl.ds(pl.multiple_of(c * bw, bw), bw), pl.ds(n0, tn)]  # (bw, tn)
         if acc_t:
-            return acc + _dot(xs, w, contract=((0,), (1,)))  # (tn, bh)
-        return acc + _dot(w, xs)  # (bh, tn)
+            return acc + _dot(xs, w, exact=exact, contract=((0,), (1,)))  # (tn, bh)
+        return acc + _dot(w, xs, exact=exact)  # (bh, tn)
 
     shape = (tn, bh) if acc_t else (bh, tn)
     acc = lax.fori_loop(0, length, body, jnp.zeros(shape, jnp.float32))
@@ -218,9 +239,9 @@ def _combine_rows(y, p, sched, block: int, tile: int, axis: int, num_warps: int)
     )(jnp.asarray(sched.split_rows), jnp.asarray(offsets), y, p)
 
 
-def dsd(pattern: BlockPattern, data, x, out_dtype, config: KernelConfig | None = None):
+def dsd(pattern: BlockPattern, data, x, out_dtype, *, exact: bool = False, config: KernelConfig | None = None):
     """``W @ x`` with the Pallas kernel; ``data`` and ``x`` already of one supported dtype."""
-    cfg = config or CONFIG
+    cfg = config or current_config()
     bh, bw = pattern.block_size
     m, _ = pattern.shape
     n = x.shape[1]
@@ -229,10 +250,10 @@ def dsd(pattern: BlockPattern, data, x, out_dtype, config: KernelConfig | None =
     tn = _tile(n, cfg.tn or _default_tn(bh, n, pattern.grid[0]))
     tiles = pl.cdiv(n, tn)
     sched = lower(pattern, GpuLowering(op="dsd", tiles=tiles, max_len=cfg.max_len))
-    return _dsd_call(sched, m, data, x, out_dtype, tn, cfg)
+    return _dsd_call(sched, m, data, x, out_dtype, tn, cfg, exact)
 
 
-def _dsd_call(sched, m: int, data, x, out_dtype, tn: int, cfg: KernelConfig):
+def _dsd_call(sched, m: int, data, x, out_dtype, tn: int, cfg: KernelConfig, exact: bool):
     """Run the dsd kernel on a host (:class:`RowSplitSchedule`) or traced (dynamic) schedule."""
     _, bh, bw = data.shape
     n = x.shape[1]
@@ -245,7 +266,7 @@ def _dsd_call(sched, m: int, data, x, out_dtype, tn: int, cfg: KernelConfig):
     nw = cfg.num_warps or (8 if bh * tn >= 128 * 128 else 4)
     ns = cfg.num_stages or 3
     s = max(sched.num_partials, 1)
-    kernel = functools.partial(_dsd_kernel, bh=bh, bw=bw, tn=tn, acc_t=acc_t)
+    kernel = functools.partial(_dsd_kernel, bh=bh, bw=bw, tn=tn, acc_t=acc_t, exact=exact)
     y, p = pl.pallas_call(
         kernel,
         grid=(sched.num_units, tiles),
@@ -269,23 +290,25 @@ def _dsd_call(sched, m: int, data, x, out_dtype, tn: int, cfg: KernelConfig):
     return y[:, :n] if npad else y
 
 
-def dsd_dynamic(rows, cols, keep, data, x, num_rows: int, out_dtype, config: KernelConfig | None = None):
+def dsd_dynamic(
+    rows, cols, keep, data, x, num_rows: int, out_dtype, *, exact: bool = False, config: KernelConfig | None = None
+):
     """``W @ x`` for a traced block COO (``keep`` masks padding): the same kernel, on a work list
     that :func:`.lowering.redistribute` builds inside ``jit``."""
-    cfg = config or CONFIG
+    cfg = config or current_config()
     _, bh, _ = data.shape
     n = x.shape[1]
     if data.shape[0] == 0 or n == 0 or x.shape[0] == 0:  # k == 0: no block can be in range
         return jnp.zeros((num_rows * bh, n), out_dtype)
     tn = _tile(n, cfg.tn or _default_tn(bh, n, num_rows))
     sched = redistribute(rows, cols, keep, num_rows, cfg.max_len)
-    return _dsd_call(sched, num_rows * bh, data, x, out_dtype, tn, cfg)
+    return _dsd_call(sched, num_rows * bh, data, x, out_dtype, tn, cfg, exact)
 
 
 # --------------------------------------------------------------------------------------------
 # dds: y (B, k) = x (B, m) @ W (m, k)
 # --------------------------------------------------------------------------------------------
-def _dds_kernel(start_ref, len_ref, dest_ref, col_ref, id_ref, w_ref, x_ref, y_ref, p_ref, *, bh, bw, tb):
+def _dds_kernel(start_ref, len_ref, dest_ref, col_ref, id_ref, w_ref, x_ref, y_ref, p_ref, *, bh, bw, tb, exact):
     u = pl.program_id(0)
     b0 = pl.multiple_of(pl.program_id(1) * tb, tb)
     start = start_ref[u]
@@ -298,7 +321,7 @@ def _dds_kernel(start_ref, len_ref, dest_ref, col_ref, id_ref, w_ref, x_ref, y_r
         d = id_ref[j]
         w = w_ref[pl.ds(pl.multiple_of(d * bh, bh), bh), :]  # (bh, bw)
         xs = x_ref[pl.ds(b0, tb), pl.ds(pl.multiple_of(r * bh, bh), bh)]  # (tb, bh)
-        return acc + _dot(xs, w)  # (tb, bw)
+        return acc + _dot(xs, w, exact=exact)  # (tb, bw)
 
     acc = lax.fori_loop(0, length, body, jnp.zeros((tb, bw), jnp.float32))
 
@@ -311,9 +334,9 @@ def _dds_kernel(start_ref, len_ref, dest_ref, col_ref, id_ref, w_ref, x_ref, y_r
         p_ref[pl.ds(b0, tb), pl.ds(pl.multiple_of((-1 - dest) * bw, bw), bw)] = acc
 
 
-def dds(x, pattern: BlockPattern, data, out_dtype, config: KernelConfig | None = None):
+def dds(x, pattern: BlockPattern, data, out_dtype, *, exact: bool = False, config: KernelConfig | None = None):
     """``x @ W`` with the Pallas kernel, walking W's block columns through the cached transpose."""
-    cfg = config or CONFIG
+    cfg = config or current_config()
     bh, bw = pattern.block_size
     _, k = pattern.shape
     b = x.shape[0]
@@ -326,7 +349,7 @@ def dds(x, pattern: BlockPattern, data, out_dtype, config: KernelConfig | None =
     nw = cfg.num_warps or (8 if bw * tb >= 128 * 128 else 4)
     ns = cfg.num_stages or 3
     s = max(sched.num_partials, 1)
-    kernel = functools.partial(_dds_kernel, bh=bh, bw=bw, tb=tb)
+    kernel = functools.partial(_dds_kernel, bh=bh, bw=bw, tb=tb, exact=exact)
     y, p = pl.pallas_call(
         kernel,
         grid=(sched.num_units, tiles),
@@ -353,7 +376,7 @@ def dds(x, pattern: BlockPattern, data, out_dtype, config: KernelConfig | None =
 # --------------------------------------------------------------------------------------------
 # sdd: out[i] = a[rows of block i] @ b[:, cols of block i]
 # --------------------------------------------------------------------------------------------
-def _sdd_kernel(row_ref, col_ref, a_ref, b_ref, o_ref, *, bh, bw, tk, steps):
+def _sdd_kernel(row_ref, col_ref, a_ref, b_ref, o_ref, *, bh, bw, tk, steps, exact):
     i = pl.program_id(0)
     r0 = pl.multiple_of(row_ref[i] * bh, bh)
     c0 = pl.multiple_of(col_ref[i] * bw, bw)
@@ -362,20 +385,21 @@ def _sdd_kernel(row_ref, col_ref, a_ref, b_ref, o_ref, *, bh, bw, tk, steps):
         k0 = pl.multiple_of(s * tk, tk)
         a = a_ref[pl.ds(r0, bh), pl.ds(k0, tk)]  # (bh, tk)
         b = b_ref[pl.ds(k0, tk), pl.ds(c0, bw)]  # (tk, bw)
-        return acc + _dot(a, b)
+        return acc + _dot(a, b, exact=exact)
 
     acc = lax.fori_loop(0, steps, body, jnp.zeros((bh, bw), jnp.float32))
     o_ref[pl.ds(pl.multiple_of(i * bh, bh), bh), :] = acc.astype(o_ref.dtype)
 
 
-def sdd(a, b, pattern: BlockPattern, out_dtype, config: KernelConfig | None = None):
+def sdd(a, b, pattern: BlockPattern, out_dtype, *, exact: bool = False, config: KernelConfig | None = None):
     """``(a @ b)`` at the blocks of ``pattern``, laid out like ``.data``: ``(nnz, bh, bw)``."""
-    return sdd_coords(a, b, jnp.asarray(pattern.rows), jnp.asarray(pattern.cols), pattern.block_size, out_dtype, config)
+    rows, cols = jnp.asarray(pattern.rows), jnp.asarray(pattern.cols)
+    return sdd_coords(a, b, rows, cols, pattern.block_size, out_dtype, exact=exact, config=config)
 
 
-def sdd_coords(a, b, rows, cols, block_size, out_dtype, config: KernelConfig | None = None):
+def sdd_coords(a, b, rows, cols, block_size, out_dtype, *, exact: bool = False, config: KernelConfig | None = None):
     """``(a @ b)`` at block coordinates ``rows``, ``cols`` (host or traced, all in range)."""
-    cfg = config or CONFIG
+    cfg = config or current_config()
     bh, bw = block_size
     nnz = rows.shape[0]
     n = a.shape[1]
@@ -388,7 +412,7 @@ def sdd_coords(a, b, rows, cols, block_size, out_dtype, config: KernelConfig | N
     steps = ap.shape[1] // tk
     nw = cfg.num_warps or (8 if bh * bw >= 128 * 128 else 4)
     ns = cfg.num_stages or 3
-    kernel = functools.partial(_sdd_kernel, bh=bh, bw=bw, tk=tk, steps=steps)
+    kernel = functools.partial(_sdd_kernel, bh=bh, bw=bw, tk=tk, steps=steps, exact=exact)
     out = pl.pallas_call(
         kernel,
         grid=(nnz,),
@@ -420,31 +444,36 @@ def _check(block_size: tuple[int, int], *dtypes) -> jnp.dtype:
     return jnp.dtype(dt)
 
 
+def _exact(s) -> bool:
+    return s.precision == lax.Precision.HIGHEST
+
+
 class PallasBackend:
     """Backend object for :mod:`blocksparse.ops.matmul.api` (``implementation="pallas"``)."""
 
     name = "pallas"
 
-    def dsd(self, pattern: BlockPattern, data, x, out_dtype):
-        dt = _check(pattern.block_size, data.dtype, x.dtype)
-        return dsd(pattern, data.astype(dt), x.astype(dt), out_dtype)
+    def dsd(self, s, data, x):
+        dt = _check(s.pattern.block_size, data.dtype, x.dtype)
+        return dsd(s.pattern, data.astype(dt), x.astype(dt), s.out_dtype, exact=_exact(s))
 
-    def dds(self, x, pattern: BlockPattern, data, out_dtype):
-        dt = _check(pattern.block_size, data.dtype, x.dtype)
-        return dds(x.astype(dt), pattern, data.astype(dt), out_dtype)
+    def dds(self, s, x, data):
+        dt = _check(s.pattern.block_size, data.dtype, x.dtype)
+        return dds(x.astype(dt), s.pattern, data.astype(dt), s.out_dtype, exact=_exact(s))
 
-    def sdd(self, a, b, pattern: BlockPattern, out_dtype):
-        dt = _check(pattern.block_size, a.dtype, b.dtype)
-        return sdd(a.astype(dt), b.astype(dt), pattern, out_dtype)
+    def sdd(self, s, a, b):
+        dt = _check(s.pattern.block_size, a.dtype, b.dtype)
+        return sdd(a.astype(dt), b.astype(dt), s.pattern, s.out_dtype, exact=_exact(s))
 
-    def dyn_dsd(self, rows, cols, keep, data, x, num_rows: int, out_dtype):
+    def dyn_dsd(self, s, rows, cols, keep, data, x):
         dt = _check(data.shape[1:], data.dtype, x.dtype)
-        return dsd_dynamic(rows, cols, keep, data.astype(dt), x.astype(dt), num_rows, out_dtype)
+        return dsd_dynamic(rows, cols, keep, data.astype(dt), x.astype(dt), s.grid[0], s.out_dtype, exact=_exact(s))
 
-    def dyn_sdd(self, a, b, rows, cols, keep, block_size, out_dtype):
+    def dyn_sdd(self, s, rows, cols, keep, a, b):
+        block_size = s.block_size
         dt = _check(block_size, a.dtype, b.dtype)
         if a.shape[0] == 0 or b.shape[1] == 0:  # no block can be in range
-            return jnp.zeros((rows.shape[0], *block_size), out_dtype)
+            return jnp.zeros((rows.shape[0], *block_size), s.out_dtype)
         r, c = jnp.where(keep, rows, 0), jnp.where(keep, cols, 0)
-        out = sdd_coords(a.astype(dt), b.astype(dt), r, c, block_size, out_dtype)
+        out = sdd_coords(a.astype(dt), b.astype(dt), r, c, block_size, s.out_dtype, exact=_exact(s))
         return jnp.where(keep[:, None, None], out, jnp.zeros((), out.dtype))

@@ -28,7 +28,7 @@ def _chunks(nnz: int, per_block_bytes: int) -> int:
     return max(1, min(nnz, _CHUNK_BYTES // max(per_block_bytes, 1)))
 
 
-def coo_dsd(rows, cols, data, x, grid_m: int, *, sorted_rows: bool, out_dtype) -> jax.Array:
+def coo_dsd(rows, cols, data, x, grid_m: int, *, sorted_rows: bool, out_dtype, precision=None) -> jax.Array:
     """``W @ x`` for ``W`` given as block COO (``rows``, ``cols``, ``data (nnz, bh, bw)``); ``x (k, n)``.
 
     Blocks whose row is ``>= grid_m`` are dropped (that is how callers mask padding).
@@ -41,7 +41,7 @@ def coo_dsd(rows, cols, data, x, grid_m: int, *, sorted_rows: bool, out_dtype) -
         return jnp.zeros((grid_m * bh, n), out_dtype)
 
     def part(r, c, d):
-        prod = jnp.einsum("zij,zjn->zin", d, xb[c], preferred_element_type=acc)
+        prod = jnp.einsum("zij,zjn->zin", d, xb[c], precision=precision, preferred_element_type=acc)
         return jax.ops.segment_sum(prod, r, num_segments=grid_m, indices_are_sorted=sorted_rows)
 
     chunk = _chunks(nnz, (bh + bw) * n * acc.itemsize)
@@ -56,7 +56,7 @@ def coo_dsd(rows, cols, data, x, grid_m: int, *, sorted_rows: bool, out_dtype) -
     return y.reshape(grid_m * bh, n).astype(out_dtype)
 
 
-def coo_sdd(a, b, rows, cols, block_size, *, out_dtype) -> jax.Array:
+def coo_sdd(a, b, rows, cols, block_size, *, out_dtype, precision=None) -> jax.Array:
     """``(a @ b)`` sampled at the blocks ``(rows, cols)``: returns ``(nnz, bh, bw)``."""
     bh, bw = block_size
     m, n = a.shape
@@ -69,7 +69,9 @@ def coo_sdd(a, b, rows, cols, block_size, *, out_dtype) -> jax.Array:
     bb = b.reshape(n, k // bw, bw).swapaxes(0, 1)  # (k // bw, n, bw)
 
     def part(r, c):
-        return jnp.einsum("zin,znj->zij", ab[r], bb[c], preferred_element_type=acc).astype(out_dtype)
+        return jnp.einsum("zin,znj->zij", ab[r], bb[c], precision=precision, preferred_element_type=acc).astype(
+            out_dtype
+        )
 
     chunk = _chunks(nnz, (bh + bw) * n * a.dtype.itemsize)
     if chunk >= nnz:
@@ -88,32 +90,39 @@ def transposed(pattern: BlockPattern, data):
 
 
 class XlaBackend:
-    """The reference backend. Every backend implements these three static ops."""
+    """The reference backend: the specification every kernel is tested against.
+
+    Every backend implements these methods; each takes the call's
+    :class:`~blocksparse.ops.matmul.api.OpStatic` first, then the arrays.
+    """
 
     name = "xla"
 
-    def dsd(self, pattern: BlockPattern, data, x, out_dtype):
+    def dsd(self, s, data, x):
+        p = s.pattern
         return coo_dsd(
-            jnp.asarray(pattern.rows), jnp.asarray(pattern.cols), data, x, pattern.grid[0],
-            sorted_rows=True, out_dtype=out_dtype,
+            jnp.asarray(p.rows), jnp.asarray(p.cols), data, x, p.grid[0],
+            sorted_rows=True, out_dtype=s.out_dtype, precision=s.precision,
         )  # fmt: skip
 
-    def dds(self, x, pattern: BlockPattern, data, out_dtype):
+    def dds(self, s, x, data):
         # x (B, m) @ W (m, k) = (W^T @ x^T)^T, on the cached transposed pattern.
-        return self.dsd(*transposed(pattern, data), x.T, out_dtype).T
+        t, data_t = transposed(s.pattern, data)
+        return self.dsd(s.but(pattern=t), data_t, x.T).T
 
-    def sdd(self, a, b, pattern: BlockPattern, out_dtype):
-        return coo_sdd(
-            a, b, jnp.asarray(pattern.rows), jnp.asarray(pattern.cols), pattern.block_size, out_dtype=out_dtype
-        )
+    def sdd(self, s, a, b):
+        p = s.pattern
+        return coo_sdd(a, b, jnp.asarray(p.rows), jnp.asarray(p.cols), p.block_size,
+                       out_dtype=s.out_dtype, precision=s.precision)  # fmt: skip
 
     # Dynamic (traced) patterns: ``keep`` masks padding and invalid blocks.
-    def dyn_dsd(self, rows, cols, keep, data, x, num_rows: int, out_dtype):
+    def dyn_dsd(self, s, rows, cols, keep, data, x):
+        num_rows = s.grid[0]
         r = jnp.where(keep, rows, num_rows)  # out of range: dropped by the segment sum
         c = jnp.where(keep, cols, 0)
-        return coo_dsd(r, c, data, x, num_rows, sorted_rows=False, out_dtype=out_dtype)
+        return coo_dsd(r, c, data, x, num_rows, sorted_rows=False, out_dtype=s.out_dtype, precision=s.precision)
 
-    def dyn_sdd(self, a, b, rows, cols, keep, block_size, out_dtype):
+    def dyn_sdd(self, s, rows, cols, keep, a, b):
         r, c = jnp.where(keep, rows, 0), jnp.where(keep, cols, 0)
-        out = coo_sdd(a, b, r, c, block_size, out_dtype=out_dtype)
+        out = coo_sdd(a, b, r, c, s.block_size, out_dtype=s.out_dtype, precision=s.precision)
         return jnp.where(keep[:, None, None], out, jnp.zeros((), out.dtype))
