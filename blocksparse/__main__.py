@@ -1,50 +1,160 @@
-"""Command line: ``python -m blocksparse demo`` (and more subcommands as they land)."""
+"""Command line: ``python -m blocksparse demo`` (multiply, check, time) and ``python -m blocksparse plan`` (IPU model).
+
+Bad input ends with a one-line message naming the expected and the actual value, and exit status 2.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from fractions import Fraction
+
+#: Size guards, checked before anything is allocated. The pattern generator draws from every cell
+#: of the block grid, so the grid is capped; the planner's time grows with the non-zero blocks
+#: (about 10 s for a million on a laptop CPU); the demo holds W densely next to x and the output.
+MAX_GRID_BLOCKS = 1 << 24
+MAX_NNZ_BLOCKS = 1 << 20
+MAX_N = 1 << 22
+MAX_DEMO_ELEMENTS = 1 << 26
+
+
+class _Error(Exception):
+    """Bad command-line input: reported as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage block
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+# -- argument types -----------------------------------------------------------------------------------
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return v
+
+
+def _fraction(text: str, what: str) -> float:
+    """A number in ``(0, 1]`` written as a fraction (``"1/16"``) or a decimal (``"0.0625"``)."""
+    try:
+        v = Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        v = None
+    if v is None or not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"expected {what} in (0, 1], got {text!r}")
+    return float(v)
+
+
+def _density(text: str) -> float:
+    """A density of 0 is refused: it has no work, and any speedup reported for it would be meaningless."""
+    return _fraction(text, "a density such as 1/16 or 0.0625")
+
+
+def _proportion(text: str) -> float:
+    return _fraction(text, "a proportion such as 0.6")
+
+
+# -- guards -------------------------------------------------------------------------------------------
+def _check_grid(m: int, k: int, block: int, density: float, shape_flags: str) -> None:
+    """Block divides the shape, and the grid and its non-zero blocks are within the size guards."""
+    if m % block or k % block:
+        raise _Error(f"expected --block to divide {shape_flags}; got --block {block} for a {m} x {k} matrix")
+    grid = (m // block) * (k // block)
+    if grid > MAX_GRID_BLOCKS:
+        raise _Error(
+            f"expected at most MAX_GRID_BLOCKS={MAX_GRID_BLOCKS:,} blocks in the grid of a {m} x {k} matrix with "
+            f"--block {block}; got {m // block:,} x {k // block:,} = {grid:,}: use a smaller shape or a larger block"
+        )
+    nnz = round(density * grid)
+    if nnz > MAX_NNZ_BLOCKS:
+        raise _Error(
+            f"expected at most MAX_NNZ_BLOCKS={MAX_NNZ_BLOCKS:,} non-zero blocks (density x grid blocks); "
+            f"got {density:g} x {grid:,} = {nnz:,}: lower the density or the shape, or use a larger block"
+        )
+
+
+def _check_json_path(path: str) -> None:
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise _Error(f"expected --json to name a writable file; got {path!r} (its folder is missing or read-only)")
+
+
+# -- subcommands --------------------------------------------------------------------------------------
+def _median(times: list[float]) -> float:
+    return sorted(times)[len(times) // 2]
 
 
 def _demo(args) -> int:
+    m = k = args.size
+    _check_grid(m, k, args.block, args.density, "--size")
+    elements = m * k + k * args.n + m * args.n
+    if elements > MAX_DEMO_ELEMENTS:
+        raise _Error(
+            f"expected at most MAX_DEMO_ELEMENTS={MAX_DEMO_ELEMENTS:,} dense elements (size^2 + 2 size n); "
+            f"got {elements:,} for --size {m} --n {args.n}"
+        )
     import jax
     import jax.numpy as jnp
+    import numpy as np
 
     import blocksparse as bs
 
-    m = k = args.size
-    W = bs.random(jax.random.key(0), (m, k), args.block, args.density)
-    x = jax.random.normal(jax.random.key(1), (k, args.n))
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; {W}")
+    dtype = jnp.dtype(args.dtype)
+    W = bs.random(jax.random.key(args.seed), (m, k), args.block, args.density, dtype=dtype)
+    x = jax.random.normal(jax.random.key(args.seed + 1), (k, args.n), dtype)
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; {W}; x {k} x {args.n}")
     dense_w = W.to_dense()
     sparse_fn = jax.jit(lambda W, x: W @ x)
     dense_fn = jax.jit(jnp.dot)
+    with bs.dispatch_log() as log:  # recorded while the sparse product is traced (its first call)
+        y = sparse_fn(W, x).block_until_ready()
+    ref = dense_fn(dense_w, x).block_until_ready()
+    ran = ", ".join(f"{op}: {name}" for op, name in dict.fromkeys(log)) or "none recorded"
+    print(f"implementation: {ran}")
+    medians = {}
     for name, fn, a in (("block-sparse", sparse_fn, W), ("dense jnp.dot", dense_fn, dense_w)):
-        fn(a, x).block_until_ready()
         times = []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
             fn(a, x).block_until_ready()
             times.append(time.perf_counter() - t0)
-        times.sort()
-        print(f"{name:>14}: median {times[len(times) // 2] * 1e3:8.3f} ms over {args.repeats} calls")
-    err = float(jnp.max(jnp.abs(sparse_fn(W, x) - dense_fn(dense_w, x))))
-    print(f"max |sparse - dense| = {err:.3g}")
-    return 0 if err < 1e-3 * max(1.0, float(jnp.max(jnp.abs(dense_fn(dense_w, x))))) else 1
-
-
-def _fraction(text: str) -> float:
-    """``"1/16"`` or ``"0.0625"``."""
-    from fractions import Fraction
-
-    try:
-        return float(Fraction(text))
-    except (ValueError, ZeroDivisionError):
-        raise argparse.ArgumentTypeError(f"expected a density such as 1/16 or 0.0625, got {text!r}") from None
+        medians[name] = _median(times)
+        print(f"{name:>14}: median {medians[name] * 1e3:8.3f} ms over {args.repeats} calls")
+    # Accuracy against float64, for both: the classical bound |fl(W x) - W x| <= k eps |W| |x|.
+    w64, x64 = np.asarray(dense_w, np.float64), np.asarray(x, np.float64)
+    exact = w64 @ x64
+    err = np.abs(np.asarray(y, np.float64) - np.asarray(ref, np.float64))
+    rel = float(err.max() / max(np.abs(exact).max(), np.finfo(np.float64).tiny)) if err.size else 0.0
+    tol = k * float(jnp.finfo(dtype).eps)
+    ok = bool(np.all(err <= 2 * tol * (np.abs(w64) @ np.abs(x64)) + np.finfo(dtype).tiny))
+    print(f"relative error vs dense (max |sparse - dense| / max |dense|): {rel:.3g}")
+    verdict = "within" if ok else "NOT within"
+    print(f"verdict: {verdict} the {dtype.name} tolerance (k x eps = {tol:.3g}, relative to |W| |x|)")
+    speedup = medians["dense jnp.dot"] / medians["block-sparse"]
+    print(f"speedup over dense jnp.dot: {speedup:.2f}x (median times)")
+    return 0 if ok else 1
 
 
 def _plan(args) -> int:
+    _check_grid(args.m, args.k, args.block, args.density, "--m and --k")
+    if args.json:
+        _check_json_path(args.json)
     import blocksparse as bs
 
     pattern = bs.BlockPattern.random(args.seed, (args.m, args.k), args.block, args.density)
@@ -57,38 +167,58 @@ def _plan(args) -> int:
     )
     print(p.report())
     if args.json:
-        p.to_json(args.json)
+        try:
+            p.to_json(args.json)
+        except OSError as e:
+            raise _Error(f"expected --json to name a writable file; got {args.json!r} ({e.strerror})") from None
         print(f"wrote {args.json}")
     return 0
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m blocksparse", description=__doc__)
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    demo = sub.add_parser("demo", help="multiply a random block-sparse matrix, compare with dense, time both")
-    demo.add_argument("--size", type=int, default=1024)
-    demo.add_argument("--n", type=int, default=256)
-    demo.add_argument("--block", type=int, default=16)
-    demo.add_argument("--density", type=float, default=1 / 16)
-    demo.add_argument("--repeats", type=int, default=10)
+def _parser() -> argparse.ArgumentParser:
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    parser = _Parser(prog="python -m blocksparse", description=__doc__, formatter_class=fmt)
+    sub = parser.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    demo = sub.add_parser(
+        "demo", formatter_class=fmt, help="multiply a random block-sparse matrix, check it against dense, time both"
+    )
+    demo.add_argument("--size", type=_positive_int, default=512, help="m = k of the square block-sparse W")
+    demo.add_argument("--n", type=_positive_int, default=256, help="columns of the dense x")
+    demo.add_argument("--block", type=_positive_int, default=16, help="block side b (b x b blocks); divides --size")
+    demo.add_argument("--density", type=_density, default=1 / 16, help="fraction of non-zero blocks, e.g. 1/16")
+    demo.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="dtype of W and x")
+    demo.add_argument("--repeats", type=_positive_int, default=5, help="timed calls of each product (median)")
+    demo.add_argument("--seed", type=_nonneg_int, default=0, help="random seed of W and x")
     demo.set_defaults(func=_demo)
-    pl = sub.add_parser("plan", help="plan a random block-sparse W @ X on an IPU model and print the report")
-    pl.add_argument("--m", type=int, default=4096)
-    pl.add_argument("--k", type=int, default=4096)
-    pl.add_argument("--n", type=int, default=2048)
-    pl.add_argument("--block", type=int, default=16)
-    pl.add_argument("--density", type=_fraction, default=1 / 16, help="e.g. 1/16 or 0.0625")
-    pl.add_argument("--dtype", choices=("float16", "float32"), default="float16")
-    pl.add_argument("--machine", choices=("bow", "mk2"), default="bow")
-    pl.add_argument("--available-memory-proportion", type=float, default=0.6)
-    pl.add_argument("--seed", type=int, default=0)
-    pl.add_argument("--json", metavar="PATH", help="also write the plan summary as JSON")
+    pl = sub.add_parser(
+        "plan", formatter_class=fmt, help="plan a random block-sparse W @ X on an IPU model and print the report"
+    )
+    pl.add_argument("--m", type=_positive_int, default=4096, help="rows of W")
+    pl.add_argument("--k", type=_positive_int, default=4096, help="columns of W (rows of X)")
+    pl.add_argument("--n", type=_positive_int, default=2048, help=f"columns of X (at most {MAX_N:,})")
+    pl.add_argument("--block", type=_positive_int, default=16, help="block side b (b x b blocks); divides --m, --k")
+    pl.add_argument("--density", type=_density, default=1 / 16, help="fraction of non-zero blocks, e.g. 1/16")
+    pl.add_argument("--dtype", choices=("float16", "float32"), default="float16", help="operand dtype")
+    pl.add_argument("--machine", choices=("bow", "mk2"), default="bow", help="IPU model")
+    pl.add_argument(
+        "--available-memory-proportion", type=_proportion, default=0.6, help="fraction of tile memory the plan may use"
+    )
+    pl.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the random pattern")
+    pl.add_argument("--json", metavar="PATH", default=None, help="also write the plan summary as JSON to PATH")
     pl.set_defaults(func=_plan)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
+    if args.cmd == "plan" and args.n > MAX_N:
+        parser.exit(2, f"{parser.prog} plan: error: expected --n <= MAX_N={MAX_N:,}; got {args.n:,}\n")
     try:
         return args.func(args)
-    except (ValueError, TypeError) as e:  # bad input: the message names expected and actual values
-        parser.exit(2, f"{parser.prog} {args.cmd}: error: {e}\n")
+    except (_Error, ValueError, TypeError) as e:  # bad input: the message names expected and actual values
+        message = " ".join(str(e).split())  # one line
+        parser.exit(2, f"{parser.prog} {args.cmd}: error: {message}\n")
 
 
 if __name__ == "__main__":
