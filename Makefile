@@ -1,12 +1,27 @@
-# Every target creates the virtual environment on first use (Python 3.12 through .python-version).
+# Every target creates the virtual environment on first use (Python >= 3.12; with pyenv,
+# .python-version selects 3.12). `make PY=python3.12 ...` picks another interpreter.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+PYTEST := PYTHONPATH=. $(BIN)/python -m pytest
+NEED_PY := import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)
 
-.PHONY: demo test test-gpu bench lint clean
+.PHONY: demo test test-slow test-gpu bench lint clean FORCE
 
+# A .venv without a working Python >= 3.12 (a first `make` under the wrong interpreter, a removed
+# interpreter) is rebuilt rather than reused: force the install step, which recreates it.
+ifneq ($(shell $(BIN)/python -c '$(NEED_PY)' >/dev/null 2>&1 && echo ok),ok)
+$(STAMP): FORCE
+endif
+
+# The stamp is stale when pyproject.toml changes (dependencies, extras): reinstall.
 $(STAMP): pyproject.toml
+	@$(PY) -c '$(NEED_PY)' 2>/dev/null || { \
+	  echo "error: $(PY) is not Python >= 3.12 ($$($(PY) --version 2>&1)); run e.g. 'make PY=python3.12 $(MAKECMDGOALS)'" >&2; \
+	  exit 1; }
+	@if [ -e $(VENV) ] && ! $(BIN)/python -c '$(NEED_PY)' >/dev/null 2>&1; then \
+	  echo "$(VENV) has no working Python >= 3.12; recreating it with $(PY)"; rm -rf $(VENV); fi
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
@@ -15,8 +30,21 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python -m blocksparse demo
 
+# CPU suite (Pallas kernels in interpret mode, docs blocks, docstring examples); `slow` tests excluded.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 tests
+	$(PYTEST) -q -n 2 -m "not slow" tests
+
+test-slow: $(STAMP)
+	$(PYTEST) -q -n 2 -m slow tests
+
+# On a GPU machine: the tests that need a CUDA GPU.
+test-gpu: $(STAMP)
+	$(PYTEST) -q -m gpu tests
+
+# CPU-sized smoke runs of the benchmark scripts (the published figures need a GPU, see docs/benchmarks.md).
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_plan.py --repeats 1
+	$(BIN)/python benchmarks/bench_gnn.py --small
 
 lint: $(STAMP)
 	$(BIN)/ruff check blocksparse tests benchmarks
@@ -24,3 +52,5 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
+
+FORCE:
