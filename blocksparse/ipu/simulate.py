@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from .._matrix import DynamicBlockSparseMatrix
 from .._pattern import BlockPattern
+from .._util import cdiv
 from .buckets import _check_plan, _distribute
 from .plan import DynamicPlan, Plan
 
@@ -58,7 +59,7 @@ def _run(data, x, tile_blocks, tile_cols, tile_rows, local_row, local_col, *, pi
         return jax.ops.segment_sum(prod, lr, num_segments=max_rows, indices_are_sorted=True)
 
     tiles = pieces * tps
-    steps = -(-tiles // batch)
+    steps = cdiv(tiles, batch)
 
     def step(y, i):
         p = i * batch + jnp.arange(batch)
