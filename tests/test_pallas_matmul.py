@@ -389,11 +389,11 @@ def test_gpu_adversarial(kind, getkey):
 
 
 @pytest.mark.gpu
-def test_gpu_split_rows_and_tiles(getkey, monkeypatch):
+def test_gpu_split_rows_and_tiles(getkey):
     # Force heavy splitting so partial-combine paths run on the device.
-    monkeypatch.setattr(pt, "CONFIG", pt.KernelConfig(max_len=3, tn=64, tb=64, tk=32))
     p = _pattern("power_law", 2, (2048, 2048), (64, 64), 0.2)
-    _gpu_check(p, jnp.bfloat16, getkey(), n=320, batch=130)
+    with pt.kernel_config(max_len=3, tn=64, tb=64, tk=32):
+        _gpu_check(p, jnp.bfloat16, getkey(), n=320, batch=130)
 
 
 @pytest.mark.gpu
@@ -412,7 +412,39 @@ def test_gpu_default_dispatch_is_pallas(getkey):
 @pytest.mark.gpu
 @pytest.mark.parametrize("transpose_acc", [False, True])
 @pytest.mark.parametrize("block", [(16, 16), (32, 32), (64, 64)], ids=str)
-def test_gpu_both_accumulator_layouts(block, transpose_acc, getkey, monkeypatch):
-    monkeypatch.setattr(pt, "CONFIG", pt.KernelConfig(transpose_acc=transpose_acc))
+def test_gpu_both_accumulator_layouts(block, transpose_acc, getkey):
     p = _pattern("power_law", 4, (1024, 1024), block, 0.3)
-    _gpu_check(p, jnp.bfloat16, getkey(), n=384, batch=64)
+    with pt.kernel_config(transpose_acc=transpose_acc):
+        _gpu_check(p, jnp.bfloat16, getkey(), n=384, batch=64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block", [(16, 16), (32, 32), (64, 64)], ids=str)
+def test_gpu_float32_precision(block, getkey):
+    """float32 on the Pallas path: TF32 by default (like jnp.dot), float32 accuracy at HIGHEST."""
+    p = _pattern("random", 5, (1024, 1024), block, 0.25)
+    W = bs.BlockSparseMatrix(p, _data(getkey(), p, jnp.float32))
+    x = jax.random.normal(getkey(), (1024, 256))
+    xb = jax.random.normal(getkey(), (96, 1024))
+    w64 = np.asarray(W.to_dense(), np.float64)
+    want = (w64 @ np.asarray(x, np.float64), np.asarray(xb, np.float64) @ w64)
+
+    def rel(a, e):
+        return float(np.abs(np.asarray(a, np.float64) - e).max() / np.abs(e).max())
+
+    for mode in ({"precision": "highest"}, None):
+        with bs.dispatch_log() as log:
+            if mode is None:
+                with jax.default_matmul_precision("highest"):
+                    got = jax.jit(lambda W, x, xb: (W @ x, xb @ W))(W, x, xb)
+            else:
+                got = (bs.matmul(W, x, **mode), bs.matmul(xb, W, **mode))
+        assert {name for _, name in log} == {"pallas"}, log
+        for a, e in zip(got, want, strict=True):
+            assert rel(a, e) < 1e-5, (mode, rel(a, e))
+    tf32 = bs.matmul(W, x)
+    assert 1e-6 < rel(tf32, want[0]) < 4e-3  # TF32 by default, as jnp.dot on the GPU
+    ddata = jax.grad(lambda d: jnp.sum(bs.matmul(W.with_data(d), x, precision="highest") ** 2))(W.data)
+    ddata_ref = jax.grad(lambda d: jnp.sum(bs.matmul(W.with_data(d), x, implementation="xla",
+                                                     precision="highest") ** 2))(W.data)  # fmt: skip
+    assert rel(ddata, np.asarray(ddata_ref, np.float64)) < 1e-5
