@@ -114,8 +114,22 @@ def _frozen(a) -> np.ndarray:
     return a
 
 
+class _Sizes:
+    """Sizes shared by both schedule types (host and traced)."""
+
+    @property
+    def num_units(self) -> int:
+        """``U``: the number of units (programs per tile of the dense operand)."""
+        return int(self.unit_start.shape[0])
+
+    @property
+    def num_partials(self) -> int:
+        """``S``: the number of float32 partial slots (units of split rows)."""
+        return int(self.partial_seg.shape[0])
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
-class RowSplitSchedule:
+class RowSplitSchedule(_Sizes):
     """Units of at most ``max_len`` blocks of one output row; see the module docstring.
 
     Attributes:
@@ -157,15 +171,6 @@ class RowSplitSchedule:
             raise ValueError(
                 f"Expected units of at most max_len={self.max_len} blocks. Got {int(self.unit_len.max())}."
             )
-
-    @property
-    def num_units(self) -> int:
-        return int(self.unit_start.shape[0])
-
-    @property
-    def num_partials(self) -> int:
-        """``S``: the number of float32 partial slots (units of split rows)."""
-        return int(self.partial_seg.shape[0])
 
     def __hash__(self) -> int:
         return hash((self.key, self.num_rows, self.max_len, self.num_units))
@@ -405,7 +410,7 @@ def estimate_seconds(flops: float, bytes_moved: float, machine: GpuMachine = H20
 # --------------------------------------------------------------------------------------------
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class TracedSchedule:
+class TracedSchedule(_Sizes):
     """A :class:`RowSplitSchedule` with traced contents.
 
     Same field meanings; ``partial_seg`` has ``num_partials`` entries of which the last is the
@@ -421,14 +426,6 @@ class TracedSchedule:
     partial_seg: jax.Array  # int32[S + 1]
     num_rows: int = dataclasses.field(metadata={"static": True})
     max_len: int = dataclasses.field(metadata={"static": True})
-
-    @property
-    def num_units(self) -> int:
-        return int(self.unit_start.shape[0])
-
-    @property
-    def num_partials(self) -> int:
-        return int(self.partial_seg.shape[0])
 
 
 def dynamic_max_len(capacity: int, num_rows: int, lo: int = 4, hi: int = 64) -> int:

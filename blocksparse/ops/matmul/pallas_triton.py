@@ -239,6 +239,29 @@ def _combine_rows(y, p, sched, block: int, tile: int, axis: int, num_warps: int)
     )(jnp.asarray(sched.split_rows), jnp.asarray(offsets), y, p)
 
 
+def _walk(kernel, sched, tiles: int, shapes, out_dtype, data, x, num_warps: int, num_stages: int, name: str):
+    """Launch a work-list kernel (dsd or dds): one program per (unit, tile of the dense operand).
+
+    Returns the output (``shapes[0]``, ``out_dtype``) and the float32 partials (``shapes[1]``).
+    """
+    return pl.pallas_call(
+        kernel,
+        grid=(sched.num_units, tiles),
+        out_shape=(jax.ShapeDtypeStruct(shapes[0], out_dtype), jax.ShapeDtypeStruct(shapes[1], jnp.float32)),
+        compiler_params=_params(num_warps, num_stages),
+        interpret=_interpret(),
+        name=name,
+    )(
+        jnp.asarray(sched.unit_start),
+        jnp.asarray(sched.unit_len),
+        jnp.asarray(sched.unit_dest),
+        jnp.asarray(sched.block_col),
+        jnp.asarray(sched.block_id),
+        data.reshape(-1, data.shape[-1]),
+        x,
+    )
+
+
 def dsd(pattern: BlockPattern, data, x, out_dtype, *, exact: bool = False, config: KernelConfig | None = None):
     """``W @ x`` with the Pallas kernel; ``data`` and ``x`` already of one supported dtype."""
     cfg = config or current_config()
@@ -267,25 +290,8 @@ def _dsd_call(sched, m: int, data, x, out_dtype, tn: int, cfg: KernelConfig, exa
     ns = cfg.num_stages or 3
     s = max(sched.num_partials, 1)
     kernel = functools.partial(_dsd_kernel, bh=bh, bw=bw, tn=tn, acc_t=acc_t, exact=exact)
-    y, p = pl.pallas_call(
-        kernel,
-        grid=(sched.num_units, tiles),
-        out_shape=(
-            jax.ShapeDtypeStruct((m, xp.shape[1]), out_dtype),
-            jax.ShapeDtypeStruct((s * bh, xp.shape[1]), jnp.float32),
-        ),
-        compiler_params=_params(nw, ns),
-        interpret=_interpret(),
-        name=f"bs_dsd_{bh}x{bw}_tn{tn}",
-    )(
-        jnp.asarray(sched.unit_start),
-        jnp.asarray(sched.unit_len),
-        jnp.asarray(sched.unit_dest),
-        jnp.asarray(sched.block_col),
-        jnp.asarray(sched.block_id),
-        data.reshape(-1, bw),
-        xp,
-    )
+    out = ((m, xp.shape[1]), (s * bh, xp.shape[1]))
+    y, p = _walk(kernel, sched, tiles, out, out_dtype, data, xp, nw, ns, f"bs_dsd_{bh}x{bw}_tn{tn}")
     y = _combine_rows(y, p, sched, bh, tn, axis=0, num_warps=nw)
     return y[:, :n] if npad else y
 
@@ -350,25 +356,8 @@ def dds(x, pattern: BlockPattern, data, out_dtype, *, exact: bool = False, confi
     ns = cfg.num_stages or 3
     s = max(sched.num_partials, 1)
     kernel = functools.partial(_dds_kernel, bh=bh, bw=bw, tb=tb, exact=exact)
-    y, p = pl.pallas_call(
-        kernel,
-        grid=(sched.num_units, tiles),
-        out_shape=(
-            jax.ShapeDtypeStruct((xp.shape[0], k), out_dtype),
-            jax.ShapeDtypeStruct((xp.shape[0], s * bw), jnp.float32),
-        ),
-        compiler_params=_params(nw, ns),
-        interpret=_interpret(),
-        name=f"bs_dds_{bh}x{bw}_tb{tb}",
-    )(
-        jnp.asarray(sched.unit_start),
-        jnp.asarray(sched.unit_len),
-        jnp.asarray(sched.unit_dest),
-        jnp.asarray(sched.block_col),
-        jnp.asarray(sched.block_id),
-        data.reshape(-1, bw),
-        xp,
-    )
+    out = ((xp.shape[0], k), (xp.shape[0], s * bw))
+    y, p = _walk(kernel, sched, tiles, out, out_dtype, data, xp, nw, ns, f"bs_dds_{bh}x{bw}_tb{tb}")
     y = _combine_rows(y, p, sched, bw, tb, axis=1, num_warps=nw)
     return y[:b] if xp.shape[0] != b else y
 
