@@ -16,30 +16,32 @@ def spmm(src, dst, n, x, w=None, reduce="sum", norm=None):
         if norm == "both":
             c = c / np.sqrt(outdeg[s] * indeg[d])
         out[d] += c * x[s]
+    assert reduce == "sum" or norm is None, "mean takes no norm"
     if norm == "right" or reduce == "mean":
         out /= indeg[:, None]
     return out
 
 
 def extreme(src, dst, n, x, reduce="max"):
+    """NaN propagates (np.maximum / np.minimum do); nodes without in-edges get 0."""
     x = np.asarray(x, np.float64).reshape(n, -1)
     f = np.maximum if reduce == "max" else np.minimum
     out = np.full_like(x, -np.inf if reduce == "max" else np.inf)
     for s, d in zip(src, dst, strict=True):
         out[d] = f(out[d], x[s])
-    out[~np.isfinite(out)] = 0.0
+    out[np.bincount(np.asarray(dst, np.int64), minlength=n) == 0] = 0.0
     return out
 
 
 def extreme_grad(src, dst, n, x, dout, reduce="max"):
-    """Gradient routed to the first in-edge (in edge order) achieving the max / min."""
+    """Gradient routed to the first in-edge (in edge order) achieving the max / min (NaN: the first NaN)."""
     x = np.asarray(x, np.float64).reshape(n, -1)
     dout = np.asarray(dout, np.float64).reshape(n, -1)
     best = extreme(src, dst, n, x, reduce)
     taken = np.zeros_like(x, bool)
     dx = np.zeros_like(x)
     for s, d in zip(src, dst, strict=True):
-        hit = (x[s] == best[d]) & ~taken[d]
+        hit = ((x[s] == best[d]) | (np.isnan(x[s]) & np.isnan(best[d]))) & ~taken[d]
         dx[s] += np.where(hit, dout[d], 0.0)
         taken[d] |= hit
     return dx

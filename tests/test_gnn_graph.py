@@ -1,8 +1,11 @@
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import blocksparse.gnn as gnn
 from blocksparse.testing.graphs import edge_lists, graphs
@@ -143,3 +146,35 @@ def test_generators_sizes_and_labels():
     assert p.in_degree.max() > 20 * p.in_degree.mean()  # heavy-tailed
     with pytest.raises(ValueError, match="graph name in"):
         gnn.synthetic("cora")
+
+
+@given(graphs(), st.sampled_from([0.0, 0.3, 0.5, 0.9, 0.99, 1.0]), st.integers(0, 3000))
+@settings(max_examples=25)
+def test_structure_matches_dense_definitions(g, q, extra_nodes):
+    # the O(edges) construction gives what the O(nodes) definitions give, also with many isolated nodes
+    n = g.num_nodes + extra_nodes
+    h = gnn.Graph.from_edges(g.src, g.dst, n, heavy_quantile=q)
+    in_deg = np.bincount(g.dst, minlength=n)
+    np.testing.assert_array_equal(h.in_degree, in_deg)
+    np.testing.assert_array_equal(h.out_degree, np.bincount(g.src, minlength=n))
+    np.testing.assert_array_equal(h.indptr, np.concatenate([[0], np.cumsum(in_deg)]))
+    assert h.max_in_degree == in_deg.max(initial=0)
+    assert h.heavy_threshold == int(np.ceil(np.quantile(in_deg, q))) if n and h.num_edges else h.heavy_threshold == 0
+    heavy = (in_deg > h.heavy_threshold) & (in_deg > h.chunk)
+    np.testing.assert_array_equal(h.heavy, heavy)
+    np.testing.assert_array_equal(h.heavy_nodes, np.flatnonzero(heavy))
+    s = h.schedule
+    cap = np.where(heavy, h.chunk, np.iinfo(np.int64).max // 4)
+    np.testing.assert_array_equal(s.main_end, np.minimum(h.indptr[1:], h.indptr[:-1] + cap))
+    np.testing.assert_array_equal(s.extra_segment, np.searchsorted(h.heavy_nodes, s.extra_node))
+
+
+def test_huge_node_count_few_edges_builds_quickly():
+    # host work is bounded by the edges, apart from one vectorised pass per O(num_nodes) array
+    n = 2 * 10**7
+    t = time.perf_counter()
+    g = gnn.Graph.from_edges([0, 5, n - 1], [n - 1, n - 1, 3], n)
+    g.schedule, g.T.schedule, repr(g)
+    assert time.perf_counter() - t < 3.0
+    assert g.in_degree[n - 1] == 2 and g.indptr[-1] == 3 and g.num_heavy == 0 and g.max_in_degree == 2
+    assert g.schedule.main_end[n - 1] == 3 and g.T.indptr[6] == 2

@@ -31,22 +31,24 @@ class Schedule:
     (sum / max / log-sum-exp merge) and folded into the main rows.
     """
 
-    def __init__(self, indptr: np.ndarray, heavy: np.ndarray, chunk: int):
-        start, end = indptr[:-1].astype(np.int64), indptr[1:].astype(np.int64)
-        cap = np.where(heavy, chunk, np.iinfo(np.int64).max // 4)
+    def __init__(self, indptr: np.ndarray, heavy_nodes: np.ndarray, chunk: int):
+        # One O(num_nodes) copy (the kernels' per-unit array); everything else is O(heavy nodes).
         self.chunk = int(chunk)
-        self.main_end = np.minimum(end, start + cap).astype(np.int32)
-        heavy_nodes = np.flatnonzero(heavy)
-        counts = np.maximum(0, -(-(end[heavy_nodes] - start[heavy_nodes]) // chunk) - 1)
+        heavy_nodes = np.asarray(heavy_nodes, np.int64)
+        start, end = indptr[heavy_nodes].astype(np.int64), indptr[heavy_nodes + 1].astype(np.int64)
+        self.main_end = indptr[1:].astype(np.int32, copy=True)
+        self.main_end[heavy_nodes] = np.minimum(end, start + chunk)
+        counts = np.maximum(0, -(-(end - start) // chunk) - 1)
         self.extra_node = np.repeat(heavy_nodes, counts).astype(np.int32)
         # chunk index within the node, starting at 1 (chunk 0 is the main unit)
         first = np.repeat(np.cumsum(counts) - counts, counts)
         k = np.arange(self.extra_node.size) - first + 1
-        self.extra_start = (start[self.extra_node] + k * chunk).astype(np.int32)
-        self.extra_end = np.minimum(end[self.extra_node], self.extra_start.astype(np.int64) + chunk).astype(np.int32)
+        node_start, node_end = np.repeat(start, counts), np.repeat(end, counts)
+        self.extra_start = (node_start + k * chunk).astype(np.int32)
+        self.extra_end = np.minimum(node_end, self.extra_start.astype(np.int64) + chunk).astype(np.int32)
         self.heavy_nodes = heavy_nodes.astype(np.int32)
         # extra unit -> position of its node among heavy_nodes (for segment ops, sorted)
-        self.extra_segment = np.searchsorted(heavy_nodes, self.extra_node).astype(np.int32)
+        self.extra_segment = np.repeat(np.arange(heavy_nodes.size, dtype=np.int32), counts)
 
     @property
     def num_extra(self) -> int:
@@ -65,8 +67,10 @@ class Graph:
             positions ``indptr[i]:indptr[i+1]``, with sources ``indices[p]`` and original edge ids
             ``edge_perm[p]`` (stable: multi-edges keep their order).
         in_degree, out_degree: edge counts (``int32``).
-        heavy_quantile, heavy_threshold, heavy: nodes whose in-degree exceeds the
-            ``heavy_quantile`` quantile of in-degrees (and one chunk) are *heavy*.
+        max_in_degree: the largest in-degree.
+        heavy_quantile, heavy_threshold, heavy_nodes: nodes whose in-degree exceeds the
+            ``heavy_quantile`` quantile of in-degrees (and one chunk) are *heavy*; ``heavy_nodes``
+            lists them (sorted), ``heavy`` is the per-node mask.
         T: the transposed graph (``dst -> src``), i.e. CSR by source; cached.
     """
 
@@ -80,17 +84,19 @@ class Graph:
         self.edge_perm = order.astype(np.int32)
         self.indices = src[order]
         self.dst_sorted = dst[order]
-        self.in_degree = np.bincount(dst, minlength=self.num_nodes).astype(np.int32)
-        self.out_degree = np.bincount(src, minlength=self.num_nodes).astype(np.int32)
+        # Host work is O(num_edges) except for the O(num_nodes) arrays the kernels read (degrees,
+        # indptr), each made in one vectorised pass (zero-filled arrays are allocated lazily).
+        nodes, counts = _counts(self.dst_sorted, self.num_nodes)
+        self.in_degree = _scatter(nodes, counts, self.num_nodes)
+        self.out_degree = _scatter(*_counts(np.sort(src), self.num_nodes), self.num_nodes)
         self.indptr = np.zeros(self.num_nodes + 1, np.int32)
-        np.cumsum(self.in_degree, out=self.indptr[1:])
-        if self.num_nodes and self.num_edges:
-            q = float(np.quantile(self.in_degree, self.heavy_quantile))
-        else:
-            q = 0.0
+        np.cumsum(self.in_degree, dtype=np.int32, out=self.indptr[1:])
+        self.max_in_degree = int(counts.max(initial=0))
+        q = _degree_quantile(self.in_degree, counts, self.heavy_quantile)
         self.heavy_threshold = int(np.ceil(q))
         self.chunk = _CHUNK_ALIGN * max(1, -(-max(self.heavy_threshold, 1) // _CHUNK_ALIGN))
-        self.heavy = (self.in_degree > self.heavy_threshold) & (self.in_degree > self.chunk)
+        is_heavy = (counts > self.heavy_threshold) & (counts > self.chunk)
+        self.heavy_nodes = nodes[is_heavy].astype(np.int32)  # sorted
         h = hashlib.sha1()
         h.update(np.asarray([self.num_nodes, self.num_edges], np.int64).tobytes())
         h.update(src.tobytes())
@@ -166,11 +172,18 @@ class Graph:
 
     @functools.cached_property
     def schedule(self) -> Schedule:
-        return Schedule(self.indptr, self.heavy, self.chunk)
+        return Schedule(self.indptr, self.heavy_nodes, self.chunk)
+
+    @functools.cached_property
+    def heavy(self) -> np.ndarray:
+        """Whether each node is heavy, ``(num_nodes,)`` bool (see :attr:`heavy_nodes`)."""
+        out = np.zeros(self.num_nodes, bool)
+        out[self.heavy_nodes] = True
+        return out
 
     @property
     def num_heavy(self) -> int:
-        return int(self.heavy.sum())
+        return int(self.heavy_nodes.size)
 
     def with_heavy_quantile(self, q: float) -> Graph:
         """The same edges with another heavy-node quantile."""
@@ -187,7 +200,7 @@ class Graph:
         label = f", name={self.name!r}" if self.name else ""
         return (
             f"Graph(num_nodes={self.num_nodes}, num_edges={self.num_edges}, max_in_degree="
-            f"{int(self.in_degree.max(initial=0))}, heavy={self.num_heavy}{label})"
+            f"{self.max_in_degree}, heavy={self.num_heavy}{label})"
         )
 
     def check_features(self, x, what: str, ndim: int | tuple[int, ...] = (1, 2, 3)):
@@ -204,6 +217,33 @@ class Graph:
                 f"Expected {what} with one row per node: leading dimension {self.num_nodes}. Got shape {x.shape}."
             )
         return x
+
+
+def _counts(sorted_ids: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct values of a sorted id array and their multiplicities: O(len(ids)), not O(n)."""
+    if sorted_ids.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    starts = np.flatnonzero(np.concatenate([[True], sorted_ids[1:] != sorted_ids[:-1]]))
+    return sorted_ids[starts].astype(np.int64), np.diff(np.append(starts, sorted_ids.size)).astype(np.int64)
+
+
+def _scatter(nodes: np.ndarray, counts: np.ndarray, n: int) -> np.ndarray:
+    out = np.zeros(n, np.int32)  # calloc: pages are only touched where written or read
+    out[nodes] = counts
+    return out
+
+
+def _degree_quantile(degree: np.ndarray, counts: np.ndarray, q: float) -> float:
+    """``np.quantile(degree, q)`` (linear interpolation), without touching ``degree`` when the
+    quantile falls among the nodes of in-degree 0 (most of them, on a huge sparse graph)."""
+    n, k = degree.size, counts.size  # k nodes have in-edges; the n - k others sort first, as 0
+    if n == 0 or k == 0:
+        return 0.0
+    if q * (n - 1) + 2 < n - k:  # both interpolation neighbours are zeros (with a margin for rounding)
+        return 0.0
+    if q == 1.0:
+        return float(counts.max())
+    return float(np.quantile(degree, q))  # n <= (k + 2) / (1 - q): bounded by the edges
 
 
 jax.tree_util.register_pytree_node(Graph, lambda g: ((), g), lambda g, _: g)

@@ -3,7 +3,9 @@
 Light nodes: one program per (node, feature block) loops over the in-edges. Heavy nodes: the
 first chunk runs in the node's own program, the rest as extra programs in parallel, combined
 afterwards. Each program also returns, per feature, the CSR position of the winning edge (the
-first one on ties), which the backward uses to route gradients.
+first one on ties), which the backward uses to route gradients. NaN propagates as in the reference
+(``segment_max`` / ``segment_min``): a NaN feature makes the node's result NaN, its arg the first
+NaN in-edge, in light and heavy nodes alike (heavy nodes' partials are combined with segment ops).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ..._util import next_power_of_2
 from ...gnn._graph import Graph
 from .. import _dispatch
 from .. import _gnn_triton as P
+from .reference import winners
 
 _BIG = 2**31 - 1
 
@@ -36,10 +39,16 @@ def _kernel(starts_ref, ends_ref, indices_ref, x_ref, o_ref, *a_ref, be: int, bf
         m2 = jnp.broadcast_to(m[:, None], (be, bf))
         rows = P.gather(x_ref, idx, cols, m2)
         rows = jnp.where(m2, rows, ident)
+        # NaN wins, as in segment_max / segment_min: every comparison with NaN is false, so a
+        # plain max would keep NaN as the running value and then drop every later tile.
+        nan = jnp.isnan(rows) & m2
+        cnan = jnp.max(jnp.where(nan, 1, 0), axis=0) > 0  # (no reduce_or in the Triton lowering)
         cbest = jnp.max(rows, axis=0) if is_max else jnp.min(rows, axis=0)
-        hit = (rows == cbest[None, :]) & m2
+        cbest = jnp.where(cnan, jnp.nan, cbest)
+        hit = jnp.where(cnan[None, :], nan, rows == cbest[None, :]) & m2
         carg = jnp.min(jnp.where(hit, jnp.broadcast_to(pos[:, None], (be, bf)), _BIG), axis=0)
         better = (cbest > best) if is_max else (cbest < best)
+        better = better | (cnan & ~jnp.isnan(best))  # the first NaN replaces any number
         better = better | ((arg < 0) & (carg < _BIG))  # first valid value (also +-inf)
         return jnp.where(better, cbest, best), jnp.where(better, carg, arg)
 
@@ -96,7 +105,7 @@ def segment_extreme(g: Graph, x: jax.Array, is_max: bool, *, with_arg: bool = Tr
         order = jnp.argsort(segs, stable=True)  # main chunk first within each node
         vals, args, segs = vals[order], args[order], segs[order]
         best = red(vals, segs, nh, indices_are_sorted=True)
-        win = jnp.where(vals == best[segs], args, _BIG)
+        win = jnp.where(winners(vals, best[segs]), args, _BIG)
         barg = jax.ops.segment_min(win, segs, nh, indices_are_sorted=True)
         out = out.at[heavy].set(best.astype(out.dtype), unique_indices=True)
         arg = arg.at[heavy].set(barg, unique_indices=True)

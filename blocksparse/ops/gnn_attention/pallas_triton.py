@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from ..._util import next_power_of_2
 from ...gnn._graph import Graph
 from .. import _dispatch
 from .. import _gnn_triton as P
@@ -126,7 +127,7 @@ def _fwd_call(units, indices, xs, xd, third, sh, out_dtype, mode, slope, scale, 
     )(starts, ends, nodes, indices, xs, xd, third)
 
 
-def forward(g: Graph, mode: str, xs, xd, third, heads: int, slope: float, scale: float):
+def flat_forward(g: Graph, mode: str, xs, xd, third, heads: int, slope: float, scale: float):
     """xs, xd, (v): ``(N, Hp*Dp)``; third: att ``(Hp*Dp,)`` or v. Returns out ``(N, Hp*Dp)``, lse ``(N, Hp)``."""
     interpret = _dispatch.pallas_mode()
     P.check_dtype(xs, xd, third)
@@ -278,7 +279,7 @@ def _two_pass(call, g, *args):
     return [P.fold_sum(g, o, p) for o, p in zip(outs, parts, strict=True)]
 
 
-def backward(g: Graph, mode: str, xs, xd, third, out, lse, dout, heads: int, slope: float, scale: float):
+def flat_backward(g: Graph, mode: str, xs, xd, third, out, lse, dout, heads: int, slope: float, scale: float):
     """Gradients w.r.t. xs, xd (or k, q) and att (or v), all in the flattened layout, float32."""
     interpret = _dispatch.pallas_mode()
     sh = _Shape(heads, xs.shape[1] // heads)
@@ -297,3 +298,34 @@ def backward(g: Graph, mode: str, xs, xd, third, out, lse, dout, heads: int, slo
     (dq,) = dst_outs
     dk, dv = src_outs
     return dk, dq, dv
+
+
+# ------------------------------------------------------------------------ (N, H, D) entry points
+def _flat(x, hp, dp):
+    """``(N, H, D)`` -> ``(N, Hp * Dp)`` zero-padded (``(H, D)`` -> ``(Hp * Dp,)``)."""
+    pad = [(0, 0)] * (x.ndim - 2) + [(0, hp - x.shape[-2]), (0, dp - x.shape[-1])]
+    x = jnp.pad(x, pad) if any(p[1] for p in pad) else x
+    return x.reshape(*x.shape[:-2], hp * dp)
+
+
+def _geometry(a):
+    n, h, d = a.shape
+    return n, h, d, next_power_of_2(h), next_power_of_2(d, 4)
+
+
+def attention_forward(s, a, b, c):
+    """As :func:`..reference.attention_forward`: ``(out (N, H, D), lse (N, Hp))``."""
+    n, h, d, hp, dp = _geometry(a)
+    out, lse = flat_forward(s.graph, s.mode, _flat(a, hp, dp), _flat(b, hp, dp), _flat(c, hp, dp), hp, s.slope, s.scale)
+    return out.reshape(n, hp, dp)[:, :h, :d], lse
+
+
+def attention_backward(s, a, b, c, out, lse, dout):
+    """Cotangents of ``a, b, c`` from the saved output and log-sum-exp."""
+    n, h, d, hp, dp = _geometry(a)
+    f = lambda t: _flat(t, hp, dp)
+    da, db, dc = flat_backward(s.graph, s.mode, f(a), f(b), f(c), f(out), lse, f(dout), hp, s.slope, s.scale)
+    da = da.reshape(n, hp, dp)[:, :h, :d].astype(a.dtype)
+    db = db.reshape(n, hp, dp)[:, :h, :d].astype(b.dtype)
+    dc = dc.reshape(*c.shape[:-2], hp, dp)[..., :h, :d].astype(c.dtype)
+    return da, db, dc

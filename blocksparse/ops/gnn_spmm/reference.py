@@ -1,0 +1,21 @@
+"""Pure-JAX SpMM over a graph: the fallback on every machine and the oracle for the kernel.
+
+Gather the source rows of every in-edge in CSR order (sorted by destination), scale them by the
+edge weights and ``segment_sum`` them into their destinations, in float32.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ...gnn._graph import Graph
+
+
+def csr_sum(g: Graph, w_csr: jax.Array | None, x: jax.Array) -> jax.Array:
+    """``out[i] = sum_{e: j -> i} w_e x[j]``: ``x (N, F)`` -> ``(N, F)``; ``w_csr`` (E,) in CSR order or None."""
+    msg = x[jnp.asarray(g.indices)].astype(jnp.float32)
+    if w_csr is not None:
+        msg = msg * w_csr.astype(jnp.float32)[:, None]
+    out = jax.ops.segment_sum(msg, jnp.asarray(g.dst_sorted), g.num_nodes, indices_are_sorted=True)
+    return out.astype(x.dtype)
