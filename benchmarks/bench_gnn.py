@@ -97,7 +97,7 @@ def bench_jax(g, x, feat, heads, iters, impls, do_reorder, sweep=False):
         mx = lambda x, impl=impl: gnn.aggregate(g, x, "max", implementation=impl)
         record("max", f"bs-{impl}", "fwd", lambda: jax_time(mx, x, iters=iters))
         record("max", f"bs-{impl}", "fwd+bwd", lambda: jax_time(grad_of(mx), x, iters=iters))
-    # raw segment ops (the JAX baseline of BASELINES.md)
+    # raw segment ops (the plain-JAX baseline)
     src_s, dst_s = jnp.asarray(g.indices), jnp.asarray(g.dst_sorted)
     src_u, dst_u = jnp.asarray(g.src), jnp.asarray(g.dst)
     record(

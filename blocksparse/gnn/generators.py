@@ -13,7 +13,8 @@ from ._graph import Graph
 
 __all__ = ["PAPER_GRAPHS", "power_law", "rmat", "synthetic", "power_law_edges", "rmat_edges"]
 
-# (num_nodes, num_edges) of the graphs of Fomina et al. and of shared/BASELINES.md.
+# (num_nodes, num_edges) of the graphs of Fomina et al., and "baseline": the benchmark graph of
+# docs/benchmarks.md ("GNN operations").
 PAPER_GRAPHS: dict[str, tuple[int, int]] = {
     "ogbn-arxiv": (169_343, 1_166_243),
     "ogbn-products": (2_449_029, 123_718_280),
@@ -27,7 +28,7 @@ PAPER_GRAPHS: dict[str, tuple[int, int]] = {
 def power_law_edges(num_nodes: int, num_edges: int, *, exponent: float = 0.8, seed: int = 0):
     """Edges whose destinations follow a Zipf-like law ``p(rank r) ~ r^-exponent`` (sources
     uniform), node ids shuffled. ``exponent=0.8`` on ``baseline`` gives a maximum in-degree
-    around 1.4e5 at mean 32, like shared/BASELINES.md's graph."""
+    around 1.4e5 at mean 32, like the benchmark graph of docs/benchmarks.md."""
     _check_counts(num_nodes, num_edges)
     rng = np.random.default_rng(seed)
     w = np.arange(1, num_nodes + 1, dtype=np.float64) ** -float(exponent)

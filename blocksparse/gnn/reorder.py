@@ -2,7 +2,7 @@
 
 Reordering renumbers nodes so that neighbours have nearby ids: gathers of neighbour rows then hit
 the cache more often. It helps gather-heavy (neighbour-parallel) kernels on graphs whose feature
-matrix does not fit in the L2 cache; see docs/gnn.md for measurements.
+matrix does not fit in the L2 cache; see docs/gnn.md and docs/benchmarks.md for measurements.
 """
 
 from __future__ import annotations
