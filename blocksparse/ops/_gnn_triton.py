@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
@@ -84,7 +83,3 @@ def fold_sum(g: Graph, main: jax.Array, extra: jax.Array | None) -> jax.Array:
     part = jax.ops.segment_sum(extra, seg, nh, indices_are_sorted=True)
     rows = main[heavy].astype(jnp.float32) + part
     return main.at[heavy].set(rows.astype(main.dtype), unique_indices=True, indices_are_sorted=True)
-
-
-def as_i32(a: np.ndarray) -> jax.Array:
-    return jnp.asarray(np.asarray(a, np.int32))
