@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
-from ._pattern import BlockPattern, _pair, check_block_size, check_density
+from ._pattern import BlockPattern, _pair, check_block_size, check_density, num_blocks
 
 __all__ = ["BlockSparseMatrix", "DynamicBlockSparseMatrix", "random"]
 
@@ -355,6 +355,8 @@ def random(
     _require_host("bs.random", key=key, density=density, pattern_seed=pattern_seed)
     _check_floating(dtype)
     density = check_density(density)
+    bh, bw = check_block_size(shape, block_size)
+    num_blocks(density, (int(shape[0]) // bh) * (int(shape[1]) // bw))  # a positive density keeping 0 blocks raises
     kp, kv = jax.random.split(key)
     seed = pattern_seed if pattern_seed is not None else int(jax.random.randint(kp, (), 0, 2**31 - 1))
     pattern = BlockPattern.random(seed, shape, block_size, density)

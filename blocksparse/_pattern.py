@@ -168,7 +168,7 @@ class BlockPattern:
         density = check_density(density)
         rng = np.random.default_rng(rng)
         gm, gk = shape[0] // bh, shape[1] // bw
-        n = _num_blocks(density, gm * gk)
+        n = int(round(density * gm * gk))
         flat = rng.choice(gm * gk, size=n, replace=False) if n else np.zeros(0, np.int64)
         return cls(shape, (bh, bw), flat // gk, flat % gk)
 
@@ -179,7 +179,7 @@ class BlockPattern:
         density = check_density(density)
         rng = np.random.default_rng(rng)
         gm, gk = shape[0] // bh, shape[1] // bw
-        total = _num_blocks(density, gm * gk)
+        total = int(round(density * gm * gk))
         weights = 1.0 / np.arange(1, gm + 1) ** alpha
         weights = weights[rng.permutation(gm)]
         lengths = np.minimum(np.floor(weights / weights.sum() * total).astype(np.int64), gk)
@@ -236,7 +236,7 @@ def check_density(density) -> float:
     return d
 
 
-def _num_blocks(density: float, total: int) -> int:
+def num_blocks(density: float, total: int) -> int:
     """``round(density * total)``, refusing a positive density that rounds to no block at all."""
     n = int(round(density * total))
     if n == 0 and density > 0 and total > 0:

@@ -20,12 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[^\n`]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S)
 OPTIONAL = ("hypothesis", "scipy", "matplotlib", "torch", "torch_geometric")
-# Pages whose blocks are known not to run yet (snippets with undefined names); being rewritten.
+# Pages whose blocks are known not to run yet, page -> why (e.g. a snippet with undefined names).
 # Not strict, so a fixed page passes; remove its entry then, so that it stays fixed.
-KNOWN_BROKEN = {
-    "docs/concepts.md": "blocks use jax, bs, D, x, m, k, b, n without defining or importing them",
-    "docs/gnn.md": "the first block uses src, dst, num_nodes, x, q, k, v without defining them",
-}
+KNOWN_BROKEN: dict[str, str] = {}
 
 
 def _page_param(page: Path):
