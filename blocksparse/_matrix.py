@@ -14,6 +14,7 @@ import numpy as np
 from jax.experimental import checkify
 
 from ._pattern import BlockPattern, _pair, check_block_size, check_density, num_blocks
+from ._util import Pytree
 
 __all__ = ["BlockSparseMatrix", "DynamicBlockSparseMatrix", "random"]
 
@@ -118,8 +119,7 @@ class _NoImplicitDense:
         return self._matmul(other, swap=True)
 
 
-@jax.tree_util.register_pytree_node_class
-class BlockSparseMatrix(_NoImplicitDense):
+class BlockSparseMatrix(_NoImplicitDense, Pytree):
     """An ``m x k`` matrix of ``bh x bw`` blocks whose pattern is fixed when the program is built.
 
     The pattern (a :class:`BlockPattern`, NumPy on the host) is part of the pytree's static
@@ -140,6 +140,8 @@ class BlockSparseMatrix(_NoImplicitDense):
 
     __slots__ = ("pattern", "data")
     __array_priority__ = 100
+    _leaves = ("data",)
+    _static = ("pattern",)
 
     def __init__(self, pattern: BlockPattern, data):
         if not isinstance(pattern, BlockPattern):
@@ -151,17 +153,6 @@ class BlockSparseMatrix(_NoImplicitDense):
             raise ValueError(f"Expected data of shape {expected} (nnz_blocks, bh, bw). Got {data.shape}.")
         self.pattern = pattern
         self.data = data
-
-    # -- pytree -------------------------------------------------------------------------------
-    def tree_flatten(self):
-        return (self.data,), self.pattern
-
-    @classmethod
-    def tree_unflatten(cls, pattern, children):
-        obj = object.__new__(cls)
-        obj.pattern = pattern
-        obj.data = children[0]
-        return obj
 
     # -- constructors -------------------------------------------------------------------------
     @classmethod
@@ -246,7 +237,7 @@ class BlockSparseMatrix(_NoImplicitDense):
     def T(self) -> BlockSparseMatrix:
         """The transpose; its pattern is computed once per pattern and cached."""
         t, perm = self.pattern.transpose()
-        return BlockSparseMatrix.tree_unflatten(t, (self.data[perm].swapaxes(1, 2),))
+        return BlockSparseMatrix._from_fields(pattern=t, data=self.data[perm].swapaxes(1, 2))
 
     def transpose(self) -> BlockSparseMatrix:
         return self.T
@@ -364,8 +355,7 @@ def random(
     return BlockSparseMatrix(pattern, data)
 
 
-@jax.tree_util.register_pytree_node_class
-class DynamicBlockSparseMatrix(_NoImplicitDense):
+class DynamicBlockSparseMatrix(_NoImplicitDense, Pytree):
     """A block-sparse matrix whose pattern is traced: it may change every call without recompiling.
 
     Only the shape, block size and ``capacity`` (the maximum number of blocks) are static.
@@ -379,6 +369,8 @@ class DynamicBlockSparseMatrix(_NoImplicitDense):
 
     __slots__ = ("rows", "cols", "data", "nnz", "shape", "block_size")
     __array_priority__ = 100
+    _leaves = ("rows", "cols", "data", "nnz")
+    _static = ("shape", "block_size")
 
     def __init__(self, rows, cols, data, nnz, shape, block_size=None):
         data = jnp.asarray(data)
@@ -410,16 +402,6 @@ class DynamicBlockSparseMatrix(_NoImplicitDense):
             nnz = jnp.where((nnz < 0) | (nnz > cap), -1, nnz).astype(jnp.int32)
         self.rows, self.cols = coords
         self.data, self.nnz = data, nnz
-
-    def tree_flatten(self):
-        return (self.rows, self.cols, self.data, self.nnz), (self.shape, self.block_size)
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-        obj = object.__new__(cls)
-        obj.rows, obj.cols, obj.data, obj.nnz = children
-        obj.shape, obj.block_size = aux
-        return obj
 
     @classmethod
     def from_blocks(cls, rows, cols, blocks, nnz=None, *, shape, capacity=None) -> DynamicBlockSparseMatrix:
@@ -508,9 +490,12 @@ class DynamicBlockSparseMatrix(_NoImplicitDense):
 
     @property
     def T(self) -> DynamicBlockSparseMatrix:
-        return DynamicBlockSparseMatrix.tree_unflatten(
-            (self.shape[::-1], self.block_size[::-1]),
-            (self.cols, self.rows, self.data.swapaxes(-1, -2), self.nnz),
+        return self._replace(
+            shape=self.shape[::-1],
+            block_size=self.block_size[::-1],
+            rows=self.cols,
+            cols=self.rows,
+            data=self.data.swapaxes(-1, -2),
         )
 
     def astype(self, dtype) -> DynamicBlockSparseMatrix:

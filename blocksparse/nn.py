@@ -10,14 +10,14 @@ import jax.numpy as jnp
 
 from . import prune as _prune
 from ._matrix import BlockSparseMatrix, _require_host, random
+from ._util import Pytree
 from .ops.matmul.api import matmul
 
 __all__ = ["SparseLinear"]
 
 
-@jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class SparseLinear:
+class SparseLinear(Pytree):
     """``y = x @ W + b`` with a block-sparse ``W`` of shape ``(in_features, out_features)``.
 
     The pattern is static (part of the pytree structure); ``W.data`` and ``b`` are the trainable
@@ -32,13 +32,16 @@ class SparseLinear:
         (8, 32)
     """
 
+    _leaves = ("weight", "bias")
+    _static = ("implementation",)
+
     weight: BlockSparseMatrix
     bias: jax.Array | None
-    implementation: str | tuple[str, ...] | None = dataclasses.field(default=None, metadata={"static": True})
+    implementation: str | tuple[str, ...] | None = None
 
     def __post_init__(self):
-        # Also runs when JAX rebuilds the layer from leaves: skip placeholders that are not arrays, and
-        # allow leading dimensions shared by the weight's data (a stack of layers, e.g. for lax.scan).
+        # Runs on construction only (JAX rebuilds layers from leaves without it). Leading dimensions
+        # shared by the weight's data are allowed (a stack of layers, e.g. for lax.scan).
         w, b = self.weight, self.bias
         if b is None or not isinstance(w, BlockSparseMatrix) or not hasattr(b, "shape") or not hasattr(w.data, "shape"):
             return

@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._util import Pytree
+
 __all__ = ["Graph", "Schedule"]
 
 # Edges per heavy-node chunk are a multiple of this, so every kernel's edge block divides it.
@@ -55,7 +57,7 @@ class Schedule:
         return int(self.extra_node.size)
 
 
-class Graph:
+class Graph(Pytree):
     """A directed graph whose messages flow ``src -> dst``; aggregation is at ``dst`` over in-edges.
 
     Build with :meth:`from_edges`. Self-loops, multi-edges and isolated nodes are allowed.
@@ -73,6 +75,10 @@ class Graph:
             lists them (sorted), ``heavy`` is the per-node mask.
         T: the transposed graph (``dst -> src``), i.e. CSR by source; cached.
     """
+
+    # A pytree with no leaves: the whole graph is static structure (host data, hashed by its
+    # fingerprint), so jit specialises on it like on a BlockPattern.
+    _static = ("self",)
 
     def __init__(self, num_nodes: int, src: np.ndarray, dst: np.ndarray, heavy_quantile: float, name: str | None):
         self.num_nodes = int(num_nodes)
@@ -244,6 +250,3 @@ def _degree_quantile(degree: np.ndarray, counts: np.ndarray, q: float) -> float:
     if q == 1.0:
         return float(counts.max())
     return float(np.quantile(degree, q))  # n <= (k + 2) / (1 - q): bounded by the edges
-
-
-jax.tree_util.register_pytree_node(Graph, lambda g: ((), g), lambda g, _: g)

@@ -359,10 +359,8 @@ def sdd(a, b, like, *, implementation=None, precision=None, preferred_element_ty
     s = OpStatic(resolve(implementation, _DEFAULT), _out_dtype(preferred_element_type, a.dtype, b.dtype),
                  _precision(precision))  # fmt: skip
     if isinstance(like, BlockSparseMatrix):
-        return like.tree_unflatten(like.pattern, (_sdd(s.but(pattern=like.pattern), a, b),))
+        return like._replace(data=_sdd(s.but(pattern=like.pattern), a, b))
     keep, valid = _keep_and_validity(like)
     a, b = _nan_grad(valid, a), _nan_grad(valid, b)
     data = _poisoned(valid, _dyn_sdd(s.but(block_size=like.block_size), like.rows, like.cols, keep, a, b))
-    return DynamicBlockSparseMatrix.tree_unflatten(
-        (like.shape, like.block_size), (like.rows, like.cols, data, like.nnz)
-    )
+    return like._replace(data=data)

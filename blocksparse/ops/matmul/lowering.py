@@ -87,7 +87,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..._pattern import BlockPattern
-from ..._util import cdiv, next_power_of_2
+from ..._util import Pytree, cdiv, next_power_of_2
 
 __all__ = [
     "GpuLowering",
@@ -408,14 +408,16 @@ def estimate_seconds(flops: float, bytes_moved: float, machine: GpuMachine = H20
 # --------------------------------------------------------------------------------------------
 # The traced twin: built inside jit from a dynamic pattern
 # --------------------------------------------------------------------------------------------
-@jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class TracedSchedule(_Sizes):
-    """A :class:`RowSplitSchedule` with traced contents.
+class TracedSchedule(_Sizes, Pytree):
+    """A :class:`RowSplitSchedule` with traced contents (a pytree: the arrays are its leaves).
 
     Same field meanings; ``partial_seg`` has ``num_partials`` entries of which the last is the
     dummy slot for unused units.
     """
+
+    _leaves = ("unit_start", "unit_len", "unit_dest", "block_col", "block_id", "split_rows", "partial_seg")
+    _static = ("num_rows", "max_len")
 
     unit_start: jax.Array  # int32[U]
     unit_len: jax.Array  # int32[U]
@@ -424,8 +426,8 @@ class TracedSchedule(_Sizes):
     block_id: jax.Array  # int32[max(C, 1)]
     split_rows: jax.Array  # int32[R]
     partial_seg: jax.Array  # int32[S + 1]
-    num_rows: int = dataclasses.field(metadata={"static": True})
-    max_len: int = dataclasses.field(metadata={"static": True})
+    num_rows: int
+    max_len: int
 
 
 def dynamic_max_len(capacity: int, num_rows: int, lo: int = 4, hi: int = 64) -> int:
