@@ -181,8 +181,12 @@ def test_sparsify_static_and_dynamic():
     dense = np.asarray(W.to_dense())
     np.testing.assert_allclose(sparse.sparsify(lambda W, x: W @ x)(W, x), dense @ x, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(sparse.sparsify(lambda W, x: x.T @ W)(W, x), x.T @ dense, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(sparse.sparsify(bs.matmul)(W, x), dense @ x, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(sparse.sparsify(bs.matmul)(x.T, W), x.T @ dense, rtol=1e-5, atol=1e-5)
     with pytest.raises(NotImplementedError, match="sparsify cannot trace products with a DynamicBlockSparseMatrix"):
         sparse.sparsify(lambda D, x: D @ x)(D, x)
+    with pytest.raises(NotImplementedError, match="sparsify cannot trace products with a DynamicBlockSparseMatrix"):
+        sparse.sparsify(bs.matmul)(D, x)
 
 
 def test_power_law_pattern_is_skewed():

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, _check_floating
+from ..._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, _check_floating, _inside_sparsify
 from ..._pattern import BlockPattern
 from .._dispatch import differentiable, dispatch_log, resolve
 from .reference import transposed
@@ -280,6 +280,8 @@ def matmul(a, b, *, implementation=None, precision=None, preferred_element_type=
     impls = resolve(implementation, _DEFAULT)
     prec = _precision(precision)
     a_sparse, b_sparse = isinstance(a, _SPARSE), isinstance(b, _SPARSE)
+    if a_sparse != b_sparse and _inside_sparsify():  # its interpreter cannot run our custom VJPs
+        return a._sparsify_matmul(b, swap=False) if a_sparse else b._sparsify_matmul(a, swap=True)
     if a_sparse == b_sparse:
         raise TypeError(
             "Expected exactly one block-sparse operand. Got "
