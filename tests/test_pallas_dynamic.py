@@ -12,6 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import blocksparse as bs
+from blocksparse.ops.matmul import lowering
+from blocksparse.ops.matmul import pallas_triton as pt
 from blocksparse.testing import strategies as bst
 from blocksparse.testing.oracles import assert_close, to_dense64
 
@@ -58,13 +60,50 @@ def _check(D, n, key, dtype):
     bst.dynamic_block_sparse_matrices(block_size=st.sampled_from([(16, 16), (16, 32), (32, 16)]), max_blocks=4),
     st.sampled_from([1, 8, 20]),
     st.sampled_from([None, 1, 2]),
+    st.sampled_from(["rows", "worklist"]),
     st.integers(0, 2**16),
 )
-def test_dynamic_pallas_interpret(D, n, max_len, seed):
-    from blocksparse.ops.matmul import pallas_triton as pt
-
-    with pt.kernel_config(max_len=max_len), bs.interpret():
+def test_dynamic_pallas_interpret(D, n, max_len, mode, seed):
+    with pt.kernel_config(max_len=max_len, dynamic=mode), bs.interpret():
         _check(D, n, jax.random.key(seed), jnp.float32)
+
+
+@pytest.mark.parametrize("mode", ["rows", "worklist"])
+@pytest.mark.parametrize("kind", ["one_row", "one_col", "empty", "all_padding"])
+def test_dynamic_pallas_adversarial_interpret(mode, kind, getkey):
+    gm = gk = 4
+    cap = 12
+    rng = np.random.default_rng(1)
+    rows, cols = rng.integers(0, gm, cap), rng.integers(0, gk, cap)
+    nnz = cap
+    if kind == "one_row":
+        rows[:] = 2
+    elif kind == "one_col":
+        cols[:] = 3
+    elif kind == "empty":
+        nnz = 0
+    else:  # padding holds out-of-range garbage, which must be ignored
+        nnz, rows[:], cols[:] = 0, 99, -5
+    D = bs.DynamicBlockSparseMatrix.from_blocks(
+        rows, cols, jax.random.normal(getkey(), (cap, 16, 16)), nnz, shape=(64, 64), capacity=cap
+    )
+    with pt.kernel_config(dynamic=mode), bs.interpret():
+        _check(D, 16, getkey(), jnp.float32)
+
+
+def test_row_search_plan_matches_the_pattern(getkey):
+    rng = np.random.default_rng(3)
+    rows, cols = rng.integers(0, 6, 40), rng.integers(0, 5, 40)
+    keep = jnp.asarray(rng.random(40) < 0.8)
+    plan = lowering.sort_by_row(jnp.asarray(rows), jnp.asarray(cols), keep, 6)
+    key, col, perm = (np.asarray(a) for a in (plan.key, plan.col, plan.perm))
+    assert (np.diff(key) >= 0).all() and sorted(perm) == list(range(40))
+    kept = np.asarray(keep)
+    np.testing.assert_array_equal(key, np.where(kept, rows, 6)[perm])
+    np.testing.assert_array_equal(col, cols[perm])
+    for r in range(7):
+        lo, hi = (int(v) for v in lowering.row_range(plan, r))
+        assert sorted(perm[lo:hi]) == sorted(np.flatnonzero(kept & (rows == r)) if r < 6 else np.flatnonzero(~kept))
 
 
 def test_dynamic_pallas_one_long_row_interpret(getkey):
@@ -74,8 +113,9 @@ def test_dynamic_pallas_one_long_row_interpret(getkey):
     D = bs.DynamicBlockSparseMatrix.from_blocks(
         rows, cols, jax.random.normal(getkey(), (40, 16, 16)), 38, shape=(64, 64), capacity=48
     )
-    with bs.interpret():
-        _check(D, 16, getkey(), jnp.float32)
+    for mode in ("rows", "worklist"):
+        with pt.kernel_config(dynamic=mode), bs.interpret():
+            _check(D, 16, getkey(), jnp.float32)
 
 
 def test_dynamic_falls_back_without_gpu(getkey):
@@ -108,12 +148,29 @@ def _random_dynamic(rng, gm, gk, b, capacity, nnz, skew, dtype):
 @pytest.mark.parametrize("b", [16, 32, 64, 128])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 @pytest.mark.parametrize("skew", [False, True])
-def test_dynamic_pallas_gpu(b, dtype, skew):
+@pytest.mark.parametrize("mode", ["rows", "worklist"])
+def test_dynamic_pallas_gpu(b, dtype, skew, mode):
     rng = np.random.default_rng(b + skew)
     gm, gk = 1024 // b, 768 // b
     capacity = gm * gk // 4
     D = _random_dynamic(rng, gm, gk, b, capacity, capacity - 7, skew, dtype)
-    _check(D, 96, jax.random.key(b), dtype)
+    with pt.kernel_config(dynamic=mode):
+        _check(D, 96, jax.random.key(b), dtype)
+
+
+@pytest.mark.gpu
+def test_dynamic_jitted_call_needs_no_host_transfer():
+    rng = np.random.default_rng(5)
+    D = _random_dynamic(rng, 64, 64, 32, 512, 500, False, jnp.bfloat16)
+    x = jnp.asarray(rng.standard_normal((2048, 1024)), jnp.bfloat16)
+    f = jax.jit(lambda D, x: bs.matmul(D, x, implementation="pallas"))
+    f(D, x).block_until_ready()
+    D2 = _random_dynamic(rng, 64, 64, 32, 512, 300, True, jnp.bfloat16)
+    with jax.transfer_guard("disallow"):
+        y = f(D2, x)
+    w64 = to_dense64(D2)
+    assert_close(y, w64 @ _np(x), np.abs(w64) @ np.abs(_np(x)), jnp.bfloat16)
+    assert f._cache_size() == 1
 
 
 @pytest.mark.gpu

@@ -73,6 +73,8 @@ class OpStatic:
             like ``jnp.dot``) or a ``lax.Precision``; ``HIGHEST`` gives float32 accuracy.
         pattern: the static pattern (``dsd``, ``dds``, ``sdd``).
         grid: ``(output block rows, contracting block columns)`` of a dynamic ``dyn_dsd``.
+        transposed: ``dyn_dsd`` only: ``data[i]`` holds block ``i`` of the sparse operand
+            transposed (``x @ D`` and gradients run on ``D``'s own data, with no transposed copy).
         block_size: the blocks of a dynamic ``dyn_sdd``.
     """
 
@@ -81,6 +83,7 @@ class OpStatic:
     precision: lax.Precision | None = None
     pattern: BlockPattern | None = None
     grid: tuple[int, int] | None = None
+    transposed: bool = False
     block_size: tuple[int, int] | None = None
 
     def but(self, **changes) -> OpStatic:
@@ -131,8 +134,12 @@ _sdd = differentiable("sdd", _table("sdd"), _sdd_bwd)  # (static, a, b) -> (a @ 
 # --------------------------------------------------------------------------------------------
 def _dyn_dsd_bwd(s: OpStatic, arrays, _, g):
     rows, cols, keep, data, x = arrays
-    dx = _dyn_dsd(s.but(grid=s.grid[::-1], out_dtype=x.dtype), cols, rows, keep, data.swapaxes(-1, -2), g)
-    ddata = _dyn_sdd(s.but(block_size=data.shape[1:], out_dtype=data.dtype), rows, cols, keep, g, x.T)
+    dx = _dyn_dsd(s.but(grid=s.grid[::-1], transposed=not s.transposed, out_dtype=x.dtype), cols, rows, keep, data, g)
+    sdd = s.but(block_size=data.shape[1:], out_dtype=data.dtype, transposed=False)
+    if s.transposed:  # data[i] is the transposed block: its gradient is x[col i] @ g[row i]^T
+        ddata = _dyn_sdd(sdd, cols, rows, keep, x, g.T)
+    else:
+        ddata = _dyn_sdd(sdd, rows, cols, keep, g, x.T)
     return None, None, None, ddata, dx
 
 
@@ -141,7 +148,7 @@ def _dyn_sdd_bwd(s: OpStatic, arrays, _, g):
     bh, bw = s.block_size
     grid = (a.shape[0] // bh, b.shape[1] // bw)
     da = _dyn_dsd(s.but(grid=grid, out_dtype=a.dtype), rows, cols, keep, g, b.T)
-    db = _dyn_dsd(s.but(grid=grid[::-1], out_dtype=b.dtype), cols, rows, keep, g.swapaxes(-1, -2), a).T
+    db = _dyn_dsd(s.but(grid=grid[::-1], transposed=True, out_dtype=b.dtype), cols, rows, keep, g, a).T
     return None, None, None, da, db
 
 
@@ -328,18 +335,24 @@ DYNAMIC_PALLAS_MIN_N = 1024
 def _sparse_dense(W, x, s: OpStatic, default: bool = False):
     if isinstance(W, BlockSparseMatrix):
         return _dsd(s.but(pattern=W.pattern), W.data, x)
-    if default and x.shape[1] < DYNAMIC_PALLAS_MIN_N:
-        s = s.but(impls=tuple(sorted(s.impls, key=lambda name: name != "xla")))
-    keep, valid = _keep_and_validity(W)
-    data, x = _nan_grad(valid, W.data), _nan_grad(valid, x)
-    return _poisoned(valid, _dyn_dsd(s.but(grid=W.grid), W.rows, W.cols, keep, data, x))
+    return _dynamic_product(W, x, s, default, transposed=False)
 
 
 def _dense_sparse(x, W, s: OpStatic, default: bool = False):
     if isinstance(W, BlockSparseMatrix):
         return _dds(s.but(pattern=W.pattern), x, W.data)
-    # x @ W = (W^T @ x^T)^T
-    return _sparse_dense(W.T, x.T, s, default).T
+    # x @ W = (W^T @ x^T)^T, on W's own data (no transposed copy of the blocks)
+    return _dynamic_product(W, x.T, s, default, transposed=True).T
+
+
+def _dynamic_product(W: DynamicBlockSparseMatrix, x, s: OpStatic, default: bool, transposed: bool):
+    """``W @ x`` (or ``W^T @ x``) for a dynamic ``W``: NaN, with NaN gradients, if ``W`` is invalid."""
+    if default and x.shape[1] < DYNAMIC_PALLAS_MIN_N:
+        s = s.but(impls=tuple(sorted(s.impls, key=lambda name: name != "xla")))
+    keep, valid = _keep_and_validity(W)
+    data, x = _nan_grad(valid, W.data), _nan_grad(valid, x)
+    rows, cols, grid = (W.cols, W.rows, W.grid[::-1]) if transposed else (W.rows, W.cols, W.grid)
+    return _poisoned(valid, _dyn_dsd(s.but(grid=grid, transposed=transposed), rows, cols, keep, data, x))
 
 
 def sdd(a, b, like, *, implementation=None, precision=None, preferred_element_type=None):

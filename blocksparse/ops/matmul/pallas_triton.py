@@ -48,7 +48,7 @@ from jax.experimental import pallas as pl
 from ..._pattern import BlockPattern
 from ..._util import next_power_of_2
 from .. import _dispatch
-from .lowering import GpuLowering, lower, redistribute
+from .lowering import GpuLowering, lower, redistribute, sort_by_row
 
 __all__ = ["PallasBackend", "KernelConfig", "SUPPORTED_BLOCKS", "kernel_config"]
 
@@ -67,6 +67,10 @@ class KernelConfig:
         transpose_acc: ``dsd`` accumulates ``(tn, bh)`` instead of ``(bh, tn)``.
         num_warps, num_stages: Triton launch parameters.
         max_len: force the schedule's cap on blocks per program.
+        dynamic: the plan of dynamic products: ``"rows"`` (one sort; each program finds its
+            row's blocks by binary search: two launches in all) or ``"worklist"`` (the
+            load-balanced work list of :func:`~.lowering.redistribute`, which splits long rows;
+            more launches). ``None``: ``"rows"``.
     """
 
     tn: int | None = None
@@ -76,6 +80,11 @@ class KernelConfig:
     num_warps: int | None = None
     num_stages: int | None = None
     max_len: int | None = None
+    dynamic: str | None = None
+
+    def __post_init__(self):
+        if self.dynamic not in (None, "rows", "worklist"):
+            raise ValueError(f"Expected dynamic None, 'rows' or 'worklist'. Got {self.dynamic!r}.")
 
 
 # The configuration in force: part of the jit cache key (a JAX user context), local to the thread.
@@ -297,18 +306,103 @@ def _dsd_call(sched, m: int, data, x, out_dtype, tn: int, cfg: KernelConfig, exa
 
 
 def dsd_dynamic(
-    rows, cols, keep, data, x, num_rows: int, out_dtype, *, exact: bool = False, config: KernelConfig | None = None
+    rows,
+    cols,
+    keep,
+    data,
+    x,
+    num_rows: int,
+    out_dtype,
+    *,
+    transposed: bool = False,
+    exact: bool = False,
+    config: KernelConfig | None = None,
 ):
-    """``W @ x`` for a traced block COO (``keep`` masks padding): the same kernel, on a work list
-    that :func:`.lowering.redistribute` builds inside ``jit``."""
+    """``W @ x`` for a traced block COO (``keep`` masks padding).
+
+    ``transposed``: ``data[i]`` holds block ``i`` of W transposed (W is the transpose of the
+    matrix whose blocks ``data`` stores: ``x @ D`` and the backward need no transposed copy).
+    The plan is built inside ``jit``: by default :func:`~.lowering.sort_by_row` (one sort) and the
+    row-search kernel; with ``kernel_config(dynamic="worklist")`` the load-balanced work list.
+    """
     cfg = config or current_config()
-    _, bh, _ = data.shape
+    bh, bw = data.shape[1:][::-1] if transposed else data.shape[1:]
     n = x.shape[1]
     if data.shape[0] == 0 or n == 0 or x.shape[0] == 0:  # k == 0: no block can be in range
         return jnp.zeros((num_rows * bh, n), out_dtype)
     tn = _tile(n, cfg.tn or _default_tn(bh, n, num_rows))
-    sched = redistribute(rows, cols, keep, num_rows, cfg.max_len)
-    return _dsd_call(sched, num_rows * bh, data, x, out_dtype, tn, cfg, exact)
+    if (cfg.dynamic or "rows") == "worklist":
+        if transposed:
+            data = data.swapaxes(-1, -2)
+        sched = redistribute(rows, cols, keep, num_rows, cfg.max_len)
+        return _dsd_call(sched, num_rows * bh, data, x, out_dtype, tn, cfg, exact)
+    return _rows_call(sort_by_row(rows, cols, keep, num_rows), data, x, out_dtype, tn, cfg, transposed, exact)
+
+
+def _lower_bound(key_ref, value, size: int, steps: int):
+    """First position of the sorted ``key_ref[:size]`` holding a key ``>= value`` (``size`` if none)."""
+
+    def body(_, lohi):
+        lo, hi = lohi
+        mid = jnp.minimum((lo + hi) // 2, size - 1)
+        live = lo < hi
+        right = live & (key_ref[mid] < value)
+        return jnp.where(right, mid + 1, lo), jnp.where(live & ~right, mid, hi)
+
+    lo, _ = lax.fori_loop(0, steps, body, (jnp.int32(0), jnp.int32(size)))
+    return lo
+
+
+def _rows_kernel(key_ref, col_ref, perm_ref, w_ref, x_ref, y_ref, *, bh, bw, tn, acc_t, trans, exact, size, steps):
+    """Program ``(r, t)``: output block row ``r``, columns ``[t * tn, (t + 1) * tn)``.
+
+    It finds its own blocks: the range of ``r`` in the sorted keys, by binary search.
+    """
+    r = pl.program_id(0)
+    n0 = pl.multiple_of(pl.program_id(1) * tn, tn)
+    lo = _lower_bound(key_ref, r, size, steps)
+    hi = _lower_bound(key_ref, r + 1, size, steps)
+
+    def body(j, acc):
+        c = col_ref[j]
+        d = perm_ref[j]
+        xs = x_ref[pl.ds(pl.multiple_of(c * bw, bw), bw), pl.ds(n0, tn)]  # (bw, tn)
+        if trans:  # stored block d is (bw, bh): contract its first axis
+            w = w_ref[pl.ds(pl.multiple_of(d * bw, bw), bw), :]
+            if acc_t:
+                return acc + _dot(xs, w, exact=exact, contract=((0,), (0,)))  # (tn, bh)
+            return acc + _dot(w, xs, exact=exact, contract=((0,), (0,)))  # (bh, tn)
+        w = w_ref[pl.ds(pl.multiple_of(d * bh, bh), bh), :]  # (bh, bw)
+        if acc_t:
+            return acc + _dot(xs, w, exact=exact, contract=((0,), (1,)))
+        return acc + _dot(w, xs, exact=exact)
+
+    acc = lax.fori_loop(lo, hi, body, jnp.zeros((tn, bh) if acc_t else (bh, tn), jnp.float32))
+    if acc_t:
+        acc = acc.T
+    y_ref[pl.ds(pl.multiple_of(r * bh, bh), bh), pl.ds(n0, tn)] = acc.astype(y_ref.dtype)
+
+
+def _rows_call(plan, data, x, out_dtype, tn: int, cfg: KernelConfig, trans: bool, exact: bool):
+    bh, bw = data.shape[1:][::-1] if trans else data.shape[1:]
+    n = x.shape[1]
+    acc_t = (bh == 32) if cfg.transpose_acc is None else bool(cfg.transpose_acc)
+    xp = _pad_to(x, 1, tn)
+    tiles = xp.shape[1] // tn
+    nw = cfg.num_warps or (8 if bh * tn >= 128 * 128 else 4)
+    ns = cfg.num_stages or 3
+    size = int(plan.key.shape[0])
+    kernel = functools.partial(_rows_kernel, bh=bh, bw=bw, tn=tn, acc_t=acc_t, trans=trans, exact=exact, size=size,
+                               steps=plan.search_steps)  # fmt: skip
+    y = pl.pallas_call(
+        kernel,
+        grid=(plan.num_rows, tiles),
+        out_shape=jax.ShapeDtypeStruct((plan.num_rows * bh, xp.shape[1]), out_dtype),
+        compiler_params=_params(nw, ns),
+        interpret=_interpret(),
+        name=f"bs_dyn_rows_{bh}x{bw}_tn{tn}" + ("_t" if trans else ""),
+    )(plan.key, plan.col, plan.perm, data.reshape(-1, data.shape[-1]), xp)
+    return y[:, :n] if xp.shape[1] != n else y
 
 
 # --------------------------------------------------------------------------------------------
@@ -456,7 +550,8 @@ class PallasBackend:
 
     def dyn_dsd(self, s, rows, cols, keep, data, x):
         dt = _check(data.shape[1:], data.dtype, x.dtype)
-        return dsd_dynamic(rows, cols, keep, data.astype(dt), x.astype(dt), s.grid[0], s.out_dtype, exact=_exact(s))
+        return dsd_dynamic(rows, cols, keep, data.astype(dt), x.astype(dt), s.grid[0], s.out_dtype,
+                           transposed=s.transposed, exact=_exact(s))  # fmt: skip
 
     def dyn_sdd(self, s, rows, cols, keep, a, b):
         block_size = s.block_size

@@ -118,6 +118,8 @@ class XlaBackend:
     # Dynamic (traced) patterns: ``keep`` masks padding and invalid blocks.
     def dyn_dsd(self, s, rows, cols, keep, data, x):
         num_rows = s.grid[0]
+        if s.transposed:  # data[i] holds block i transposed
+            data = data.swapaxes(-1, -2)
         r = jnp.where(keep, rows, num_rows)  # out of range: dropped by the segment sum
         c = jnp.where(keep, cols, 0)
         return coo_dsd(r, c, data, x, num_rows, sorted_rows=False, out_dtype=s.out_dtype, precision=s.precision)
