@@ -268,16 +268,27 @@ def test_kernel_config_is_part_of_the_jit_cache_key(interpret, getkey):
     _close(y16, y32, jnp.float32)
 
 
-def test_dispatch_log_is_local_to_the_thread(getkey):
+def test_dispatch_log_and_interpret_are_local_to_the_thread(getkey):
     import threading
 
     W = bs.random(getkey(), (32, 32), (16, 16), 0.5)
     x = jax.random.normal(getkey(), (32, 4))
-    other = threading.Thread(target=lambda: bs.matmul(W, x, implementation="xla"))
-    with bs.dispatch_log() as log:
-        other.start()
-        other.join()
-    assert log == []
+    seen = {}
+
+    def other():
+        with bs.dispatch_log() as log:
+            bs.matmul(W.with_data(W.data + 1), x)  # a new trace in this thread
+        seen["log"], seen["interpreting"] = log, dispatch.interpreting()
+
+    thread = threading.Thread(target=other)
+    with bs.interpret(), bs.dispatch_log() as log:
+        thread.start()
+        thread.join()
+        assert dispatch.interpreting()
+    assert log == []  # the other thread's op is not in this thread's log
+    assert seen["interpreting"] is False  # nor does this thread's interpret() reach it
+    expected = "pallas" if jax.default_backend() == "gpu" else "xla"
+    assert seen["log"] == [("dsd", expected)]
 
 
 @pytest.mark.parametrize("block", [(8, 8), (4, 16), (1, 1), (16, 48)])

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._util import Pytree
+from .._util import Pytree, cdiv
 
 __all__ = ["Graph", "Schedule"]
 
@@ -40,7 +40,7 @@ class Schedule:
         start, end = indptr[heavy_nodes].astype(np.int64), indptr[heavy_nodes + 1].astype(np.int64)
         self.main_end = indptr[1:].astype(np.int32, copy=True)
         self.main_end[heavy_nodes] = np.minimum(end, start + chunk)
-        counts = np.maximum(0, -(-(end - start) // chunk) - 1)
+        counts = np.maximum(0, cdiv(end - start, chunk) - 1)
         self.extra_node = np.repeat(heavy_nodes, counts).astype(np.int32)
         # chunk index within the node, starting at 1 (chunk 0 is the main unit)
         first = np.repeat(np.cumsum(counts) - counts, counts)
@@ -100,7 +100,7 @@ class Graph(Pytree):
         self.max_in_degree = int(counts.max(initial=0))
         q = _degree_quantile(self.in_degree, counts, self.heavy_quantile)
         self.heavy_threshold = int(np.ceil(q))
-        self.chunk = _CHUNK_ALIGN * max(1, -(-max(self.heavy_threshold, 1) // _CHUNK_ALIGN))
+        self.chunk = _CHUNK_ALIGN * max(1, cdiv(max(self.heavy_threshold, 1), _CHUNK_ALIGN))
         is_heavy = (counts > self.heavy_threshold) & (counts > self.chunk)
         self.heavy_nodes = nodes[is_heavy].astype(np.int32)  # sorted
         h = hashlib.sha1()

@@ -19,7 +19,9 @@ __all__ = ["advice", "check_common", "check_int", "check_machine", "check_propor
 
 PARTIALS_DTYPES = ("float16", "float32")
 #: Wall-clock budget of :func:`advice`: past it, no further plan is tried (what was verified stays).
-ADVICE_BUDGET_S = 3.0
+#: Only huge patterns reach it (planning takes seconds there); smaller ones are bounded by the plan
+#: count below, so their advice does not depend on the machine's speed.
+ADVICE_BUDGET_S = 30.0
 #: At most this many plans while searching the largest ``n`` that fits.
 ADVICE_MAX_PLANS = 24
 

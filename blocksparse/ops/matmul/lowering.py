@@ -250,9 +250,9 @@ class GpuMachine:
 
 # Sources: NVIDIA H200 datasheet (141 GB HBM3e at 4.8 TB/s; same Hopper GH100 die as the H100
 # SXM: 132 SMs, 228 KiB shared memory per SM, 50 MB L2 (60 MB as reported by PyTorch), dense bf16
-# 989.5 TFLOP/s); NVIDIA Hopper tuning guide (shared memory per SM); measured on the lent H200:
-# ../shared/BASELINES.md (3.5 TB/s copy through JAX, 596 TFLOP/s `jnp.dot` 8192^3) and the device
-# notes (788 TFLOP/s through PyTorch on random data, 4.3 TB/s copy through PyTorch).
+# 989.5 TFLOP/s); NVIDIA Hopper tuning guide (shared memory per SM); measured on an H200 with
+# jax 0.11.2: 3.5 TB/s for a copy through JAX, 596 TFLOP/s for `jnp.dot` at 8192^3 in bf16, and
+# 788 TFLOP/s for a bf16 product through PyTorch (cuBLAS).
 H200 = GpuMachine(
     name="NVIDIA H200 SXM",
     num_sms=132,

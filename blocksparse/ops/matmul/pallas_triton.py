@@ -46,7 +46,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from ..._pattern import BlockPattern
-from ..._util import next_power_of_2
+from ..._util import cdiv, next_power_of_2
 from .. import _dispatch
 from .lowering import GpuLowering, lower, redistribute, sort_by_row
 
@@ -119,7 +119,7 @@ def _default_tn(bh: int, n: int, rows: int) -> int:
     narrow ones when there are too few block rows to give the 132 SMs a program each."""
     if n >= 2048:
         return 128 if bh >= 128 else 256
-    if rows * pl.cdiv(n, 128) < 132:
+    if rows * cdiv(n, 128) < 132:
         return 64
     return 128
 
@@ -280,7 +280,7 @@ def dsd(pattern: BlockPattern, data, x, out_dtype, *, exact: bool = False, confi
     if pattern.nnz_blocks == 0 or n == 0:
         return jnp.zeros((m, n), out_dtype)
     tn = _tile(n, cfg.tn or _default_tn(bh, n, pattern.grid[0]))
-    tiles = pl.cdiv(n, tn)
+    tiles = cdiv(n, tn)
     sched = lower(pattern, GpuLowering(op="dsd", tiles=tiles, max_len=cfg.max_len))
     return _dsd_call(sched, m, data, x, out_dtype, tn, cfg, exact)
 
