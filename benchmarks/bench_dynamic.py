@@ -1,11 +1,12 @@
-"""Dynamic block sparsity on the GPU: the pattern is traced, the work list is built inside jit.
+"""Dynamic block sparsity on the GPU: the pattern is traced, its plan is built inside jit.
 
-For each cell, one random pattern is timed four ways in the same process: dense ``jnp.dot``,
-the static Pallas kernel (pattern known at build time), the dynamic Pallas path (redistributor +
-the same kernel; the sort and schedule build are included in its time) and the dynamic pure-JAX
-reference (gather, batched dot, segment sum). PopSparse found static faster than dynamic; this
-measures what dynamic costs here. Timing as in ``bench_matmul.py`` (calls inside one jitted loop,
-median of trials). bf16, float32 accumulation.
+For each cell, one random pattern is timed in the same process: dense ``jnp.dot``, the static
+Pallas kernel (pattern known at build time), the two dynamic Pallas plans (``rows``: one sort,
+then each program finds its row's blocks by binary search; ``worklist``: the load-balanced work
+list of the redistributor, a dozen small XLA kernels) and the dynamic pure-JAX reference. The
+plan building is included in the dynamic times; ``sort_ms`` is the rows plan alone. Two timings
+each: inside one jitted loop (device time, ``*_ms``) and back-to-back jitted calls from Python
+(what a user's step sees, ``*_call_ms``). bf16, float32 accumulation.
 
 Usage::
 
@@ -24,9 +25,19 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_matmul import _time_jax_loop  # noqa: E402
+from bench_matmul import _time_jax, _time_jax_loop  # noqa: E402
 
 import blocksparse as bs  # noqa: E402
+from blocksparse.ops.matmul import lowering  # noqa: E402
+from blocksparse.ops.matmul import pallas_triton as pt  # noqa: E402
+
+
+def _dynamic(mode):
+    def f(D, x):
+        with pt.kernel_config(dynamic=mode):
+            return bs.matmul(D, x, implementation="pallas")
+
+    return f
 
 
 def bench_cell(m, n, b, d, reps, trials):
@@ -39,17 +50,31 @@ def bench_cell(m, n, b, d, reps, trials):
     fns = {
         "dense": (lambda a, x: jnp.dot(a, x), dense),
         "static_pallas": (lambda W, x: bs.matmul(W, x, implementation="pallas"), W),
-        "dynamic_pallas": (lambda D, x: bs.matmul(D, x, implementation="pallas"), D),
+        "dynamic_rows": (_dynamic("rows"), D),
+        "dynamic_worklist": (_dynamic("worklist"), D),
         "dynamic_xla": (lambda D, x: bs.matmul(D, x, implementation="xla"), D),
+        "dynamic_default": (lambda D, x: bs.matmul(D, x), D),
     }
     row = {"m": m, "n": n, "b": b, "density": 1.0 / d, "nnz_blocks": W.nnz_blocks}
     for name, (f, a) in fns.items():
-        y = np.asarray(jax.jit(f)(a, x), np.float32)
+        jf = jax.jit(f)
+        y = np.asarray(jf(a, x), np.float32)
         row[f"{name}_err"] = float(np.linalg.norm(y - ref) / max(np.linalg.norm(ref), 1e-30))
         row[f"{name}_ms"] = 1e3 * _time_jax_loop(f, (a, x), reps, trials)
-    for name in ("static_pallas", "dynamic_pallas", "dynamic_xla"):
-        row[f"{name}_vs_dense"] = row[f"{name}_ms"] / row["dense_ms"]
-    row["dynamic_vs_static"] = row["dynamic_pallas_ms"] / row["static_pallas_ms"]
+        row[f"{name}_call_ms"] = 1e3 * _time_jax(jf, [(a, x)], reps, trials)
+    keep = jnp.ones(D.capacity, bool)
+
+    def sort(D, x):
+        return lowering.sort_by_row(D.rows, D.cols, keep, D.grid[0]).perm
+
+    row["sort_ms"] = 1e3 * _time_jax_loop(sort, (D, x), reps, trials)
+    for name in fns:
+        if name != "dense":
+            row[f"{name}_vs_dense"] = row[f"{name}_ms"] / row["dense_ms"]
+    for name in ("dynamic_rows", "dynamic_worklist", "dynamic_xla", "dynamic_default"):
+        row[f"{name}_vs_static"] = row[f"{name}_ms"] / row["static_pallas_ms"]
+        row[f"{name}_call_vs_static"] = row[f"{name}_call_ms"] / row["static_pallas_call_ms"]
+    row["sort_share_of_rows"] = row["sort_ms"] / row["dynamic_rows_ms"]
     return row
 
 
@@ -73,16 +98,19 @@ def main(argv=None):
                     if args.json:
                         with open(args.json, "w") as f:
                             json.dump({"device": jax.devices()[0].device_kind, "rows": rows}, f, indent=1)
-    hdr = f"{'m':>5} {'n':>5} {'b':>4} {'d':>6} | {'dense':>7} {'static':>7} {'dyn':>7} {'dyn xla':>8} | "
-    print(hdr + f"{'dyn/static':>10} {'dyn/dense':>9} {'max err':>8}")
-    for r in rows:
-        err = max(r[k] for k in r if k.endswith("_err"))
-        print(
-            f"{r['m']:>5} {r['n']:>5} {r['b']:>4} {'1/' + str(round(1 / r['density'])):>6} | "
-            f"{r['dense_ms']:7.3f} {r['static_pallas_ms']:7.3f} {r['dynamic_pallas_ms']:7.3f} "
-            f"{r['dynamic_xla_ms']:8.3f} | {r['dynamic_vs_static']:10.2f} "
-            f"{r['dynamic_pallas_vs_dense']:9.2f} {err:8.1e}"
-        )
+    cols = ["dense", "static_pallas", "dynamic_rows", "dynamic_worklist", "dynamic_xla", "dynamic_default"]
+    short = ["dense", "static", "rows", "worklist", "dyn xla", "default"]
+    for suffix, what in (("_ms", "inside one jitted loop"), ("_call_ms", "back-to-back jitted calls")):
+        print(f"\n{what} (ms); rows/static, sort share of rows")
+        print(f"{'m':>5} {'n':>5} {'b':>4} {'d':>6} | " + " ".join(f"{c:>8}" for c in short) + " | rows/st  sort%")
+        for r in rows:
+            ratio = r["dynamic_rows" + suffix] / r["static_pallas" + suffix]
+            print(
+                f"{r['m']:>5} {r['n']:>5} {r['b']:>4} {'1/' + str(round(1 / r['density'])):>6} | "
+                + " ".join(f"{r[c + suffix]:8.3f}" for c in cols)
+                + f" | {ratio:7.2f} {100 * r['sort_share_of_rows']:5.1f}"
+            )
+    print("max rel. error:", max(r[k] for r in rows for k in r if k.endswith("_err")))
 
 
 if __name__ == "__main__":

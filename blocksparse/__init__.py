@@ -15,6 +15,7 @@ from importlib.metadata import version as _version
 from . import gnn, ipu, nn, ops, prune
 from ._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, random
 from ._pattern import BlockPattern
+from ._util import checkify, runtime_checks
 from .ipu import DynamicPlan, NoValidPlanError, Plan, dynamic_plan, plan, simulate, simulate_dynamic
 from .ops import dispatch_log, interpret, matmul, sdd
 
@@ -25,6 +26,8 @@ except _NotFound:  # running from a source tree that was never installed
 
 __all__ = [
     "BlockPattern",
+    "checkify",
+    "runtime_checks",
     "BlockSparseMatrix",
     "DynamicBlockSparseMatrix",
     "DynamicPlan",

@@ -14,7 +14,7 @@ import numpy as np
 from jax.experimental import checkify
 
 from ._pattern import BlockPattern, _pair, check_block_size, check_density, num_blocks
-from ._util import Pytree
+from ._util import Pytree, runtime_checks_enabled
 
 __all__ = ["BlockSparseMatrix", "DynamicBlockSparseMatrix", "random"]
 
@@ -362,9 +362,9 @@ class DynamicBlockSparseMatrix(_NoImplicitDense, Pytree):
     Positions ``>= nnz`` are padding and are ignored; duplicate ``(row, col)`` blocks add up.
 
     Out-of-range block coordinates (at positions ``< nnz``) cannot be rejected while tracing.
-    :meth:`is_valid` returns a traced flag; every op reports them through
-    ``jax.experimental.checkify`` (wrap the caller with ``checkify.checkify``) and, without it,
-    returns NaN everywhere in its output rather than a silently wrong value.
+    :meth:`is_valid` returns a traced flag; every op returns NaN everywhere in its output (and NaN
+    gradients) rather than a silently wrong value, and under :func:`blocksparse.checkify` also
+    reports them through ``jax.experimental.checkify`` with the valid ranges.
     """
 
     __slots__ = ("rows", "cols", "data", "nnz", "shape", "block_size")
@@ -469,6 +469,12 @@ class DynamicBlockSparseMatrix(_NoImplicitDense, Pytree):
         )
         return valid
 
+    def validity(self) -> jax.Array:
+        """What the ops use: :meth:`check` inside :func:`blocksparse.runtime_checks` (or
+        :func:`blocksparse.checkify`), else :meth:`is_valid` (no checkify effect, which would slow
+        every jitted call's dispatch)."""
+        return self.check() if runtime_checks_enabled() else self.is_valid()
+
     def masked_data(self) -> jax.Array:
         """``data`` with padding positions zeroed."""
         return jnp.where(self.active()[:, None, None], self.data, jnp.zeros((), self.dtype))
@@ -476,7 +482,7 @@ class DynamicBlockSparseMatrix(_NoImplicitDense, Pytree):
     def to_dense(self) -> jax.Array:
         (m, k), (bh, bw) = self.shape, self.block_size
         gm, gk = self.grid
-        valid = self.check()
+        valid = self.validity()
         # Padding and invalid positions are routed out of range and dropped by the scatter.
         keep = self.active()
         r = jnp.where(keep, self.rows, gm)

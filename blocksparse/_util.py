@@ -2,9 +2,48 @@
 
 from __future__ import annotations
 
-import numpy as np
+import contextlib
+import functools
 
-__all__ = ["Pytree", "cdiv", "next_power_of_2"]
+import jax
+import numpy as np
+from jax.experimental import checkify as _checkify
+
+__all__ = ["Pytree", "cdiv", "checkify", "next_power_of_2", "runtime_checks", "runtime_checks_enabled"]
+
+# Whether ops on dynamic (traced) inputs add checkify checks. Off by default: a check is a JAX
+# effect, and a jitted function with effects leaves jax's fast C++ dispatch path (measured on the
+# H200: 0.3-0.5 ms per call instead of 0.05 ms). Invalid input gives NaN either way. Part of the jit
+# cache key (a JAX user context), local to the thread.
+_RUNTIME_CHECKS = jax.make_user_context(False)
+
+
+@contextlib.contextmanager
+def runtime_checks(enabled: bool = True):
+    """Inside this block, ops on dynamic inputs report invalid data through ``checkify`` too."""
+    with _RUNTIME_CHECKS(bool(enabled)):
+        yield
+
+
+def runtime_checks_enabled() -> bool:
+    return bool(_RUNTIME_CHECKS.value)
+
+
+def checkify(f, errors=_checkify.user_checks):
+    """``jax.experimental.checkify.checkify(f)`` with the library's runtime checks on.
+
+    Returns ``f`` checked: called, it returns ``(error, out)``; ``error.throw()`` raises with a
+    message naming the expected and the actual ranges (for example of a dynamic matrix's block
+    coordinates). Without it, such input still gives NaN outputs, never a silently wrong value.
+    """
+    checked = _checkify.checkify(f, errors=errors)
+
+    @functools.wraps(f)
+    def run(*args, **kwargs):
+        with runtime_checks(True):
+            return checked(*args, **kwargs)
+
+    return run
 
 
 def cdiv(a, b):

@@ -262,15 +262,25 @@ def test_dynamic_out_of_range_is_reported_not_silent():
     assert not bool(D.is_valid())
     # Without checkify: NaN, never a plausible wrong number.
     assert bool(jnp.isnan(jax.jit(bs.matmul)(D, x)).all())
-    # With checkify: a clear error.
+    # Plain checkify sees no check (runtime checks are off by default: they slow dispatch) ...
     err, _ = checkify.checkify(jax.jit(bs.matmul))(D, x)
+    err.throw()
+    # ... bs.checkify (or `with bs.runtime_checks():`) turns them on: a clear error.
+    for checked in (bs.checkify(jax.jit(bs.matmul)), jax.jit(bs.checkify(bs.matmul))):
+        err, _ = checked(D, x)
+        with pytest.raises(checkify.JaxRuntimeError, match=r"rows in \[0, 4\)"):
+            err.throw()
+    with bs.runtime_checks():
+        err, _ = checkify.checkify(jax.jit(bs.matmul))(D, x)
     with pytest.raises(checkify.JaxRuntimeError, match=r"rows in \[0, 4\)"):
         err.throw()
+    # Without runtime checks a jitted call has no effects, so it keeps JAX's fast dispatch.
+    assert not jax.make_jaxpr(bs.matmul)(D, x).effects
     # Out-of-range coordinates in padding (>= nnz) are fine.
     D = bs.DynamicBlockSparseMatrix.from_blocks(
         jnp.array([0, 9]), jnp.array([0, 0]), jnp.ones((2, 8, 8)), 1, shape=(32, 32)
     )
-    err, y = checkify.checkify(bs.matmul)(D, x)
+    err, y = bs.checkify(bs.matmul)(D, x)
     err.throw()
     np.testing.assert_allclose(y[:8], 8.0)
 

@@ -357,12 +357,12 @@ def test_simulate_dynamic_poisons_out_of_grid_coordinates(row, col):
     run = jax.jit(lambda D, x: simulate_dynamic(p, D, x))
     for y in (simulate_dynamic(p, D, x), run(D, x)):
         assert y.shape == (16, 8) and np.isnan(np.asarray(y)).all()
-    err, _ = checkify.checkify(run)(D, x)
+    err, _ = bs.checkify(run)(D, x)
     with pytest.raises(checkify.JaxRuntimeError, match=r"expected active block rows in \[0, 4\) and cols in \[0, 4\)"):
         err.throw()
     # The same matrix with the coordinate fixed is fine, and checkify stays quiet.
     ok = bs.DynamicBlockSparseMatrix(D.rows.at[1].set(1), D.cols.at[1].set(1), D.data, 3, (16, 16))
-    err, y = checkify.checkify(run)(ok, x)
+    err, y = bs.checkify(run)(ok, x)
     err.throw()
     np.testing.assert_allclose(np.asarray(y), to_dense64(ok) @ np.ones((16, 8)), rtol=1e-6)
 

@@ -172,7 +172,7 @@ def simulate_dynamic(dplan: DynamicPlan, D, x, *, return_distribution: bool = Fa
     Invalid input gives NaN in the whole output, never a finite wrong value:
 
     * an active block outside the grid (``D.is_valid()`` is False), exactly as ``D @ x`` does;
-      under ``jax.experimental.checkify.checkify`` the error names the valid ranges (``D.check()``);
+      under :func:`blocksparse.checkify` the error names the valid ranges (``D.check()``);
     * blocks that fit no bucket (``nnz > total_capacity``); outside ``jit`` a ``ValueError`` says so.
 
     Returns:
@@ -200,7 +200,7 @@ def simulate_dynamic(dplan: DynamicPlan, D, x, *, return_distribution: bool = Fa
         grid=dplan.grid, split=dplan.split, part=(dplan.rows_per_partition, dplan.cols_per_partition),
         cap=dplan.bucket_capacity, npc=npc, acc=_acc_dtype(out), out=jnp.dtype(out),
     )  # fmt: skip
-    valid = D.check()  # out-of-grid blocks: reported through checkify, else NaN like the products
+    valid = D.validity()  # out-of-grid blocks: NaN like the products (and a checkify error when asked)
     y = jnp.where(valid, y, jnp.asarray(jnp.nan, y.dtype))
     if not isinstance(dist.overflow, jax.core.Tracer) and int(dist.overflow) > 0:
         raise ValueError(

@@ -158,7 +158,7 @@ _dyn_sdd = differentiable("dyn_sdd", _table("dyn_sdd"), _dyn_sdd_bwd)  # (static
 
 def _keep_and_validity(D: DynamicBlockSparseMatrix):
     gm, gk = D.grid
-    valid = D.check()
+    valid = D.validity()
     keep = D.active() & (D.rows >= 0) & (D.rows < gm) & (D.cols >= 0) & (D.cols < gk)
     return keep, valid
 
