@@ -50,6 +50,7 @@ def bench_cell(m, n, b, d, reps, trials):
     fns = {
         "dense": (lambda a, x: jnp.dot(a, x), dense),
         "static_pallas": (lambda W, x: bs.matmul(W, x, implementation="pallas"), W),
+        "dynamic_scan": (_dynamic("scan"), D),
         "dynamic_rows": (_dynamic("rows"), D),
         "dynamic_worklist": (_dynamic("worklist"), D),
         "dynamic_xla": (lambda D, x: bs.matmul(D, x, implementation="xla"), D),
@@ -71,7 +72,7 @@ def bench_cell(m, n, b, d, reps, trials):
     for name in fns:
         if name != "dense":
             row[f"{name}_vs_dense"] = row[f"{name}_ms"] / row["dense_ms"]
-    for name in ("dynamic_rows", "dynamic_worklist", "dynamic_xla", "dynamic_default"):
+    for name in ("dynamic_scan", "dynamic_rows", "dynamic_worklist", "dynamic_xla", "dynamic_default"):
         row[f"{name}_vs_static"] = row[f"{name}_ms"] / row["static_pallas_ms"]
         row[f"{name}_call_vs_static"] = row[f"{name}_call_ms"] / row["static_pallas_call_ms"]
     row["sort_share_of_rows"] = row["sort_ms"] / row["dynamic_rows_ms"]
@@ -98,13 +99,14 @@ def main(argv=None):
                     if args.json:
                         with open(args.json, "w") as f:
                             json.dump({"device": jax.devices()[0].device_kind, "rows": rows}, f, indent=1)
-    cols = ["dense", "static_pallas", "dynamic_rows", "dynamic_worklist", "dynamic_xla", "dynamic_default"]
-    short = ["dense", "static", "rows", "worklist", "dyn xla", "default"]
+    cols = ["dense", "static_pallas", "dynamic_scan", "dynamic_rows", "dynamic_worklist", "dynamic_xla",
+            "dynamic_default"]  # fmt: skip
+    short = ["dense", "static", "scan", "rows", "worklist", "dyn xla", "default"]
     for suffix, what in (("_ms", "inside one jitted loop"), ("_call_ms", "back-to-back jitted calls")):
-        print(f"\n{what} (ms); rows/static, sort share of rows")
-        print(f"{'m':>5} {'n':>5} {'b':>4} {'d':>6} | " + " ".join(f"{c:>8}" for c in short) + " | rows/st  sort%")
+        print(f"\n{what} (ms); scan/static, sort share of rows")
+        print(f"{'m':>5} {'n':>5} {'b':>4} {'d':>6} | " + " ".join(f"{c:>8}" for c in short) + " | scan/st  sort%")
         for r in rows:
-            ratio = r["dynamic_rows" + suffix] / r["static_pallas" + suffix]
+            ratio = r["dynamic_scan" + suffix] / r["static_pallas" + suffix]
             print(
                 f"{r['m']:>5} {r['n']:>5} {r['b']:>4} {'1/' + str(round(1 / r['density'])):>6} | "
                 + " ".join(f"{r[c + suffix]:8.3f}" for c in cols)

@@ -60,7 +60,7 @@ def _check(D, n, key, dtype):
     bst.dynamic_block_sparse_matrices(block_size=st.sampled_from([(16, 16), (16, 32), (32, 16)]), max_blocks=4),
     st.sampled_from([1, 8, 20]),
     st.sampled_from([None, 1, 2]),
-    st.sampled_from(["rows", "worklist"]),
+    st.sampled_from(["scan", "rows", "worklist"]),
     st.integers(0, 2**16),
 )
 def test_dynamic_pallas_interpret(D, n, max_len, mode, seed):
@@ -68,7 +68,7 @@ def test_dynamic_pallas_interpret(D, n, max_len, mode, seed):
         _check(D, n, jax.random.key(seed), jnp.float32)
 
 
-@pytest.mark.parametrize("mode", ["rows", "worklist"])
+@pytest.mark.parametrize("mode", ["scan", "rows", "worklist"])
 @pytest.mark.parametrize("kind", ["one_row", "one_col", "empty", "all_padding"])
 def test_dynamic_pallas_adversarial_interpret(mode, kind, getkey):
     gm = gk = 4
@@ -113,7 +113,7 @@ def test_dynamic_pallas_one_long_row_interpret(getkey):
     D = bs.DynamicBlockSparseMatrix.from_blocks(
         rows, cols, jax.random.normal(getkey(), (40, 16, 16)), 38, shape=(64, 64), capacity=48
     )
-    for mode in ("rows", "worklist"):
+    for mode in ("scan", "rows", "worklist"):
         with pt.kernel_config(dynamic=mode), bs.interpret():
             _check(D, 16, getkey(), jnp.float32)
 
@@ -148,7 +148,7 @@ def _random_dynamic(rng, gm, gk, b, capacity, nnz, skew, dtype):
 @pytest.mark.parametrize("b", [16, 32, 64, 128])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 @pytest.mark.parametrize("skew", [False, True])
-@pytest.mark.parametrize("mode", ["rows", "worklist"])
+@pytest.mark.parametrize("mode", ["scan", "rows", "worklist"])
 def test_dynamic_pallas_gpu(b, dtype, skew, mode):
     rng = np.random.default_rng(b + skew)
     gm, gk = 1024 // b, 768 // b

@@ -128,32 +128,34 @@ _sdd = differentiable("sdd", _table("sdd"), _sdd_bwd)  # (static, a, b) -> (a @ 
 
 
 # --------------------------------------------------------------------------------------------
-# Dynamic ops: the pattern is traced; ``keep`` masks padding and invalid blocks. The Pallas
+# Dynamic ops: the pattern is traced; ``keep`` masks padding and invalid blocks, and ``valid``
+# (a traced bool) says whether the whole matrix is valid: if not, the result is NaN. The Pallas
 # backend builds its work list inside jit (lowering.redistribute); the transposed product needs
 # no cached transpose, the redistributor sorts by the other coordinate.
 # --------------------------------------------------------------------------------------------
 def _dyn_dsd_bwd(s: OpStatic, arrays, _, g):
-    rows, cols, keep, data, x = arrays
-    dx = _dyn_dsd(s.but(grid=s.grid[::-1], transposed=not s.transposed, out_dtype=x.dtype), cols, rows, keep, data, g)
+    rows, cols, keep, valid, data, x = arrays
+    t = s.but(grid=s.grid[::-1], transposed=not s.transposed, out_dtype=x.dtype)
+    dx = _dyn_dsd(t, cols, rows, keep, valid, data, g)
     sdd = s.but(block_size=data.shape[1:], out_dtype=data.dtype, transposed=False)
     if s.transposed:  # data[i] is the transposed block: its gradient is x[col i] @ g[row i]^T
-        ddata = _dyn_sdd(sdd, cols, rows, keep, x, g.T)
+        ddata = _dyn_sdd(sdd, cols, rows, keep, valid, x, g.T)
     else:
-        ddata = _dyn_sdd(sdd, rows, cols, keep, g, x.T)
-    return None, None, None, ddata, dx
+        ddata = _dyn_sdd(sdd, rows, cols, keep, valid, g, x.T)
+    return None, None, None, None, ddata, dx
 
 
 def _dyn_sdd_bwd(s: OpStatic, arrays, _, g):
-    rows, cols, keep, a, b = arrays
+    rows, cols, keep, valid, a, b = arrays
     bh, bw = s.block_size
     grid = (a.shape[0] // bh, b.shape[1] // bw)
-    da = _dyn_dsd(s.but(grid=grid, out_dtype=a.dtype), rows, cols, keep, g, b.T)
-    db = _dyn_dsd(s.but(grid=grid[::-1], transposed=True, out_dtype=b.dtype), cols, rows, keep, g, a).T
-    return None, None, None, da, db
+    da = _dyn_dsd(s.but(grid=grid, out_dtype=a.dtype), rows, cols, keep, valid, g, b.T)
+    db = _dyn_dsd(s.but(grid=grid[::-1], transposed=True, out_dtype=b.dtype), cols, rows, keep, valid, g, a).T
+    return None, None, None, None, da, db
 
 
-_dyn_dsd = differentiable("dyn_dsd", _table("dyn_dsd"), _dyn_dsd_bwd)  # (static, rows, cols, keep, data, x)
-_dyn_sdd = differentiable("dyn_sdd", _table("dyn_sdd"), _dyn_sdd_bwd)  # (static, rows, cols, keep, a, b)
+_dyn_dsd = differentiable("dyn_dsd", _table("dyn_dsd"), _dyn_dsd_bwd)  # (static, rows, cols, keep, valid, data, x)
+_dyn_sdd = differentiable("dyn_sdd", _table("dyn_sdd"), _dyn_sdd_bwd)  # (static, rows, cols, keep, valid, a, b)
 
 
 def _keep_and_validity(D: DynamicBlockSparseMatrix):
@@ -164,32 +166,13 @@ def _keep_and_validity(D: DynamicBlockSparseMatrix):
 
 
 @jax.custom_vjp
-def _poisoned(valid, x):
-    """``x`` where the dynamic input is valid, NaN everywhere otherwise; so is its gradient.
-
-    A plain ``jnp.where`` would give finite zero gradients for an invalid input: a training step
-    would then silently learn nothing. Here the cotangent is NaN too.
-    """
-    return jnp.where(valid, x, jnp.asarray(jnp.nan, x.dtype))
-
-
-def _poisoned_fwd(valid, x):
-    return _poisoned(valid, x), valid
-
-
-def _poisoned_bwd(valid, g):
-    return None, jnp.where(valid, g, jnp.asarray(jnp.nan, g.dtype))
-
-
-_poisoned.defvjp(_poisoned_fwd, _poisoned_bwd)
-
-
-@jax.custom_vjp
 def _nan_grad(valid, x):
     """``x`` itself; its cotangent is NaN where the dynamic input is invalid.
 
-    Guards the dense operands: without it, an invalid matrix whose blocks are all dropped would
-    give them finite zero gradients.
+    The dynamic ops return NaN for an invalid matrix (every backend poisons its own output, the
+    kernels in the same pass). Their gradients must be NaN too: a plain zero would let a training
+    step silently learn nothing. Applied to the output and to the dense operands (an invalid
+    matrix whose blocks are all dropped would otherwise give them finite zero gradients).
     """
     return x
 
@@ -198,7 +181,11 @@ def _nan_grad_fwd(valid, x):
     return x, valid
 
 
-_nan_grad.defvjp(_nan_grad_fwd, _poisoned_bwd)
+def _nan_grad_bwd(valid, g):
+    return None, jnp.where(valid, g, jnp.asarray(jnp.nan, g.dtype))
+
+
+_nan_grad.defvjp(_nan_grad_fwd, _nan_grad_bwd)
 
 
 # --------------------------------------------------------------------------------------------
@@ -352,7 +339,7 @@ def _dynamic_product(W: DynamicBlockSparseMatrix, x, s: OpStatic, default: bool,
     keep, valid = _keep_and_validity(W)
     data, x = _nan_grad(valid, W.data), _nan_grad(valid, x)
     rows, cols, grid = (W.cols, W.rows, W.grid[::-1]) if transposed else (W.rows, W.cols, W.grid)
-    return _poisoned(valid, _dyn_dsd(s.but(grid=grid, transposed=transposed), rows, cols, keep, data, x))
+    return _nan_grad(valid, _dyn_dsd(s.but(grid=grid, transposed=transposed), rows, cols, keep, valid, data, x))
 
 
 def sdd(a, b, like, *, implementation=None, precision=None, preferred_element_type=None):
@@ -377,5 +364,5 @@ def sdd(a, b, like, *, implementation=None, precision=None, preferred_element_ty
         return like._replace(data=_sdd(s.but(pattern=like.pattern), a, b))
     keep, valid = _keep_and_validity(like)
     a, b = _nan_grad(valid, a), _nan_grad(valid, b)
-    data = _poisoned(valid, _dyn_sdd(s.but(block_size=like.block_size), like.rows, like.cols, keep, a, b))
+    data = _nan_grad(valid, _dyn_sdd(s.but(block_size=like.block_size), like.rows, like.cols, keep, valid, a, b))
     return like._replace(data=data)

@@ -49,6 +49,7 @@ from ..._pattern import BlockPattern
 from ..._util import cdiv, next_power_of_2
 from .. import _dispatch
 from .lowering import GpuLowering, lower, redistribute, sort_by_row
+from .reference import poison
 
 __all__ = ["PallasBackend", "KernelConfig", "SUPPORTED_BLOCKS", "kernel_config"]
 
@@ -67,10 +68,12 @@ class KernelConfig:
         transpose_acc: ``dsd`` accumulates ``(tn, bh)`` instead of ``(bh, tn)``.
         num_warps, num_stages: Triton launch parameters.
         max_len: force the schedule's cap on blocks per program.
-        dynamic: the plan of dynamic products: ``"rows"`` (one sort; each program finds its
-            row's blocks by binary search: two launches in all) or ``"worklist"`` (the
-            load-balanced work list of :func:`~.lowering.redistribute`, which splits long rows;
-            more launches). ``None``: ``"rows"``.
+        dynamic: the plan of dynamic products: ``"scan"`` (no plan at all: each program scans
+            the block list for its own row's blocks; one launch), ``"rows"`` (one sort, then each
+            program finds its row's blocks by binary search) or ``"worklist"`` (the load-balanced
+            work list of :func:`~.lowering.redistribute`, which splits long rows; a dozen small
+            launches). ``None``: ``"scan"``.
+        scan_chunk: block coordinates read at once by the scan (a power of two).
     """
 
     tn: int | None = None
@@ -81,10 +84,11 @@ class KernelConfig:
     num_stages: int | None = None
     max_len: int | None = None
     dynamic: str | None = None
+    scan_chunk: int | None = None
 
     def __post_init__(self):
-        if self.dynamic not in (None, "rows", "worklist"):
-            raise ValueError(f"Expected dynamic None, 'rows' or 'worklist'. Got {self.dynamic!r}.")
+        if self.dynamic not in (None, "scan", "rows", "worklist"):
+            raise ValueError(f"Expected dynamic None, 'scan', 'rows' or 'worklist'. Got {self.dynamic!r}.")
 
 
 # The configuration in force: part of the jit cache key (a JAX user context), local to the thread.
@@ -143,6 +147,13 @@ def _dot(a, b, *, exact: bool, contract=((1,), (0,))):
     else:
         precision = None
     return lax.dot_general(a, b, (contract, ((), ())), precision=precision, preferred_element_type=jnp.float32)
+
+
+def _masked_load(ref, mask, other):
+    """A masked vector load (lanes outside ``mask`` read ``other``)."""
+    from jax.experimental.pallas import triton as plgpu
+
+    return plgpu.load(ref, mask=mask, other=other)
 
 
 def _params(num_warps: int, num_stages: int):
@@ -309,6 +320,7 @@ def dsd_dynamic(
     rows,
     cols,
     keep,
+    valid,
     data,
     x,
     num_rows: int,
@@ -322,21 +334,112 @@ def dsd_dynamic(
 
     ``transposed``: ``data[i]`` holds block ``i`` of W transposed (W is the transpose of the
     matrix whose blocks ``data`` stores: ``x @ D`` and the backward need no transposed copy).
-    The plan is built inside ``jit``: by default :func:`~.lowering.sort_by_row` (one sort) and the
-    row-search kernel; with ``kernel_config(dynamic="worklist")`` the load-balanced work list.
+    ``valid`` (traced bool): if false the result is NaN. The plan is built inside ``jit``; see
+    :class:`KernelConfig` ``dynamic`` for the three designs (default: the scan kernel, no plan).
     """
     cfg = config or current_config()
     bh, bw = data.shape[1:][::-1] if transposed else data.shape[1:]
     n = x.shape[1]
     if data.shape[0] == 0 or n == 0 or x.shape[0] == 0:  # k == 0: no block can be in range
-        return jnp.zeros((num_rows * bh, n), out_dtype)
+        return poison(valid, jnp.zeros((num_rows * bh, n), out_dtype))
     tn = _tile(n, cfg.tn or _default_tn(bh, n, num_rows))
-    if (cfg.dynamic or "rows") == "worklist":
+    mode = cfg.dynamic or "scan"
+    if mode == "scan":
+        return _scan_call(rows, cols, keep, valid, data, x, num_rows, out_dtype, tn, cfg, transposed, exact)
+    if mode == "worklist":
         if transposed:
             data = data.swapaxes(-1, -2)
         sched = redistribute(rows, cols, keep, num_rows, cfg.max_len)
-        return _dsd_call(sched, num_rows * bh, data, x, out_dtype, tn, cfg, exact)
-    return _rows_call(sort_by_row(rows, cols, keep, num_rows), data, x, out_dtype, tn, cfg, transposed, exact)
+        return poison(valid, _dsd_call(sched, num_rows * bh, data, x, out_dtype, tn, cfg, exact))
+    y = _rows_call(sort_by_row(rows, cols, keep, num_rows), data, x, out_dtype, tn, cfg, transposed, exact)
+    return poison(valid, y)
+
+
+def _block_product(acc, d, c, w_ref, x_ref, n0, *, bh, bw, tn, acc_t, trans, exact):
+    """``acc += W_block(d) @ x[block row c, n0:n0 + tn]`` (``acc`` transposed if ``acc_t``).
+
+    ``trans``: the stored block ``d`` is ``(bw, bh)`` (the block of W's transpose): contract its
+    first axis instead of copying it.
+    """
+    xs = x_ref[pl.ds(pl.multiple_of(c * bw, bw), bw), pl.ds(n0, tn)]  # (bw, tn)
+    if trans:
+        w = w_ref[pl.ds(pl.multiple_of(d * bw, bw), bw), :]  # (bw, bh)
+        if acc_t:
+            return acc + _dot(xs, w, exact=exact, contract=((0,), (0,)))  # (tn, bh)
+        return acc + _dot(w, xs, exact=exact, contract=((0,), (0,)))  # (bh, tn)
+    w = w_ref[pl.ds(pl.multiple_of(d * bh, bh), bh), :]  # (bh, bw)
+    if acc_t:
+        return acc + _dot(xs, w, exact=exact, contract=((0,), (1,)))
+    return acc + _dot(w, xs, exact=exact)
+
+
+def _scan_kernel(valid_ref, rows_ref, cols_ref, keep_ref, w_ref, x_ref, y_ref, *, bh, bw, tn, acc_t, trans, exact,
+                 cap, chunk):  # fmt: skip
+    """Program ``(r, t)``: output block row ``r``, columns ``[t * tn, (t + 1) * tn)``.
+
+    No plan: the program reads the block coordinates ``chunk`` at a time, keeps those of its own
+    row, and multiplies them one by one (the first remaining match each time). Every program of a
+    column tile reads the same few KiB of coordinates, which stay in L2. The output is NaN if the
+    matrix is invalid (``valid_ref``), in the same pass.
+    """
+    r = pl.program_id(0)
+    n0 = pl.multiple_of(pl.program_id(1) * tn, tn)
+    lane = jnp.arange(chunk, dtype=jnp.int32)
+    block = functools.partial(_block_product, w_ref=w_ref, x_ref=x_ref, n0=n0, bh=bh, bw=bw, tn=tn, acc_t=acc_t,
+                              trans=trans, exact=exact)  # fmt: skip
+
+    def over_chunks(i, acc):
+        c0 = pl.multiple_of(i * chunk, chunk)
+        inside = c0 + lane < cap
+        rr = _masked_load(rows_ref.at[pl.ds(c0, chunk)], inside, -1)
+        kk = _masked_load(keep_ref.at[pl.ds(c0, chunk)], inside, 0)
+        mine = (rr == r) & (kk != 0)
+
+        def take(_, carry):
+            acc, left = carry
+            first = jnp.min(jnp.where(left, lane, chunk))
+            d = c0 + first
+            return block(acc, d, cols_ref[d]), left & (lane != first)
+
+        count = jnp.sum(mine.astype(jnp.int32))
+        return lax.fori_loop(0, count, take, (acc, mine))[0]
+
+    acc = lax.fori_loop(0, cdiv(cap, chunk), over_chunks, jnp.zeros((tn, bh) if acc_t else (bh, tn), jnp.float32))
+    if acc_t:
+        acc = acc.T
+    acc = jnp.where(valid_ref[0] != 0, acc, jnp.nan)
+    y_ref[pl.ds(pl.multiple_of(r * bh, bh), bh), pl.ds(n0, tn)] = acc.astype(y_ref.dtype)
+
+
+def _scan_call(rows, cols, keep, valid, data, x, num_rows, out_dtype, tn: int, cfg: KernelConfig, trans: bool,
+               exact: bool):  # fmt: skip
+    bh, bw = data.shape[1:][::-1] if trans else data.shape[1:]
+    n = x.shape[1]
+    cap = int(rows.shape[0])
+    chunk = cfg.scan_chunk or min(1024, next_power_of_2(cap, 16))
+    acc_t = (bh == 32) if cfg.transpose_acc is None else bool(cfg.transpose_acc)
+    xp = _pad_to(x, 1, tn)
+    tiles = xp.shape[1] // tn
+    nw = cfg.num_warps or (8 if bh * tn >= 128 * 128 else 4)
+    ns = cfg.num_stages or 3
+    kernel = functools.partial(_scan_kernel, bh=bh, bw=bw, tn=tn, acc_t=acc_t, trans=trans, exact=exact, cap=cap,
+                               chunk=chunk)  # fmt: skip
+    y = pl.pallas_call(
+        kernel,
+        grid=(num_rows, tiles),
+        out_shape=jax.ShapeDtypeStruct((num_rows * bh, xp.shape[1]), out_dtype),
+        compiler_params=_params(nw, ns),
+        interpret=_interpret(),
+        name=f"bs_dyn_scan_{bh}x{bw}_tn{tn}" + ("_t" if trans else ""),
+    )(
+        jnp.reshape(valid, (1,)).astype(jnp.int32),
+        rows.astype(jnp.int32),
+        cols.astype(jnp.int32),
+        keep.astype(jnp.int32),
+        data.reshape(-1, data.shape[-1]),
+        xp,
+    )
+    return y[:, :n] if xp.shape[1] != n else y
 
 
 def _lower_bound(key_ref, value, size: int, steps: int):
@@ -364,18 +467,8 @@ def _rows_kernel(key_ref, col_ref, perm_ref, w_ref, x_ref, y_ref, *, bh, bw, tn,
     hi = _lower_bound(key_ref, r + 1, size, steps)
 
     def body(j, acc):
-        c = col_ref[j]
-        d = perm_ref[j]
-        xs = x_ref[pl.ds(pl.multiple_of(c * bw, bw), bw), pl.ds(n0, tn)]  # (bw, tn)
-        if trans:  # stored block d is (bw, bh): contract its first axis
-            w = w_ref[pl.ds(pl.multiple_of(d * bw, bw), bw), :]
-            if acc_t:
-                return acc + _dot(xs, w, exact=exact, contract=((0,), (0,)))  # (tn, bh)
-            return acc + _dot(w, xs, exact=exact, contract=((0,), (0,)))  # (bh, tn)
-        w = w_ref[pl.ds(pl.multiple_of(d * bh, bh), bh), :]  # (bh, bw)
-        if acc_t:
-            return acc + _dot(xs, w, exact=exact, contract=((0,), (1,)))
-        return acc + _dot(w, xs, exact=exact)
+        return _block_product(acc, perm_ref[j], col_ref[j], w_ref, x_ref, n0, bh=bh, bw=bw, tn=tn, acc_t=acc_t,
+                              trans=trans, exact=exact)  # fmt: skip
 
     acc = lax.fori_loop(lo, hi, body, jnp.zeros((tn, bh) if acc_t else (bh, tn), jnp.float32))
     if acc_t:
@@ -548,16 +641,16 @@ class PallasBackend:
         dt = _check(s.pattern.block_size, a.dtype, b.dtype)
         return sdd(a.astype(dt), b.astype(dt), s.pattern, s.out_dtype, exact=_exact(s))
 
-    def dyn_dsd(self, s, rows, cols, keep, data, x):
+    def dyn_dsd(self, s, rows, cols, keep, valid, data, x):
         dt = _check(data.shape[1:], data.dtype, x.dtype)
-        return dsd_dynamic(rows, cols, keep, data.astype(dt), x.astype(dt), s.grid[0], s.out_dtype,
+        return dsd_dynamic(rows, cols, keep, valid, data.astype(dt), x.astype(dt), s.grid[0], s.out_dtype,
                            transposed=s.transposed, exact=_exact(s))  # fmt: skip
 
-    def dyn_sdd(self, s, rows, cols, keep, a, b):
+    def dyn_sdd(self, s, rows, cols, keep, valid, a, b):
         block_size = s.block_size
         dt = _check(block_size, a.dtype, b.dtype)
         if a.shape[0] == 0 or b.shape[1] == 0:  # no block can be in range
-            return jnp.zeros((rows.shape[0], *block_size), s.out_dtype)
+            return poison(valid, jnp.zeros((rows.shape[0], *block_size), s.out_dtype))
         r, c = jnp.where(keep, rows, 0), jnp.where(keep, cols, 0)
         out = sdd_coords(a.astype(dt), b.astype(dt), r, c, block_size, s.out_dtype, exact=_exact(s))
-        return jnp.where(keep[:, None, None], out, jnp.zeros((), out.dtype))
+        return poison(valid, jnp.where(keep[:, None, None], out, jnp.zeros((), out.dtype)))

@@ -83,6 +83,11 @@ def coo_sdd(a, b, rows, cols, block_size, *, out_dtype, precision=None) -> jax.A
     return out.reshape(-1, bh, bw)[:nnz]
 
 
+def poison(valid, y):
+    """``y`` where the dynamic input is valid, NaN everywhere otherwise."""
+    return jnp.where(valid, y, jnp.asarray(jnp.nan, y.dtype))
+
+
 def transposed(pattern: BlockPattern, data):
     """The cached transposed pattern and ``data`` laid out for it (blocks permuted and transposed)."""
     t, perm = pattern.transpose()
@@ -116,15 +121,16 @@ class XlaBackend:
                        out_dtype=s.out_dtype, precision=s.precision)  # fmt: skip
 
     # Dynamic (traced) patterns: ``keep`` masks padding and invalid blocks.
-    def dyn_dsd(self, s, rows, cols, keep, data, x):
+    def dyn_dsd(self, s, rows, cols, keep, valid, data, x):
         num_rows = s.grid[0]
         if s.transposed:  # data[i] holds block i transposed
             data = data.swapaxes(-1, -2)
         r = jnp.where(keep, rows, num_rows)  # out of range: dropped by the segment sum
         c = jnp.where(keep, cols, 0)
-        return coo_dsd(r, c, data, x, num_rows, sorted_rows=False, out_dtype=s.out_dtype, precision=s.precision)
+        y = coo_dsd(r, c, data, x, num_rows, sorted_rows=False, out_dtype=s.out_dtype, precision=s.precision)
+        return poison(valid, y)
 
-    def dyn_sdd(self, s, rows, cols, keep, a, b):
+    def dyn_sdd(self, s, rows, cols, keep, valid, a, b):
         r, c = jnp.where(keep, rows, 0), jnp.where(keep, cols, 0)
         out = coo_sdd(a, b, r, c, s.block_size, out_dtype=s.out_dtype, precision=s.precision)
-        return jnp.where(keep[:, None, None], out, jnp.zeros((), out.dtype))
+        return poison(valid, jnp.where(keep[:, None, None], out, jnp.zeros((), out.dtype)))
