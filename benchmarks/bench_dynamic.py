@@ -1,9 +1,10 @@
 """Dynamic block sparsity on the GPU: the pattern is traced, its plan is built inside jit.
 
 For each cell, one random pattern is timed in the same process: dense ``jnp.dot``, the static
-Pallas kernel (pattern known at build time), the two dynamic Pallas plans (``rows``: one sort,
-then each program finds its row's blocks by binary search; ``worklist``: the load-balanced work
-list of the redistributor, a dozen small XLA kernels) and the dynamic pure-JAX reference. The
+Pallas kernel (pattern known at build time), the three dynamic Pallas designs (``scan``: no plan,
+each program scans the block list for its row's blocks, one launch; ``rows``: one sort, then each
+program finds its row's blocks by binary search; ``worklist``: the load-balanced work list of the
+redistributor, a dozen small XLA kernels) and the dynamic pure-JAX reference. The
 plan building is included in the dynamic times; ``sort_ms`` is the rows plan alone. Two timings
 each: inside one jitted loop (device time, ``*_ms``) and back-to-back jitted calls from Python
 (what a user's step sees, ``*_call_ms``). bf16, float32 accumulation.
