@@ -82,6 +82,11 @@ def _check_grid(m: int, k: int, block: int, density: float, shape_flags: str) ->
             f"--block {block}; got {m // block:,} x {k // block:,} = {grid:,}: use a smaller shape or a larger block"
         )
     nnz = round(density * grid)
+    if nnz == 0:
+        raise _Error(
+            f"expected a density that keeps at least one of the {grid:,} blocks (--density >= 1/{grid}); "
+            f"got --density {density:g}, which keeps none"
+        )
     if nnz > MAX_NNZ_BLOCKS:
         raise _Error(
             f"expected at most MAX_NNZ_BLOCKS={MAX_NNZ_BLOCKS:,} non-zero blocks (density x grid blocks); "
@@ -91,8 +96,15 @@ def _check_grid(m: int, k: int, block: int, density: float, shape_flags: str) ->
 
 def _check_json_path(path: str) -> None:
     parent = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path) or not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-        raise _Error(f"expected --json to name a writable file; got {path!r} (its folder is missing or read-only)")
+    why = None
+    if os.path.isdir(path):
+        why = "it is a directory"
+    elif not os.path.isdir(parent):
+        why = f"its folder {parent!r} does not exist"
+    elif not os.access(parent, os.W_OK):
+        why = f"its folder {parent!r} is not writable"
+    if why:
+        raise _Error(f"expected --json to name a writable file; got {path!r} ({why})")
 
 
 # -- subcommands --------------------------------------------------------------------------------------

@@ -99,8 +99,16 @@ def test_json_to_an_unwritable_path(tmp_path, capsys):
     small = ["plan", "--m", "256", "--k", "256", "--n", "64"]
     msg = _fails(capsys, [*small, "--json", str(missing)])
     assert "expected --json to name a writable file" in msg and repr(str(missing)) in msg
+    assert "does not exist" in msg
     msg = _fails(capsys, [*small, "--json", str(tmp_path)])  # a folder
-    assert repr(str(tmp_path)) in msg
+    assert repr(str(tmp_path)) in msg and "it is a directory" in msg
+
+
+@pytest.mark.parametrize("cmd", ["demo", "plan"])
+def test_density_that_keeps_no_block(capsys, cmd):
+    size = ["--size", "64"] if cmd == "demo" else ["--m", "64", "--k", "64"]
+    msg = _fails(capsys, [cmd, *size, "--block", "16", "--density", "0.01"])
+    assert "keeps none" in msg and "--density >= 1/16" in msg
 
 
 def test_no_valid_plan_is_one_line_with_checked_advice(capsys):
