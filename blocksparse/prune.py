@@ -1,14 +1,19 @@
-"""Block pruning: turn a dense weight into a block-sparse one."""
+"""Block pruning: turn a dense weight into a block-sparse one, or move blocks during training (RigL)."""
 
 from __future__ import annotations
 
+import math
+import numbers
+
+import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
-from ._matrix import BlockSparseMatrix, _check_floating, _require_host
+from ._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, _check_floating, _is_concrete, _require_host
 from ._pattern import BlockPattern, check_block_size, check_density
 
-__all__ = ["magnitude", "block_norms"]
+__all__ = ["magnitude", "block_norms", "rigl_update"]
 
 _ORDS = {"l1": 1, "l2": 2, "max": np.inf}
 
@@ -64,3 +69,126 @@ def magnitude(w, block_size, density: float, *, norm: str = "l2") -> BlockSparse
     bh, bw = check_block_size(w.shape, block_size)
     pattern = BlockPattern.from_mask(mask.reshape(scores.shape), (bh, bw))
     return BlockSparseMatrix.from_mask(pattern.mask(), w, (bh, bw))
+
+
+def _block_sq_norms(blocks) -> jax.Array:
+    """Squared L2 norm of each ``(bh, bw)`` block, in float32 (monotone in the L2 norm)."""
+    b = blocks.astype(jnp.promote_types(blocks.dtype, jnp.float32))
+    return jnp.sum(b * b, axis=(-2, -1))
+
+
+def rigl_update(
+    D: DynamicBlockSparseMatrix, key, *, drop_fraction: float, dense_grad, num_candidates: int | None = None
+) -> DynamicBlockSparseMatrix:
+    """One RigL mask update: drop the smallest blocks, regrow as many where the dense gradient is largest.
+
+    With ``k = round(drop_fraction * capacity)``:
+
+    1. the ``k`` blocks of ``D`` with the smallest L2 norm are dropped (ties: the lower slot first;
+       a block holding NaN counts as the smallest);
+    2. ``num_candidates`` distinct positions that ``D`` does not hold are drawn uniformly with
+       ``key``; ``dense_grad`` gives the loss gradient there, and the ``k`` candidates whose
+       gradient block has the largest L2 norm are grown, in the dropped blocks' slots, with zero
+       values.
+
+    Everything has a fixed shape (capacity, ``nnz`` and the block size do not change), so a jitted
+    train step calling it compiles once however the mask moves. Kept blocks stay in their slots with
+    their values; a regrown block is never one that ``D`` held before the update (the ``k`` slots
+    whose ``rows``/``cols`` changed are exactly the moved blocks: use that to reset optimizer state).
+    The result holds no duplicate coordinates if ``D`` holds none. ``k = 0`` returns ``D`` itself
+    without calling ``dense_grad``.
+
+    Every slot must be active (``nnz == capacity``, the usual RigL setting): a concrete ``nnz``
+    that differs raises; a traced ``nnz`` is assumed equal to the capacity. The candidate positions
+    are drawn from a dense ``(m // bh, k // bw)`` occupancy grid, which is cheap for the grid of
+    a layer (a 4096 x 4096 weight of 32 x 32 blocks has 16384 positions).
+
+    Arguments:
+        D: a :class:`~blocksparse.DynamicBlockSparseMatrix` with ``nnz == capacity`` and distinct
+            block coordinates.
+        key: a ``jax.random`` key (may be traced) for drawing the candidates.
+        drop_fraction: fraction of the capacity moved, a concrete float in ``[0, 1]`` (it sets the
+            static ``k``; a different value compiles again).
+        dense_grad: ``C -> (num_candidates, bh, bw)`` gradient blocks: called once, while tracing,
+            with a ``DynamicBlockSparseMatrix`` ``C`` of the candidate positions (its data zeros,
+            ``D``'s dtype). For ``y = x @ W`` with output gradient ``dy`` it is typically
+            ``lambda C: bs.sdd(x.T, dy, C).data``; returning the matrix itself is accepted too.
+        num_candidates: how many positions to sample and evaluate the gradient at; a concrete int
+            in ``[k, m // bh * k // bw - capacity]``. Default ``2 * k`` capped at the number of
+            positions ``D`` does not hold.
+
+    Returns:
+        A :class:`~blocksparse.DynamicBlockSparseMatrix` of the same shape, block size, capacity,
+        ``nnz`` and dtype: ``D``'s blocks with ``k`` of them moved.
+    """
+    if not isinstance(D, DynamicBlockSparseMatrix):
+        raise TypeError(
+            f"bs.prune.rigl_update: expected a DynamicBlockSparseMatrix. Got {type(D).__name__}; convert a static "
+            "matrix with DynamicBlockSparseMatrix.from_static(W)."
+        )
+    _require_host("bs.prune.rigl_update", drop_fraction=drop_fraction, num_candidates=num_candidates)
+    cap = D.capacity
+    gm, gk = D.grid
+    bh, bw = D.block_size
+    free = gm * gk - cap  # positions D does not hold (with distinct coordinates)
+    if _is_concrete(D.nnz) and int(D.nnz) != cap:
+        raise ValueError(
+            f"bs.prune.rigl_update: expected every slot active (nnz == capacity == {cap}). Got nnz={int(D.nnz)}; "
+            "build the matrix with capacity=nnz (RigL keeps the number of blocks fixed)."
+        )
+    if isinstance(drop_fraction, bool) or not isinstance(drop_fraction, numbers.Real):
+        raise TypeError(f"Expected drop_fraction a float in [0, 1]. Got {drop_fraction!r}.")
+    if not (math.isfinite(drop_fraction) and 0 <= drop_fraction <= 1):
+        raise ValueError(f"Expected drop_fraction in [0, 1]. Got {drop_fraction}.")
+    k = int(round(drop_fraction * cap))
+    if k > free:
+        raise ValueError(
+            f"bs.prune.rigl_update: drop_fraction={drop_fraction} moves k={k} of {cap} blocks, but only {free} of the "
+            f"{gm * gk} positions are free to regrow at; lower drop_fraction to at most {free / cap if cap else 0:.4g}."
+        )
+    if num_candidates is None:
+        num_candidates = min(2 * k, free)
+    elif isinstance(num_candidates, bool) or not isinstance(num_candidates, numbers.Integral):
+        raise TypeError(f"Expected num_candidates an int. Got {num_candidates!r}.")
+    num_candidates = int(num_candidates)
+    if not k <= num_candidates <= free:
+        raise ValueError(
+            f"Expected num_candidates in [k={k}, free positions={free}] (k = round(drop_fraction * capacity)). "
+            f"Got {num_candidates}."
+        )
+    if k == 0:
+        return D
+
+    # 1. Drop: the k smallest blocks (NaN first; lax.top_k puts the lower index first among ties).
+    norms = _block_sq_norms(D.data)
+    norms = jnp.where(jnp.isnan(norms), -jnp.inf, norms)
+    _, drop = lax.top_k(-norms, k)
+
+    # 2. Candidates: uniform scores in [0, 1) at free positions, -1 at held ones; the top scores are
+    #    num_candidates distinct free positions (num_candidates <= free), a uniform random subset.
+    inside = (D.rows >= 0) & (D.rows < gm) & (D.cols >= 0) & (D.cols < gk)  # invalid D: products give NaN anyway
+    held = jnp.zeros(gm * gk, bool).at[jnp.where(inside, D.rows * gk + D.cols, gm * gk)].set(True, mode="drop")
+    scores = jnp.where(held, -1.0, jax.random.uniform(key, (gm * gk,), jnp.float32))
+    _, cand = lax.top_k(scores, num_candidates)
+    cand = cand.astype(jnp.int32)
+    c_rows, c_cols = cand // gk, cand % gk
+    C = DynamicBlockSparseMatrix(
+        c_rows, c_cols, jnp.zeros((num_candidates, bh, bw), D.dtype), num_candidates, D.shape, D.block_size
+    )
+    g = dense_grad(C)
+    if isinstance(g, DynamicBlockSparseMatrix):
+        g = g.data
+    if not hasattr(g, "shape") or tuple(g.shape) != (num_candidates, bh, bw):
+        raise ValueError(
+            f"bs.prune.rigl_update: expected dense_grad(C) to return blocks of shape ({num_candidates}, {bh}, {bw}) "
+            f"(one per candidate of C). Got {getattr(g, 'shape', type(g).__name__)}."
+        )
+
+    # 3. Grow: the k candidates of largest gradient norm (NaN gradients rank last), in the dropped slots.
+    gnorms = _block_sq_norms(jnp.asarray(g))
+    gnorms = jnp.where(jnp.isnan(gnorms), -jnp.inf, gnorms)
+    _, grow = lax.top_k(gnorms, k)
+    rows = D.rows.at[drop].set(c_rows[grow])
+    cols = D.cols.at[drop].set(c_cols[grow])
+    data = D.data.at[drop].set(jnp.zeros((k, bh, bw), D.dtype))
+    return DynamicBlockSparseMatrix(rows, cols, data, D.nnz, D.shape, D.block_size)
