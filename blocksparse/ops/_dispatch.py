@@ -46,8 +46,14 @@ __all__ = [
 # ours, so a scoped catch_warnings cannot reach it: filter exactly that message, nothing else.
 warnings.filterwarnings("ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning)
 
-# Part of every jit cache key (and thread-local): see the module docstring.
+# Part of every jit cache key (and thread-local): see the module docstring. Every user context of
+# the package is made here, when the package is imported: making one changes JAX's trace context,
+# so one made lazily (say when a kernel module is first imported inside a trace) would make JAX
+# trace that function again on its next call.
 _INTERPRET = jax.make_user_context(os.environ.get("BLOCKSPARSE_PALLAS_INTERPRET", "") not in ("", "0"))
+#: The Pallas matmul kernels' configuration (``None``: chosen per problem); see
+#: ``blocksparse.ops.matmul.pallas_triton.kernel_config``.
+KERNEL_CONFIG = jax.make_user_context(None)
 _LOGS: contextvars.ContextVar[tuple[list, ...]] = contextvars.ContextVar("blocksparse_dispatch_logs", default=())
 
 

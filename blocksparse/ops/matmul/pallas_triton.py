@@ -91,10 +91,6 @@ class KernelConfig:
             raise ValueError(f"Expected dynamic None, 'scan', 'rows' or 'worklist'. Got {self.dynamic!r}.")
 
 
-# The configuration in force: part of the jit cache key (a JAX user context), local to the thread.
-_CONFIG = jax.make_user_context(KernelConfig())
-
-
 @contextlib.contextmanager
 def kernel_config(config: KernelConfig | None = None, **fields):
     """Use ``config`` (or a :class:`KernelConfig` with ``fields``) for the kernels traced inside.
@@ -105,12 +101,12 @@ def kernel_config(config: KernelConfig | None = None, **fields):
             y = jax.jit(lambda W, x: W @ x)(W, x)   # traced (and cached) with these tiles
     """
     cfg = dataclasses.replace(config or KernelConfig(), **fields)
-    with _CONFIG(cfg):
+    with _dispatch.KERNEL_CONFIG(cfg):  # part of the jit cache key, local to the thread
         yield cfg
 
 
 def current_config() -> KernelConfig:
-    return _CONFIG.value
+    return _dispatch.KERNEL_CONFIG.value or KernelConfig()
 
 
 def _tile(n: int, preferred: int) -> int:
