@@ -18,6 +18,7 @@ from ._pattern import BlockPattern
 from ._util import checkify, runtime_checks
 from .ipu import DynamicPlan, NoValidPlanError, Plan, dynamic_plan, plan, simulate, simulate_dynamic
 from .ops import dispatch_log, interpret, matmul, sdd
+from .sharding import ShardedBlockSparseMatrix, ShardPlan, shard
 
 try:
     __version__ = _version("blocksparse")
@@ -45,6 +46,9 @@ __all__ = [
     "prune",
     "random",
     "sdd",
+    "shard",
+    "ShardedBlockSparseMatrix",
+    "ShardPlan",
     "simulate",
     "simulate_dynamic",
 ]

@@ -1,0 +1,376 @@
+"""One block-sparse matrix partitioned over the devices of a mesh axis.
+
+A static pattern is host data, part of the program ``jit`` compiles, so per-device parts with
+different patterns cannot share one ``shard_map`` program. :func:`shard` therefore stores each
+device's part as a padded block COO of one common capacity (``rows``, ``cols``, ``data``, ``nnz``
+with a leading device axis, sharded over the mesh axis); inside ``shard_map`` every device builds a
+:class:`~blocksparse.DynamicBlockSparseMatrix` from its slice (the dynamic path, which needs no
+host pattern) and one program serves every device.
+
+Two splits, both balanced by blocks (not by rows or columns), with contiguous cut points chosen on
+the cumulative block counts:
+
+- ``"rows"``: each device owns a range of block rows and writes those output rows; it needs all
+  of ``x``. Equal ranges leave the output sharded by rows with no collective; unequal ones are
+  padded to the largest range and all-gathered (a replicated output).
+- ``"cols"``: each device owns a range of block columns and needs only those rows of ``x``; the
+  partial full-height outputs are summed with ``psum`` (replicated output) or ``psum_scatter``
+  (output sharded by rows).
+
+``split=None`` picks the candidate moving the fewest bytes per device by a simple estimate (the
+bytes of ``x`` a device needs plus the output bytes it receives), recorded in :attr:`ShardedBlockSparseMatrix.plan`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, _NoImplicitDense
+from ._util import Pytree
+
+__all__ = ["ShardPlan", "ShardedBlockSparseMatrix", "matmul", "shard"]
+
+_SPLITS = ("rows", "cols")
+_REDUCTIONS = ("psum", "psum_scatter")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardPlan:
+    """How a matrix is partitioned over a mesh axis (read-only; hashable, part of the pytree's static structure).
+
+    Attributes:
+        split: ``"rows"`` or ``"cols"``: which block lines each device owns.
+        collective: what combines the per-device outputs of ``W @ x``: ``None`` (rows split with
+            equal ranges: the output stays sharded by rows), ``"all_gather"`` (rows split with
+            unequal ranges), ``"psum"`` or ``"psum_scatter"`` (cols split).
+        estimated_bytes: bytes each device receives per column of ``x`` (``x``'s rows it needs plus
+            the output it receives); multiply by ``n`` for a product with ``n`` columns.
+        candidates: ``((split, collective, estimated_bytes), ...)`` for every candidate considered.
+        blocks_per_device: how many non-zero blocks each device holds.
+        cuts: ``num_devices + 1`` block-line boundaries: device ``i`` owns lines ``[cuts[i], cuts[i+1])``.
+        capacity: the padded number of blocks per device (the largest part, at least 1).
+    """
+
+    split: str
+    collective: str | None
+    estimated_bytes: int
+    candidates: tuple[tuple[str, str | None, int], ...]
+    blocks_per_device: tuple[int, ...]
+    cuts: tuple[int, ...]
+    capacity: int
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.blocks_per_device)
+
+    @property
+    def band(self) -> int:
+        """The largest number of block lines a device owns (every part is padded to it, at least 1)."""
+        return max(1, max(b - a for a, b in zip(self.cuts[:-1], self.cuts[1:], strict=True)))
+
+    @property
+    def uniform(self) -> bool:
+        """Whether every device owns the same number of block lines (no padding, no gather)."""
+        return self.band * self.num_devices == self.cuts[-1]
+
+    def bytes_for(self, n: int) -> int:
+        """The estimate for a product with ``n`` columns."""
+        return int(self.estimated_bytes) * int(n)
+
+
+def _balanced_cuts(counts: np.ndarray, parts: int) -> tuple[int, ...]:
+    """Contiguous cut points over block lines with about ``total / parts`` blocks in each part."""
+    lines = counts.size
+    cum = np.concatenate([[0], np.cumsum(counts)])
+    total = int(cum[-1])
+    if total == 0:  # nothing to balance: equal numbers of lines
+        return tuple(int(round(i * lines / parts)) for i in range(parts + 1))
+    cuts = [0]
+    for i in range(1, parts):
+        target = i * total / parts
+        r = int(np.searchsorted(cum, target, side="left"))
+        if r > 0 and abs(cum[r - 1] - target) <= abs(cum[r] - target):
+            r -= 1  # the nearer of the two boundaries around the target
+        cuts.append(max(cuts[-1], min(r, lines)))
+    cuts.append(lines)
+    return tuple(cuts)
+
+
+def _candidate(split, cuts, grid, block_size, itemsize, parts, reduction):
+    """``(collective, bytes per column of x)`` that each device receives for one split."""
+    (gm, gk), (bh, bw) = grid, block_size
+    band = max(1, max(b - a for a, b in zip(cuts[:-1], cuts[1:], strict=True)))
+    if split == "rows":
+        x_bytes = gk * bw * itemsize  # every device needs all of x
+        if band * parts == gm:
+            return None, x_bytes
+        return "all_gather", x_bytes + (parts - 1) * band * bh * itemsize
+    x_bytes = band * bw * itemsize  # its band of x's rows
+    m = gm * bh
+    if reduction is None:
+        reduction = "psum_scatter" if m % parts == 0 else "psum"
+    ring = (parts - 1) / parts * m * itemsize  # a ring reduce-scatter; an all-reduce moves twice that
+    return reduction, int(x_bytes + (2 * ring if reduction == "psum" else ring))
+
+
+def _assign(line: np.ndarray, cut: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(device, slot)`` of each block from its block line and the cut points; blocks keep the
+    pattern's (row-major) order within a device."""
+    parts = cut.size - 1
+    device = np.clip(np.searchsorted(cut, line, side="right") - 1, 0, parts - 1)
+    order = np.argsort(device, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(np.bincount(device, minlength=parts))])
+    slot = np.empty(line.size, np.int64)
+    slot[order] = np.arange(line.size) - starts[device[order]]
+    return device, slot
+
+
+def _mesh_axis_size(mesh, axis) -> int:
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"Expected a jax.sharding.Mesh. Got {type(mesh).__name__}.")
+    if axis not in mesh.axis_names:
+        raise ValueError(f"Expected axis to be one of the mesh's axes {tuple(mesh.axis_names)}. Got {axis!r}.")
+    return int(mesh.shape[axis])
+
+
+def shard(W: BlockSparseMatrix, mesh: Mesh, axis: str, *, split: str | None = None,
+          collective: str | None = None) -> ShardedBlockSparseMatrix:  # fmt: skip
+    """Partition the non-zero blocks of ``W`` over the devices of ``mesh``'s axis ``axis``.
+
+    Arguments:
+        W: a :class:`~blocksparse.BlockSparseMatrix` (its pattern is host data; its values may be
+            traced, so ``shard`` may run inside ``jit`` and is differentiable w.r.t. ``W.data``).
+        mesh, axis: the mesh and the name of the axis whose devices share the blocks (other mesh
+            axes hold copies).
+        split: ``"rows"``, ``"cols"`` or ``None`` (the candidate with the fewest estimated bytes).
+        collective: for the cols split, ``"psum"`` (replicated output) or ``"psum_scatter"`` (output
+            sharded by rows; needs ``m`` divisible by the number of devices); ``None`` prefers
+            ``"psum_scatter"`` where it applies.
+
+    Returns:
+        A :class:`ShardedBlockSparseMatrix`; ``Ws.plan`` says what was chosen and why.
+
+    Example::
+
+        >>> import jax, numpy as np, blocksparse as bs
+        >>> mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
+        >>> W = bs.random(jax.random.key(0), (64, 64), 16, 0.5)
+        >>> Ws = bs.shard(W, mesh, "d", split="rows")
+        >>> Ws.plan.blocks_per_device, Ws.plan.collective
+        ((8,), None)
+    """
+    if not isinstance(W, BlockSparseMatrix):
+        raise TypeError(f"Expected a BlockSparseMatrix (static pattern). Got {type(W).__name__}.")
+    parts = _mesh_axis_size(mesh, axis)
+    if split not in (None, *_SPLITS):
+        raise ValueError(f"Expected split 'rows', 'cols' or None. Got {split!r}.")
+    if collective not in (None, *_REDUCTIONS):
+        raise ValueError(f"Expected collective 'psum', 'psum_scatter' or None. Got {collective!r}.")
+    p = W.pattern
+    m = W.shape[0]
+    if collective == "psum_scatter" and m % parts:
+        raise ValueError(
+            f"Expected m divisible by the {parts} devices of mesh axis {axis!r} for psum_scatter. Got m={m}; "
+            "use collective='psum'."
+        )
+    if collective is not None and split == "rows":
+        raise ValueError(f"Expected collective=None with split='rows' (its outputs are gathered). Got {collective!r}.")
+    itemsize = jnp.dtype(W.dtype).itemsize
+    cuts = {
+        "rows": _balanced_cuts(np.bincount(p.rows, minlength=p.grid[0]), parts),
+        "cols": _balanced_cuts(np.bincount(p.cols, minlength=p.grid[1]), parts),
+    }
+    candidates = []
+    for s in _SPLITS:
+        c, b = _candidate(s, cuts[s], p.grid, p.block_size, itemsize, parts, collective if s == "cols" else None)
+        candidates.append((s, c, int(b)))
+    if split is None:
+        split = "cols" if collective is not None else min(candidates, key=lambda c: c[2])[0]  # ties: rows first
+    chosen = next(c for c in candidates if c[0] == split)
+    line = p.rows if split == "rows" else p.cols
+    cut = np.asarray(cuts[split])
+    device, slot = _assign(line, cut)
+    counts = np.bincount(device, minlength=parts)
+    capacity = max(1, int(counts.max(initial=0)))
+    # Padding points at an extra zero block.
+    index = np.full((parts, capacity), p.nnz_blocks, np.int64)
+    index[device, slot] = np.arange(p.nnz_blocks)
+    rows = np.zeros((parts, capacity), np.int32)
+    cols = np.zeros((parts, capacity), np.int32)
+    local_line = line - cut[device]
+    rows[device, slot] = local_line if split == "rows" else p.rows
+    cols[device, slot] = p.cols if split == "rows" else local_line
+    plan = ShardPlan(split, chosen[1], chosen[2], tuple(candidates), tuple(int(c) for c in counts), cuts[split],
+                     capacity)  # fmt: skip
+    padded = jnp.concatenate([W.data, jnp.zeros((1, *p.block_size), W.dtype)])
+    sharding = NamedSharding(mesh, P(axis))
+    put = lambda a: jax.device_put(a, sharding)  # noqa: E731
+    return ShardedBlockSparseMatrix._from_fields(
+        rows=put(rows), cols=put(cols), data=put(padded[index]), nnz=put(counts.astype(np.int32)),
+        pattern=p, mesh=mesh, axis=axis, plan=plan,
+    )  # fmt: skip
+
+
+class ShardedBlockSparseMatrix(_NoImplicitDense, Pytree):
+    """A block-sparse matrix whose blocks are partitioned over the devices of one mesh axis.
+
+    Made by :func:`shard`. Leaves (each with a leading device axis, sharded ``P(axis)``):
+    ``rows`` and ``cols`` ``(devices, capacity)`` local block coordinates, ``data``
+    ``(devices, capacity, bh, bw)``, ``nnz`` ``(devices,)``. Static: the pattern (so shape and block
+    size), the mesh, the axis name and the :class:`ShardPlan`. ``Ws @ x`` and ``x @ Ws`` run
+    :func:`matmul`; gradients w.r.t. ``Ws.data`` are laid out like ``Ws.data`` (padding zero).
+    """
+
+    __slots__ = ("rows", "cols", "data", "nnz", "pattern", "mesh", "axis", "plan")
+    __array_priority__ = 100
+    _leaves = ("rows", "cols", "data", "nnz")
+    _static = ("pattern", "mesh", "axis", "plan")
+
+    shape = property(lambda self: self.pattern.shape)
+    block_size = property(lambda self: self.pattern.block_size)
+    nnz_blocks = property(lambda self: self.pattern.nnz_blocks)
+    dtype = property(lambda self: self.data.dtype)
+    split = property(lambda self: self.plan.split)
+    collective = property(lambda self: self.plan.collective)
+    estimated_bytes = property(lambda self: self.plan.estimated_bytes)
+    blocks_per_device = property(lambda self: self.plan.blocks_per_device)
+    ndim = 2
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardedBlockSparseMatrix(shape={self.shape}, block_size={self.block_size}, nnz_blocks={self.nnz_blocks}, "
+            f"axis={self.axis!r}, split={self.split!r}, collective={self.collective!r}, "
+            f"blocks_per_device={self.blocks_per_device})"
+        )
+
+    def _index(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(device, slot)`` of each of the pattern's blocks (host, in the pattern's order)."""
+        return _assign(self.pattern.rows if self.split == "rows" else self.pattern.cols, np.asarray(self.plan.cuts))
+
+    def with_data(self, data) -> ShardedBlockSparseMatrix:
+        """The same partition with new values of ``data``'s shape ``(devices, capacity, bh, bw)`` (may be traced)."""
+        data = jnp.asarray(data)
+        if data.shape != self.data.shape:
+            raise ValueError(f"Expected data of shape {self.data.shape} (devices, capacity, bh, bw). Got {data.shape}.")
+        return self._replace(data=data)
+
+    def to_static(self) -> BlockSparseMatrix:
+        """The same matrix on the default placement as a :class:`~blocksparse.BlockSparseMatrix`."""
+        device, slot = self._index()
+        return BlockSparseMatrix._from_fields(pattern=self.pattern, data=self.data[device, slot])
+
+    def to_dense(self) -> jax.Array:
+        return self.to_static().to_dense()
+
+    todense = to_dense
+
+    def _matmul(self, other, swap: bool):
+        return matmul(other, self) if swap else matmul(self, other)
+
+
+def _local_product(Ws: ShardedBlockSparseMatrix, x2, transposed: bool, kwargs) -> jax.Array:
+    """``W @ x2`` (``W^T @ x2`` if ``transposed``) for a 2-D ``x2``, through one ``shard_map``."""
+    from .ops.matmul.api import matmul as _matmul
+
+    plan, axis, mesh, parts = Ws.plan, Ws.axis, Ws.mesh, Ws.plan.num_devices
+    (m, k), (bh, bw) = Ws.shape, Ws.block_size
+    band, cuts, n = plan.band, plan.cuts, x2.shape[1]
+    local_shape = (band * bh, k) if plan.split == "rows" else (m, band * bw)
+    # Which dimension of the product is split: the output's (each device writes its own rows) or
+    # the contracting one (each device adds a partial product of the full height).
+    splits_output = (plan.split == "rows") != transposed
+    b_split = bh if plan.split == "rows" else bw  # the block extent along the split dimension
+    out_dim = k if transposed else m
+    if splits_output:
+        x_spec, x_in = P(), x2
+        if plan.uniform:
+            collective, out_spec = None, P(axis)
+        else:
+            # Each device's rows padded to the largest range; gathered after the shard_map.
+            collective, out_spec = "all_gather", P(axis)
+            # Rows of the gathered (devices * band * b) output that hold real rows, in order.
+            keep = np.concatenate([d * band * b_split + np.arange((cuts[d + 1] - cuts[d]) * b_split)
+                                   for d in range(parts)])  # fmt: skip
+    else:
+        x_spec = P(axis)
+        if plan.uniform:
+            x_in = x2
+        else:  # each device's band of x's rows, padded with a zero row to the largest band
+            take = np.full((parts, band * b_split), x2.shape[0], np.int64)
+            for d in range(parts):
+                r = np.arange(cuts[d] * b_split, cuts[d + 1] * b_split)
+                take[d, : r.size] = r
+            x_in = jnp.concatenate([x2, jnp.zeros((1, n), x2.dtype)])[take.reshape(-1)]
+        scatter = plan.collective != "psum" and out_dim % parts == 0
+        collective = "psum_scatter" if scatter else "psum"
+        out_spec = P(axis) if scatter else P()
+
+    def local(rows, cols, data, nnz, xl):
+        D = DynamicBlockSparseMatrix(rows[0], cols[0], data[0], nnz[0], local_shape, Ws.block_size)
+        if x_spec == P():
+            # Replicated x: mark it as varying over the axis, as the data it meets is, so that the
+            # product's custom VJPs see matching types (the cast's transpose sums x's cotangents).
+            xl = lax.pcast(xl, axis, to="varying")
+        y = _matmul(D.T if transposed else D, xl, **kwargs)
+        if collective == "psum":
+            return lax.psum(y, axis)
+        if collective == "psum_scatter":
+            return lax.psum_scatter(y, axis, scatter_dimension=0, tiled=True)
+        return y
+
+    spec = P(axis)
+    f = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, spec, x_spec), out_specs=out_spec)
+    y = f(Ws.rows, Ws.cols, Ws.data, Ws.nnz, x_in)
+    if collective == "all_gather":
+        y = lax.with_sharding_constraint(y[keep], NamedSharding(mesh, P()))
+    return y
+
+
+def matmul(a, b, *, implementation=None, precision=None, preferred_element_type=None) -> jax.Array:
+    """``Ws @ x`` or ``x @ Ws`` for a :class:`ShardedBlockSparseMatrix` and a dense, globally shaped ``x``.
+
+    Shapes and arguments are those of :func:`blocksparse.matmul` (``x`` may have batch
+    dimensions). ``x`` may be placed anyhow: inside ``jit`` it is resharded to what the split needs.
+    For a 2-D ``x``, the result of ``Ws @ x`` is sharded by rows over the mesh axis (rows split with
+    equal ranges, or ``psum_scatter``) or replicated (``all_gather``, ``psum``); ``x @ Ws`` is the
+    same with the roles of rows and columns swapped (sharded along its last dimension).
+    Differentiable w.r.t. ``x`` and ``Ws.data``.
+    """
+    kwargs = dict(implementation=implementation, precision=precision, preferred_element_type=preferred_element_type)
+    a_sharded, b_sharded = isinstance(a, ShardedBlockSparseMatrix), isinstance(b, ShardedBlockSparseMatrix)
+    if a_sharded == b_sharded:
+        raise TypeError(
+            f"Expected exactly one ShardedBlockSparseMatrix operand. Got {type(a).__name__} and {type(b).__name__}."
+        )
+    if a_sharded:
+        Ws, x = a, jnp.asarray(b)
+        m, k = Ws.shape
+        if x.ndim == 0:
+            raise ValueError("Expected a dense operand with at least 1 dimension. Got a scalar.")
+        kx = x.shape[0] if x.ndim == 1 else x.shape[-2]
+        if kx != k:
+            raise ValueError(
+                f"Expected the dense operand's contracting dimension to be {k} (W is {Ws.shape}). "
+                f"Got {kx} (shape {x.shape})."
+            )
+        x2 = x[:, None] if x.ndim == 1 else jnp.moveaxis(x, -2, 0).reshape(k, math.prod(x.shape[:-2]) * x.shape[-1])
+        y2 = _local_product(Ws, x2, False, kwargs)
+        if x.ndim == 1:
+            return y2[:, 0]
+        return jnp.moveaxis(y2.reshape(m, *x.shape[:-2], x.shape[-1]), 0, -2)
+    x, Ws = jnp.asarray(a), b
+    m, k = Ws.shape
+    if x.ndim == 0 or x.shape[-1] != m:
+        raise ValueError(
+            f"Expected the dense operand's last dimension to be {m} (W is {Ws.shape}). Got shape {x.shape}."
+        )
+    y2 = _local_product(Ws, x.reshape(math.prod(x.shape[:-1]), m).T, True, kwargs)
+    return y2.T.reshape(*x.shape[:-1], k)
