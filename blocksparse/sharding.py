@@ -35,6 +35,7 @@ from jax.sharding import PartitionSpec as P
 
 from ._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, _NoImplicitDense
 from ._util import Pytree
+from .ops.matmul.api import matmul as _matmul
 
 __all__ = ["ShardPlan", "ShardedBlockSparseMatrix", "matmul", "shard"]
 
@@ -278,8 +279,6 @@ class ShardedBlockSparseMatrix(_NoImplicitDense, Pytree):
 
 def _local_product(Ws: ShardedBlockSparseMatrix, x2, transposed: bool, kwargs) -> jax.Array:
     """``W @ x2`` (``W^T @ x2`` if ``transposed``) for a 2-D ``x2``, through one ``shard_map``."""
-    from .ops.matmul.api import matmul as _matmul
-
     plan, axis, mesh, parts = Ws.plan, Ws.axis, Ws.mesh, Ws.plan.num_devices
     (m, k), (bh, bw) = Ws.shape, Ws.block_size
     band, cuts, n = plan.band, plan.cuts, x2.shape[1]
@@ -374,3 +373,7 @@ def matmul(a, b, *, implementation=None, precision=None, preferred_element_type=
         )
     y2 = _local_product(Ws, x.reshape(math.prod(x.shape[:-1]), m).T, True, kwargs)
     return y2.T.reshape(*x.shape[:-1], k)
+
+
+# bs.matmul hands a sharded operand (on either side) to this module's product.
+ShardedBlockSparseMatrix._bs_matmul = staticmethod(matmul)

@@ -76,16 +76,16 @@ def test_static_plan_is_faster_than_dynamic(shape, b, density, n, dtype):
 def test_compute_cycles_by_hand_on_the_amp():
     # b = 16, float16 on Bow: one 16 x 16 AMP pass at 64 MACs/cycle. npc = 64 columns over 6 workers in
     # grains of 4: n_eff = ceil(ceil(64 / 6) / 4) * 4 * 6 = 72. Per block: 16 metadata + 256 * 2 / 8 load
-    # + 100 pipeline + 256 * 72 / 64 MACs = 468; per tile: 200 vertex + 24 per row.
+    # + 100 pipeline + 256 * 72 / 64 MACs = 468; per tile: 108 vertex + 24 per row.
     got = cost.compute_cycles(bs.ipu.BOW, np.array([3, 0, 1]), np.array([2, 0, 1]), 64, (16, 16), "float16")
-    np.testing.assert_allclose(got, [200 + 2 * 24 + 3 * 468, 0.0, 200 + 24 + 468])
+    np.testing.assert_allclose(got, [108 + 2 * 24 + 3 * 468, 0.0, 108 + 24 + 468])
 
 
 def test_compute_cycles_by_hand_elementwise():
     # b = 1, float32: the vector unit at 2 lanes / 1.5 issue = 4/3 MACs/cycle; npc = 5 in grains of 2 -> 6.
-    # Per non-zero: 6 + 6 / (4/3) = 10.5 cycles; per tile 200 + 24 per row.
+    # Per non-zero: 6 + 6 / (4/3) = 10.5 cycles; per tile 108 + 24 per row.
     got = cost.compute_cycles(bs.ipu.BOW, 4, 2, 5, (1, 1), "float32")
-    assert float(got) == pytest.approx(200 + 2 * 24 + 4 * 10.5)
+    assert float(got) == pytest.approx(108 + 2 * 24 + 4 * 10.5)
 
 
 def test_compute_cycles_shape_of_the_formula():

@@ -53,6 +53,8 @@ def test_products_and_gradients_match_one_device(getkey, kind, split, collective
 
     y = jax.jit(lambda Ws, x: bs.sharding.matmul(Ws, x))(Ws, x)
     np.testing.assert_allclose(y, W @ x, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(jax.jit(bs.matmul)(Ws, x), W @ x, rtol=1e-5, atol=1e-5)  # bs.matmul hands it on
+    np.testing.assert_allclose(bs.matmul(xt, Ws), xt @ W, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(jax.jit(lambda Ws, x: x @ Ws)(Ws, xt), xt @ W, rtol=1e-5, atol=1e-5)
 
     # Gradients w.r.t. x and the values, for W @ x and x @ W; the values' gradient is laid out like Ws.data.

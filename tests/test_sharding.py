@@ -114,3 +114,29 @@ def test_gnn_gradients_of_replicated_inputs_are_summed(getkey):
     dense = jax.jit(jax.shard_map(attn_grads(dense_attention), **specs))(q, kv)
     for a, b in zip(ours, dense, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("valid_on_every_device", [True, False])
+def test_per_device_dynamic_matrices_with_a_replicated_operand(getkey, valid_on_every_device):
+    # Each device holds its own dynamic matrix (varying), x is replicated: x's gradient is the sum
+    # over devices (as JAX's own ops give), and NaN if any device's matrix is invalid.
+    mesh = Mesh(np.array(jax.devices()[:4]), ("d",))
+    Ws = [bs.random(k, (64, 64), 16, 0.5) for k in jax.random.split(getkey(), 4)]
+    Ds = [bs.DynamicBlockSparseMatrix.from_static(W, capacity=16) for W in Ws]
+    rows = jnp.stack([D.rows for D in Ds])
+    if not valid_on_every_device:
+        rows = rows.at[2, 0].set(99)  # device 2's first block row is outside the grid
+    cols, data, nnz = (jnp.stack([getattr(D, f) for D in Ds]) for f in ("cols", "data", "nnz"))
+    x = jax.random.normal(getkey(), (64, 8))
+
+    def local(rows, cols, data, nnz, x):
+        D = bs.DynamicBlockSparseMatrix(rows[0], cols[0], data[0], nnz[0], (64, 64))
+        return jax.grad(lambda x: jnp.sum(jnp.sin(bs.matmul(D, x))))(x)
+
+    specs = (P("d"), P("d"), P("d"), P("d"), P())
+    g = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=P()))(rows, cols, data, nnz, x)
+    if valid_on_every_device:
+        want = sum(jax.grad(lambda x, W=W: jnp.sum(jnp.sin(W.to_dense() @ x)))(x) for W in Ws)
+        np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-4)
+    else:
+        assert np.isnan(np.asarray(g)).all()

@@ -69,12 +69,17 @@ def _dynamic_cost(mc, shape, block_size, max_nnz, n, dt, pdt, oversize, pm, pk, 
     spill_rounds = np.where(groups > 1, 1, 0)
     rounds = pn - 1 + spill_rounds  # bucket propagation rounds after the first
     visits = rounds + 1  # buckets each tile processes
-    meta_block = 2 * mc.metadata_bytes_per_block  # a dynamic block carries its row and column
+    # A dynamic block carries its row and column; an element of element sparsity only its 16-bit column
+    # offset (its row is an entry shared by the row's elements).
+    meta_block = 2 * mc.metadata_bytes_per_block if mc.sub_block((bh, bw)) >= 4 else 2
     bucket_bytes = cap * (bh * bw * dbytes + meta_block)
     sync = mc.exchange_sync_cycles
     xbw = mc.exchange_bytes_per_cycle
     reduce_rate = mc.vector_lanes.get(pdt, 1) / mc.elementwise_issue_overhead
 
+    # Metadata entries scanned per bucket: one per block on the AMP; one per row for element sparsity
+    # (the compute vertex reads the elements' offsets itself).
+    entries = cap if mc.sub_block((bh, bw)) >= 4 else np.minimum(cap, np.maximum(mt, 1) * bh)
     x_bytes = kt * bw * npc * dbytes  # the whole partition's rows of X: the pattern is unknown
     home_rows = np.minimum(cap, mt)
     spill_rows = np.minimum(cap, gm)
@@ -94,15 +99,15 @@ def _dynamic_cost(mc, shape, block_size, max_nnz, n, dt, pdt, oversize, pm, pk, 
     cycles = {
         "exchange_dense": xc(x_bytes),
         "exchange_buckets": xc(bucket_bytes),
-        "metadata": visits * (mc.vertex_overhead_cycles + cap * mc.block_overhead_cycles),
+        "metadata": visits * (mc.vertex_overhead_cycles + entries * mc.metadata_cycles_per_entry / mc.num_workers),
         "zero_partials": (mt + spill_in_rows) * bh * npc * pbytes / mc.store_bytes_per_cycle,
         "compute": compute,
-        "propagate": rounds * (bucket_bytes / xbw + sync),
+        "propagate": rounds * (bucket_bytes / xbw + sync + mc.round_cycles),
         "exchange_partials": xc(part_bytes),
         "reduction": np.where(
             part_bytes > 0, mc.vertex_overhead_cycles + (kred_rows + spill_in_rows) * bh * npc / reduce_rate, 0.0
         ),
-        "output": xc(out_home + 0 * P),
+        "output": out_home / mc.output_bytes_per_cycle + 0.0 * P,
     }
     cycles = {name: np.broadcast_to(np.asarray(v, np.float64), P.shape) for name, v in cycles.items()}
     nbytes = {

@@ -174,8 +174,8 @@ def sparse_cost(
     tps = tiles_per_split
     in_rows = int(cdiv(stats.multi_partial_rows, tps))
     add_rows = int(cdiv(stats.multi_partial_rows - stats.multi_rows, tps))
+    out_rows = int(cdiv(stats.multi_rows, tps))  # rows a reducing tile sums into
     partial_in_bytes = in_rows * bh * npc * pbytes
-    reduce_rate = mc.vector_lanes.get(partials_dtype, 1) / mc.elementwise_issue_overhead
     out_home = int(cdiv(m * n, T)) * dbytes
     x_home = int(cdiv(k * n, T)) * dbytes
 
@@ -191,11 +191,13 @@ def sparse_cost(
         "zero_partials": float(np.max(zero_bytes, initial=0.0)) / mc.store_bytes_per_cycle,
         "compute": float(np.max(compute, initial=0.0)),
         "exchange_partials": xcycles(partial_in_bytes),
-        "reduction": (mc.vertex_overhead_cycles + add_rows * bh * npc / reduce_rate) if add_rows else 0.0,
-        "output": xcycles(out_home),
+        "reduction": (mc.vertex_overhead_cycles + out_rows * bh * npc * mc.reduce_cycles_per_output)
+        if add_rows
+        else 0.0,
+        "output": out_home / mc.output_bytes_per_cycle,
     }
     cycles = {name: v * serial for name, v in cycles.items()}
-    cycles["output"] = xcycles(out_home / serial) * serial
+    cycles["output"] = out_home / mc.output_bytes_per_cycle
     reps = n_split * serial
     nbytes = {
         "exchange_dense": float(x_bytes.sum()) * reps,
@@ -281,11 +283,16 @@ def dense_estimate(
     xbw = mc.exchange_bytes_per_cycle
     peak = mc.amp_macs_per_cycle[dtype] * mc.dense_amp_efficiency
     reduce_rate = mc.vector_lanes.get(partials_dtype, 1) / mc.elementwise_issue_overhead
+    bcast = mc.exchange_broadcast_factor
     split_k = pk > 1
     out_pass = cdiv(m * n, T) / ser * dbytes
     phases = {
         # W is placed where it is used (static weights); only its copies for other pieces of n move.
-        "exchange_inputs": (kt * nt + np.where(pn > 1, mt * kt, 0.0)) * dbytes / xbw + sync,
+        # Pieces that several consecutive tiles receive (X for pm > 1, W's copies for pn > 1) are broadcast.
+        "exchange_inputs": (kt * nt / np.where(pm > 1, bcast, 1.0) + np.where(pn > 1, mt * kt / bcast, 0.0))
+        * dbytes
+        / xbw
+        + sync,
         "zero_partials": mt * nt * pbytes / mc.store_bytes_per_cycle,
         "compute": mc.vertex_overhead_cycles + mt * kt * nt / peak,
         "exchange_partials": np.where(split_k, mt * nt * pbytes * (pk - 1) / pk / xbw + sync, 0.0),
@@ -293,6 +300,7 @@ def dense_estimate(
         "output": out_pass / xbw + sync,
     }
     phases = {name: v * ser for name, v in phases.items()}
+    phases["fixed"] = np.full(ser.shape, float(mc.dense_fixed_cycles))
     total = sum(phases.values())
     home = float(cdiv(k * n, T) + cdiv(m * n, T)) * dbytes
     memory = (mt * kt + kt * nt) * dbytes + mt * nt * pbytes * np.where(split_k, 2, 1) + home

@@ -42,8 +42,28 @@ Estimates (not published as such; each with its reasoning):
   block's metadata entry), ``amp_pipeline_cycles`` (filling and draining the AMP pipeline once
   per block per worker, about 16 worker cycles; six round-robin workers make that ~100 tile
   cycles), ``elementwise_overhead_cycles`` per non-zero of element sparsity.
-* ``exchange_sync_cycles``: one BSP synchronisation plus exchange start-up per exchange phase.
-* ``dense_amp_efficiency = 0.85``: the fraction of AMP peak that a dense (poplin) matmul vertex
+* ``exchange_sync_cycles = 0``: poplibs' static partitioner charges no separate synchronisation per
+  exchange (its exchange estimate is bytes over bandwidth); kept as a knob.
+* ``vertex_overhead_cycles = 108``: the per-vertex fixed cost poplibs' sparse cost estimators use
+  (``popsparse/StaticMatMulPartitioner.cpp``), about 100 cycles of supervisor and worker start-up.
+* ``output_bytes_per_cycle = 1``: poplibs costs moving the result to its home tiles at one byte per
+  cycle (the output move is a rearrangement, not a bulk exchange).
+* ``reduce_cycles_per_output = 3``: poplibs' estimate for reducing partial sums, about three cycles
+  per output element summed in.
+* ``exchange_broadcast_factor = 2``: poplin's exchange estimator doubles the receive rate when
+  consecutive tiles receive the same data (a broadcast): the dense matmul's operand pieces shared by
+  several tiles arrive at 8 bytes per cycle.
+* ``dense_fixed_cycles``: fixed cost of a poplin matmul beyond its phases (operand rearrangement,
+  several compute sets and their syncs). Fitted to PopSparse's dense baseline at ``n = 4``
+  (19 TFLOP/s at m = k = 4096 on Bow, about 13k cycles in all; arXiv:2303.16999 Figure 2).
+* ``metadata_cycles_per_entry`` (dynamic sparsity): cycles to scan one metadata entry of a received
+  bucket for the blocks the tile owns, shared by the six workers. An entry is a block (AMP blocks)
+  or a row of elements (element sparsity, whose per-element offsets are read by the compute vertex).
+* ``round_cycles`` (dynamic sparsity): the fixed cost of one bucket-propagation round of PopSparse's
+  runtime loop: its compute sets' launch and the device-side loop condition, each a sync.
+  Fitted so that the dynamic b = 16 density sweep of arXiv:2303.16999 (plans of up to ~94 rounds)
+  lands within its targets.
+* ``dense_amp_efficiency``: the fraction of AMP peak that a dense (poplin) matmul vertex
   sustains on large operands (long uninterrupted AMP streams, no per-block restarts).
 * ``metadata_bytes_per_block``/``metadata_bytes_per_row``: PopSparse's static work lists use
   16-bit offsets; two per block and four per row, plus alignment.
@@ -96,13 +116,19 @@ class IPUMachine:
     vector_lanes: MappingProxyType = field(default_factory=lambda: _frozen({_F16: 4, _F32: 2}))
     amp_native_block: int = 16
     elementwise_issue_overhead: float = 1.5
-    vertex_overhead_cycles: int = 200
+    vertex_overhead_cycles: int = 108
     row_overhead_cycles: int = 24
     block_overhead_cycles: int = 16
     amp_pipeline_cycles: int = 100
     elementwise_overhead_cycles: int = 6
-    exchange_sync_cycles: int = 150
-    dense_amp_efficiency: float = 0.85
+    exchange_sync_cycles: int = 0
+    dense_amp_efficiency: float = 0.95
+    output_bytes_per_cycle: float = 1.0
+    reduce_cycles_per_output: float = 3.0
+    exchange_broadcast_factor: float = 2.0
+    dense_fixed_cycles: int = 11_000
+    metadata_cycles_per_entry: float = 16.0
+    round_cycles: int = 3_000
     metadata_bytes_per_block: int = 4
     metadata_bytes_per_row: int = 8
 

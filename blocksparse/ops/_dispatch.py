@@ -192,7 +192,8 @@ def differentiable(op: str, table: Callable[[str], Callable], backward: Callable
     return f
 
 
-def _varying(x) -> frozenset:
+def varying_axes(x) -> frozenset:
+    """The ``shard_map`` mesh axes ``x`` varies over (empty outside ``shard_map``)."""
     mat = getattr(jax.typeof(x), "mat", None)  # manual axes of shard_map, jax >= 0.8
     return frozenset(getattr(mat, "varying", ()))
 
@@ -207,7 +208,7 @@ def cotangent_like(ct, primal):
     """
     if ct is None:
         return ct
-    have, want = _varying(ct), _varying(primal)
+    have, want = varying_axes(ct), varying_axes(primal)
     if extra := tuple(sorted(have - want, key=str)):
         ct = jax.lax.psum(ct, extra)
     if missing := tuple(sorted(want - have, key=str)):

@@ -32,7 +32,7 @@ from jax import lax
 
 from ..._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, _check_floating, _inside_sparsify
 from ..._pattern import BlockPattern
-from .._dispatch import differentiable, dispatch_log, resolve
+from .._dispatch import cotangent_like, differentiable, dispatch_log, resolve, varying_axes
 from .reference import transposed
 
 __all__ = ["OpStatic", "matmul", "sdd", "dispatch_log", "register_backend", "get_backend"]
@@ -178,11 +178,16 @@ def _nan_grad(valid, x):
 
 
 def _nan_grad_fwd(valid, x):
-    return x, valid
+    return x, (valid, x)
 
 
-def _nan_grad_bwd(valid, g):
-    return None, jnp.where(valid, g, jnp.asarray(jnp.nan, g.dtype))
+def _nan_grad_bwd(res, g):
+    valid, x = res
+    # Inside shard_map, ``valid`` may vary over devices where ``x`` (and its summed cotangent ``g``)
+    # is replicated: the gradient of a replicated operand is NaN if any device's matrix is invalid.
+    if extra := tuple(sorted(varying_axes(valid) - varying_axes(x), key=str)):
+        valid = jax.lax.pmin(valid.astype(jnp.int32), extra) > 0
+    return None, cotangent_like(jnp.where(valid, g, jnp.asarray(jnp.nan, g.dtype)), x)
 
 
 _nan_grad.defvjp(_nan_grad_fwd, _nan_grad_bwd)
@@ -271,6 +276,10 @@ def matmul(a, b, *, implementation=None, precision=None, preferred_element_type=
         coordinates the result and its gradients are NaN (see
         :meth:`~blocksparse.DynamicBlockSparseMatrix.is_valid`).
     """
+    for operand in (a, b):  # operands that run the product themselves (a matrix sharded by bs.shard)
+        if (own := getattr(type(operand), "_bs_matmul", None)) is not None:
+            return own(a, b, implementation=implementation, precision=precision,
+                       preferred_element_type=preferred_element_type)  # fmt: skip
     impls = resolve(implementation, _DEFAULT)
     prec = _precision(precision)
     a_sparse, b_sparse = isinstance(a, _SPARSE), isinstance(b, _SPARSE)
