@@ -145,6 +145,30 @@ def _dot(a, b, *, exact: bool, contract=((1,), (0,))):
     return lax.dot_general(a, b, (contract, ((), ())), precision=precision, preferred_element_type=jnp.float32)
 
 
+def _pallas_call(kernel, *, out_shape, **kwargs):
+    """``pl.pallas_call`` that also works inside ``shard_map``.
+
+    There, Pallas needs the outputs' manual-axis type: all operands are cast to the union of the
+    axes any of them varies over, and the outputs get that type.
+    """
+
+    def call(*args):
+        union = frozenset().union(*(_dispatch.varying_axes(a) for a in args))
+        if not union:
+            return pl.pallas_call(kernel, out_shape=out_shape, **kwargs)(*args)
+        args = tuple(_vary(a, union) for a in args)
+        mat = jax.typeof(args[0]).mat
+        out = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, manual_axis_type=mat), out_shape)
+        return pl.pallas_call(kernel, out_shape=out, **kwargs)(*args)
+
+    return call
+
+
+def _vary(a, axes):
+    missing = tuple(sorted(axes - _dispatch.varying_axes(a), key=str))
+    return lax.pcast(a, missing, to="varying") if missing else a
+
+
 def _masked_load(ref, mask, other):
     """A masked vector load (lanes outside ``mask`` read ``other``)."""
     from jax.experimental.pallas import triton as plgpu
@@ -244,7 +268,7 @@ def _combine_rows(y, p, sched, block: int, tile: int, axis: int, num_warps: int)
         offsets = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(counts, dtype=jnp.int32)])
     tiles = y.shape[1 - axis] // tile
     num_rows = y.shape[axis] // block
-    return pl.pallas_call(
+    return _pallas_call(
         functools.partial(_combine_kernel, block=block, tile=tile, axis=axis, num_rows=num_rows),
         grid=(r, tiles),
         out_shape=jax.ShapeDtypeStruct(y.shape, y.dtype),
@@ -260,7 +284,7 @@ def _walk(kernel, sched, tiles: int, shapes, out_dtype, data, x, num_warps: int,
 
     Returns the output (``shapes[0]``, ``out_dtype``) and the float32 partials (``shapes[1]``).
     """
-    return pl.pallas_call(
+    return _pallas_call(
         kernel,
         grid=(sched.num_units, tiles),
         out_shape=(jax.ShapeDtypeStruct(shapes[0], out_dtype), jax.ShapeDtypeStruct(shapes[1], jnp.float32)),
@@ -420,7 +444,7 @@ def _scan_call(rows, cols, keep, valid, data, x, num_rows, out_dtype, tn: int, c
     ns = cfg.num_stages or 3
     kernel = functools.partial(_scan_kernel, bh=bh, bw=bw, tn=tn, acc_t=acc_t, trans=trans, exact=exact, cap=cap,
                                chunk=chunk)  # fmt: skip
-    y = pl.pallas_call(
+    y = _pallas_call(
         kernel,
         grid=(num_rows, tiles),
         out_shape=jax.ShapeDtypeStruct((num_rows * bh, xp.shape[1]), out_dtype),
@@ -483,7 +507,7 @@ def _rows_call(plan, data, x, out_dtype, tn: int, cfg: KernelConfig, trans: bool
     size = int(plan.key.shape[0])
     kernel = functools.partial(_rows_kernel, bh=bh, bw=bw, tn=tn, acc_t=acc_t, trans=trans, exact=exact, size=size,
                                steps=plan.search_steps)  # fmt: skip
-    y = pl.pallas_call(
+    y = _pallas_call(
         kernel,
         grid=(plan.num_rows, tiles),
         out_shape=jax.ShapeDtypeStruct((plan.num_rows * bh, xp.shape[1]), out_dtype),
@@ -585,7 +609,7 @@ def sdd_coords(a, b, rows, cols, block_size, out_dtype, *, exact: bool = False, 
     nw = cfg.num_warps or (8 if bh * bw >= 128 * 128 else 4)
     ns = cfg.num_stages or 3
     kernel = functools.partial(_sdd_kernel, bh=bh, bw=bw, tk=tk, steps=steps, exact=exact)
-    out = pl.pallas_call(
+    out = _pallas_call(
         kernel,
         grid=(nnz,),
         out_shape=jax.ShapeDtypeStruct((nnz * bh, bw), out_dtype),
