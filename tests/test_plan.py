@@ -215,6 +215,15 @@ def test_report_and_json():
         assert word in text
     # The table shows the plan's numbers, phase by phase, in phase order.
     assert f"{p.total_cycles:>14,.0f}" in text and f"{p.speedup:.2f}x" in text
+    # Each phase's share of the total, in percent, for both plan kinds; the shares add up to 100.
+    dp = bs.dynamic_plan(p.shape, p.block_size, p.pattern.nnz_blocks, p.n)
+    for q in (p, dp):
+        lines = q.report().splitlines()
+        assert "share" in next(line for line in lines if line.strip().startswith("phase"))
+        shares = [
+            float(line.split()[2].rstrip("%")) for line in lines if line.split()[:1] and line.split()[0] in q.cycles
+        ]
+        assert len(shares) == len(q.cycles) and abs(sum(shares) - 100.0) < 0.1 * len(shares)
     positions = [text.index(f"  {name} ") for name in bs.ipu.cost.PHASES]
     assert positions == sorted(positions)
     d = json.loads(p.to_json())

@@ -1,7 +1,8 @@
 """The human-readable report of a plan, static or dynamic: one formatter for both kinds.
 
 Every report has the same sections: the product, the partition (what differs between the two
-kinds), memory per tile against the limit, cycles and exchange bytes per phase, and the estimated
+kinds), memory per tile against the limit, cycles and exchange bytes per phase (with each phase's share of
+the total), and the estimated
 time, throughput and speedup over the modelled dense matmul.
 """
 
@@ -64,13 +65,15 @@ def report(p) -> str:
         f"   = {p.available_memory_proportion:g} x {p.machine.tile_memory_bytes / _KIB:g} KiB"
         " (available_memory_proportion x tile memory)",
         "",
-        f"  {'phase':<20}{'cycles':>14}{'exchange MB':>14}",
+        f"  {'phase':<20}{'cycles':>14}{'share':>9}{'exchange MB':>14}",
     ]
+    total = p.total_cycles
     for name in p.phases:
         xb = p.exchange_bytes.get(name)
-        lines.append(f"  {name:<20}{p.cycles[name]:>14,.0f}{'' if xb is None else f'{xb / 1e6:.3f}':>14}")
+        share = 100.0 * p.cycles[name] / total if total > 0 else 0.0
+        lines.append(f"  {name:<20}{p.cycles[name]:>14,.0f}{share:>8.1f}%{'' if xb is None else f'{xb / 1e6:.3f}':>14}")
     lines += [
-        f"  {'total':<20}{p.total_cycles:>14,.0f}",
+        f"  {'total':<20}{total:>14,.0f}{100.0 if total > 0 else 0.0:>8.1f}%",
         "",
         f"  estimated {p.seconds * 1e6:,.2f} us at {p.machine.clock_hz / 1e9:g} GHz, {p.tflops:,.2f} TFLOP/s "
         f"({work} {p.flops / 1e9:,.3f} GFLOP)",
