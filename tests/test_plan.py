@@ -284,3 +284,50 @@ def test_larger_blocks_n_and_matrices_raise_throughput():
     by_size = [_speedup(m, 16, 1 / 16, 1024).tflops for m in (1024, 2048, 4096, 8192)]
     assert by_size == sorted(by_size) and len(set(by_size)) == 4
     assert _speedup(4096, 32, 1 / 16, 1024).tflops >= by_block[-1]  # decomposed into 16 x 16
+
+
+@pytest.mark.parametrize(
+    "shape, b, d, n, amp",
+    [
+        ((2048, 2048), 1, 1 / 16, 512, 0.6),  # fits in one pass
+        ((2048, 2048), 1, 1 / 8, 4096, 0.3),  # 4 serial passes: levels 1 and 2 fail
+        ((2048, 2048), 1, 1 / 8, 4096, 0.1),  # 16 serial passes
+        ((2048, 2048), 1, 1 / 4, 4096, 0.05),  # nothing fits: the same error message
+    ],
+)
+def test_memory_probe_keeps_plans_identical(monkeypatch, shape, b, d, n, amp):
+    # Lower the exact-scoring limit so that these patterns take the screened path the probe speeds up.
+    from blocksparse.ipu import partition
+
+    W = bs.BlockPattern.random(3, shape, b, d)
+    monkeypatch.setattr(partition, "EXACT_LIMIT", 1000)
+    plans = []
+    for probe in (False, True):
+        monkeypatch.setattr(partition, "PROBE", probe)
+        bs.ipu.clear_cache()
+        try:
+            plans.append(bs.plan(W, n, available_memory_proportion=amp))
+        except bs.NoValidPlanError as e:
+            plans.append(str(e).split(" To fit")[0])  # the advice that follows has a wall-clock budget
+    bs.ipu.clear_cache()
+    if isinstance(plans[0], str):
+        assert plans[0] == plans[1] and "smallest per-tile footprint" in plans[0]
+        return
+    a, c = plans
+    assert (a.n_split, a.num_bands, a.serial) == (c.n_split, c.num_bands, c.serial)
+    assert dict(a.cycles) == dict(c.cycles) and np.array_equal(a.tile_blocks, c.tile_blocks)
+
+
+@pytest.mark.slow
+def test_planning_a_million_element_pattern_takes_under_a_second():
+    import time
+
+    W = bs.BlockPattern.random(0, (8192, 8192), 1, 1048576 / 8192**2)
+    times = []
+    for _ in range(2):
+        bs.ipu.clear_cache()
+        t0 = time.perf_counter()
+        bs.plan(W, 1024)
+        times.append(time.perf_counter() - t0)
+    # About 0.8 s on an idle CPU (4.5 s before the memory probe); slack for parallel test workers.
+    assert min(times) < 1.5

@@ -259,6 +259,9 @@ def cache_info() -> dict:
 EXACT_LIMIT = 100_000
 EXACT_TOP = 4
 SERIAL_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
+# On large patterns, a candidate whose fullest tile alone exceeds the memory limit is not scored exactly
+# (it cannot fit); this keeps planning fast when a whole serial level fails. Plans are identical either way.
+PROBE = True
 
 
 def _search(pattern, n, machine, dt, pdt, amp, n_split_opt, num_bands_opt) -> Plan:
@@ -315,7 +318,25 @@ def _search(pattern, n, machine, dt, pdt, amp, n_split_opt, num_bands_opt) -> Pl
         rank = (total, top, s, bands.boundaries.size - 1)
         return rank, (candidates[i], serial, tile, used, cycles, nbytes, memory)
 
+    def probe(i: int, serial: int) -> float:
+        """A lower bound of the busiest tile's bytes: the exact footprint of the band's first, fullest tile."""
+        bands, s, tps, tpb = candidates[i]
+        chunk = np.where(tpb > 0, cdiv(bands.nnz, np.maximum(tpb, 1)), 0)
+        j = int(np.argmax(chunk))
+        start = int(bands.nnz[:j].sum())
+        sel = bands.order[start : start + int(chunk[j])]
+        rows = pattern.rows[sel]  # ascending within a band
+        nrows = int((np.diff(rows) != 0).sum()) + 1 if rows.size else 0
+        ncols = int(np.unique(pattern.cols[sel]).size)
+        one = _cost.TileStats(np.array([sel.size]), np.array([nrows]), np.array([ncols]), 0, 0)
+        _, _, memory = _cost.sparse_cost(
+            machine, one, shape=pattern.shape, block_size=pattern.block_size, n=n, n_split=s,
+            tiles_per_split=tps, dtype=dt, partials_dtype=pdt, serial=serial,
+        )  # fmt: skip
+        return float(memory.max(initial=0.0))
+
     best = None
+    skipped = []  # (candidate, serial) shown not to fit by `probe`, not scored exactly
     smallest = None  # smallest footprint seen, for the error message
     for serial in SERIAL_CANDIDATES:
         if serial > 1 and (n_split_opt is not None or serial > max_split):
@@ -331,6 +352,12 @@ def _search(pattern, n, machine, dt, pdt, amp, n_split_opt, num_bands_opt) -> Pl
         for i in exact_order:
             if best is not None and pattern.nnz_blocks > EXACT_LIMIT and scored >= EXACT_TOP:
                 break
+            if PROBE and pattern.nnz_blocks > EXACT_LIMIT and probe(i, serial) > limit:
+                # Its busiest tile is at least as large as the probed one: it cannot fit, so exact
+                # scoring cannot change the choice (only the error message's smallest footprint).
+                skipped.append((i, serial))
+                scored += 1
+                continue
             rank, details = score(i, True, serial)
             scored += 1
             if smallest is None or rank[1] < smallest[0]:
@@ -340,6 +367,10 @@ def _search(pattern, n, machine, dt, pdt, amp, n_split_opt, num_bands_opt) -> Pl
         if best is not None:
             break  # serialising costs every phase again: only when no single pass fits
     if best is None:
+        for i, serial in skipped:  # the error message names the smallest exact footprint
+            rank, _ = score(i, True, serial)
+            if smallest is None or rank[1] < smallest[0]:
+                smallest = (rank[1], candidates[i][1], candidates[i][0].boundaries.size - 1, serial)
         raise _NoFit(smallest, len(candidates))
     (bands, s, tps, _), serial, tile, used, cycles, nbytes, memory = best[1]
     dense = _cost.dense_estimate(machine, pattern.shape[0], pattern.shape[1], n, dt, pdt, amp)
