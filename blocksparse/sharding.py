@@ -24,7 +24,6 @@ bytes of ``x`` a device needs plus the output bytes it receives), recorded in :a
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 from ._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, _NoImplicitDense
 from ._util import Pytree
+from .ops.matmul.api import apply_2d
 from .ops.matmul.api import matmul as _matmul
 
 __all__ = ["ShardPlan", "ShardedBlockSparseMatrix", "matmul", "shard"]
@@ -351,28 +351,9 @@ def matmul(a, b, *, implementation=None, precision=None, preferred_element_type=
         )
     if a_sharded:
         Ws, x = a, jnp.asarray(b)
-        m, k = Ws.shape
-        if x.ndim == 0:
-            raise ValueError("Expected a dense operand with at least 1 dimension. Got a scalar.")
-        kx = x.shape[0] if x.ndim == 1 else x.shape[-2]
-        if kx != k:
-            raise ValueError(
-                f"Expected the dense operand's contracting dimension to be {k} (W is {Ws.shape}). "
-                f"Got {kx} (shape {x.shape})."
-            )
-        x2 = x[:, None] if x.ndim == 1 else jnp.moveaxis(x, -2, 0).reshape(k, math.prod(x.shape[:-2]) * x.shape[-1])
-        y2 = _local_product(Ws, x2, False, kwargs)
-        if x.ndim == 1:
-            return y2[:, 0]
-        return jnp.moveaxis(y2.reshape(m, *x.shape[:-2], x.shape[-1]), 0, -2)
+        return apply_2d(Ws.shape, x, lambda x2: _local_product(Ws, x2, False, kwargs), sparse_first=True)
     x, Ws = jnp.asarray(a), b
-    m, k = Ws.shape
-    if x.ndim == 0 or x.shape[-1] != m:
-        raise ValueError(
-            f"Expected the dense operand's last dimension to be {m} (W is {Ws.shape}). Got shape {x.shape}."
-        )
-    y2 = _local_product(Ws, x.reshape(math.prod(x.shape[:-1]), m).T, True, kwargs)
-    return y2.T.reshape(*x.shape[:-1], k)
+    return apply_2d(Ws.shape, x, lambda x2: _local_product(Ws, x2.T, True, kwargs).T, sparse_first=False)
 
 
 # bs.matmul hands a sharded operand (on either side) to this module's product.

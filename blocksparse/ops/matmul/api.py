@@ -292,34 +292,39 @@ def matmul(a, b, *, implementation=None, precision=None, preferred_element_type=
         )
     if a_sparse:
         W, x = a, _dense(b, "dense operand")
-        m, k = W.shape
-        if x.ndim == 0:
-            raise ValueError("Expected a dense operand with at least 1 dimension. Got a scalar.")
-        kx = x.shape[0] if x.ndim == 1 else x.shape[-2]
-        if kx != k:
-            raise ValueError(
-                f"Expected the dense operand's contracting dimension to be {k} (W is {W.shape}). "
-                f"Got {kx} (shape {x.shape})."
-            )
         s = OpStatic(impls, _out_dtype(preferred_element_type, W.dtype, x.dtype), prec)
-        # Fold batch dimensions into the columns: (..., k, n) -> (k, B * n).
-        if x.ndim == 1:
-            x2 = x[:, None]
-        else:
-            x2 = jnp.moveaxis(x, -2, 0).reshape(k, math.prod(x.shape[:-2]) * x.shape[-1])
-        y2 = _sparse_dense(W, x2, s)
-        if x.ndim == 1:
-            return y2[:, 0]
-        return jnp.moveaxis(y2.reshape(m, *x.shape[:-2], x.shape[-1]), 0, -2)
+        return apply_2d(W.shape, x, lambda x2: _sparse_dense(W, x2, s), sparse_first=True)
     x, W = _dense(a, "dense operand"), b
-    m, k = W.shape
-    if x.ndim == 0 or x.shape[-1] != m:
-        raise ValueError(
-            f"Expected the dense operand's last dimension to be {m} (W is {W.shape}). Got shape {x.shape}."
-        )
     s = OpStatic(impls, _out_dtype(preferred_element_type, W.dtype, x.dtype), prec)
-    y2 = _dense_sparse(x.reshape(math.prod(x.shape[:-1]), m), W, s)
-    return y2.reshape(*x.shape[:-1], k)
+    return apply_2d(W.shape, x, lambda x2: _dense_sparse(x2, W, s), sparse_first=False)
+
+
+def apply_2d(shape: tuple[int, int], x, product, *, sparse_first: bool):
+    """Check ``x`` against a sparse operand of ``shape`` and run ``product`` on its 2-D form.
+
+    ``sparse_first``: ``W (m, k) @ x`` with ``x`` of shape ``(k,)`` or ``(..., k, n)``, batch
+    dimensions folded into the columns: ``product`` gets ``(k, B * n)`` and returns ``(m, B * n)``.
+    Else ``x @ W`` with ``x`` of shape ``(..., m)``: ``product`` gets ``(B, m)``, returns ``(B, k)``.
+    Shared by every kind of sparse operand (static, dynamic, sharded over a mesh).
+    """
+    m, k = shape
+    if not sparse_first:
+        if x.ndim == 0 or x.shape[-1] != m:
+            raise ValueError(
+                f"Expected the dense operand's last dimension to be {m} (W is {shape}). Got shape {x.shape}."
+            )
+        return product(x.reshape(math.prod(x.shape[:-1]), m)).reshape(*x.shape[:-1], k)
+    if x.ndim == 0:
+        raise ValueError("Expected a dense operand with at least 1 dimension. Got a scalar.")
+    kx = x.shape[0] if x.ndim == 1 else x.shape[-2]
+    if kx != k:
+        raise ValueError(
+            f"Expected the dense operand's contracting dimension to be {k} (W is {shape}). Got {kx} (shape {x.shape})."
+        )
+    if x.ndim == 1:
+        return product(x[:, None])[:, 0]
+    x2 = jnp.moveaxis(x, -2, 0).reshape(k, math.prod(x.shape[:-2]) * x.shape[-1])
+    return jnp.moveaxis(product(x2).reshape(m, *x.shape[:-2], x.shape[-1]), 0, -2)
 
 
 def _sparse_dense(W, x, s: OpStatic):
