@@ -314,10 +314,6 @@ def _local_product(Ws: ShardedBlockSparseMatrix, x2, transposed: bool, kwargs) -
 
     def local(rows, cols, data, nnz, xl):
         D = DynamicBlockSparseMatrix(rows[0], cols[0], data[0], nnz[0], local_shape, Ws.block_size)
-        if x_spec == P():
-            # Replicated x: mark it as varying over the axis, as the data it meets is, so that the
-            # product's custom VJPs see matching types (the cast's transpose sums x's cotangents).
-            xl = lax.pcast(xl, axis, to="varying")
         y = _matmul(D.T if transposed else D, xl, **kwargs)
         if collective == "psum":
             return lax.psum(y, axis)
