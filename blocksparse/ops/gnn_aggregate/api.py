@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 
 import jax
@@ -14,8 +13,6 @@ from .. import _dispatch
 
 __all__ = ["AggregateStatic", "aggregate"]
 
-# name -> module with ``segment_extreme(g, x, is_max, *, with_arg)``; imported on first use.
-_MODULES = {"pallas": "pallas_triton", "xla": "reference"}
 DEFAULT = ("pallas", "xla")
 
 
@@ -35,7 +32,7 @@ class AggregateStatic:
 
 
 def _module(name: str):
-    return importlib.import_module(f"{__package__}.{_MODULES[name]}")
+    return _dispatch.op_module(__package__, name)
 
 
 def _values(name: str):
@@ -86,7 +83,7 @@ def aggregate(g: Graph, x: jax.Array, reduce: str = "max", *, implementation=Non
     if not isinstance(g, Graph):
         raise TypeError(f"Expected a blocksparse.gnn.Graph. Got {type(g).__name__}.")
     _dispatch.check_choice("reduce", reduce, ("max", "min"))
-    s = AggregateStatic(g, _dispatch.resolve(implementation, DEFAULT, tuple(_MODULES)), reduce == "max")
+    s = AggregateStatic(g, _dispatch.resolve(implementation, DEFAULT, tuple(_dispatch.OP_MODULES)), reduce == "max")
     x = g.check_features(x, "features", ndim=tuple(range(1, 8)))
     shape = x.shape
     x2 = x.reshape(shape[0], math.prod(shape[1:]))

@@ -9,7 +9,6 @@ the CPU path.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 
 import jax
@@ -20,8 +19,6 @@ from .. import _dispatch
 
 __all__ = ["AttentionStatic", "gatv2", "graph_attention"]
 
-# name -> module with ``attention_forward(s, a, b, c)`` and ``attention_backward(s, a, b, c, out, lse, dout)``.
-_MODULES = {"pallas": "pallas_triton", "xla": "reference"}
 DEFAULT = ("pallas", "xla")
 
 
@@ -49,7 +46,7 @@ class AttentionStatic:
 
 
 def _module(name: str):
-    return importlib.import_module(f"{__package__}.{_MODULES[name]}")
+    return _dispatch.op_module(__package__, name)
 
 
 def _primal(name: str):
@@ -102,7 +99,7 @@ def gatv2(g: Graph, x_src, x_dst, att, negative_slope: float = 0.2, *, implement
     """
     if not isinstance(g, Graph):
         raise TypeError(f"Expected a blocksparse.gnn.Graph. Got {type(g).__name__}.")
-    impls = _dispatch.resolve(implementation, DEFAULT, tuple(_MODULES))
+    impls = _dispatch.resolve(implementation, DEFAULT, tuple(_dispatch.OP_MODULES))
     xs, xd = _check_nhd(g, x_src, "x_src"), _check_nhd(g, x_dst, "x_dst")
     if xd.shape != xs.shape:
         raise ValueError(f"Expected x_dst of the same shape as x_src {xs.shape}. Got {xd.shape}.")
@@ -134,7 +131,7 @@ def graph_attention(g: Graph, q, k, v, scale: float | None = None, *, implementa
     """
     if not isinstance(g, Graph):
         raise TypeError(f"Expected a blocksparse.gnn.Graph. Got {type(g).__name__}.")
-    impls = _dispatch.resolve(implementation, DEFAULT, tuple(_MODULES))
+    impls = _dispatch.resolve(implementation, DEFAULT, tuple(_dispatch.OP_MODULES))
     q, k, v = _check_nhd(g, q, "q"), _check_nhd(g, k, "k"), _check_nhd(g, v, "v")
     if k.shape != q.shape or v.shape != q.shape:
         raise ValueError(f"Expected q, k and v of one shape. Got {q.shape}, {k.shape} and {v.shape}.")

@@ -8,7 +8,6 @@ j -> i``; its backward is ``dx = A^T dout`` through the cached transposed CSR (`
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 
 import jax
@@ -19,8 +18,6 @@ from .. import _dispatch
 
 __all__ = ["SpmmStatic", "spmm"]
 
-# name -> module with ``csr_sum(g, w_csr, x)``; imported on first use.
-_MODULES = {"pallas": "pallas_triton", "xla": "reference"}
 # Measured on the H200 (docs/benchmarks.md, "GNN operations"); the reference is the fallback everywhere.
 DEFAULT = ("pallas", "xla")
 
@@ -39,7 +36,7 @@ class SpmmStatic:
 
 
 def _table(name: str):
-    csr_sum = importlib.import_module(f"{__package__}.{_MODULES[name]}").csr_sum
+    csr_sum = _dispatch.op_module(__package__, name).csr_sum
 
     def call(s: SpmmStatic, x, *w):
         w_csr = w[0][jnp.asarray(s.graph.edge_perm)] if w else None
@@ -111,7 +108,7 @@ def spmm(
             f"Expected norm=None with reduce='mean'. Got norm={norm!r}: 'mean' already divides by the in-degree; "
             "use reduce='sum' with a norm instead."
         )
-    s = SpmmStatic(g, _dispatch.resolve(implementation, DEFAULT, tuple(_MODULES)))
+    s = SpmmStatic(g, _dispatch.resolve(implementation, DEFAULT, tuple(_dispatch.OP_MODULES)))
     x = g.check_features(x, "features", ndim=tuple(range(1, 8)))
     weights = ()
     if edge_weight is not None:
