@@ -1,11 +1,11 @@
 """Dynamic block sparsity on the GPU: the pattern is traced, its plan is built inside jit.
 
 For each cell, one random pattern is timed in the same process: dense ``jnp.dot``, the static
-Pallas kernel (pattern known at build time), the three dynamic Pallas designs (``scan``: no plan,
-each program scans the block list for its row's blocks, one launch; ``rows``: one sort, then each
-program finds its row's blocks by binary search; ``worklist``: the load-balanced work list of the
-redistributor, a dozen small XLA kernels) and the dynamic pure-JAX reference. The
-plan building is included in the dynamic times; ``sort_ms`` is the rows plan alone. Two timings
+Pallas kernel (pattern known at build time), the two dynamic Pallas designs (``scan``: no plan,
+each program scans the block list for its row's blocks, one launch; ``worklist``: the
+load-balanced work list of the redistributor, a dozen small XLA kernels) and the dynamic pure-JAX
+reference. The
+plan building is included in the dynamic times. Two timings
 each: inside one jitted loop (device time, ``*_ms``) and back-to-back jitted calls from Python
 (what a user's step sees, ``*_call_ms``). bf16, float32 accumulation.
 
@@ -29,7 +29,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_matmul import _time_jax, _time_jax_loop  # noqa: E402
 
 import blocksparse as bs  # noqa: E402
-from blocksparse.ops.matmul import lowering  # noqa: E402
 from blocksparse.ops.matmul import pallas_triton as pt  # noqa: E402
 
 
@@ -52,7 +51,6 @@ def bench_cell(m, n, b, d, reps, trials):
         "dense": (lambda a, x: jnp.dot(a, x), dense),
         "static_pallas": (lambda W, x: bs.matmul(W, x, implementation="pallas"), W),
         "dynamic_scan": (_dynamic("scan"), D),
-        "dynamic_rows": (_dynamic("rows"), D),
         "dynamic_worklist": (_dynamic("worklist"), D),
         "dynamic_xla": (lambda D, x: bs.matmul(D, x, implementation="xla"), D),
         "dynamic_default": (lambda D, x: bs.matmul(D, x), D),
@@ -64,19 +62,12 @@ def bench_cell(m, n, b, d, reps, trials):
         row[f"{name}_err"] = float(np.linalg.norm(y - ref) / max(np.linalg.norm(ref), 1e-30))
         row[f"{name}_ms"] = 1e3 * _time_jax_loop(f, (a, x), reps, trials)
         row[f"{name}_call_ms"] = 1e3 * _time_jax(jf, [(a, x)], reps, trials)
-    keep = jnp.ones(D.capacity, bool)
-
-    def sort(D, x):
-        return lowering.sort_by_row(D.rows, D.cols, keep, D.grid[0]).perm
-
-    row["sort_ms"] = 1e3 * _time_jax_loop(sort, (D, x), reps, trials)
     for name in fns:
         if name != "dense":
             row[f"{name}_vs_dense"] = row[f"{name}_ms"] / row["dense_ms"]
-    for name in ("dynamic_scan", "dynamic_rows", "dynamic_worklist", "dynamic_xla", "dynamic_default"):
+    for name in ("dynamic_scan", "dynamic_worklist", "dynamic_xla", "dynamic_default"):
         row[f"{name}_vs_static"] = row[f"{name}_ms"] / row["static_pallas_ms"]
         row[f"{name}_call_vs_static"] = row[f"{name}_call_ms"] / row["static_pallas_call_ms"]
-    row["sort_share_of_rows"] = row["sort_ms"] / row["dynamic_rows_ms"]
     return row
 
 
@@ -100,18 +91,17 @@ def main(argv=None):
                     if args.json:
                         with open(args.json, "w") as f:
                             json.dump({"device": jax.devices()[0].device_kind, "rows": rows}, f, indent=1)
-    cols = ["dense", "static_pallas", "dynamic_scan", "dynamic_rows", "dynamic_worklist", "dynamic_xla",
-            "dynamic_default"]  # fmt: skip
-    short = ["dense", "static", "scan", "rows", "worklist", "dyn xla", "default"]
+    cols = ["dense", "static_pallas", "dynamic_scan", "dynamic_worklist", "dynamic_xla", "dynamic_default"]
+    short = ["dense", "static", "scan", "worklist", "dyn xla", "default"]
     for suffix, what in (("_ms", "inside one jitted loop"), ("_call_ms", "back-to-back jitted calls")):
-        print(f"\n{what} (ms); scan/static, sort share of rows")
-        print(f"{'m':>5} {'n':>5} {'b':>4} {'d':>6} | " + " ".join(f"{c:>8}" for c in short) + " | scan/st  sort%")
+        print(f"\n{what} (ms); scan/static")
+        print(f"{'m':>5} {'n':>5} {'b':>4} {'d':>6} | " + " ".join(f"{c:>8}" for c in short) + " | scan/st")
         for r in rows:
             ratio = r["dynamic_scan" + suffix] / r["static_pallas" + suffix]
             print(
                 f"{r['m']:>5} {r['n']:>5} {r['b']:>4} {'1/' + str(round(1 / r['density'])):>6} | "
                 + " ".join(f"{r[c + suffix]:8.3f}" for c in cols)
-                + f" | {ratio:7.2f} {100 * r['sort_share_of_rows']:5.1f}"
+                + f" | {ratio:7.2f}"
             )
     print("max rel. error:", max(r[k] for r in rows for k in r if k.endswith("_err")))
 

@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import blocksparse as bs
-from blocksparse.ops.matmul import lowering
 from blocksparse.ops.matmul import pallas_triton as pt
 from blocksparse.testing import strategies as bst
 from blocksparse.testing.oracles import assert_close, to_dense64
@@ -60,7 +59,7 @@ def _check(D, n, key, dtype):
     bst.dynamic_block_sparse_matrices(block_size=st.sampled_from([(16, 16), (16, 32), (32, 16)]), max_blocks=4),
     st.sampled_from([1, 8, 20]),
     st.sampled_from([None, 1, 2]),
-    st.sampled_from(["scan", "rows", "worklist"]),
+    st.sampled_from(["scan", "worklist"]),
     st.integers(0, 2**16),
 )
 def test_dynamic_pallas_interpret(D, n, max_len, mode, seed):
@@ -68,7 +67,7 @@ def test_dynamic_pallas_interpret(D, n, max_len, mode, seed):
         _check(D, n, jax.random.key(seed), jnp.float32)
 
 
-@pytest.mark.parametrize("mode", ["scan", "rows", "worklist"])
+@pytest.mark.parametrize("mode", ["scan", "worklist"])
 @pytest.mark.parametrize("kind", ["one_row", "one_col", "empty", "all_padding"])
 def test_dynamic_pallas_adversarial_interpret(mode, kind, getkey):
     gm = gk = 4
@@ -91,21 +90,6 @@ def test_dynamic_pallas_adversarial_interpret(mode, kind, getkey):
         _check(D, 16, getkey(), jnp.float32)
 
 
-def test_row_search_plan_matches_the_pattern(getkey):
-    rng = np.random.default_rng(3)
-    rows, cols = rng.integers(0, 6, 40), rng.integers(0, 5, 40)
-    keep = jnp.asarray(rng.random(40) < 0.8)
-    plan = lowering.sort_by_row(jnp.asarray(rows), jnp.asarray(cols), keep, 6)
-    key, col, perm = (np.asarray(a) for a in (plan.key, plan.col, plan.perm))
-    assert (np.diff(key) >= 0).all() and sorted(perm) == list(range(40))
-    kept = np.asarray(keep)
-    np.testing.assert_array_equal(key, np.where(kept, rows, 6)[perm])
-    np.testing.assert_array_equal(col, cols[perm])
-    for r in range(7):
-        lo, hi = (int(v) for v in lowering.row_range(plan, r))
-        assert sorted(perm[lo:hi]) == sorted(np.flatnonzero(kept & (rows == r)) if r < 6 else np.flatnonzero(~kept))
-
-
 def test_dynamic_pallas_one_long_row_interpret(getkey):
     # 40 blocks in one row of a 4-row grid: split over several units, combined afterwards.
     rows = jnp.zeros(40, jnp.int32).at[-2:].set(jnp.array([2, 3]))
@@ -113,7 +97,7 @@ def test_dynamic_pallas_one_long_row_interpret(getkey):
     D = bs.DynamicBlockSparseMatrix.from_blocks(
         rows, cols, jax.random.normal(getkey(), (40, 16, 16)), 38, shape=(64, 64), capacity=48
     )
-    for mode in ("scan", "rows", "worklist"):
+    for mode in ("scan", "worklist"):
         with pt.kernel_config(dynamic=mode), bs.interpret():
             _check(D, 16, getkey(), jnp.float32)
 
@@ -148,7 +132,7 @@ def _random_dynamic(rng, gm, gk, b, capacity, nnz, skew, dtype):
 @pytest.mark.parametrize("b", [16, 32, 64, 128])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 @pytest.mark.parametrize("skew", [False, True])
-@pytest.mark.parametrize("mode", ["scan", "rows", "worklist"])
+@pytest.mark.parametrize("mode", ["scan", "worklist"])
 def test_dynamic_pallas_gpu(b, dtype, skew, mode):
     rng = np.random.default_rng(b + skew)
     gm, gk = 1024 // b, 768 // b

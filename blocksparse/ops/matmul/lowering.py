@@ -95,7 +95,6 @@ __all__ = [
     "H100",
     "H200",
     "RowSplitSchedule",
-    "RowSortedCOO",
     "TracedSchedule",
     "choose_max_len",
     "dynamic_max_len",
@@ -103,8 +102,6 @@ __all__ = [
     "execute_dsd",
     "lower",
     "redistribute",
-    "row_range",
-    "sort_by_row",
 ]
 
 
@@ -502,55 +499,6 @@ def combine_partials(y, p, sched, block: int):
     sums = jax.ops.segment_sum(parts, sched.partial_seg, num_segments=r)
     y3 = y.reshape(-1, block, y.shape[1])
     return y3.at[sched.split_rows].set(sums.astype(y.dtype), mode="drop").reshape(y.shape)
-
-
-@dataclasses.dataclass(frozen=True)
-class RowSortedCOO(Pytree):
-    """The other traced plan: the active blocks sorted by output row, and nothing else.
-
-    One sort kernel builds it (``lax.sort`` of the row keys, carrying the block columns and the
-    block ids along). Each program of the row-search kernel then *finds its own blocks*: a binary
-    search of ``key`` for its row gives the contiguous range of its blocks, as each IPU tile takes
-    its own bucket in PopSparse's dynamic mode. No unit list, no partials: one program per output
-    block row (and tile of the dense operand), so a row much longer than the others is one long
-    program (exact, but not load-balanced; :func:`redistribute` splits such rows).
-
-    Attributes:
-        key: ``int32[C]`` the sorted output block row of each block; padding and invalid blocks
-            have key ``num_rows`` and sort last.
-        col: ``int32[C]`` the block column (contracting block index) of each, in the same order.
-        perm: ``int32[C]`` each one's index into ``data``.
-        num_rows: output block rows (static).
-    """
-
-    _leaves = ("key", "col", "perm")
-    _static = ("num_rows",)
-
-    key: jax.Array
-    col: jax.Array
-    perm: jax.Array
-    num_rows: int
-
-    @property
-    def search_steps(self) -> int:
-        """Iterations of a binary search over ``key`` (static)."""
-        return max(1, int(self.key.shape[0]).bit_length())
-
-
-def sort_by_row(rows, cols, keep, num_rows: int) -> RowSortedCOO:
-    """Sort a traced block COO by output row in one ``lax.sort`` (``keep`` masks padding)."""
-    i32 = jnp.int32
-    key = jnp.where(keep, rows, num_rows).astype(i32)
-    ids = jnp.arange(rows.shape[0], dtype=i32)
-    key, col, perm = jax.lax.sort((key, cols.astype(i32), ids), num_keys=1, is_stable=True)
-    return RowSortedCOO(key, col, perm, int(num_rows))
-
-
-def row_range(plan: RowSortedCOO, row):
-    """``[lo, hi)``: the positions of ``row``'s blocks in ``plan`` (plain JAX; the kernel's search)."""
-    lo = jnp.searchsorted(plan.key, row, side="left")
-    hi = jnp.searchsorted(plan.key, row, side="right")
-    return lo, hi
 
 
 def execute_dsd(sched: TracedSchedule, data, x, out_dtype=None):

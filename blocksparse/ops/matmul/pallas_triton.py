@@ -48,7 +48,7 @@ from jax.experimental import pallas as pl
 from ..._pattern import BlockPattern
 from ..._util import cdiv, next_power_of_2
 from .. import _dispatch
-from .lowering import GpuLowering, lower, redistribute, sort_by_row
+from .lowering import GpuLowering, lower, redistribute
 from .reference import poison
 
 __all__ = ["PallasBackend", "KernelConfig", "SUPPORTED_BLOCKS", "kernel_config"]
@@ -68,11 +68,11 @@ class KernelConfig:
         transpose_acc: ``dsd`` accumulates ``(tn, bh)`` instead of ``(bh, tn)``.
         num_warps, num_stages: Triton launch parameters.
         max_len: force the schedule's cap on blocks per program.
-        dynamic: the plan of dynamic products: ``"scan"`` (no plan at all: each program scans
-            the block list for its own row's blocks; one launch), ``"rows"`` (one sort, then each
-            program finds its row's blocks by binary search) or ``"worklist"`` (the load-balanced
-            work list of :func:`~.lowering.redistribute`, which splits long rows; a dozen small
-            launches). ``None``: ``"scan"``.
+        dynamic: the design of dynamic products: ``"scan"`` (no plan at all: each program scans
+            the block list for its own row's blocks; one launch) or ``"worklist"`` (the
+            load-balanced work list of :func:`~.lowering.redistribute`, which splits long rows; a
+            dozen small launches). ``None``: ``"scan"``. (A third design, one sort and a binary
+            search per program, measured slower than the scan everywhere and was dropped.)
         scan_chunk: block coordinates read at once by the scan (a power of two).
     """
 
@@ -87,8 +87,8 @@ class KernelConfig:
     scan_chunk: int | None = None
 
     def __post_init__(self):
-        if self.dynamic not in (None, "scan", "rows", "worklist"):
-            raise ValueError(f"Expected dynamic None, 'scan', 'rows' or 'worklist'. Got {self.dynamic!r}.")
+        if self.dynamic not in (None, "scan", "worklist"):
+            raise ValueError(f"Expected dynamic None, 'scan' or 'worklist'. Got {self.dynamic!r}.")
 
 
 @contextlib.contextmanager
@@ -355,7 +355,7 @@ def dsd_dynamic(
     ``transposed``: ``data[i]`` holds block ``i`` of W transposed (W is the transpose of the
     matrix whose blocks ``data`` stores: ``x @ D`` and the backward need no transposed copy).
     ``valid`` (traced bool): if false the result is NaN. The plan is built inside ``jit``; see
-    :class:`KernelConfig` ``dynamic`` for the three designs (default: the scan kernel, no plan).
+    :class:`KernelConfig` ``dynamic`` for the two designs (default: the scan kernel, no plan).
     """
     cfg = config or current_config()
     bh, bw = data.shape[1:][::-1] if transposed else data.shape[1:]
@@ -366,13 +366,10 @@ def dsd_dynamic(
     mode = cfg.dynamic or "scan"
     if mode == "scan":
         return _scan_call(rows, cols, keep, valid, data, x, num_rows, out_dtype, tn, cfg, transposed, exact)
-    if mode == "worklist":
-        if transposed:
-            data = data.swapaxes(-1, -2)
-        sched = redistribute(rows, cols, keep, num_rows, cfg.max_len)
-        return poison(valid, _dsd_call(sched, num_rows * bh, data, x, out_dtype, tn, cfg, exact))
-    y = _rows_call(sort_by_row(rows, cols, keep, num_rows), data, x, out_dtype, tn, cfg, transposed, exact)
-    return poison(valid, y)
+    if transposed:
+        data = data.swapaxes(-1, -2)
+    sched = redistribute(rows, cols, keep, num_rows, cfg.max_len)
+    return poison(valid, _dsd_call(sched, num_rows * bh, data, x, out_dtype, tn, cfg, exact))
 
 
 def _block_product(acc, d, c, w_ref, x_ref, n0, *, bh, bw, tn, acc_t, trans, exact):
@@ -459,62 +456,6 @@ def _scan_call(rows, cols, keep, valid, data, x, num_rows, out_dtype, tn: int, c
         data.reshape(-1, data.shape[-1]),
         xp,
     )
-    return y[:, :n] if xp.shape[1] != n else y
-
-
-def _lower_bound(key_ref, value, size: int, steps: int):
-    """First position of the sorted ``key_ref[:size]`` holding a key ``>= value`` (``size`` if none)."""
-
-    def body(_, lohi):
-        lo, hi = lohi
-        mid = jnp.minimum((lo + hi) // 2, size - 1)
-        live = lo < hi
-        right = live & (key_ref[mid] < value)
-        return jnp.where(right, mid + 1, lo), jnp.where(live & ~right, mid, hi)
-
-    lo, _ = lax.fori_loop(0, steps, body, (jnp.int32(0), jnp.int32(size)))
-    return lo
-
-
-def _rows_kernel(key_ref, col_ref, perm_ref, w_ref, x_ref, y_ref, *, bh, bw, tn, acc_t, trans, exact, size, steps):
-    """Program ``(r, t)``: output block row ``r``, columns ``[t * tn, (t + 1) * tn)``.
-
-    It finds its own blocks: the range of ``r`` in the sorted keys, by binary search.
-    """
-    r = pl.program_id(0)
-    n0 = pl.multiple_of(pl.program_id(1) * tn, tn)
-    lo = _lower_bound(key_ref, r, size, steps)
-    hi = _lower_bound(key_ref, r + 1, size, steps)
-
-    def body(j, acc):
-        return _block_product(acc, perm_ref[j], col_ref[j], w_ref, x_ref, n0, bh=bh, bw=bw, tn=tn, acc_t=acc_t,
-                              trans=trans, exact=exact)  # fmt: skip
-
-    acc = lax.fori_loop(lo, hi, body, jnp.zeros((tn, bh) if acc_t else (bh, tn), jnp.float32))
-    if acc_t:
-        acc = acc.T
-    y_ref[pl.ds(pl.multiple_of(r * bh, bh), bh), pl.ds(n0, tn)] = acc.astype(y_ref.dtype)
-
-
-def _rows_call(plan, data, x, out_dtype, tn: int, cfg: KernelConfig, trans: bool, exact: bool):
-    bh, bw = data.shape[1:][::-1] if trans else data.shape[1:]
-    n = x.shape[1]
-    acc_t = (bh == 32) if cfg.transpose_acc is None else bool(cfg.transpose_acc)
-    xp = _pad_to(x, 1, tn)
-    tiles = xp.shape[1] // tn
-    nw = cfg.num_warps or (8 if bh * tn >= 128 * 128 else 4)
-    ns = cfg.num_stages or 3
-    size = int(plan.key.shape[0])
-    kernel = functools.partial(_rows_kernel, bh=bh, bw=bw, tn=tn, acc_t=acc_t, trans=trans, exact=exact, size=size,
-                               steps=plan.search_steps)  # fmt: skip
-    y = _pallas_call(
-        kernel,
-        grid=(plan.num_rows, tiles),
-        out_shape=jax.ShapeDtypeStruct((plan.num_rows * bh, xp.shape[1]), out_dtype),
-        compiler_params=_params(nw, ns),
-        interpret=_interpret(),
-        name=f"bs_dyn_rows_{bh}x{bw}_tn{tn}" + ("_t" if trans else ""),
-    )(plan.key, plan.col, plan.perm, data.reshape(-1, data.shape[-1]), xp)
     return y[:, :n] if xp.shape[1] != n else y
 
 
