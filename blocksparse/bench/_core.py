@@ -1,0 +1,241 @@
+"""The suite protocol of ``blocksparse bench``: :class:`Cell`, :class:`CellFailed` and the one :class:`Timer`.
+
+A suite is a module ``blocksparse.bench.<suite>`` exposing ``cells(*, full: bool) -> list[Cell]``
+(``full=False``: CPU-sized, the whole suite well under a minute on a 2-core CPU; ``full=True``: GPU
+sizes). Each cell's ``run(timer)`` does the work, checks it against the dense (or pure-JAX reference)
+computation, raising :class:`CellFailed` with a reason naming the expected and the actual value when
+they disagree, and returns JSON-able metrics: times in ms, ratios, errors, and ``"implementation"``
+(which backend ran, from :func:`blocksparse.dispatch_log`; see :func:`implementation`).
+
+Example::
+
+    >>> import jax.numpy as jnp
+    >>> from blocksparse.bench import Cell, Timer, run_cell
+    >>> def run(timer):
+    ...     x = jnp.ones((64, 64))
+    ...     return {"loop_ms": timer.loop(jnp.dot, x, x), "calls_ms": timer.calls(jnp.dot, x, x)}
+    >>> result = run_cell(Cell("demo", "64 x 64 dot", {"n": 64}, run), Timer(iters=2, trials=1))
+    >>> result.ok, result.metrics["loop_ms"] > 0
+    (True, True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["Cell", "CellFailed", "Result", "Timer", "check_close", "implementation", "run_cell", "tolerance"]
+
+
+class CellFailed(Exception):
+    """A cell's result disagrees with the dense/reference computation (the message names expected and actual)."""
+
+
+@dataclasses.dataclass
+class Cell:
+    """One row of a suite's table.
+
+    Attributes:
+        suite: ``"matmul"``, ``"gnn"``, ``"plan"`` or ``"model"``.
+        label: the table row's name, e.g. ``"b=32 d=1/8 static"``.
+        params: JSON-able parameters of the cell (shape, block size, density, dtype, ...).
+        run: does the work with the given :class:`Timer`, checks it, and returns JSON-able metrics;
+            raises :class:`CellFailed` when the result disagrees with the reference.
+    """
+
+    suite: str
+    label: str
+    params: dict
+    run: Callable[[Timer], dict]
+
+
+@dataclasses.dataclass
+class Result:
+    """What :func:`run_cell` made of a :class:`Cell`: ``ok`` and its metrics, or the reason it failed."""
+
+    suite: str
+    label: str
+    params: dict
+    ok: bool
+    metrics: dict = dataclasses.field(default_factory=dict)
+    error: str | None = None
+    seconds: float = 0.0  # wall time of the whole cell, compilation and checking included
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def run_cell(cell: Cell, timer: Timer) -> Result:
+    """Run one cell; a :class:`CellFailed` or any other exception becomes a failed :class:`Result`.
+
+    An unexpected exception is reported with its type and the innermost frame, so that a table row
+    says where the cell broke without printing a traceback in the middle of the table.
+    """
+    t0 = time.perf_counter()
+    common = dict(suite=cell.suite, label=cell.label, params=cell.params)
+    try:
+        metrics = cell.run(timer)
+    except CellFailed as e:
+        return Result(**common, ok=False, error=" ".join(str(e).split()), seconds=time.perf_counter() - t0)
+    except Exception as e:  # noqa: BLE001 - one broken cell must not stop the suite
+        frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+        where = f" (at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno})" if frame else ""
+        message = " ".join(f"{type(e).__name__}: {e}".split())[:400]
+        return Result(**common, ok=False, error=message + where, seconds=time.perf_counter() - t0)
+    if not isinstance(metrics, dict):
+        error = f"expected run() to return a dict of metrics; got {type(metrics).__name__}"
+        return Result(**common, ok=False, error=error, seconds=time.perf_counter() - t0)
+    return Result(**common, ok=True, metrics=_jsonable(metrics), seconds=time.perf_counter() - t0)
+
+
+def _jsonable(value: Any) -> Any:
+    """NumPy and JAX scalars and arrays to plain Python (the metrics go to ``--json``)."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.generic, np.ndarray, jax.Array)):
+        return np.asarray(value).tolist()
+    return value
+
+
+class Timer:
+    """The one timing helper of every suite and benchmark script.
+
+    Both methods compile and warm up first, then return the **median over** ``trials`` of the
+    per-iteration time in milliseconds:
+
+    - :meth:`loop`: ``iters`` calls inside one jitted ``fori_loop`` (one dispatch): device time,
+      without Python's dispatch cost. An optimization barrier on the operands keeps XLA from
+      hoisting the call out of the loop, and one element of each output is accumulated so nothing
+      is dead code. The operands are the same buffers every iteration, so small ones stay in cache.
+    - :meth:`calls`: ``iters`` back-to-back calls of the jitted function from Python, synchronised
+      once at the end: what a training or serving step sees, dispatch included.
+
+    Arguments:
+        iters: iterations per trial (each method also takes ``iters=`` per call).
+        trials: timed trials; the median is reported.
+        warmup: untimed runs after compilation.
+    """
+
+    def __init__(self, *, iters: int = 10, trials: int = 3, warmup: int = 1):
+        for name, v, low in (("iters", iters, 1), ("trials", trials, 1), ("warmup", warmup, 0)):
+            if not isinstance(v, int) or v < low:
+                raise ValueError(f"Expected Timer {name} an integer >= {low}. Got {v!r}.")
+        self.iters, self.trials, self.warmup = iters, trials, warmup
+
+    def __repr__(self) -> str:
+        return f"Timer(iters={self.iters}, trials={self.trials}, warmup={self.warmup})"
+
+    def _iters(self, iters: int | None) -> int:
+        if iters is None:
+            return self.iters
+        if not isinstance(iters, int) or iters < 1:
+            raise ValueError(f"Expected iters an integer >= 1. Got {iters!r}.")
+        return iters
+
+    def loop(self, fn: Callable, *args, iters: int | None = None) -> float:
+        """Median ms per iteration of ``fn(*args)`` inside one jitted ``fori_loop`` (device time).
+
+        ``args`` are pytrees of arrays (static values belong in a closure); ``fn`` returns a
+        pytree of arrays.
+        """
+        iters = self._iters(iters)
+
+        @jax.jit
+        def looped(args):
+            def body(_, carry):
+                args, acc = carry
+                args = jax.lax.optimization_barrier(args)
+                return args, acc + _probe(fn(*args))
+
+            return jax.lax.fori_loop(0, iters, body, (args, jnp.float32(0)))[1]
+
+        compiled = looped.lower(args).compile()
+        for _ in range(self.warmup):
+            jax.block_until_ready(compiled(args))
+        times = []
+        for _ in range(self.trials):
+            t0 = time.perf_counter()
+            jax.block_until_ready(compiled(args))
+            times.append((time.perf_counter() - t0) / iters)
+        return statistics.median(times) * 1e3
+
+    def calls(self, fn: Callable, *args, iters: int | None = None) -> float:
+        """Median ms per call of ``iters`` back-to-back jitted calls of ``fn(*args)`` from Python."""
+        iters = self._iters(iters)
+        jitted = jax.jit(fn)
+        jax.block_until_ready(args)
+        jax.block_until_ready(jitted(*args))  # compile
+        for _ in range(self.warmup):
+            jax.block_until_ready(jitted(*args))
+        times = []
+        for _ in range(self.trials):
+            t0 = time.perf_counter()
+            out = None
+            for _ in range(iters):
+                out = jitted(*args)
+            jax.block_until_ready(out)
+            times.append((time.perf_counter() - t0) / iters)
+        return statistics.median(times) * 1e3
+
+
+def _probe(out) -> jax.Array:
+    """One float32 element of each output leaf, summed: keeps the loop body live, costs nothing."""
+    total = jnp.float32(0)
+    for leaf in jax.tree_util.tree_leaves(out):
+        leaf = jnp.asarray(leaf)
+        if leaf.size:
+            total = total + jnp.real(leaf.reshape(-1)[0]).astype(jnp.float32)
+    return total
+
+
+# -- checking -----------------------------------------------------------------------------------------
+def tolerance(dtype, platform: str | None = None) -> float:
+    """The relative (Frobenius) error allowed against a float32/float64 reference of the same values.
+
+    Half precisions are dominated by rounding the output (eps / 2 per element) and the kernels
+    accumulate in float32; float32 on a GPU may multiply in TF32 (10 mantissa bits), as XLA's
+    default precision does, so it gets TF32's tolerance there.
+    """
+    dtype = jnp.dtype(dtype)
+    platform = platform or jax.default_backend()
+    if dtype == jnp.float32 or dtype == jnp.float64:
+        return 1e-2 if platform == "gpu" else 1e-4
+    return 4.0 * float(jnp.finfo(dtype).eps)
+
+
+def check_close(got, want, *, dtype=None, tol: float | None = None, what: str = "result") -> float:
+    """Relative Frobenius error ``|got - want| / |want|`` in float64; raises :class:`CellFailed` above ``tol``.
+
+    ``tol`` defaults to :func:`tolerance` of ``dtype`` (default: ``got``'s dtype). Shapes must match
+    and every value of ``got`` must be finite.
+    """
+    g = np.asarray(jnp.asarray(got).astype(jnp.float32), np.float64)
+    w = np.asarray(jnp.asarray(want).astype(jnp.float32), np.float64)
+    if g.shape != w.shape:
+        raise CellFailed(f"{what}: expected shape {w.shape} (the reference); got {g.shape}")
+    if not np.all(np.isfinite(g)):
+        bad = int(np.size(g) - np.count_nonzero(np.isfinite(g)))
+        raise CellFailed(f"{what}: expected finite values; got {bad} non-finite of {g.size}")
+    if tol is None:
+        tol = tolerance(jnp.asarray(got).dtype if dtype is None else dtype)
+    denom = float(np.linalg.norm(w))
+    err = float(np.linalg.norm(g - w)) / denom if denom > 0 else float(np.linalg.norm(g))
+    if not err <= tol:
+        raise CellFailed(f"{what}: expected relative error vs the reference <= {tol:.3g}; got {err:.3g}")
+    return err
+
+
+def implementation(log: Iterable[tuple[str, str]]) -> str:
+    """``"dsd: xla"``-style summary of a :func:`blocksparse.dispatch_log` record (first of each op)."""
+    seen = dict.fromkeys(f"{op}: {name}" for op, name in log)
+    return ", ".join(seen) or "none recorded"
