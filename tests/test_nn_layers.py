@@ -1,0 +1,205 @@
+"""bs.nn.SparseLinear and bs.nn.Linear (plain pytrees) against a NumPy float64 oracle."""
+
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import blocksparse as bs
+
+ACTS = [None, "relu", "gelu", "gelu_tanh", "silu", "tanh", "sigmoid"]
+_erf = np.vectorize(math.erf)
+ORACLE_ACTS = {
+    None: lambda y: y,
+    "relu": lambda y: np.maximum(y, 0.0),
+    "gelu": lambda y: 0.5 * y * (1.0 + _erf(y / math.sqrt(2.0))),
+    "gelu_tanh": lambda y: 0.5 * y * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (y + 0.044715 * y**3))),
+    "silu": lambda y: y / (1.0 + np.exp(-y)),
+    "tanh": np.tanh,
+    "sigmoid": lambda y: 1.0 / (1.0 + np.exp(-y)),
+}
+TOL = {jnp.dtype(jnp.float32): 2e-5, jnp.dtype(jnp.bfloat16): 2e-2}
+
+
+def oracle(x, w_in_out, b, activation):
+    """``activation(x @ W + b)`` in float64 on the (already rounded) inputs."""
+    f64 = lambda a: np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+    y = f64(x) @ f64(w_in_out)
+    if b is not None:
+        y = y + f64(b)
+    return ORACLE_ACTS[activation](y)
+
+
+def assert_close(y, want, dtype):
+    tol = TOL[jnp.dtype(dtype)]
+    scale = max(1.0, float(np.abs(want).max(initial=0.0)))
+    np.testing.assert_allclose(np.asarray(y, np.float64), want, rtol=tol, atol=tol * scale)
+
+
+def make_layer(kind, key, n_in, n_out, block, density, *, use_bias, dtype, activation):
+    """A SparseLinear, or a Linear holding the same values (its dense twin)."""
+    kw, kb = jax.random.split(key)
+    sparse = bs.nn.SparseLinear.init(kw, n_in, n_out, block, density, use_bias=use_bias, dtype=dtype,
+                                     activation=activation)  # fmt: skip
+    if use_bias:  # init gives a zero bias; a random one tests that it is added
+        sparse = sparse._replace(bias=jax.random.normal(kb, (n_out,), dtype))
+    if kind == "sparse":
+        return sparse, sparse.weight.to_dense()
+    dense = bs.nn.Linear.from_dense(sparse.weight.to_dense(), sparse.bias, activation=activation)
+    return dense, dense.weight
+
+
+@settings(max_examples=25)
+@given(
+    kind=st.sampled_from(["sparse", "dense"]),
+    block=st.sampled_from([(1, 1), (2, 4), (4, 4), (8, 2)]),
+    grid=st.tuples(st.integers(1, 4), st.integers(1, 4)),
+    density=st.sampled_from([0.0, 0.3, 0.6, 1.0]),
+    activation=st.sampled_from(ACTS),
+    dtype=st.sampled_from([jnp.float32, jnp.bfloat16]),
+    use_bias=st.booleans(),
+    batch=st.sampled_from([(), (3,), (2, 3)]),
+    seed=st.integers(0, 2**16),
+)
+def test_layers_match_the_dense_oracle(kind, block, grid, density, activation, dtype, use_bias, batch, seed):
+    n_in, n_out = grid[0] * block[0], grid[1] * block[1]
+    kl, kx = jax.random.split(jax.random.key(seed))
+    layer, w = make_layer(kind, kl, n_in, n_out, block, density, use_bias=use_bias, dtype=dtype,
+                          activation=activation)  # fmt: skip
+    x = jax.random.normal(kx, (*batch, n_in), dtype)
+    y = layer(x)
+    assert y.shape == (*batch, n_out) and y.dtype == dtype
+    assert_close(y, oracle(x, w, layer.bias, activation), dtype)
+    assert_close(jax.jit(lambda lay, x: lay(x))(layer, x), oracle(x, w, layer.bias, activation), dtype)
+
+
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("kind", ["sparse", "dense"])
+def test_gradients_match_dense_gradients_on_the_pattern(kind, activation, getkey):
+    layer, w = make_layer(kind, getkey(), 32, 24, (8, 4), 0.5, use_bias=True, dtype=jnp.float32,
+                          activation=activation)  # fmt: skip
+    x = jax.random.normal(getkey(), (5, 32))
+    t = jax.random.normal(getkey(), (5, 24))
+    act = bs.nn.ACTIVATIONS[activation] if activation else (lambda y: y)
+
+    grads, gx = jax.jit(jax.grad(lambda lay, x: jnp.sum((lay(x) - t) ** 2), argnums=(0, 1)))(layer, x)
+    dense_loss = lambda w, b, x: jnp.sum((act(jnp.dot(x, w, precision="highest") + b) - t) ** 2)
+    gw, gb, gx_want = jax.grad(dense_loss, argnums=(0, 1, 2))(w, layer.bias, x)
+    if kind == "sparse":
+        assert grads.weight.pattern == layer.weight.pattern  # laid out like the weight, never dense
+        mask = np.asarray(layer.weight.with_data(jnp.ones_like(layer.weight.data)).to_dense())
+        got_w = grads.weight.to_dense()
+    else:
+        mask, got_w = 1.0, grads.weight
+    np.testing.assert_allclose(got_w, gw * mask, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(grads.bias, gb, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(gx, gx_want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["sparse", "dense"])
+def test_vmap_over_the_input_and_over_a_stack_of_layers(kind, getkey):
+    layer, w = make_layer(kind, getkey(), 16, 8, 4, 0.5, use_bias=True, dtype=jnp.float32, activation="silu")
+    xs = jax.random.normal(getkey(), (6, 16))
+    want = oracle(xs, w, layer.bias, "silu")
+    assert_close(jax.vmap(layer)(xs), want, jnp.float32)  # one example at a time, as Equinox applies layers
+    assert_close(jax.vmap(jax.vmap(layer))(xs.reshape(2, 3, 16)), want.reshape(2, 3, 8), jnp.float32)
+    stacked = jax.tree.map(lambda a: jnp.stack([a, 2 * a]), layer)
+    ys = jax.vmap(lambda lay, x: lay(x), in_axes=(0, None))(stacked, xs)
+    assert_close(ys[1], oracle(xs, 2 * np.asarray(w), 2 * np.asarray(layer.bias), "silu"), jnp.float32)
+
+
+@pytest.mark.parametrize("cls", [bs.nn.SparseLinear, bs.nn.Linear])
+def test_from_dense_layouts(cls, getkey):
+    w = np.asarray(jax.random.normal(getkey(), (16, 8)))  # (in, out)
+    b = np.asarray(jax.random.normal(getkey(), (8,)))
+    kw = {"block_size": 4, "density": 0.5} if cls is bs.nn.SparseLinear else {}
+    a = cls.from_dense(w, b, layout="in_out", **kw)
+    t = cls.from_dense(w.T.copy(), b, layout="out_in", in_features=16, out_features=8, **kw)
+    assert (a.in_features, a.out_features) == (t.in_features, t.out_features) == (16, 8)
+    wa = a.weight.to_dense() if cls is bs.nn.SparseLinear else a.weight
+    wt = t.weight.to_dense() if cls is bs.nn.SparseLinear else t.weight
+    np.testing.assert_array_equal(wa, wt)
+    x = jax.random.normal(getkey(), (3, 16))
+    np.testing.assert_array_equal(a(x), t(x))
+    if cls is bs.nn.Linear:
+        np.testing.assert_allclose(a(x), x @ w + b, rtol=1e-5, atol=1e-5)
+
+
+def test_sparse_from_dense_at_full_density_is_the_dense_layer(getkey):
+    w = jax.random.normal(getkey(), (24, 16))
+    b = jax.random.normal(getkey(), (16,))
+    sparse = bs.nn.SparseLinear.from_dense(w, b, block_size=8, density=1.0, activation="gelu")
+    dense = bs.nn.Linear.from_dense(w, b, activation="gelu")
+    assert sparse.weight.nnz_blocks == 6
+    x = jax.random.normal(getkey(), (4, 24))
+    np.testing.assert_allclose(sparse(x), dense(x), rtol=1e-5, atol=1e-5)
+
+
+def test_output_dtype_rules_agree(getkey):
+    for w_dtype, x_dtype, out in [
+        (jnp.bfloat16, jnp.bfloat16, jnp.bfloat16),
+        (jnp.float32, jnp.bfloat16, jnp.float32),
+        (jnp.bfloat16, jnp.float32, jnp.float32),
+    ]:
+        sparse = bs.nn.SparseLinear.init(getkey(), 16, 8, 4, 0.5, dtype=w_dtype, activation="relu")
+        dense = bs.nn.Linear.init(getkey(), 16, 8, dtype=w_dtype, activation="relu")
+        x = jnp.ones((2, 16), x_dtype)
+        assert sparse(x).dtype == dense(x).dtype == out
+
+
+def test_errors_name_expected_and_actual(getkey):
+    w = np.ones((64, 48), np.float32)
+    msg = "Expected a weight of shape (out, in) = (32, 64) for layout='out_in'. Got (64, 48)."
+    for cls, kw in [(bs.nn.Linear, {}), (bs.nn.SparseLinear, {"block_size": 16, "density": 0.5})]:
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            cls.from_dense(w, layout="out_in", in_features=64, out_features=32, **kw)
+        with pytest.raises(ValueError, match=r"Expected layout 'in_out' .* or 'out_in' .*Got 'io'"):
+            cls.from_dense(w, layout="io", **kw)
+        with pytest.raises(ValueError, match=r"Expected a 2-D weight of shape \(in, out\).*Got shape \(64,\)"):
+            cls.from_dense(w[:, 0], **kw)
+        # A (out, in) weight passed as (in, out): the bias names the layout that fits.
+        with pytest.raises(ValueError, match=r"bias of shape \(48,\).*Got \(64,\); the weight would fit with "
+                                             r"layout='out_in'"):  # fmt: skip
+            cls.from_dense(w, np.zeros(64), **kw)
+        valid = r"\['gelu', 'gelu_tanh', 'relu', 'sigmoid', 'silu', 'tanh'\]"
+        with pytest.raises(ValueError, match=rf"Expected activation None or one of {valid}. Got 'gelu_new'"):
+            cls.from_dense(w, activation="gelu_new", **kw)
+    with pytest.raises(ValueError, match=r"activation None or one of"):
+        bs.nn.Linear.init(getkey(), 4, 4, activation=jax.nn.relu)
+    with pytest.raises(ValueError, match=r"activation None or one of"):
+        bs.nn.SparseLinear.init(getkey(), 4, 4, 2, 0.5, activation="Relu")
+    with pytest.raises(ValueError, match=r"activation None or one of"):
+        bs.nn.SparseLinear(bs.random(getkey(), (4, 4), 2, 0.5), None, activation="swish")
+    with pytest.raises(ValueError, match=r"bias of shape \(4,\).*Got \(3,\)"):
+        bs.nn.Linear(jnp.ones((8, 4)), jnp.ones(3))
+    with pytest.raises(ValueError, match=r"input's last dimension to be 8 \(W is \(8, 4\)\). Got shape \(2, 5\)"):
+        bs.nn.Linear(jnp.ones((8, 4)), None)(jnp.ones((2, 5)))
+    with pytest.raises(ValueError, match=r"last dimension to be 8"):
+        bs.nn.SparseLinear(bs.random(getkey(), (8, 4), 2, 0.5), None)(jnp.ones((2, 5)))
+
+
+@pytest.mark.parametrize("kind", ["sparse", "dense"])
+def test_optax_steps_lower_the_loss(kind, getkey):
+    optax = pytest.importorskip("optax")
+    layer, _ = make_layer(kind, getkey(), 32, 16, 8, 0.5, use_bias=True, dtype=jnp.float32, activation="tanh")
+    x = jax.random.normal(getkey(), (64, 32))
+    target = jnp.tanh(x @ jax.random.normal(getkey(), (32, 16)) * 0.3)
+    loss = lambda lay: jnp.mean((lay(x) - target) ** 2)
+    opt = optax.adam(1e-2)
+    state = opt.init(layer)
+
+    @jax.jit
+    def step(layer, state):
+        value, g = jax.value_and_grad(loss)(layer)
+        updates, state = opt.update(g, state, layer)
+        return optax.apply_updates(layer, updates), state, value
+
+    first = float(loss(layer))
+    for _ in range(20):
+        layer, state, _ = step(layer, state)
+    assert float(loss(layer)) < 0.8 * first
