@@ -7,8 +7,9 @@ with a leading device axis, sharded over the mesh axis); inside ``shard_map`` ev
 :class:`~blocksparse.DynamicBlockSparseMatrix` from its slice (the dynamic path, which needs no
 host pattern) and one program serves every device.
 
-Two splits, both balanced by blocks (not by rows or columns), with contiguous cut points chosen on
-the cumulative block counts:
+Two splits, each with contiguous cut points either balancing the non-zero blocks (``balance="blocks"``,
+cut on the cumulative block counts) or giving every device the same number of block lines
+(``balance="lines"``):
 
 - ``"rows"``: each device owns a range of block rows and writes those output rows; it needs all
   of ``x``. Equal ranges leave the output sharded by rows with no collective; unequal ones are
@@ -17,8 +18,10 @@ the cumulative block counts:
   partial full-height outputs are summed with ``psum`` (replicated output) or ``psum_scatter``
   (output sharded by rows).
 
-``split=None`` picks the candidate moving the fewest bytes per device by a simple estimate (the
-bytes of ``x`` a device needs plus the output bytes it receives), recorded in :attr:`ShardedBlockSparseMatrix.plan`.
+``split=None`` picks the candidate with the smallest estimated time per column of ``x``: the busiest
+device's blocks at a measured block rate plus the bytes it receives (the rows of ``x`` it lacks and the
+output a collective brings it) at a measured link rate. The choice and every candidate's estimate are
+recorded in :attr:`ShardedBlockSparseMatrix.plan`.
 """
 
 from __future__ import annotations
@@ -37,10 +40,47 @@ from ._util import Pytree
 from .ops.matmul.api import apply_2d
 from .ops.matmul.api import matmul as _matmul
 
-__all__ = ["ShardPlan", "ShardedBlockSparseMatrix", "matmul", "shard"]
+__all__ = ["ShardCandidate", "ShardPlan", "ShardedBlockSparseMatrix", "matmul", "shard"]
 
 _SPLITS = ("rows", "cols")
 _REDUCTIONS = ("psum", "psum_scatter")
+
+
+# Time model for choosing among the candidates, per column of x (both terms scale with n). Measured on
+# two H200s (NVLink, jax 0.11.2, benchmarks/bench_sharded.py and a plain lax.psum):
+# - a psum of 512 MiB per GPU takes 2.0 ms: each device receives about 512 MiB in 2 ms, 2.7e11 B/s;
+# - bs.matmul at b = 64, d = 1/16, bf16, 32768 x 32768 @ 32768 x 8192 takes 2.82 ms on one GPU:
+#   3.9e14 flop/s on the non-zero blocks.
+LINK_BYTES_PER_S = 2.7e11
+BLOCK_FLOPS_PER_S = 3.9e14
+
+_PLACEMENTS = ("replicated", "sharded")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardCandidate:
+    """One way of partitioning, with its estimate (per column of ``x``; multiply by ``n``).
+
+    Attributes:
+        split: ``"rows"`` or ``"cols"``: which block lines each device owns.
+        balance: ``"blocks"`` (cut points balance the non-zero blocks) or ``"lines"`` (equal numbers
+            of block lines: uniform parts, so no padding and no gather, but maybe uneven work).
+        collective: ``None``, ``"all_gather"``, ``"psum"`` or ``"psum_scatter"``.
+        cuts: ``num_devices + 1`` block-line boundaries.
+        blocks_per_device: non-zero blocks per device.
+        bytes_received: bytes each device receives per column of ``x`` (``x``'s rows it lacks plus
+            the output it receives).
+        seconds: estimated time per column of ``x``: the busiest device's blocks at
+            :data:`BLOCK_FLOPS_PER_S` plus ``bytes_received`` at :data:`LINK_BYTES_PER_S`.
+    """
+
+    split: str
+    balance: str
+    collective: str | None
+    cuts: tuple[int, ...]
+    blocks_per_device: tuple[int, ...]
+    bytes_received: int
+    seconds: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,21 +92,26 @@ class ShardPlan:
         collective: what combines the per-device outputs of ``W @ x``: ``None`` (rows split with
             equal ranges: the output stays sharded by rows), ``"all_gather"`` (rows split with
             unequal ranges), ``"psum"`` or ``"psum_scatter"`` (cols split).
-        estimated_bytes: bytes each device receives per column of ``x`` (``x``'s rows it needs plus
+        estimated_bytes: bytes each device receives per column of ``x`` (``x``'s rows it lacks plus
             the output it receives); multiply by ``n`` for a product with ``n`` columns.
-        candidates: ``((split, collective, estimated_bytes), ...)`` for every candidate considered.
+        candidates: every :class:`ShardCandidate` considered, the chosen one among them.
         blocks_per_device: how many non-zero blocks each device holds.
         cuts: ``num_devices + 1`` block-line boundaries: device ``i`` owns lines ``[cuts[i], cuts[i+1])``.
         capacity: the padded number of blocks per device (the largest part, at least 1).
+        x_placement: where the plan assumed ``x`` lives: ``"replicated"`` or ``"sharded"`` (its rows
+            split evenly over the axis).
+        estimated_seconds: the chosen candidate's time estimate per column of ``x``.
     """
 
     split: str
     collective: str | None
     estimated_bytes: int
-    candidates: tuple[tuple[str, str | None, int], ...]
+    candidates: tuple[ShardCandidate, ...]
     blocks_per_device: tuple[int, ...]
     cuts: tuple[int, ...]
     capacity: int
+    x_placement: str = "replicated"
+    estimated_seconds: float = 0.0
 
     @property
     def num_devices(self) -> int:
@@ -83,8 +128,12 @@ class ShardPlan:
         return self.band * self.num_devices == self.cuts[-1]
 
     def bytes_for(self, n: int) -> int:
-        """The estimate for a product with ``n`` columns."""
+        """The byte estimate for a product with ``n`` columns."""
         return int(self.estimated_bytes) * int(n)
+
+    def seconds_for(self, n: int) -> float:
+        """The time estimate for a product with ``n`` columns."""
+        return float(self.estimated_seconds) * int(n)
 
 
 def _balanced_cuts(counts: np.ndarray, parts: int) -> tuple[int, ...]:
@@ -93,7 +142,7 @@ def _balanced_cuts(counts: np.ndarray, parts: int) -> tuple[int, ...]:
     cum = np.concatenate([[0], np.cumsum(counts)])
     total = int(cum[-1])
     if total == 0:  # nothing to balance: equal numbers of lines
-        return tuple(int(round(i * lines / parts)) for i in range(parts + 1))
+        return _equal_cuts(lines, parts)
     cuts = [0]
     for i in range(1, parts):
         target = i * total / parts
@@ -105,21 +154,34 @@ def _balanced_cuts(counts: np.ndarray, parts: int) -> tuple[int, ...]:
     return tuple(cuts)
 
 
-def _candidate(split, cuts, grid, block_size, itemsize, parts, reduction):
-    """``(collective, bytes per column of x)`` that each device receives for one split."""
+def _equal_cuts(lines: int, parts: int) -> tuple[int, ...]:
+    return tuple(int(round(i * lines / parts)) for i in range(parts + 1))
+
+
+def _candidate(split, balance, counts, grid, block_size, itemsize, parts, reduction, x_placement) -> ShardCandidate:
+    """One candidate and its estimate: the busiest device's compute plus the bytes it receives."""
     (gm, gk), (bh, bw) = grid, block_size
+    cuts = _balanced_cuts(counts, parts) if balance == "blocks" else _equal_cuts(counts.size, parts)
+    cum = np.concatenate([[0], np.cumsum(counts)])
+    per_device = tuple(int(cum[b] - cum[a]) for a, b in zip(cuts[:-1], cuts[1:], strict=True))
     band = max(1, max(b - a for a, b in zip(cuts[:-1], cuts[1:], strict=True)))
+    k_rows = gk * bw
     if split == "rows":
-        x_bytes = gk * bw * itemsize  # every device needs all of x
-        if band * parts == gm:
-            return None, x_bytes
-        return "all_gather", x_bytes + (parts - 1) * band * bh * itemsize
-    x_bytes = band * bw * itemsize  # its band of x's rows
-    m = gm * bh
-    if reduction is None:
-        reduction = "psum_scatter" if m % parts == 0 else "psum"
-    ring = (parts - 1) / parts * m * itemsize  # a ring reduce-scatter; an all-reduce moves twice that
-    return reduction, int(x_bytes + (2 * ring if reduction == "psum" else ring))
+        # Every device needs all of x: nothing to move if it is replicated, an all-gather if sharded.
+        x_bytes = 0 if x_placement == "replicated" else (parts - 1) / parts * k_rows * itemsize
+        collective = None if band * parts == gm else "all_gather"
+        out_bytes = 0 if collective is None else (parts - 1) * band * bh * itemsize
+    else:
+        # Its band of x's rows: local if x is replicated, or sharded evenly and the bands are equal.
+        even = band * parts == gk
+        x_bytes = 0 if x_placement == "replicated" or even else (parts - 1) / parts * band * bw * itemsize
+        m = gm * bh
+        collective = reduction or ("psum_scatter" if m % parts == 0 else "psum")
+        ring = (parts - 1) / parts * m * itemsize  # a ring reduce-scatter; an all-reduce moves twice that
+        out_bytes = 2 * ring if collective == "psum" else ring
+    received = int(x_bytes + out_bytes)
+    seconds = max(per_device, default=0) * 2 * bh * bw / BLOCK_FLOPS_PER_S + received / LINK_BYTES_PER_S
+    return ShardCandidate(split, balance, collective, cuts, per_device, received, seconds)
 
 
 def _assign(line: np.ndarray, cut: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -143,7 +205,8 @@ def _mesh_axis_size(mesh, axis) -> int:
 
 
 def shard(W: BlockSparseMatrix, mesh: Mesh, axis: str, *, split: str | None = None,
-          collective: str | None = None) -> ShardedBlockSparseMatrix:  # fmt: skip
+          collective: str | None = None, balance: str | None = None,
+          x_placement: str = "replicated") -> ShardedBlockSparseMatrix:  # fmt: skip
     """Partition the non-zero blocks of ``W`` over the devices of ``mesh``'s axis ``axis``.
 
     Arguments:
@@ -151,10 +214,17 @@ def shard(W: BlockSparseMatrix, mesh: Mesh, axis: str, *, split: str | None = No
             traced, so ``shard`` may run inside ``jit`` and is differentiable w.r.t. ``W.data``).
         mesh, axis: the mesh and the name of the axis whose devices share the blocks (other mesh
             axes hold copies).
-        split: ``"rows"``, ``"cols"`` or ``None`` (the candidate with the fewest estimated bytes).
+        split: ``"rows"``, ``"cols"`` or ``None`` (the candidate with the smallest estimated time: the
+            busiest device's blocks plus the bytes it receives, see :class:`ShardCandidate`).
         collective: for the cols split, ``"psum"`` (replicated output) or ``"psum_scatter"`` (output
             sharded by rows; needs ``m`` divisible by the number of devices); ``None`` prefers
             ``"psum_scatter"`` where it applies.
+        balance: ``"blocks"`` (cut points balance the non-zero blocks), ``"lines"`` (equal numbers of
+            block lines: no padding and, for the rows split, no collective at all) or ``None`` (the
+            faster by the estimate).
+        x_placement: where ``x`` of ``Ws @ x`` will live, for the estimate: ``"replicated"`` on every
+            device of the axis (the default) or ``"sharded"`` (its rows split evenly over the axis).
+            Any placement works; this only steers the choice.
 
     Returns:
         A :class:`ShardedBlockSparseMatrix`; ``Ws.plan`` says what was chosen and why.
@@ -184,20 +254,25 @@ def shard(W: BlockSparseMatrix, mesh: Mesh, axis: str, *, split: str | None = No
         )
     if collective is not None and split == "rows":
         raise ValueError(f"Expected collective=None with split='rows' (its outputs are gathered). Got {collective!r}.")
+    if balance not in (None, "blocks", "lines"):
+        raise ValueError(f"Expected balance 'blocks', 'lines' or None. Got {balance!r}.")
+    if x_placement not in _PLACEMENTS:
+        raise ValueError(f"Expected x_placement 'replicated' or 'sharded'. Got {x_placement!r}.")
     itemsize = jnp.dtype(W.dtype).itemsize
-    cuts = {
-        "rows": _balanced_cuts(np.bincount(p.rows, minlength=p.grid[0]), parts),
-        "cols": _balanced_cuts(np.bincount(p.cols, minlength=p.grid[1]), parts),
-    }
-    candidates = []
-    for s in _SPLITS:
-        c, b = _candidate(s, cuts[s], p.grid, p.block_size, itemsize, parts, collective if s == "cols" else None)
-        candidates.append((s, c, int(b)))
-    if split is None:
-        split = "cols" if collective is not None else min(candidates, key=lambda c: c[2])[0]  # ties: rows first
-    chosen = next(c for c in candidates if c[0] == split)
+    counts_of = {"rows": np.bincount(p.rows, minlength=p.grid[0]), "cols": np.bincount(p.cols, minlength=p.grid[1])}
+    candidates = tuple(
+        _candidate(s, bal, counts_of[s], p.grid, p.block_size, itemsize, parts,
+                   collective if s == "cols" else None, x_placement)  # fmt: skip
+        for s in _SPLITS
+        for bal in ("blocks", "lines")
+    )
+    if split is None and collective is not None:
+        split = "cols"
+    allowed = [c for c in candidates if split in (None, c.split) and balance in (None, c.balance)]
+    chosen = min(allowed, key=lambda c: c.seconds)  # ties: rows first, then balanced by blocks
+    split = chosen.split
     line = p.rows if split == "rows" else p.cols
-    cut = np.asarray(cuts[split])
+    cut = np.asarray(chosen.cuts)
     device, slot = _assign(line, cut)
     counts = np.bincount(device, minlength=parts)
     capacity = max(1, int(counts.max(initial=0)))
@@ -209,8 +284,8 @@ def shard(W: BlockSparseMatrix, mesh: Mesh, axis: str, *, split: str | None = No
     local_line = line - cut[device]
     rows[device, slot] = local_line if split == "rows" else p.rows
     cols[device, slot] = p.cols if split == "rows" else local_line
-    plan = ShardPlan(split, chosen[1], chosen[2], tuple(candidates), tuple(int(c) for c in counts), cuts[split],
-                     capacity)  # fmt: skip
+    plan = ShardPlan(split, chosen.collective, chosen.bytes_received, candidates, tuple(int(c) for c in counts),
+                     chosen.cuts, capacity, x_placement, chosen.seconds)  # fmt: skip
     padded = jnp.concatenate([W.data, jnp.zeros((1, *p.block_size), W.dtype)])
     sharding = NamedSharding(mesh, P(axis))
     put = lambda a: jax.device_put(a, sharding)  # noqa: E731

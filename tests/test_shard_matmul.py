@@ -91,7 +91,7 @@ def test_output_sharding(getkey):
     Ws = bs.shard(uniform, mesh, "d", split="rows")
     assert Ws.plan.uniform and Ws.collective is None
     assert f(Ws, x).sharding.is_equivalent_to(by_rows, 2)
-    Ws = bs.shard(_matrix(getkey(), "one_row"), mesh, "d", split="rows")
+    Ws = bs.shard(_matrix(getkey(), "one_row"), mesh, "d", split="rows", balance="blocks")
     assert Ws.collective == "all_gather" and Ws.plan.blocks_per_device.count(0) == 3
     assert f(Ws, x).sharding.is_equivalent_to(replicated, 2)
     # Any placement of x is accepted; the product reshards it.
@@ -100,14 +100,31 @@ def test_output_sharding(getkey):
 
 
 @needs_4
-def test_split_choice_balances_blocks_and_moves_fewest_bytes(getkey):
+def test_split_choice_is_the_fastest_estimate_and_blocks_balance(getkey):
     mesh = _mesh()
     W = _matrix(getkey(), "random")
     Ws = bs.shard(W, mesh, "d")
-    assert Ws.estimated_bytes == min(c[2] for c in Ws.plan.candidates)
-    assert (Ws.split, Ws.collective, Ws.estimated_bytes) in Ws.plan.candidates
-    assert max(Ws.blocks_per_device) - min(Ws.blocks_per_device) <= max(np.bincount(W.pattern.cols))
+    plan = Ws.plan
+    assert len(plan.candidates) == 4  # rows / cols x balanced by blocks / by lines
+    assert plan.estimated_seconds == min(c.seconds for c in plan.candidates)
+    chosen = next(c for c in plan.candidates if c.seconds == plan.estimated_seconds)
+    assert (Ws.split, Ws.collective, Ws.estimated_bytes, plan.cuts) == (
+        chosen.split, chosen.collective, chosen.bytes_received, chosen.cuts)  # fmt: skip
     assert Ws.plan.bytes_for(10) == 10 * Ws.estimated_bytes
+    assert Ws.plan.seconds_for(10) == pytest.approx(10 * plan.estimated_seconds)
+    # Balanced by blocks: devices differ by at most one block line's blocks.
+    Wb = bs.shard(W, mesh, "d", split="cols", balance="blocks")
+    assert max(Wb.blocks_per_device) - min(Wb.blocks_per_device) <= max(np.bincount(W.pattern.cols))
+    # Equal numbers of block rows: no collective for the rows split, output sharded by rows.
+    Wl = bs.shard(W, mesh, "d", split="rows", balance="lines")
+    assert Wl.collective is None and Wl.plan.uniform and Wl.estimated_bytes == 0
+    # x sharded by rows: the rows split must gather it, so it receives bytes for x.
+    Wx = bs.shard(W, mesh, "d", split="rows", balance="lines", x_placement="sharded")
+    assert Wx.estimated_bytes > 0
+    with pytest.raises(ValueError, match="balance 'blocks', 'lines' or None. Got 'even'"):
+        bs.shard(W, mesh, "d", balance="even")
+    with pytest.raises(ValueError, match="x_placement 'replicated' or 'sharded'. Got 'P'"):
+        bs.shard(W, mesh, "d", x_placement="P")
     # One full block column: the cols split puts every block on one device, the rows split is even.
     Ws = bs.shard(_matrix(getkey(), "one_col"), mesh, "d", split="rows")
     assert Ws.blocks_per_device == (2, 2, 2, 2)

@@ -116,6 +116,7 @@ def test_gnn_gradients_of_replicated_inputs_are_summed(getkey):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+@needs_4
 @pytest.mark.parametrize("valid_on_every_device", [True, False])
 def test_per_device_dynamic_matrices_with_a_replicated_operand(getkey, valid_on_every_device):
     # Each device holds its own dynamic matrix (varying), x is replicated: x's gradient is the sum
