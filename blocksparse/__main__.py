@@ -1,6 +1,8 @@
-"""Command line: ``python -m blocksparse demo`` (multiply, check, time) and ``python -m blocksparse plan`` (IPU model).
+"""Command line (``blocksparse`` or ``python -m blocksparse``): ``bench`` (the benchmark suites: table, JSON,
+figures), ``demo`` (multiply, check, time) and ``plan`` (IPU model).
 
-Bad input ends with a one-line message naming the expected and the actual value, and exit status 2.
+Bad input ends with a one-line message naming the expected and the actual value, and exit status 2;
+``bench`` exits with status 1 when a cell disagrees with its dense reference.
 """
 
 from __future__ import annotations
@@ -68,6 +70,15 @@ def _density(text: str) -> float:
 
 def _proportion(text: str) -> float:
     return _fraction(text, "a proportion such as 0.6")
+
+
+def _suites(text: str) -> list[str]:
+    from blocksparse.bench._cli import parse_suites
+
+    try:
+        return parse_suites(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 # -- guards -------------------------------------------------------------------------------------------
@@ -163,6 +174,30 @@ def _demo(args) -> int:
     return 0 if ok else 1
 
 
+def _bench(args) -> int:
+    if args.json:
+        _check_json_path(args.json)
+    if args.plot is not None:
+        if os.path.exists(args.plot) and not os.path.isdir(args.plot):
+            raise _Error(f"expected --plot to name a folder; got {args.plot!r} (it is a file)")
+        parent = os.path.dirname(os.path.abspath(args.plot))
+        if not os.path.isdir(parent):
+            raise _Error(f"expected --plot to name a folder in an existing one; got {args.plot!r} (no {parent!r})")
+        try:
+            from blocksparse.bench._report import require_matplotlib
+
+            require_matplotlib()
+        except ImportError as e:
+            raise _Error(str(e)) from None
+    from blocksparse.bench import _cli
+
+    suites = [s for group in (args.suite or [list(_cli.DEFAULT_SUITES)]) for s in group]
+    return _cli.run(
+        list(dict.fromkeys(suites)), full=args.full, json_path=args.json, plot_dir=args.plot,
+        iters=args.iters, trials=args.trials, progress=not args.no_progress,
+    )  # fmt: skip
+
+
 def _plan(args) -> int:
     _check_grid(args.m, args.k, args.block, args.density, "--m and --k")
     if args.json:
@@ -191,6 +226,25 @@ def _parser() -> argparse.ArgumentParser:
     fmt = argparse.ArgumentDefaultsHelpFormatter
     parser = _Parser(prog="python -m blocksparse", description=__doc__, formatter_class=fmt)
     sub = parser.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    be = sub.add_parser(
+        "bench", formatter_class=fmt,
+        help="run the benchmark suites (matmul, gnn, plan, model): each cell checked against dense, timed; a table",
+    )  # fmt: skip
+    be.add_argument(
+        "--suite", type=_suites, action="append", metavar="NAME[,NAME]",
+        help="matmul, gnn, plan, model or all; repeatable or a comma list; None runs matmul,gnn,plan",
+    )  # fmt: skip
+    be.add_argument("--full", action="store_true", help="the GPU sizes, instead of the quick CPU sizes (about a minute on 2 cores)")
+    be.add_argument("--json", metavar="PATH", default=None, help="write every cell's parameters and metrics as JSON")
+    be.add_argument("--plot", metavar="DIR", default=None, help="write figures (PNG) into DIR; needs the bench extra")
+    be.add_argument(
+        "--iters", type=_positive_int, default=None, help="timed iterations per trial; None: 5, or 50 with --full"
+    )
+    be.add_argument(
+        "--trials", type=_positive_int, default=None, help="timed trials, the median reported; None: 3, or 5 with --full"
+    )
+    be.add_argument("--no-progress", action="store_true", help="no progress bar or lines on stderr")
+    be.set_defaults(func=_bench)
     demo = sub.add_parser(
         "demo", formatter_class=fmt, help="multiply a random block-sparse matrix, check it against dense, time both"
     )

@@ -1,4 +1,7 @@
-"""The command line (``python -m blocksparse``), run in-process: results, and one-line errors with exit status 2."""
+"""The command line (``python -m blocksparse``), run in-process: results, and one-line errors with exit status 2.
+
+``bench`` has its own tests in test_bench.py (its suites, exit codes, JSON and figures).
+"""
 
 import json
 import time
@@ -44,7 +47,7 @@ def test_demo_small_run_reports_implementation_error_verdict_speedup(capsys, den
     assert "speedup over dense jnp.dot: " in out and "ms over 2 calls" in out
 
 
-@pytest.mark.parametrize("cmd", ["demo", "plan"])
+@pytest.mark.parametrize("cmd", ["bench", "demo", "plan"])
 def test_every_option_has_help_and_shows_its_default(capsys, cmd):
     with pytest.raises(SystemExit) as info:
         main([cmd, "--help"])
@@ -54,6 +57,18 @@ def test_every_option_has_help_and_shows_its_default(capsys, cmd):
     assert len(options) >= 7
     for block in text.split("\n  --")[1:]:
         assert "(default: " in " ".join(block.split()), block
+
+
+def test_top_level_help_lists_bench_demo_and_plan(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    assert all(f"    {cmd}" in text for cmd in ("bench", "demo", "plan"))
+
+
+def test_a_missing_subcommand_is_one_line(capsys):
+    assert "the following arguments are required: cmd" in _fails(capsys, [])
 
 
 # -- bad input: one line, naming expected and actual, exit status 2 ---------------------------------------

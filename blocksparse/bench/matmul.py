@@ -1,0 +1,160 @@
+"""The ``matmul`` suite: a PopSparse-style sweep of dense vs static vs dynamic block-sparse ``W @ X``.
+
+For every ``n``, block size ``b`` and density ``d``: ``W`` (``m x m``, uniformly random pattern) times
+a dense ``X`` (``m x n``) as a :class:`~blocksparse.BlockSparseMatrix` (static pattern) and as a
+:class:`~blocksparse.DynamicBlockSparseMatrix` (traced pattern, capacity = the non-zero blocks),
+each checked against the dense product of the same values (float32, highest precision), timed both
+ways (:class:`~blocksparse.bench.Timer`), with TFLOP/s counted on the non-zeros only
+(``2 nnz_blocks b^2 n``), the ratio to dense ``jnp.dot`` of the same shape and dtype, and the IPU
+planner's estimate beside it (:func:`blocksparse.plan` / :func:`blocksparse.dynamic_plan`, on the
+Bow model in float16, or float32 for float32 operands).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+
+import blocksparse as bs
+
+from ._core import Cell, CellFailed, Timer, check_close, implementation
+
+#: Named sizes: ``tiny`` for tests, ``quick`` for the CPU default, ``full`` for the GPU figures.
+SIZES = {
+    "tiny": dict(m=64, ns=(16,), blocks=(16,), densities=(1 / 4,), dtype="float32"),
+    "quick": dict(m=512, ns=(128,), blocks=(16, 32), densities=(1 / 4, 1 / 16), dtype="float32"),
+    "full": dict(m=8192, ns=(256, 4096), blocks=(16, 32, 64, 128), densities=(1 / 4, 1 / 16, 1 / 64), dtype="bfloat16"),
+}
+
+#: Columns of this suite's table: (header, metric key, format).
+COLUMNS = (
+    ("loop ms", "loop_ms", ".4g"),
+    ("calls ms", "calls_ms", ".4g"),
+    ("TFLOP/s", "tflops", ".3g"),
+    ("x dense", "speedup_vs_dense", ".3g"),
+    ("IPU TFLOP/s", "ipu_tflops", ".3g"),
+    ("IPU x dense", "ipu_speedup", ".3g"),
+    ("rel err", "rel_err", ".2g"),
+)
+
+
+def density_label(d: float) -> str:
+    """``0.0625 -> "1/16"``."""
+    f = Fraction(d).limit_denominator(1 << 16)
+    return str(f) if f.numerator != 1 or f.denominator != 1 else "1"
+
+
+def cells(*, full: bool) -> list[Cell]:
+    return suite(**SIZES["full" if full else "quick"])
+
+
+def suite(*, m: int, ns, blocks, densities, dtype: str, seed: int = 0) -> list[Cell]:
+    """The cells of one sweep: per ``n`` one dense cell, then static and dynamic per ``(b, d)``."""
+    dense_ms: dict = {}  # (n) -> dense loop ms, shared by the cells of one sweep
+    out = []
+    for n in ns:
+        params = dict(m=m, k=m, n=n, dtype=dtype)
+        out.append(Cell("matmul", f"n={n} dense", dict(params, kind="dense"), _dense_run(params, dense_ms, seed)))
+        for b in blocks:
+            for d in densities:
+                for kind in ("static", "dynamic"):
+                    p = dict(params, b=b, density=d, kind=kind)
+                    label = f"n={n} b={b} d={density_label(d)} {kind}"
+                    out.append(Cell("matmul", label, p, _sparse_run(p, dense_ms, seed)))
+    return out
+
+
+def _operands(m, n, dtype, seed):
+    x = jax.random.normal(jax.random.key(seed + 1), (m, n), jnp.dtype(dtype))
+    return x
+
+
+def _dense_time(timer: Timer, params, dense_ms, seed) -> float:
+    key = params["n"]
+    if key not in dense_ms:
+        m, n, dtype = params["m"], params["n"], jnp.dtype(params["dtype"])
+        a = jax.random.normal(jax.random.key(seed + 2), (m, m), dtype)
+        dense_ms[key] = timer.loop(jnp.dot, a, _operands(m, n, dtype, seed))
+    return dense_ms[key]
+
+
+def _reference(w_dense, x):
+    with jax.default_matmul_precision("highest"):
+        return jnp.dot(w_dense.astype(jnp.float32), x.astype(jnp.float32))
+
+
+def _dense_run(params, dense_ms, seed):
+    def run(timer: Timer) -> dict:
+        m, n, dtype = params["m"], params["n"], jnp.dtype(params["dtype"])
+        a = jax.random.normal(jax.random.key(seed + 2), (m, m), dtype)
+        x = _operands(m, n, dtype, seed)
+        err = check_close(jax.jit(jnp.dot)(a, x), _reference(a, x), dtype=dtype, what="dense jnp.dot")
+        loop = _dense_time(timer, params, dense_ms, seed)
+        calls = timer.calls(jnp.dot, a, x)
+        flops = 2.0 * m * m * n
+        ipu = _ipu_dense(m, n, dtype)
+        return dict(
+            loop_ms=loop, calls_ms=calls, tflops=flops / loop / 1e9, speedup_vs_dense=1.0, rel_err=err,
+            ipu_tflops=ipu, ipu_speedup=1.0 if ipu is not None else None, implementation="jnp.dot",
+        )  # fmt: skip
+
+    return run
+
+
+def _ipu_dtype(dtype) -> str:
+    return "float32" if jnp.dtype(dtype) == jnp.float32 else "float16"
+
+
+def _ipu_dense(m, n, dtype) -> float | None:
+    """The IPU model's dense estimate for the shape (from a plan of a full-density pattern's dense twin)."""
+    try:
+        p = bs.plan(bs.BlockPattern.random(0, (m, m), 16 if m % 16 == 0 else 1, 1 / 16), n, dtype=_ipu_dtype(dtype))
+    except bs.NoValidPlanError:
+        return None
+    return None if p.dense is None else p.dense.tflops
+
+
+def _sparse_run(params, dense_ms, seed):
+    def run(timer: Timer) -> dict:
+        m, n, b, d = params["m"], params["n"], params["b"], params["density"]
+        dtype = jnp.dtype(params["dtype"])
+        W = bs.random(jax.random.key(seed), (m, m), b, d, dtype=dtype, pattern_seed=seed)
+        x = _operands(m, n, dtype, seed)
+        nnz = W.pattern.nnz_blocks
+        if params["kind"] == "static":
+            M = W
+            try:
+                plan = bs.plan(W.pattern, n, dtype=_ipu_dtype(dtype))
+            except bs.NoValidPlanError as e:
+                plan, why = None, str(e)
+        else:
+            M = bs.DynamicBlockSparseMatrix.from_static(W, capacity=nnz)
+            try:
+                plan = bs.dynamic_plan((m, m), b, nnz, n, dtype=_ipu_dtype(dtype))
+            except bs.NoValidPlanError as e:
+                plan, why = None, str(e)
+
+        def product(M, x):
+            return M @ x
+
+        with bs.dispatch_log() as log:
+            y = jax.jit(product)(M, x)
+        err = check_close(y, _reference(W.to_dense(), x), dtype=dtype, what=f"{params['kind']} W @ X")
+        if y.dtype != jnp.result_type(dtype, x.dtype):
+            raise CellFailed(f"expected the output dtype {jnp.result_type(dtype, x.dtype)}; got {y.dtype}")
+        loop = timer.loop(product, M, x)
+        calls = timer.calls(product, M, x)
+        dense = _dense_time(timer, params, dense_ms, seed)
+        flops = 2.0 * nnz * b * b * n
+        metrics = dict(
+            loop_ms=loop, calls_ms=calls, tflops=flops / loop / 1e9, speedup_vs_dense=dense / loop,
+            dense_loop_ms=dense, rel_err=err, nnz_blocks=nnz, implementation=implementation(log),
+            ipu_tflops=None if plan is None else plan.tflops, ipu_speedup=None if plan is None else plan.speedup,
+        )  # fmt: skip
+        if plan is None:
+            metrics["ipu_note"] = " ".join(why.split())[:200]
+        return metrics
+
+    return run
