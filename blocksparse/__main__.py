@@ -234,14 +234,14 @@ def _parser() -> argparse.ArgumentParser:
         "--suite", type=_suites, action="append", metavar="NAME[,NAME]",
         help="matmul, gnn, plan, model or all; repeatable or a comma list; None runs matmul,gnn,plan",
     )  # fmt: skip
-    be.add_argument("--full", action="store_true", help="the GPU sizes, instead of the quick CPU sizes (about a minute on 2 cores)")
+    be.add_argument("--full", action="store_true", help="the GPU sizes, not the quick CPU sizes (about a minute)")
     be.add_argument("--json", metavar="PATH", default=None, help="write every cell's parameters and metrics as JSON")
     be.add_argument("--plot", metavar="DIR", default=None, help="write figures (PNG) into DIR; needs the bench extra")
     be.add_argument(
         "--iters", type=_positive_int, default=None, help="timed iterations per trial; None: 5, or 50 with --full"
     )
     be.add_argument(
-        "--trials", type=_positive_int, default=None, help="timed trials, the median reported; None: 3, or 5 with --full"
+        "--trials", type=_positive_int, default=None, help="timed trials (median); None: 3, or 5 with --full"
     )
     be.add_argument("--no-progress", action="store_true", help="no progress bar or lines on stderr")
     be.set_defaults(func=_bench)
