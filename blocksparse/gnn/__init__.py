@@ -10,18 +10,22 @@ from ..ops._dispatch import interpret
 from ..ops.gnn_aggregate import aggregate
 from ..ops.gnn_attention import gatv2, graph_attention
 from ..ops.gnn_spmm import spmm
+from ._dynamic import DynamicGraph, batch, readout
 from ._graph import Graph
 from .generators import PAPER_GRAPHS, power_law, rmat, synthetic
 from .reorder import reorder
 
 __all__ = [
     "PAPER_GRAPHS",
+    "DynamicGraph",
     "Graph",
     "aggregate",
+    "batch",
     "gatv2",
     "graph_attention",
     "interpret",
     "power_law",
+    "readout",
     "reorder",
     "rmat",
     "spmm",

@@ -211,18 +211,36 @@ class Graph(Pytree):
 
     def check_features(self, x, what: str, ndim: int | tuple[int, ...] = (1, 2, 3)):
         """Node features ``x`` as a floating array with one row per node; returns it."""
-        x = jnp.asarray(x)
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise TypeError(f"Expected floating-point {what}. Got {x.dtype}.")
-        ndims = (ndim,) if isinstance(ndim, int) else ndim
-        if x.ndim not in ndims:
-            span = f"{ndims[0]} to {ndims[-1]}" if len(ndims) > 2 else " or ".join(map(str, ndims))
-            raise ValueError(f"Expected {what} with {span} dimensions. Got shape {x.shape}.")
-        if x.shape[0] != self.num_nodes:
-            raise ValueError(
-                f"Expected {what} with one row per node: leading dimension {self.num_nodes}. Got shape {x.shape}."
-            )
-        return x
+        return check_features(self.num_nodes, x, what, ndim)
+
+    @property
+    def edge_capacity(self) -> int:
+        """The length of the per-edge arrays (``num_edges``; a :class:`DynamicGraph`'s ``max_edges``)."""
+        return self.num_edges
+
+
+def check_graph(g) -> None:
+    """Raise a ``TypeError`` unless ``g`` is a :class:`Graph` or a :class:`DynamicGraph`."""
+    from ._dynamic import DynamicGraph
+
+    if not isinstance(g, Graph | DynamicGraph):
+        raise TypeError(f"Expected a blocksparse.gnn.Graph or DynamicGraph. Got {type(g).__name__}.")
+
+
+def check_features(num_nodes: int, x, what: str, ndim: int | tuple[int, ...] = (1, 2, 3)):
+    """Node features ``x`` as a floating array with ``num_nodes`` rows; returns it."""
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"Expected floating-point {what}. Got {x.dtype}.")
+    ndims = (ndim,) if isinstance(ndim, int) else ndim
+    if x.ndim not in ndims:
+        span = f"{ndims[0]} to {ndims[-1]}" if len(ndims) > 2 else " or ".join(map(str, ndims))
+        raise ValueError(f"Expected {what} with {span} dimensions. Got shape {x.shape}.")
+    if x.shape[0] != num_nodes:
+        raise ValueError(
+            f"Expected {what} with one row per node: leading dimension {num_nodes}. Got shape {x.shape}."
+        )
+    return x
 
 
 def _counts(sorted_ids: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from ..gnn._dynamic import DynamicGraph
 from ..gnn._graph import Graph
 
 SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
@@ -32,8 +33,12 @@ def pad_last(x: jax.Array, width: int) -> jax.Array:
     return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - x.shape[-1])])
 
 
-def units(g: Graph):
-    """Device arrays of the two unit lists of ``g``'s schedule: (starts, ends, nodes) each."""
+def units(g: Graph | DynamicGraph):
+    """Device arrays of the two unit lists of ``g``'s schedule: (starts, ends, nodes) each.
+
+    A :class:`Graph`'s are constants; a :class:`DynamicGraph`'s are traced, with a static number of
+    extra units (its capacity; unused ones are empty and their partials are dropped by the folds).
+    """
     s = g.schedule
     main = (
         jnp.asarray(g.indptr[:-1]),
@@ -70,16 +75,17 @@ def params(num_warps: int):
     return plgpu.CompilerParams(num_warps=num_warps, num_stages=2)
 
 
-def heavy_arrays(g: Graph):
+def heavy_arrays(g: Graph | DynamicGraph):
+    """(heavy nodes, extra unit -> heavy slot, number of slots); out-of-range entries are unused."""
     s = g.schedule
     return jnp.asarray(s.heavy_nodes), jnp.asarray(s.extra_segment), int(s.heavy_nodes.size)
 
 
-def fold_sum(g: Graph, main: jax.Array, extra: jax.Array | None) -> jax.Array:
+def fold_sum(g: Graph | DynamicGraph, main: jax.Array, extra: jax.Array | None) -> jax.Array:
     """Add heavy nodes' extra partial rows (float32) into their main rows."""
     if extra is None:
         return main
     heavy, seg, nh = heavy_arrays(g)
     part = jax.ops.segment_sum(extra, seg, nh, indices_are_sorted=True)
     rows = main[heavy].astype(jnp.float32) + part
-    return main.at[heavy].set(rows.astype(main.dtype), unique_indices=True, indices_are_sorted=True)
+    return main.at[heavy].set(rows.astype(main.dtype), unique_indices=True, indices_are_sorted=True, mode="drop")

@@ -18,6 +18,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from ..._util import next_power_of_2
+from ...gnn._dynamic import DynamicGraph
 from ...gnn._graph import Graph
 from .. import _dispatch
 from .. import _gnn_triton as P
@@ -75,7 +76,9 @@ def _call(starts, ends, indices, x, num_units, out_dtype, be, bf, is_max, interp
     )(starts, ends, indices, x)
 
 
-def segment_extreme(g: Graph, x: jax.Array, is_max: bool, *, with_arg: bool = True, be: int | None = None):
+def segment_extreme(
+    g: Graph | DynamicGraph, x: jax.Array, is_max: bool, *, with_arg: bool = True, be: int | None = None
+):
     """``x (N, F)`` -> (values ``(N, F)``, CSR position of the arg-max/min or -1)."""
     interpret = _dispatch.pallas_mode()
     P.check_dtype(x)
@@ -94,7 +97,7 @@ def segment_extreme(g: Graph, x: jax.Array, is_max: bool, *, with_arg: bool = Tr
         (v1,) = _call(s1, e1, indices, xp, s1.shape[0], jnp.float32, be, bf, is_max, interpret, False)
         heavy, seg, nh = P.heavy_arrays(g)
         best = red(jnp.concatenate([out[heavy].astype(jnp.float32), v1]), jnp.concatenate([jnp.arange(nh), seg]), nh)
-        return out.at[heavy].set(best.astype(out.dtype), unique_indices=True)[:, :f], None
+        return out.at[heavy].set(best.astype(out.dtype), unique_indices=True, mode="drop")[:, :f], None
     if extra is not None:
         s1, e1, _ = extra
         v1, a1 = _call(s1, e1, indices, xp, s1.shape[0], jnp.float32, be, bf, is_max, interpret)
@@ -107,6 +110,6 @@ def segment_extreme(g: Graph, x: jax.Array, is_max: bool, *, with_arg: bool = Tr
         best = red(vals, segs, nh, indices_are_sorted=True)
         win = jnp.where(winners(vals, best[segs]), args, _BIG)
         barg = jax.ops.segment_min(win, segs, nh, indices_are_sorted=True)
-        out = out.at[heavy].set(best.astype(out.dtype), unique_indices=True)
-        arg = arg.at[heavy].set(barg, unique_indices=True)
+        out = out.at[heavy].set(best.astype(out.dtype), unique_indices=True, mode="drop")
+        arg = arg.at[heavy].set(barg, unique_indices=True, mode="drop")
     return out[:, :f], (None if arg is None else arg[:, :f])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ...gnn._dynamic import DynamicGraph
 from ...gnn._graph import Graph
 
 _BIG = 2**31 - 1
@@ -21,7 +22,7 @@ def winners(values, best):
     return (values == best) | (jnp.isnan(values) & jnp.isnan(best))
 
 
-def segment_extreme(g: Graph, x: jax.Array, is_max: bool, *, with_arg: bool = True):
+def segment_extreme(g: Graph | DynamicGraph, x: jax.Array, is_max: bool, *, with_arg: bool = True):
     """``x (N, F)`` -> (values ``(N, F)``, CSR position of the arg-max/min or -1; or None)."""
     seg = jnp.asarray(g.dst_sorted)
     msg = x[jnp.asarray(g.indices)]
@@ -31,7 +32,7 @@ def segment_extreme(g: Graph, x: jax.Array, is_max: bool, *, with_arg: bool = Tr
     out = jnp.where(has, best, jnp.zeros((), x.dtype))
     if not with_arg:
         return out, None
-    pos = jnp.arange(g.num_edges, dtype=jnp.int32)[:, None]
+    pos = jnp.arange(g.edge_capacity, dtype=jnp.int32)[:, None]  # padding positions: segment N, dropped
     win = jnp.where(winners(msg, best[seg]), pos, jnp.int32(_BIG))
     arg = jax.ops.segment_min(win, seg, g.num_nodes, indices_are_sorted=True)
     return out, jnp.where(has, arg, -1)

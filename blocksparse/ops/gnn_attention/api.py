@@ -14,7 +14,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from ...gnn._graph import Graph
+from ...gnn._dynamic import DynamicGraph, nan_unless, poison
+from ...gnn._graph import Graph, check_graph
 from .. import _dispatch
 
 __all__ = ["AttentionStatic", "gatv2", "graph_attention"]
@@ -26,15 +27,15 @@ DEFAULT = ("pallas", "xla")
 class AttentionStatic:
     """The static part of one attention call (hashable: the ``custom_vjp``'s static argument).
 
+    The graph is the op's first array argument (see :class:`~..gnn_spmm.api.SpmmStatic`).
+
     Attributes:
-        graph: the graph.
         impls: implementation names, tried in order.
         mode: ``"gat"`` (arrays ``x_src, x_dst, att``) or ``"dot"`` (arrays ``k, q, v``).
         slope: the leaky ReLU's negative slope (``"gat"``).
         scale: the logits' scale (``"dot"``).
     """
 
-    graph: Graph
     impls: tuple[str, ...]
     mode: str
     slope: float = 0.0
@@ -51,34 +52,34 @@ def _module(name: str):
 
 def _primal(name: str):
     fn = _module(name).attention_forward
-    return lambda s, a, b, c: fn(s, a, b, c)[0]
+    return lambda s, g, a, b, c: fn(s, g, a, b, c)[0]
 
 
-def _forward(s: AttentionStatic, a, b, c):
+def _forward(s: AttentionStatic, g, a, b, c):
     """The output, and what the backward recomputes the weights from: the output and log-sum-exp."""
-    out, lse = _dispatch.run(s.name, s.impls, lambda name: _module(name).attention_forward, s, a, b, c)
+    out, lse = _dispatch.run(s.name, s.impls, lambda name: _module(name).attention_forward, s, g, a, b, c)
     return out, (out, lse)
 
 
 def _backward(s: AttentionStatic, arrays, extra, dout):
     table = lambda name: _module(name).attention_backward
-    return _dispatch.run(s.name + "_bwd", s.impls, table, s, *arrays, *extra, dout)
+    return None, *_dispatch.run(s.name + "_bwd", s.impls, table, s, *arrays, *extra, dout)
 
 
-# (static, a, b, c) -> (N, H, D); the forward saves only the output and the log-sum-exp per (node, head)
+# (static, graph, a, b, c) -> (N, H, D); the forward saves only the output and the log-sum-exp per (node, head)
 _gat = _dispatch.differentiable("gatv2", _primal, _backward, _forward)
 _dot = _dispatch.differentiable("graph_attention", _primal, _backward, _forward)
 
 
 # ------------------------------------------------------------------------------------ public API
-def _check_nhd(g: Graph, x, what: str):
+def _check_nhd(g: Graph | DynamicGraph, x, what: str):
     x = jnp.asarray(x)
     if x.ndim != 3:
         raise ValueError(f"Expected {what} of shape (num_nodes={g.num_nodes}, heads, head_dim). Got shape {x.shape}.")
     return g.check_features(x, what, ndim=3)
 
 
-def gatv2(g: Graph, x_src, x_dst, att, negative_slope: float = 0.2, *, implementation=None) -> jax.Array:
+def gatv2(g: Graph | DynamicGraph, x_src, x_dst, att, negative_slope: float = 0.2, *, implementation=None) -> jax.Array:
     """GATv2 attention (Brody et al.) over each node's in-neighbours, fused.
 
     ``e_ij = sum_d att[h, d] * leaky_relu(x_src[j, h, d] + x_dst[i, h, d])``,
@@ -86,7 +87,7 @@ def gatv2(g: Graph, x_src, x_dst, att, negative_slope: float = 0.2, *, implement
     ``out[i, h] = sum_j alpha_ij x_src[j, h]``.
 
     Arguments:
-        g: the :class:`Graph` (edges ``j -> i``).
+        g: the :class:`Graph` or :class:`DynamicGraph` (edges ``j -> i``).
         x_src, x_dst: ``(N, H, D)`` projected source and destination features.
         att: ``(H, D)`` attention vector.
         negative_slope: of the leaky ReLU.
@@ -97,8 +98,7 @@ def gatv2(g: Graph, x_src, x_dst, att, negative_slope: float = 0.2, *, implement
         ``(N, H, D)``; nodes without in-edges get 0. Differentiable w.r.t. ``x_src``, ``x_dst`` and
         ``att``; the backward recomputes the weights from the saved log-sum-exp.
     """
-    if not isinstance(g, Graph):
-        raise TypeError(f"Expected a blocksparse.gnn.Graph. Got {type(g).__name__}.")
+    check_graph(g)
     impls = _dispatch.resolve(implementation, DEFAULT, tuple(_dispatch.OP_MODULES))
     xs, xd = _check_nhd(g, x_src, "x_src"), _check_nhd(g, x_dst, "x_dst")
     if xd.shape != xs.shape:
@@ -108,19 +108,21 @@ def gatv2(g: Graph, x_src, x_dst, att, negative_slope: float = 0.2, *, implement
         raise ValueError(f"Expected att of shape (heads, head_dim) = {xs.shape[1:]}. Got {att.shape}.")
     if not jnp.issubdtype(att.dtype, jnp.floating):
         raise TypeError(f"Expected floating-point att. Got {att.dtype}.")
-    if g.num_edges == 0 or xs.size == 0:
-        return jnp.zeros_like(xs)
-    return _gat(AttentionStatic(g, impls, "gat", slope=float(negative_slope)), xs, xd, att)
+    valid = g.validity() if isinstance(g, DynamicGraph) else None  # NaN out (and NaN gradients) if invalid
+    xs, xd, att = (poison(valid, t) for t in (xs, xd, att))
+    if g.edge_capacity == 0 or xs.size == 0:
+        return nan_unless(valid, jnp.zeros_like(xs))
+    return nan_unless(valid, _gat(AttentionStatic(impls, "gat", slope=float(negative_slope)), g, xs, xd, att))
 
 
-def graph_attention(g: Graph, q, k, v, scale: float | None = None, *, implementation=None) -> jax.Array:
+def graph_attention(g: Graph | DynamicGraph, q, k, v, scale: float | None = None, *, implementation=None) -> jax.Array:
     """Dot-product attention over each node's in-neighbours (graph transformer), fused.
 
     ``out[i, h] = sum_j softmax_j(scale * q[i, h] . k[j, h]) v[j, h]`` over the in-neighbours
     ``j`` of ``i``.
 
     Arguments:
-        g: the :class:`Graph` (edges ``j -> i``).
+        g: the :class:`Graph` or :class:`DynamicGraph` (edges ``j -> i``).
         q, k, v: ``(N, H, D)``.
         scale: defaults to ``1 / sqrt(D)``.
         implementation: ``None`` (Pallas on a GPU, else XLA), ``"pallas"``, ``"xla"`` or a
@@ -129,14 +131,15 @@ def graph_attention(g: Graph, q, k, v, scale: float | None = None, *, implementa
     Returns:
         ``(N, H, D)``; nodes without in-edges get 0. Differentiable w.r.t. ``q``, ``k`` and ``v``.
     """
-    if not isinstance(g, Graph):
-        raise TypeError(f"Expected a blocksparse.gnn.Graph. Got {type(g).__name__}.")
+    check_graph(g)
     impls = _dispatch.resolve(implementation, DEFAULT, tuple(_dispatch.OP_MODULES))
     q, k, v = _check_nhd(g, q, "q"), _check_nhd(g, k, "k"), _check_nhd(g, v, "v")
     if k.shape != q.shape or v.shape != q.shape:
         raise ValueError(f"Expected q, k and v of one shape. Got {q.shape}, {k.shape} and {v.shape}.")
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    if g.num_edges == 0 or q.size == 0:
-        return jnp.zeros_like(v)
-    return _dot(AttentionStatic(g, impls, "dot", scale=float(scale)), k, q, v)
+    valid = g.validity() if isinstance(g, DynamicGraph) else None
+    q, k, v = (poison(valid, t) for t in (q, k, v))
+    if g.edge_capacity == 0 or q.size == 0:
+        return nan_unless(valid, jnp.zeros_like(v))
+    return nan_unless(valid, _dot(AttentionStatic(impls, "dot", scale=float(scale)), g, k, q, v))

@@ -27,6 +27,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from ..._util import next_power_of_2
+from ...gnn._dynamic import DynamicGraph
 from ...gnn._graph import Graph
 from .. import _dispatch
 from .. import _gnn_triton as P
@@ -127,7 +128,7 @@ def _fwd_call(units, indices, xs, xd, third, sh, out_dtype, mode, slope, scale, 
     )(starts, ends, nodes, indices, xs, xd, third)
 
 
-def flat_forward(g: Graph, mode: str, xs, xd, third, heads: int, slope: float, scale: float):
+def flat_forward(g: Graph | DynamicGraph, mode: str, xs, xd, third, heads: int, slope: float, scale: float):
     """xs, xd, (v): ``(N, Hp*Dp)``; third: att ``(Hp*Dp,)`` or v. Returns out ``(N, Hp*Dp)``, lse ``(N, Hp)``."""
     interpret = _dispatch.pallas_mode()
     P.check_dtype(xs, xd, third)
@@ -145,8 +146,8 @@ def flat_forward(g: Graph, mode: str, xs, xd, third, heads: int, slope: float, s
         wgt = jnp.exp(l_all - mx[s_all])
         tot = jax.ops.segment_sum(wgt, s_all, nh)
         o_h = jax.ops.segment_sum(wgt[..., None] * o_all, s_all, nh) / tot[..., None]
-        out = out.at[heavy].set(o_h.reshape(nh, -1).astype(out.dtype), unique_indices=True)
-        lse = lse.at[heavy].set(mx + jnp.log(tot), unique_indices=True)
+        out = out.at[heavy].set(o_h.reshape(nh, -1).astype(out.dtype), unique_indices=True, mode="drop")
+        lse = lse.at[heavy].set(mx + jnp.log(tot), unique_indices=True, mode="drop")
     return out, lse
 
 
@@ -279,7 +280,9 @@ def _two_pass(call, g, *args):
     return [P.fold_sum(g, o, p) for o, p in zip(outs, parts, strict=True)]
 
 
-def flat_backward(g: Graph, mode: str, xs, xd, third, out, lse, dout, heads: int, slope: float, scale: float):
+def flat_backward(
+    g: Graph | DynamicGraph, mode: str, xs, xd, third, out, lse, dout, heads: int, slope: float, scale: float
+):
     """Gradients w.r.t. xs, xd (or k, q) and att (or v), all in the flattened layout, float32."""
     interpret = _dispatch.pallas_mode()
     sh = _Shape(heads, xs.shape[1] // heads)
@@ -313,18 +316,18 @@ def _geometry(a):
     return n, h, d, next_power_of_2(h), next_power_of_2(d, 4)
 
 
-def attention_forward(s, a, b, c):
+def attention_forward(s, g, a, b, c):
     """As :func:`..reference.attention_forward`: ``(out (N, H, D), lse (N, Hp))``."""
     n, h, d, hp, dp = _geometry(a)
-    out, lse = flat_forward(s.graph, s.mode, _flat(a, hp, dp), _flat(b, hp, dp), _flat(c, hp, dp), hp, s.slope, s.scale)
+    out, lse = flat_forward(g, s.mode, _flat(a, hp, dp), _flat(b, hp, dp), _flat(c, hp, dp), hp, s.slope, s.scale)
     return out.reshape(n, hp, dp)[:, :h, :d], lse
 
 
-def attention_backward(s, a, b, c, out, lse, dout):
+def attention_backward(s, g, a, b, c, out, lse, dout):
     """Cotangents of ``a, b, c`` from the saved output and log-sum-exp."""
     n, h, d, hp, dp = _geometry(a)
     f = lambda t: _flat(t, hp, dp)
-    da, db, dc = flat_backward(s.graph, s.mode, f(a), f(b), f(c), f(out), lse, f(dout), hp, s.slope, s.scale)
+    da, db, dc = flat_backward(g, s.mode, f(a), f(b), f(c), f(out), lse, f(dout), hp, s.slope, s.scale)
     da = da.reshape(n, hp, dp)[:, :h, :d].astype(a.dtype)
     db = db.reshape(n, hp, dp)[:, :h, :d].astype(b.dtype)
     dc = dc.reshape(*c.shape[:-2], hp, dp)[..., :h, :d].astype(c.dtype)

@@ -10,13 +10,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ...gnn._dynamic import DynamicGraph
 from ...gnn._graph import Graph
 
 
-def _softmax_aggregate(g: Graph, e, vals):
+def _softmax_aggregate(g: Graph | DynamicGraph, e, vals):
     """Softmax of logits ``e (E, H)`` over each destination's in-edges, applied to ``vals (E, H, D)``."""
     seg = jnp.asarray(g.dst_sorted)
     n = g.num_nodes
+    if isinstance(g, DynamicGraph):  # padding positions (segment n): weight exactly 0, in value and gradient
+        e = jnp.where((seg < n)[:, None], e, -jnp.inf)
     m = jax.ops.segment_max(e, seg, n, indices_are_sorted=True)
     m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))  # shift only; softmax is invariant
     p = jnp.exp(e - m[seg])
@@ -29,7 +32,7 @@ def _softmax_aggregate(g: Graph, e, vals):
     return out, lse
 
 
-def _gat(g: Graph, xs, xd, att, slope):
+def _gat(g: Graph | DynamicGraph, xs, xd, att, slope):
     src, dst = jnp.asarray(g.indices), jnp.asarray(g.dst_sorted)
     xs32, xd32, a32 = (t.astype(jnp.float32) for t in (xs, xd, att))
     z = xs32[src] + xd32[dst]
@@ -38,7 +41,7 @@ def _gat(g: Graph, xs, xd, att, slope):
     return out.astype(xs.dtype), lse
 
 
-def _dot(g: Graph, k, q, v, scale):
+def _dot(g: Graph | DynamicGraph, k, q, v, scale):
     src, dst = jnp.asarray(g.indices), jnp.asarray(g.dst_sorted)
     k32, q32, v32 = (t.astype(jnp.float32) for t in (k, q, v))
     e = jnp.sum(q32[dst] * k32[src], axis=-1) * scale
@@ -46,16 +49,16 @@ def _dot(g: Graph, k, q, v, scale):
     return out.astype(v.dtype), lse
 
 
-def attention_forward(s, a, b, c):
-    """``(out (N, H, D), lse (N, H))`` for ``s.mode`` "gat" (``a, b, c = x_src, x_dst, att``) or
-    "dot" (``a, b, c = k, q, v``); ``s`` carries ``graph``, ``mode``, ``slope`` and ``scale``."""
+def attention_forward(s, g, a, b, c):
+    """``(out (N, H, D), lse (N, H))`` over graph ``g`` for ``s.mode`` "gat" (``a, b, c = x_src,
+    x_dst, att``) or "dot" (``a, b, c = k, q, v``); ``s`` carries ``mode``, ``slope`` and ``scale``."""
     if s.mode == "gat":
-        return _gat(s.graph, a, b, c, s.slope)
-    return _dot(s.graph, a, b, c, s.scale)
+        return _gat(g, a, b, c, s.slope)
+    return _dot(g, a, b, c, s.scale)
 
 
-def attention_backward(s, a, b, c, out, lse, dout):
+def attention_backward(s, g, a, b, c, out, lse, dout):
     """Cotangents of ``a, b, c`` (recomputed: ``out`` and ``lse`` are not needed here)."""
     del out, lse
-    _, vjp = jax.vjp(lambda a, b, c: attention_forward(s, a, b, c)[0], a, b, c)
+    _, vjp = jax.vjp(lambda a, b, c: attention_forward(s, g, a, b, c)[0], a, b, c)
     return vjp(dout)

@@ -13,7 +13,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from ...gnn._graph import Graph
+from ...gnn._dynamic import DynamicGraph, nan_unless, poison
+from ...gnn._graph import Graph, check_graph
 from .. import _dispatch
 
 __all__ = ["SpmmStatic", "spmm"]
@@ -27,35 +28,38 @@ class SpmmStatic:
     """The static part of one ``spmm`` call (hashable: the ``custom_vjp``'s static argument).
 
     Attributes:
-        graph: the graph (its transpose for the backward's ``dx``).
         impls: implementation names, tried in order.
+
+    The graph is the op's first array argument: a :class:`Graph` (a pytree without leaves, so
+    static) or a :class:`DynamicGraph` (traced index arrays).
     """
 
-    graph: Graph
     impls: tuple[str, ...]
 
 
 def _table(name: str):
     csr_sum = _dispatch.op_module(__package__, name).csr_sum
 
-    def call(s: SpmmStatic, x, *w):
-        w_csr = w[0][jnp.asarray(s.graph.edge_perm)] if w else None
-        return csr_sum(s.graph, w_csr, x)
+    def call(s: SpmmStatic, g, x, *w):
+        w_csr = w[0][jnp.asarray(g.edge_perm)] if w else None
+        return csr_sum(g, w_csr, x)
 
     return call
 
 
 def _backward(s: SpmmStatic, arrays, _, dout):
-    x, *w = arrays
-    dx = _spmm(dataclasses.replace(s, graph=s.graph.T), dout, *w)  # edge ids are shared by g and g.T
+    g, x, *w = arrays
+    dx = _spmm(s, g.T, dout, *w)  # edge ids are shared by g and g.T
     if not w:
-        return (dx,)
-    src, dst = jnp.asarray(s.graph.src), jnp.asarray(s.graph.dst)
+        return None, dx
+    src, dst = jnp.asarray(g.src), jnp.asarray(g.dst)
     dw = jnp.sum(dout[dst].astype(jnp.float32) * x[src].astype(jnp.float32), axis=-1)
-    return dx, dw.astype(w[0].dtype)
+    if isinstance(g, DynamicGraph):
+        dw = jnp.where(g.edge_mask, dw, 0.0)
+    return None, dx, dw.astype(w[0].dtype)
 
 
-# (static, x (N, F)[, w (E,) in edge order]) -> A x
+# (static, graph, x (N, F)[, w (E,) in edge order]) -> A x
 _spmm = _dispatch.differentiable("spmm", _table, _backward)
 
 
@@ -64,7 +68,7 @@ def _inv_pow(deg, p):
 
 
 def spmm(
-    g: Graph,
+    g: Graph | DynamicGraph,
     x: jax.Array,
     reduce: str = "sum",
     norm: str | None = None,
@@ -75,7 +79,7 @@ def spmm(
     """Aggregate in-neighbours' features: ``out[i] = sum_{e: j -> i} c_e x[j]``.
 
     Arguments:
-        g: the :class:`Graph` (messages flow ``src -> dst``).
+        g: the :class:`Graph` or :class:`DynamicGraph` (messages flow ``src -> dst``).
         x: node features ``(N, ...)``; trailing dimensions are kept.
         reduce: ``"sum"`` or ``"mean"`` (the weighted sum divided by the in-degree, an edge count;
             0 for nodes without in-edges). ``"mean"`` takes no ``norm``: it already divides by
@@ -86,7 +90,8 @@ def spmm(
             ``out_deg(j)^-1/2 in_deg(i)^-1/2``. Degrees are edge counts (unweighted), clamped to
             at least 1.
         edge_weight: optional ``(E,)`` weights in the order of the edges given to
-            :meth:`Graph.from_edges`.
+            :meth:`Graph.from_edges` (a :class:`DynamicGraph`'s: ``(max_edges,)`` in the order of
+            ``edge_index``, padding entries ignored).
         implementation: ``None`` (Pallas on a GPU, else XLA), ``"pallas"``, ``"xla"`` or a
             sequence tried in order.
 
@@ -99,8 +104,7 @@ def spmm(
         ValueError: for ``reduce="mean"`` with a ``norm``, an unknown ``reduce`` / ``norm``, or
             shapes that do not match the graph; TypeError for non-floating inputs.
     """
-    if not isinstance(g, Graph):
-        raise TypeError(f"Expected a blocksparse.gnn.Graph. Got {type(g).__name__}.")
+    check_graph(g)
     _dispatch.check_choice("reduce", reduce, ("sum", "mean"))
     _dispatch.check_choice("norm", norm, (None, "left", "right", "both"))
     if reduce == "mean" and norm is not None:
@@ -108,25 +112,28 @@ def spmm(
             f"Expected norm=None with reduce='mean'. Got norm={norm!r}: 'mean' already divides by the in-degree; "
             "use reduce='sum' with a norm instead."
         )
-    s = SpmmStatic(g, _dispatch.resolve(implementation, DEFAULT, tuple(_dispatch.OP_MODULES)))
+    s = SpmmStatic(_dispatch.resolve(implementation, DEFAULT, tuple(_dispatch.OP_MODULES)))
     x = g.check_features(x, "features", ndim=tuple(range(1, 8)))
     weights = ()
     if edge_weight is not None:
         edge_weight = jnp.asarray(edge_weight)
-        if edge_weight.shape != (g.num_edges,):
-            raise ValueError(f"Expected edge_weight of shape ({g.num_edges},). Got {edge_weight.shape}.")
+        if edge_weight.shape != (g.edge_capacity,):
+            raise ValueError(f"Expected edge_weight of shape ({g.edge_capacity},). Got {edge_weight.shape}.")
         if not jnp.issubdtype(edge_weight.dtype, jnp.floating):
             raise TypeError(f"Expected floating-point edge_weight. Got {edge_weight.dtype}.")
         weights = (edge_weight,)
+    valid = g.validity() if isinstance(g, DynamicGraph) else None  # NaN out (and NaN gradients) if invalid
+    x = poison(valid, x)
+    weights = tuple(poison(valid, w) for w in weights)
     shape = x.shape
     x2 = x.reshape(shape[0], math.prod(shape[1:]))
     if norm in ("left", "both"):
         x2 = (x2 * _inv_pow(g.out_degree, 1.0 if norm == "left" else 0.5)[:, None]).astype(x.dtype)
-    if g.num_edges == 0 or x2.shape[1] == 0:
+    if g.edge_capacity == 0 or x2.shape[1] == 0:
         out = jnp.zeros_like(x2)
     else:
-        out = _spmm(s, x2, *weights)
+        out = _spmm(s, g, x2, *weights)
     post = {"both": 0.5, "right": 1.0}.get(norm, 1.0 if reduce == "mean" else None)
     if post is not None:
         out = (out * _inv_pow(g.in_degree, post)[:, None]).astype(x.dtype)
-    return out.reshape(shape)
+    return nan_unless(valid, out.reshape(shape))

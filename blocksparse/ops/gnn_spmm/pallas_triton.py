@@ -15,6 +15,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from ..._util import next_power_of_2
+from ...gnn._dynamic import DynamicGraph
 from ...gnn._graph import Graph
 from .. import _dispatch
 from .. import _gnn_triton as P
@@ -56,7 +57,7 @@ def _call(starts, ends, indices, w, x, num_units, out_dtype, be, bf, interpret):
     )(*args)
 
 
-def csr_sum(g: Graph, w_csr: jax.Array | None, x: jax.Array, *, be: int | None = None) -> jax.Array:
+def csr_sum(g: Graph | DynamicGraph, w_csr: jax.Array | None, x: jax.Array, *, be: int | None = None) -> jax.Array:
     """``x (N, F)`` -> ``(N, F)``; ``w_csr`` (E,) in CSR order of ``g`` or None."""
     interpret = _dispatch.pallas_mode()
     P.check_dtype(x)

@@ -1,7 +1,8 @@
 """Pure-JAX SpMM over a graph: the fallback on every machine and the oracle for the kernel.
 
 Gather the source rows of every in-edge in CSR order (sorted by destination), scale them by the
-edge weights and ``segment_sum`` them into their destinations, in float32.
+edge weights and ``segment_sum`` them into their destinations, in float32. A
+:class:`DynamicGraph`'s padding positions have destination ``N``, which ``segment_sum`` drops.
 """
 
 from __future__ import annotations
@@ -9,10 +10,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ...gnn._dynamic import DynamicGraph
 from ...gnn._graph import Graph
 
 
-def csr_sum(g: Graph, w_csr: jax.Array | None, x: jax.Array) -> jax.Array:
+def csr_sum(g: Graph | DynamicGraph, w_csr: jax.Array | None, x: jax.Array) -> jax.Array:
     """``out[i] = sum_{e: j -> i} w_e x[j]``: ``x (N, F)`` -> ``(N, F)``; ``w_csr`` (E,) in CSR order or None."""
     msg = x[jnp.asarray(g.indices)].astype(jnp.float32)
     if w_csr is not None:
