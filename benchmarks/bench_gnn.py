@@ -3,10 +3,18 @@
 
     python benchmarks/bench_gnn.py [--nodes N --edges E --feat F] [--json out.json] [--small]
 
-Times are medians of ``--iters`` calls after warm-up (JAX: ``block_until_ready``; torch: CUDA
-events). Memory is the *extra* peak beyond the inputs: for JAX, the compiled program's temporary
-plus output bytes (``memory_analysis``); for torch, ``max_memory_allocated`` minus the memory
-allocated before the call. PyG layers include their linear projections, and so do ours here.
+JAX is timed with the library's one helper, ``blocksparse.bench.Timer`` (as ``blocksparse bench``
+is): ``ms`` is ``Timer.loop``, the median device time per call of ``--iters`` calls inside one
+jitted loop, comparable with torch's CUDA-event times; ``calls_ms`` is ``Timer.calls``, back-to-back
+calls from Python, dispatch included. torch: the median of ``--iters`` calls timed with CUDA events.
+Memory is the *extra* peak beyond the inputs: for JAX, the compiled program's temporary plus output
+bytes (``memory_analysis``); for torch, ``max_memory_allocated`` minus the memory allocated before
+the call. PyG layers include their linear projections, and so do ours here.
+
+Every forward of ours is first checked against the JAX segment-op reference of
+``blocksparse.bench.gnn`` (``err``); a failed check or a failing JAX row makes the exit status 1
+(a peer that is missing or fails is only recorded). torch and PyG are imported only when asked for
+and present. The library's own suite is ``blocksparse bench --suite gnn --full``.
 """
 
 from __future__ import annotations
@@ -24,27 +32,25 @@ import numpy as np
 
 sys.path.insert(0, ".")
 import blocksparse.gnn as gnn  # noqa: E402
+from blocksparse.bench import CellFailed, Timer, check_close  # noqa: E402
+from blocksparse.bench.gnn import references  # noqa: E402
 
 ROWS: list[dict] = []
 JSON_PATH = None
+LAST: dict = {}  # extra metrics of the last jax_time call
 
 
 def jax_time(fn, *args, iters=20, warmup=3):
-    jf = jax.jit(fn)
-    comp = jf.lower(*args).compile()
+    """(median ms per call inside one jitted loop, extra bytes of the compiled program); ``calls_ms`` in LAST."""
+    comp = jax.jit(fn).lower(*args).compile()
     try:
         ma = comp.memory_analysis()
         mem = int(ma.temp_size_in_bytes + ma.output_size_in_bytes)
     except Exception:  # noqa: BLE001
         mem = None
-    for _ in range(warmup):
-        jax.block_until_ready(comp(*args))
-    ts = []
-    for _ in range(iters):
-        t = time.perf_counter()
-        jax.block_until_ready(comp(*args))
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts) * 1e3, mem
+    timer = Timer(iters=iters, trials=3, warmup=warmup)
+    LAST["calls_ms"] = timer.calls(fn, *args)
+    return timer.loop(fn, *args), mem
 
 
 def torch_time(fn, iters=20, warmup=3):
@@ -67,6 +73,7 @@ def torch_time(fn, iters=20, warmup=3):
 
 
 def record(op, impl, mode, fn, **kw):
+    LAST.clear()
     try:
         ms, mem = fn()
     except Exception as e:  # noqa: BLE001 - a failing peer must not stop the run
@@ -74,7 +81,7 @@ def record(op, impl, mode, fn, **kw):
         ROWS.append(dict(op=op, impl=impl, mode=mode, error=f"{type(e).__name__}: {str(e)[:200]}", **kw))
         print(f"{op:18s} {impl:26s} {mode:8s} FAILED {type(e).__name__}", flush=True)
         return
-    ROWS.append(dict(op=op, impl=impl, mode=mode, ms=ms, mem_bytes=mem, **kw))
+    ROWS.append(dict(op=op, impl=impl, mode=mode, ms=ms, mem_bytes=mem, **LAST, **kw))
     if JSON_PATH:
         with open(JSON_PATH, "w") as f:
             json.dump(dict(rows=ROWS), f, indent=1)
@@ -90,6 +97,7 @@ def bench_jax(g, x, feat, heads, iters, impls, do_reorder, sweep=False):
     def grad_of(f):
         return jax.value_and_grad(lambda x: jnp.sum(f(x) * ct))
 
+    check(g, x, feat, heads, impls)
     for impl in impls:
         sp = lambda x, impl=impl: gnn.spmm(g, x, implementation=impl)
         record("spmm_sum", f"bs-{impl}", "fwd", lambda: jax_time(sp, x, iters=iters))
@@ -200,6 +208,33 @@ def bench_jax(g, x, feat, heads, iters, impls, do_reorder, sweep=False):
             )
 
 
+def check(g, x, feat, heads, impls):
+    """Each op of ours, forward, against the JAX segment-op reference; a mismatch is a failed row."""
+    n = g.num_nodes
+    refs = references(jnp.asarray(g.src), jnp.asarray(g.dst), n)
+    for impl in impls:
+        cases = [("spmm_sum", lambda: gnn.spmm(g, x, implementation=impl), lambda: refs["spmm_sum"](x)),
+                 ("max", lambda: gnn.aggregate(g, x, implementation=impl), lambda: refs["aggregate_max"](x))]
+        for h in heads:
+            xh = x.reshape(n, h, feat // h)
+            att = jnp.ones((h, feat // h)) / feat
+            cases.append((f"gatv2 H={h}", lambda xh=xh, att=att: gnn.gatv2(g, xh, xh, att, implementation=impl),
+                          lambda xh=xh, att=att: refs["gatv2"](xh, xh, att)))
+            cases.append((f"transformer H={h}", lambda xh=xh: gnn.graph_attention(g, xh, xh, xh, implementation=impl),
+                          lambda xh=xh: refs["graph_attention"](xh, xh, xh)))  # fmt: skip
+        for name, ours, ref in cases:
+            try:
+                with jax.default_matmul_precision("highest"):
+                    want = jax.jit(ref)()
+                err = check_close(jax.jit(ours)(), want, dtype=jnp.float32, what=f"{name} ({impl})")
+            except CellFailed as e:
+                ROWS.append(dict(op=name, impl=f"bs-{impl}", mode="check", error=str(e)))
+                print(f"{name:18s} bs-{impl:23s} check    FAILED {e}", flush=True)
+                continue
+            ROWS.append(dict(op=name, impl=f"bs-{impl}", mode="check", err=err))
+            print(f"{name:18s} bs-{impl:23s} check    rel err {err:.2g}", flush=True)
+
+
 def bench_torch(g, x_np, feat, heads, iters):
     import torch
 
@@ -268,6 +303,8 @@ def table():
     print("\n| op | heads | implementation | mode | time (ms) | extra peak memory (GiB) |")
     print("|---|---|---|---|---|---|")
     for r in ROWS:
+        if r["mode"] == "check":
+            continue
         t = f"{r['ms']:.3f}" if "ms" in r else "failed"
         m = f"{r['mem_bytes'] / 2**30:.3f}" if r.get("mem_bytes") is not None else ""
         print(f"| {r['op']} | {r.get('heads', '')} | {r['impl']} | {r['mode']} | {t} | {m} |")
@@ -316,7 +353,11 @@ def main(argv=None):
         with open(a.json, "w") as f:
             json.dump(dict(meta=meta, rows=ROWS), f, indent=1)
     table()
+    ours_failed = [r for r in ROWS if "error" in r and r["impl"].startswith(("bs-", "jax-"))]
+    for r in ours_failed:
+        print(f"FAILED {r['op']} {r['impl']} {r['mode']}: {r['error']}", file=sys.stderr)
+    return 1 if ours_failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -5,20 +5,28 @@ kernel), against dense ``jnp.dot``, torch's dense matmul (cuBLAS) and torch's BS
 (``torch.sparse._triton_ops.bsr_dense_mm``), all measured in the same process. Also a skewed
 (power-law rows) pattern against a uniform one with the same number of blocks.
 
-Timing (``time_ms``): ``--reps`` calls inside one jitted ``fori_loop`` (an optimization barrier
-keeps the call in the loop), after a warm-up; the median of ``--trials`` such loops, divided by
-``--reps``: device time without Python dispatch. Operands are the same buffers every iteration,
+Timing is the library's one helper, ``blocksparse.bench.Timer`` (``blocksparse bench`` uses it too):
+``time_ms`` is ``Timer.loop``, ``--reps`` calls inside one jitted ``fori_loop`` (an optimization
+barrier keeps the call in the loop), after a warm-up; the median of ``--trials`` such loops, divided
+by ``--reps``: device time without Python dispatch. Operands are the same buffers every iteration,
 so operands smaller than the 50 MB L2 may stay cached (as in a loop over one layer). ``wall_ms``
-is the per-call wall time of back-to-back calls from Python (rotating 3 input sets), dispatch
-included. torch is timed with CUDA events around ``--reps`` calls. TFLOP/s counts the non-zeros
-only: ``2 * nnz_blocks * b * b * n``. ``err`` is the relative Frobenius error against the dense
-product of the same bf16 values (float32 accumulation).
+is ``Timer.calls``, the per-call wall time of back-to-back calls from Python, dispatch included.
+torch is timed with CUDA events around ``--reps`` calls. TFLOP/s counts the non-zeros only:
+``2 * nnz_blocks * b * b * n``. ``err`` is the relative Frobenius error against the dense product
+of the same values (float32, highest precision); a cell whose error exceeds the dtype's tolerance
+(``blocksparse.bench.tolerance``), or that raises, is recorded with an ``error`` and the script
+exits with status 1. ``implementation`` says which backend ran (Pallas on a GPU, else XLA).
+
+The library's own sweep is ``blocksparse bench --suite matmul --full``; this script adds the torch
+peers (cuBLAS, torch's BSR Triton kernel, imported only when torch with CUDA is there), skewed
+patterns and kernel-configuration variants.
 
 Usage::
 
     python3 benchmarks/bench_matmul.py --m 8192 --n 256 4096 --d 4 16 64 --b 16 32 64 128 \
         --skew --json $OUT/bench.json
     python3 benchmarks/bench_matmul.py --variants   # compare kernel configurations on a few cells
+    python3 benchmarks/bench_matmul.py --small      # CPU-sized smoke run (the XLA path)
 """
 
 from __future__ import annotations
@@ -34,49 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import blocksparse as bs
+from blocksparse.bench import CellFailed, Timer, check_close, implementation
 from blocksparse.ops.matmul import pallas_triton as pt
-
-
-def _time_jax(fn, args_sets, reps: int, trials: int) -> float:
-    """Per-call wall time of ``reps`` back-to-back jitted calls from Python (includes dispatch)."""
-    for args in args_sets:
-        jax.block_until_ready(fn(*args))
-    out = []
-    for _ in range(trials):
-        jax.block_until_ready(args_sets[0])
-        t0 = time.perf_counter()
-        r = None
-        for i in range(reps):
-            r = fn(*args_sets[i % len(args_sets)])
-        jax.block_until_ready(r)
-        out.append((time.perf_counter() - t0) / reps)
-    return statistics.median(out)
-
-
-def _time_jax_loop(fn, args, reps: int, trials: int) -> float:
-    """Per-call device time: ``reps`` calls inside one jitted ``fori_loop`` (one dispatch).
-
-    An optimization barrier on the operands each iteration keeps XLA from hoisting the call out
-    of the loop; a scalar of each result is summed so nothing is dead.
-    """
-
-    @jax.jit
-    def loop(args):
-        def body(_, carry):
-            args, acc = carry
-            args = jax.lax.optimization_barrier(args)
-            y = fn(*args)
-            return args, acc + y.reshape(-1)[0].astype(jnp.float32)
-
-        return jax.lax.fori_loop(0, reps, body, (args, jnp.float32(0)))[1]
-
-    jax.block_until_ready(loop(args))
-    out = []
-    for _ in range(trials):
-        t0 = time.perf_counter()
-        jax.block_until_ready(loop(args))
-        out.append((time.perf_counter() - t0) / reps)
-    return statistics.median(out)
 
 
 def _time_torch(fn, reps: int, trials: int) -> float:
@@ -110,16 +77,16 @@ def _torch():
 class Dense:
     """Dense baselines per (m, k, n), cached."""
 
-    def __init__(self, reps, trials):
-        self.reps, self.trials, self.cache = reps, trials, {}
+    def __init__(self, reps, trials, dtype=jnp.bfloat16):
+        self.reps, self.trials, self.cache, self.dtype = reps, trials, {}, dtype
 
     def get(self, m, k, n):
         if (m, k, n) in self.cache:
             return self.cache[(m, k, n)]
         key = jax.random.key(1)
-        a = jax.random.normal(key, (m, k), jnp.bfloat16)
-        x = jax.random.normal(jax.random.key(2), (k, n), jnp.bfloat16)
-        t_jax = _time_jax_loop(jnp.dot, (a, x), self.reps, self.trials)
+        a = jax.random.normal(key, (m, k), self.dtype)
+        x = jax.random.normal(jax.random.key(2), (k, n), self.dtype)
+        t_jax = Timer(iters=self.reps, trials=self.trials).loop(jnp.dot, a, x) / 1e3
         t_torch = None
         torch = _torch()
         if torch is not None:
@@ -162,31 +129,34 @@ def _sparse_fn(impl, op="dsd"):
     )
 
 
-def _check(f, pattern, data, x, op) -> float:
+def _check(f, pattern, data, x, op) -> tuple[float, str]:
+    """Relative error against the dense product (raises CellFailed above the dtype's tolerance); the backend."""
     w = bs.BlockSparseMatrix(pattern, data).to_dense().astype(jnp.float32)
-    y = f(data, x, pattern).astype(jnp.float32)
+    with bs.dispatch_log() as log:
+        y = f(data, x, pattern)
     x32 = x.astype(jnp.float32)
     with jax.default_matmul_precision("highest"):
         want = w @ x32 if op == "dsd" else x32 @ w
-    return float(jnp.linalg.norm(y - want) / jnp.linalg.norm(want))
+    return check_close(y, want, dtype=data.dtype, what=f"{op} product"), implementation(log)
 
 
-def bench_cell(pattern, n, reps, trials, dense, torch_bsr=True, impl="pallas", label="uniform", op="dsd"):
+def bench_cell(
+    pattern, n, reps, trials, dense, torch_bsr=True, impl=None, label="uniform", op="dsd", dtype=jnp.bfloat16
+):
     m, k = pattern.shape
     b = pattern.block_size[0]
-    sets = []
-    for i in range(3):
-        d = jax.random.normal(jax.random.key(10 + i), (pattern.nnz_blocks, *pattern.block_size), jnp.bfloat16)
-        shape = (k, n) if op == "dsd" else (n, m)
-        sets.append((d, jax.random.normal(jax.random.key(20 + i), shape, jnp.bfloat16)))
+    d = jax.random.normal(jax.random.key(10), (pattern.nnz_blocks, *pattern.block_size), dtype)
+    x = jax.random.normal(jax.random.key(20), (k, n) if op == "dsd" else (n, m), dtype)
     f = _sparse_fn(impl, op)
-    t = _time_jax_loop(lambda d, x: f(d, x, pattern), sets[0], reps, trials)
-    t_wall = _time_jax(lambda d, x: f(d, x, pattern), sets, reps, trials)
-    err = _check(f, pattern, *sets[0], op)
+    err, ran = _check(f, pattern, d, x, op)  # first: the dispatch log is filled while tracing
+    timer = Timer(iters=reps, trials=trials)
+    t = timer.loop(lambda d, x: f(d, x, pattern), d, x) / 1e3
+    t_wall = timer.calls(lambda d, x: f(d, x, pattern), d, x) / 1e3
     flops = 2.0 * pattern.nnz_blocks * b * b * n
     t_jax, t_torch = dense.get(m, k, n)
     row = dict(
-        m=m, k=k, n=n, b=b, d=pattern.density, pattern=label, impl=impl, op=op, nnz_blocks=pattern.nnz_blocks,
+        m=m, k=k, n=n, b=b, d=pattern.density, pattern=label, impl=impl or "default", implementation=ran, op=op,
+        dtype=jnp.dtype(dtype).name, nnz_blocks=pattern.nnz_blocks,
         time_ms=t * 1e3, tflops=flops / t / 1e12, wall_ms=t_wall * 1e3, err=err,
         dense_jnp_ms=t_jax * 1e3, dense_torch_ms=None if t_torch is None else t_torch * 1e3,
         vs_jnp=t / t_jax, vs_torch=None if t_torch is None else t / t_torch,
@@ -194,7 +164,7 @@ def bench_cell(pattern, n, reps, trials, dense, torch_bsr=True, impl="pallas", l
     )  # fmt: skip
     row["frac_of_dense_torch_rate"] = None if t_torch is None else row["tflops"] / row["dense_torch_tflops"]
     if torch_bsr:
-        tb, err = _torch_bsr(pattern, np.asarray(sets[0][0].astype(jnp.float32)), n, reps, trials)
+        tb, err = _torch_bsr(pattern, np.asarray(d.astype(jnp.float32)), n, reps, trials)
         row["torch_bsr_ms"] = None if tb is None else tb * 1e3
         row["vs_torch_bsr"] = None if tb is None else t / tb
         if err:
@@ -220,7 +190,7 @@ def print_table(rows, file=sys.stdout):
     print(" ".join(f"{c:>{w}}" for c, w in zip(cols, widths, strict=True)), file=file)
     for r in rows:
         rate = r.get("frac_of_dense_torch_rate")
-        label = r["pattern"] if r["impl"] == "pallas" else r["impl"]
+        label = r["pattern"] if r["impl"] == "default" else r["impl"]
         vals = (
             f"{r['m']:>5}", f"{r['n']:>5}", f"{r['b']:>4}", f"{_dstr(r['d']):>7}", f"{label[:8]:>8}",
             f"{r['time_ms']:8.4f}", f"{r['wall_ms']:6.3f}", f"{r['tflops']:6.1f}", f"{r['vs_jnp']:5.2f}",
@@ -264,10 +234,17 @@ def main(argv=None):
     ap.add_argument("--json", default=None)
     ap.add_argument("--op", default="dsd", choices=["dsd", "dds"], help="W @ X (dsd) or X^T @ W (dds)")
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new cells after this many seconds")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--small", action="store_true", help="CPU-sized smoke run: m=512, n=128, b 16 32, d 4 16, float32")
     args = ap.parse_args(argv)
+    if args.small:
+        args.m, args.n, args.b, args.d, args.reps, args.trials = [512], [128], [16, 32], [4, 16], 3, 1
+        args.dtype = "float32"
+    dtype = jnp.dtype(args.dtype)
+    failed = []
 
     t_start = time.perf_counter()
-    dense = Dense(args.reps, args.trials)
+    dense = Dense(args.reps, args.trials, dtype)
     rows = []
     print(f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}", flush=True)
 
@@ -285,31 +262,38 @@ def main(argv=None):
             try:
                 with pt.kernel_config(VARIANTS[name] if name is not None else None):
                     r = bench_cell(
-                        p, n, args.reps, args.trials, dense, op=args.op,
+                        p, n, args.reps, args.trials, dense, op=args.op, dtype=dtype,
                         torch_bsr=not args.no_torch_bsr and name in (None, "default") and args.op == "dsd",
                     )  # fmt: skip
-            except Exception as e:  # noqa: BLE001 - keep sweeping
-                print(f"FAILED {(m, n, d, b, name)}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            except Exception as e:  # noqa: BLE001 - keep sweeping; recorded, and the exit status says so
+                why = str(e) if isinstance(e, CellFailed) else f"{type(e).__name__}: {str(e)[:300]}"
+                print(f"FAILED {(m, n, d, b, name)}: {why}", flush=True)
+                failed.append(dict(m=m, k=m, n=n, b=b, d=1 / d, variant=name or "default", op=args.op, error=why))
                 continue
             r["variant"] = name or "default"
             rows.append(r)
             print(json.dumps(r), flush=True)
             if args.skew and name is None:
                 q = bs.BlockPattern.power_law(0, (m, m), (b, b), 1 / d)
-                r2 = bench_cell(q, n, args.reps, args.trials, dense, torch_bsr=False, label="powerlaw", op=args.op)
+                r2 = bench_cell(
+                    q, n, args.reps, args.trials, dense, torch_bsr=False, label="powerlaw", op=args.op, dtype=dtype
+                )
                 r2["skew_ratio"] = r2["time_ms"] / r["time_ms"]
                 r2["max_row"] = int(q.row_lengths.max())
                 r2["variant"] = "default"
                 rows.append(r2)
                 print(json.dumps(r2), flush=True)
             if args.xla and name is None:
-                r3 = bench_cell(p, n, args.reps, args.trials, dense, torch_bsr=False, impl="xla", op=args.op)
+                r3 = bench_cell(
+                    p, n, args.reps, args.trials, dense, torch_bsr=False, impl="xla", op=args.op, dtype=dtype
+                )
                 r3["variant"] = "xla"
                 rows.append(r3)
                 print(json.dumps(r3), flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": jax.devices()[0].device_kind, "argv": sys.argv, "rows": rows}, f, indent=1)
+            doc = {"device": jax.devices()[0].device_kind, "argv": sys.argv, "rows": rows, "failed": failed}
+            json.dump(doc, f, indent=1)
     print()
     print_table(rows)
     for r in rows:
@@ -319,7 +303,11 @@ def main(argv=None):
         print("variants:")
         for r in rows:
             print(f"  {_cell(r)} {r['variant']:>8} {r['time_ms']:.4f} ms {r['tflops']:.1f} TF/s")
+    if failed or not rows:
+        print(f"{len(failed)} cells FAILED, {len(rows)} measured", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,9 +1,14 @@
-"""Plots for docs/benchmarks.md, made from the benchmark JSON files (needs matplotlib).
+"""Plots for docs/benchmarks.md, made from the benchmark JSON files (needs matplotlib: the ``bench`` extra).
 
 Usage::
 
     python benchmarks/plot.py --matmul benchmarks/results/matmul_h200_run4.json \
         --gnn benchmarks/results/gnn_h200_run2.json --out docs/img
+    python benchmarks/plot.py --bench results.json --out figs   # a `blocksparse bench --json` file
+
+``--bench`` draws the figures of ``blocksparse bench --plot`` (``blocksparse.bench._report.plot``):
+throughput against density per block size with dense as a line, and the GNN and planner ratios.
+``--matmul`` and ``--gnn`` read the JSON of ``bench_matmul.py`` and ``bench_gnn.py`` (with peers).
 """
 
 from __future__ import annotations
@@ -11,11 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
-import matplotlib
+sys.path.insert(0, ".")
+from blocksparse.bench import _report  # noqa: E402
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+plt = _report.require_matplotlib()  # ImportError naming `pip install 'blocksparse[bench]'` without it
 
 
 def plot_matmul(path: str, out: str) -> str:
@@ -47,7 +53,7 @@ def plot_matmul(path: str, out: str) -> str:
 
 
 def plot_gnn(path: str, out: str) -> str:
-    rows = json.load(open(path))["rows"]
+    rows = [r for r in json.load(open(path))["rows"] if "ms" in r]  # failed rows have no time
     cases = [("spmm_sum", "fwd", None), ("max", "fwd", None), ("max", "fwd+bwd", None),
              ("gatv2", "fwd+bwd", 8), ("transformer", "fwd+bwd", 8)]  # fmt: skip
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4))
@@ -85,12 +91,18 @@ def plot_gnn(path: str, out: str) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bench", default=None, help="a `blocksparse bench --json` file: plot only that")
     ap.add_argument("--matmul", default="benchmarks/results/matmul_h200_run4.json")
     ap.add_argument("--gnn", default="benchmarks/results/gnn_h200_run2.json")
     ap.add_argument("--out", default="docs/img")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    for dest in (plot_matmul(args.matmul, args.out), plot_gnn(args.gnn, args.out)):
+    if args.bench:
+        with open(args.bench) as f:
+            dests = _report.plot(json.load(f), args.out)
+    else:
+        dests = [plot_matmul(args.matmul, args.out), plot_gnn(args.gnn, args.out)]
+    for dest in dests:
         print(dest)
 
 

@@ -58,7 +58,8 @@ def _segment_softmax_sum(logits, vals, dst, n):
     return jax.ops.segment_sum(alpha[..., None] * vals, dst, n)
 
 
-def _references(src, dst, n):
+def references(src, dst, n):
+    """The pure-JAX segment-op references of the suite's ops, by name, for the edges ``src -> dst`` of ``n`` nodes."""
     indeg = jax.ops.segment_sum(jnp.ones_like(dst, jnp.float32), dst, n)
 
     def spmm_sum(x):
@@ -109,7 +110,7 @@ def _run(op, graph, params, seed):
         g = graph()
         n, feat, heads = params["nodes"], params["feat"], params["heads"]
         src, dst = jnp.asarray(np.asarray(g.src)), jnp.asarray(np.asarray(g.dst))
-        fn, ref = _ops(g)[op], _references(src, dst, n)[op]
+        fn, ref = _ops(g)[op], references(src, dst, n)[op]
         args = _inputs(op, n, feat, heads, seed)
         with bs.dispatch_log() as log:
             y = jax.jit(fn)(*args)
