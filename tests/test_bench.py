@@ -6,6 +6,7 @@ import io
 import json
 import sys
 import types
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -120,13 +121,14 @@ def test_quick_suites_run_print_the_table_and_exit_0(tiny_run):
     out = tiny_run["out"]
     assert tiny_run["code"] == 0, out
     assert "[matmul]" in out and "[gnn]" in out and "[plan]" in out and "FAILED" not in out
-    assert "pure-JAX (XLA) implementations run" in out and "dsd: xla" in out and "dyn_dsd: xla" in out
+    if tiny_run["doc"]["meta"]["platform"] == "cpu":
+        assert "pure-JAX (XLA) implementations run" in out and "dsd: xla" in out and "dyn_dsd: xla" in out
     assert " ok, 0 failed in " in out
 
 
 def test_json_holds_every_cell_with_its_metrics(tiny_run):
     doc = tiny_run["doc"]
-    assert doc["meta"]["platform"] == "cpu" and doc["meta"]["suites"] == ["matmul", "gnn", "plan"]
+    assert doc["meta"]["suites"] == ["matmul", "gnn", "plan"]
     assert doc["meta"]["full"] is False and doc["meta"]["iters"] == 1 and doc["meta"]["seconds"] > 0
     results = doc["results"]
     assert {r["suite"] for r in results} == {"matmul", "gnn", "plan"} and all(r["ok"] for r in results)
@@ -226,3 +228,39 @@ def test_plot_without_matplotlib_names_the_extra(monkeypatch, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--plot", str(tmp_path / "file")])
     assert "expected --plot to name a folder" in capsys.readouterr().err
+
+
+# -- the GPU scripts, on the CPU at tiny sizes ------------------------------------------------------------
+def _script(name):
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_bench_script_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_matmul_script_measures_on_the_cpu_and_exits_1_on_a_failed_cell(tmp_path, monkeypatch, capsys):
+    script = _script("bench_matmul")
+    argv = ["--m", "64", "--n", "16", "--b", "16", "--d", "4", "--reps", "1", "--trials", "1", "--dtype", "float32"]
+    assert script.main([*argv, "--json", str(tmp_path / "ok.json")]) == 0
+    doc = json.loads((tmp_path / "ok.json").read_text())
+    assert doc["failed"] == [] and len(doc["rows"]) == 1
+    row = doc["rows"][0]
+    assert row["implementation"] == "dsd: xla" and row["err"] < 1e-5 and row["time_ms"] > 0 and row["wall_ms"] > 0
+
+    def wrong(*args, **kwargs):
+        raise CellFailed("dsd product: expected relative error vs the reference <= 0.0001; got 0.3")
+
+    monkeypatch.setattr(script, "bench_cell", wrong)
+    assert script.main([*argv, "--json", str(tmp_path / "bad.json")]) == 1
+    doc = json.loads((tmp_path / "bad.json").read_text())
+    assert doc["rows"] == [] and doc["failed"][0]["error"].endswith("got 0.3")
+    assert "1 cells FAILED, 0 measured" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_suites_run_the_pallas_kernels(tiny_run):
+    results = tiny_run["doc"]["results"]
+    assert tiny_run["code"] == 0 and tiny_run["doc"]["meta"]["platform"] == "gpu"
+    ran = {r["label"]: r["metrics"]["implementation"] for r in results if r["suite"] == "matmul"}
+    assert all("pallas" in v for k, v in ran.items() if not k.endswith("dense")), ran

@@ -108,12 +108,11 @@ def _ipu_dtype(dtype) -> str:
 
 
 def _ipu_dense(m, n, dtype) -> float | None:
-    """The IPU model's dense estimate for the shape (from a plan of a full-density pattern's dense twin)."""
-    try:
-        p = bs.plan(bs.BlockPattern.random(0, (m, m), 16 if m % 16 == 0 else 1, 1 / 16), n, dtype=_ipu_dtype(dtype))
-    except bs.NoValidPlanError:
-        return None
-    return None if p.dense is None else p.dense.tflops
+    """The IPU model's dense ``(m, m) @ (m, n)`` estimate, as the plans compare against (``None``: does not fit)."""
+    from blocksparse.ipu import cost
+
+    est = cost.dense_estimate(bs.ipu.BOW, m, m, n, _ipu_dtype(dtype), "float32", 0.6)
+    return None if est is None else est.tflops
 
 
 def _sparse_run(params, dense_ms, seed):
