@@ -13,7 +13,7 @@ from jax import lax
 from ._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, _check_floating, _is_concrete, _require_host
 from ._pattern import BlockPattern, check_block_size, check_density
 
-__all__ = ["magnitude", "block_norms", "rigl_update"]
+__all__ = ["magnitude", "magnitude_global", "block_norms", "rigl_update"]
 
 _ORDS = {"l1": 1, "l2": 2, "max": np.inf}
 
@@ -69,6 +69,85 @@ def magnitude(w, block_size, density: float, *, norm: str = "l2") -> BlockSparse
     bh, bw = check_block_size(w.shape, block_size)
     pattern = BlockPattern.from_mask(mask.reshape(scores.shape), (bh, bw))
     return BlockSparseMatrix.from_mask(pattern.mask(), w, (bh, bw))
+
+
+def magnitude_global(weights, block_size, density: float, *, norm: str = "l2") -> list[BlockSparseMatrix]:
+    """Global block pruning: rank the blocks of all ``weights`` together and keep the largest.
+
+    Each block is scored by its norm *divided by the norm of an all-ones block of its size*: the
+    root mean square of its entries for ``"l2"`` (norm / sqrt(bh * bw)), their mean absolute value
+    for ``"l1"`` (norm / (bh * bw)), the largest for ``"max"``. Scores then measure the typical
+    weight magnitude in a block, so weights pruned with different block sizes compare fairly (a
+    64 x 64 block is not kept just because it holds 16 times more entries than a 16 x 16 one).
+    Weights are not rescaled per layer: a layer whose weights are small overall loses more blocks,
+    which is the point of a global ranking.
+
+    ``round(density * total blocks)`` blocks are kept. Every weight keeps at least its largest block
+    (an empty layer would cut the network), counted in that total; a density too small for one block
+    per weight raises. Ties are broken by position (weight order, then row-major), so the result is
+    deterministic.
+
+    Arguments:
+        weights: a sequence of concrete 2-D floating arrays.
+        block_size: ``b`` or ``(bh, bw)`` for every weight, or a *list* with one of those per weight.
+        density: overall fraction of blocks kept, in ``(0, 1]``.
+        norm: ``"l2"`` (default), ``"l1"`` or ``"max"``.
+
+    Returns:
+        One :class:`BlockSparseMatrix` per weight, in order, with the weight's values on its kept blocks.
+
+    Example::
+
+        >>> import numpy as np, blocksparse as bs
+        >>> big, small = np.ones((8, 8), np.float32), np.full((8, 8), 0.1, np.float32)
+        >>> [W.nnz_blocks for W in bs.prune.magnitude_global([big, small], 4, 0.5)]
+        [3, 1]
+    """
+    _require_host("bs.prune.magnitude_global", density=density)
+    if isinstance(weights, np.ndarray | jax.Array) or not hasattr(weights, "__len__") or len(weights) == 0:
+        raise TypeError(f"Expected weights as a non-empty sequence of 2-D arrays. Got {type(weights).__name__}.")
+    density = check_density(density)
+    if norm not in _ORDS:
+        raise ValueError(f"Expected norm in {sorted(_ORDS)}. Got {norm!r}.")
+    sizes = list(block_size) if isinstance(block_size, list) else [block_size] * len(weights)
+    if len(sizes) != len(weights):
+        raise ValueError(f"Expected one block size per weight ({len(weights)}). Got {len(sizes)}.")
+    ws, scores, shapes = [], [], []
+    for i, (w, b) in enumerate(zip(weights, sizes, strict=True)):
+        _require_host("bs.prune.magnitude_global", w=w)
+        w = jnp.asarray(w)
+        _check_floating(w.dtype, f"weights[{i}]")
+        if w.ndim != 2:
+            raise ValueError(f"Expected weights[{i}] 2-D. Got shape {tuple(w.shape)}.")
+        bh, bw = check_block_size(w.shape, b)
+        s = block_norms(w, (bh, bw), norm)
+        if np.isnan(s).any():
+            r, c = (int(j) for j in np.argwhere(np.isnan(s))[0])
+            raise ValueError(f"Expected weights without NaN. Got NaN in weights[{i}], block ({r}, {c}).")
+        scale = {"l2": np.sqrt(bh * bw), "l1": float(bh * bw), "max": 1.0}[norm]
+        ws.append(w)
+        scores.append(np.asarray(s, np.float64) / scale)
+        shapes.append((bh, bw))
+    sizes_ = [s.size for s in scores]
+    total = sum(sizes_)
+    keep = int(round(density * total))
+    if keep < len(ws):
+        raise ValueError(
+            f"Expected a density that keeps at least one block per weight: round(density * {total}) >= {len(ws)} "
+            f"weights, i.e. density >= {(len(ws) - 0.5) / total:.4g}. Got density={density}, which keeps {keep}."
+        )
+    flat = np.concatenate([s.reshape(-1) for s in scores])
+    offsets = np.cumsum([0, *sizes_])
+    chosen = np.zeros(total, bool)
+    for i, s in enumerate(scores):  # each weight's largest block first (the lowest index among ties)
+        chosen[offsets[i] + int(np.argmax(s.reshape(-1)))] = True
+    rest = np.argsort(np.where(chosen, np.inf, -flat), kind="stable")[: keep - len(ws)]
+    chosen[rest] = True
+    out = []
+    for i, (w, s, bsz) in enumerate(zip(ws, scores, shapes, strict=True)):
+        mask = chosen[offsets[i] : offsets[i + 1]].reshape(s.shape)
+        out.append(BlockSparseMatrix.from_mask(mask, w, bsz))
+    return out
 
 
 def _block_sq_norms(blocks) -> jax.Array:

