@@ -166,7 +166,7 @@ def run(
     doc["results"] = [r.to_dict() for r in results]
     doc["meta"]["seconds"] = time.perf_counter() - t_start
     print(_report.table(results, columns), file=out)
-    print(_report.summary(results) + f" in {doc['meta']['seconds']:.1f} s", file=out, flush=True)
+    print(_report.summary(results, doc["meta"]["seconds"]), file=out, flush=True)
     if json_path:
         _write_json(json_path, doc)
         print(f"wrote {json_path}", file=out)

@@ -53,7 +53,8 @@ def table(results: Sequence[Result], columns: dict[str, Sequence[tuple[str, str,
                 body.append([r.label, "FAILED", f"{r.error}"])
         widths = [max(len(header[i]), *(len(b[i]) for b in body if len(b) == len(header))) for i in range(len(header))]
         lines.append(f"\n[{suite}]")
-        lines.append(_row(header, widths))
+        if any(r.ok for r in rows):
+            lines.append(_row(header, widths))
         for b in body:
             if len(b) == len(header):
                 lines.append(_row(b, widths))
@@ -70,9 +71,11 @@ def _row(values, widths) -> str:
     return "  ".join(cells).rstrip()
 
 
-def summary(results: Sequence[Result]) -> str:
+def summary(results: Sequence[Result], seconds: float | None = None) -> str:
     failed = [r for r in results if not r.ok]
     text = f"\n{len(results)} cells, {len(results) - len(failed)} ok, {len(failed)} failed"
+    if seconds is not None:
+        text += f" in {seconds:.1f} s"
     for r in failed:
         text += f"\n  FAILED {r.suite}: {r.label}: {r.error}"
     return text

@@ -1,6 +1,6 @@
 """The ``plan`` suite: the IPU planner's speed and estimates for a few shapes, static and dynamic.
 
-Each cell plans ``W @ X`` cold (:func:`blocksparse.ipu.clear_cache` first) with
+Each cell plans ``W @ X`` with the plan cache cleared (:func:`blocksparse.ipu.clear_cache`) with
 :func:`blocksparse.plan` (static pattern) or :func:`blocksparse.dynamic_plan` (only the maximum
 number of blocks known), reports the planning time, the estimated TFLOP/s on the non-zeros, the
 dense estimate and the predicted speedup, and checks the plan by running it tile by tile
