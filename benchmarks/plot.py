@@ -4,7 +4,7 @@ Usage::
 
     python benchmarks/plot.py --matmul benchmarks/results/matmul_h200_run4.json \
         --gnn benchmarks/results/gnn_h200_run2.json --out docs/img
-    python benchmarks/plot.py --bench results.json --out figs   # a `blocksparse bench --json` file
+    python benchmarks/plot.py --bench matmul.json gnn.json --out figs   # `blocksparse bench --json` files
 
 ``--bench`` draws the figures of ``blocksparse bench --plot`` (``blocksparse.bench._report.plot``):
 throughput against density per block size with dense as a line, and the GNN and planner ratios.
@@ -91,15 +91,19 @@ def plot_gnn(path: str, out: str) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bench", default=None, help="a `blocksparse bench --json` file: plot only that")
+    ap.add_argument("--bench", nargs="+", default=None, help="`blocksparse bench --json` files, merged")
     ap.add_argument("--matmul", default="benchmarks/results/matmul_h200_run4.json")
     ap.add_argument("--gnn", default="benchmarks/results/gnn_h200_run2.json")
     ap.add_argument("--out", default="docs/img")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     if args.bench:
-        with open(args.bench) as f:
-            dests = _report.plot(json.load(f), args.out)
+        docs = []
+        for path in args.bench:
+            with open(path) as f:
+                docs.append(json.load(f))
+        merged = {"meta": docs[0].get("meta", {}), "results": [r for d in docs for r in d.get("results", [])]}
+        dests = _report.plot(merged, args.out)
     else:
         dests = [plot_matmul(args.matmul, args.out), plot_gnn(args.gnn, args.out)]
     for dest in dests:

@@ -194,7 +194,7 @@ def _bench(args) -> int:
     suites = [s for group in (args.suite or [list(_cli.DEFAULT_SUITES)]) for s in group]
     return _cli.run(
         list(dict.fromkeys(suites)), full=args.full, json_path=args.json, plot_dir=args.plot,
-        iters=args.iters, trials=args.trials, progress=not args.no_progress,
+        iters=args.iters, trials=args.trials, progress=not args.no_progress, filters=args.filter,
     )  # fmt: skip
 
 
@@ -233,6 +233,10 @@ def _parser() -> argparse.ArgumentParser:
     be.add_argument(
         "--suite", type=_suites, action="append", metavar="NAME[,NAME]",
         help="matmul, gnn, plan, model or all; repeatable or a comma list; None runs matmul,gnn,plan",
+    )  # fmt: skip
+    be.add_argument(
+        "--filter", metavar="TEXT", action="append", default=None,
+        help="run only the cells whose 'suite: label' contains TEXT (repeatable: any of them), e.g. 'n=256'",
     )  # fmt: skip
     be.add_argument("--full", action="store_true", help="the GPU sizes, not the quick CPU sizes (about a minute)")
     be.add_argument("--json", metavar="PATH", default=None, help="write every cell's parameters and metrics as JSON")

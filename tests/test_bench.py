@@ -188,6 +188,21 @@ def test_a_missing_suite_module_or_extra_fails_alone(monkeypatch, tiny, capsys):
     assert "No module named 'safetensors'" in out and "pip install 'blocksparse[models]'" in out
 
 
+def test_filter_runs_only_the_matching_cells(monkeypatch, capsys):
+    def cell(label):
+        return Cell("plan", label, {}, lambda timer: {"implementation": label})
+
+    monkeypatch.setattr(bench_plan, "cells", lambda *, full: [cell("a n=256"), cell("b n=4096"), cell("c n=256")])
+    assert main(["bench", "--suite", "plan", "--filter", "n=256", *FAST]) == 0
+    out = capsys.readouterr().out
+    assert "a n=256" in out and "c n=256" in out and "b n=4096" not in out and "2 cells, 2 ok" in out
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "--suite", "plan", "--filter", "n=8", *FAST])
+    assert info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "expected --filter to match a cell of plan; got ['n=8']" in captured.err
+
+
 def test_progress_falls_back_to_plain_lines(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "tqdm", None)
     cell = Cell("gnn", "trivial", {}, lambda timer: {"implementation": "none"})

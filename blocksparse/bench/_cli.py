@@ -120,11 +120,13 @@ def run(
     iters: int | None = None,
     trials: int | None = None,
     progress: bool = True,
+    filters: Sequence[str] | None = None,
     out=None,
 ) -> int:
     """Run ``suites``; print the table to ``out`` (stdout); return 0, or 1 if any cell failed.
 
-    ``--json`` is rewritten after every cell, so a run cut short keeps what it measured.
+    ``--json`` is rewritten after every cell, so a run cut short keeps what it measured. ``filters``:
+    run only the cells whose ``"suite: label"`` contains one of them (an error if none does).
     """
     from . import _report
 
@@ -133,13 +135,6 @@ def run(
         _report.require_matplotlib()  # fail before measuring anything
     defaults = FULL_TIMER if full else QUICK_TIMER
     timer = Timer(iters=iters or defaults["iters"], trials=trials or defaults["trials"])
-    env = environment()
-    mode = "full (GPU sizes)" if full else "quick (CPU sizes)"
-    print(f"blocksparse bench: {', '.join(suites)}; {mode}; jax {env['jax']} on {env['platform']} ({env['device']}); "
-          f"{timer}", file=out, flush=True)  # fmt: skip
-    if env["platform"] == "cpu":
-        print("no GPU: the pure-JAX (XLA) implementations run; the Pallas kernels need a GPU", file=out, flush=True)
-    t_start = time.perf_counter()
     results: list[Result] = []
     columns = {}
     loaded = []
@@ -149,6 +144,18 @@ def run(
         if reason is not None:
             results.append(Result(suite=name, label="(suite)", params={}, ok=False, error=reason))
         loaded.extend(cells)
+    if filters:
+        kept = [c for c in loaded if any(f in f"{c.suite}: {c.label}" for f in filters)]
+        if loaded and not kept:
+            raise ValueError(f"expected --filter to match a cell of {', '.join(suites)}; got {list(filters)}")
+        loaded = kept
+    env = environment()
+    mode = "full (GPU sizes)" if full else "quick (CPU sizes)"
+    print(f"blocksparse bench: {', '.join(suites)}; {mode}; jax {env['jax']} on {env['platform']} ({env['device']}); "
+          f"{timer}", file=out, flush=True)  # fmt: skip
+    if env["platform"] == "cpu":
+        print("no GPU: the pure-JAX (XLA) implementations run; the Pallas kernels need a GPU", file=out, flush=True)
+    t_start = time.perf_counter()
     doc = dict(meta=dict(env, suites=list(suites), full=full, iters=timer.iters, trials=timer.trials,
                          started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())), results=[])  # fmt: skip
     bar = _Progress(len(loaded), enabled=progress)
