@@ -2,6 +2,7 @@
 
 import math
 import re
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -207,3 +208,18 @@ def test_optax_steps_lower_the_loss(kind, getkey):
     for _ in range(20):
         layer, state, _ = step(layer, state)
     assert float(loss(layer)) < 0.8 * first
+
+
+@pytest.mark.parametrize("framework,extra", [("flax", "Flax"), ("equinox", "Equinox")])
+def test_framework_modules_are_lazy_and_name_their_extra(framework, extra, monkeypatch):
+    import blocksparse.nn as nn
+
+    assert framework in dir(nn)
+    monkeypatch.delattr(nn, framework, raising=False)
+    monkeypatch.delitem(sys.modules, f"blocksparse.nn.{framework}", raising=False)
+    monkeypatch.setitem(sys.modules, framework, None)  # `import flax` now raises ImportError
+    with pytest.raises(ImportError, match=re.escape(f"bs.nn.{framework} needs {extra}: pip install "
+                                                    f"'blocksparse[{framework}]'")):  # fmt: skip
+        getattr(bs.nn, framework)
+    with pytest.raises(AttributeError, match="has no attribute 'haiku'"):
+        bs.nn.haiku  # noqa: B018

@@ -208,7 +208,11 @@ class SparseLinear(Pytree):
         return self.weight.shape[1]
 
     def __call__(self, x) -> jax.Array:
-        """``x (..., in_features)`` -> ``(..., out_features)``."""
+        """``x (..., in_features)`` -> ``(..., out_features)``; under ``jax.vmap`` still one product."""
+        from ._product import sparse_linear
+
+        if type(self.weight) is BlockSparseMatrix:
+            return sparse_linear(x, self.weight, self.bias, self.activation, self.implementation)
         return _fused_product(x, self.weight, self.bias, self.activation, self.implementation)
 
 

@@ -1,0 +1,148 @@
+"""The layers' product ``activation(x @ W + b)`` as one JAX primitive, so that ``vmap`` folds into one product.
+
+Equinox applies a layer to one example and lets the user ``jax.vmap`` it. Under ``vmap`` a
+``custom_vjp`` product batches its kernel call instead: one tiny product per example (a Pallas grid
+over the examples, each block padded from one row to a tile), and ``grad(vmap(f))`` computes one
+weight gradient per example before summing them. Like ``lax.dot_general``, this primitive has its
+own batching rule (a batched input only adds leading dimensions, which the product folds into its
+rows), a JVP and transposes: whichever order ``vmap`` and ``grad`` come in, the forward is one
+product and the weight gradient one ``sdd`` over the whole batch (per-example gradients,
+``vmap(grad(f))``, need one ``sdd`` per example by definition).
+
+The primitive runs :func:`blocksparse.matmul` (lowered with ``mlir.lower_fun``, so the usual
+implementation choice, Pallas or XLA, applies). Weights that vary along the mapped axis (a stack
+of layers) fall back to ``vmap`` of the differentiable product.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from .._matrix import BlockSparseMatrix
+from ..ops._dispatch import varying_axes
+from ..ops.matmul.api import sdd
+from ..ops.matmul.reference import transposed
+
+__all__ = ["sparse_linear"]
+
+
+def _acc_dtype(dtype):
+    dtype = jnp.dtype(dtype)
+    return jnp.dtype(jnp.float32) if jnp.finfo(dtype).bits < 32 else dtype
+
+
+def _apply_activation(activation, z, out_dtype):
+    """``activation(z)`` in the accumulation dtype, cast to ``out_dtype``."""
+    from ._linear import ACTIVATIONS
+
+    if activation is None:
+        return z.astype(out_dtype)
+    return ACTIVATIONS[activation](z.astype(_acc_dtype(out_dtype))).astype(out_dtype)
+
+
+def _matrix(pattern, data) -> BlockSparseMatrix:
+    return BlockSparseMatrix._from_fields(pattern=pattern, data=data)
+
+
+def _compute(x, data, *bias, pattern, activation, implementation):
+    from ._linear import _fused_product
+
+    return _fused_product(x, _matrix(pattern, data), bias[0] if bias else None, activation, implementation)
+
+
+_p = Primitive("bs_sparse_linear")
+_p.def_impl(_compute)
+mlir.register_lowering(_p, mlir.lower_fun(_compute, multiple_results=False))
+
+
+@_p.def_abstract_eval
+def _abstract(x, data, *bias, pattern, activation, implementation):
+    del activation, implementation
+    # x's axis types (inside shard_map, _bind gave every operand the same ones).
+    return x.update(shape=(*x.shape[:-1], pattern.shape[1]), dtype=jnp.result_type(x.dtype, data.dtype),
+                    weak_type=False)  # fmt: skip
+
+
+def _bind(*args, **params):
+    """Bind the primitive; inside ``shard_map`` every operand is first made varying over the same axes
+    (as JAX's own ops do: the transpose of that cast sums a replicated weight's gradient)."""
+    axes = frozenset().union(*(varying_axes(a) for a in args))
+    cast = lambda a, extra: jax.lax.pcast(a, tuple(sorted(extra, key=str)), to="varying") if extra else a
+    args = [cast(a, axes - varying_axes(a)) for a in args]
+    return _p.bind(*args, **params)
+
+
+def _batch(args, dims, *, pattern, activation, implementation):
+    x, data, *bias = args
+    dx, ddata, *dbias = dims
+    params = dict(pattern=pattern, activation=activation, implementation=implementation)
+    if ddata is None and all(d is None for d in dbias):
+        # Only the input is mapped: its mapped axis becomes a leading dimension, folded into the rows.
+        return _bind(jnp.moveaxis(x, dx, 0), data, *bias, **params), 0
+    # Weights mapped too (a stack of layers): one product per layer, each differentiable.
+    fn = functools.partial(_compute, **params)
+    return jax.vmap(fn, in_axes=(dx, ddata, *dbias))(x, data, *bias), 0
+
+
+batching.primitive_batchers[_p] = _batch
+
+
+def _jvp(primals, tangents, *, pattern, activation, implementation):
+    x, data, *bias = primals
+    tx, tdata, *tbias = tangents
+    out_dtype = jnp.result_type(x.dtype, data.dtype)
+    # The pre-activation z in the accumulation dtype (the bias fused); the activation on top.
+    z = _bind(x, data, *bias, pattern=pattern, activation=None, implementation=implementation)
+    lin = dict(pattern=pattern, activation=None, implementation=implementation)
+    terms = []
+    if type(tx) is not ad.Zero:
+        terms.append(_bind(tx, data, **lin))
+    if type(tdata) is not ad.Zero:
+        terms.append(_bind(x, tdata, **lin))
+    if tbias and type(tbias[0]) is not ad.Zero:
+        terms.append(jnp.broadcast_to(tbias[0].astype(out_dtype), z.shape))
+    tz = functools.reduce(jnp.add, terms) if terms else jnp.zeros(z.shape, out_dtype)
+    if activation is None:
+        return z, tz
+    return jax.jvp(functools.partial(_apply_activation, activation, out_dtype=out_dtype), (z,), (tz,))
+
+
+ad.primitive_jvps[_p] = _jvp
+
+
+def _transpose(ct, x, data, *bias, pattern, activation, implementation):
+    # Only the tangent form appears in linear programs: no bias, no activation, one linear operand.
+    assert activation is None and not bias
+    if type(ct) is ad.Zero:
+        return None, None
+    if ad.is_undefined_primal(x):  # ct (..., out) @ W^T
+        t, data_t = transposed(pattern, data)
+        ct_x = _bind(ct, data_t, pattern=t, activation=None, implementation=implementation)
+        return ct_x.astype(x.aval.dtype), None
+    # W's gradient: x^T @ ct at W's blocks, every leading dimension contracted.
+    x2 = x.reshape(-1, x.shape[-1])
+    ct2 = ct.reshape(-1, ct.shape[-1])
+    ct_data = sdd(x2.T, ct2, _matrix(pattern, None), implementation=implementation).data
+    return None, ct_data.astype(data.aval.dtype)
+
+
+ad.primitive_transposes[_p] = _transpose
+
+
+def sparse_linear(x, weight: BlockSparseMatrix, bias=None, activation: str | None = None, implementation=None):
+    """``activation(x @ weight + bias)`` for ``x (..., in)`` and a static ``weight (in, out)``."""
+    if isinstance(implementation, list):
+        implementation = tuple(implementation)
+    x = jnp.asarray(x)
+    n_in = weight.shape[0]
+    if x.ndim == 0 or x.shape[-1] != n_in:
+        raise ValueError(
+            f"Expected the dense operand's last dimension to be {n_in} (W is {weight.shape}). Got shape {x.shape}."
+        )
+    args = (x, weight.data) if bias is None else (x, weight.data, jnp.asarray(bias))
+    return _bind(*args, pattern=weight.pattern, activation=activation, implementation=implementation)
