@@ -409,3 +409,25 @@ def test_gpu_traced_graph_default_is_pallas_and_does_not_recompile():
             ei = np.random.default_rng(seed).integers(0, 1000, (2, 20000)).astype(np.int32)
             f(ei, x)
     assert log == [("spmm", "pallas"), ("gatv2", "pallas")] and len(traces) == 1
+
+
+@pytest.mark.skipif(ON_GPU, reason="the GPU runs the kernels for real")
+def test_traced_graph_kernels_lower_to_triton(monkeypatch):
+    from test_gnn_pallas import _lower_for_cuda
+
+    import blocksparse.ops._dispatch as D
+
+    monkeypatch.setattr(D, "pallas_mode", lambda: False)
+
+    def everything(ei, x, xh):
+        g = gnn.DynamicGraph.from_edge_index(ei, num_nodes=16, chunk=128)
+        outs = [
+            jax.vjp(lambda x: gnn.spmm(g, x, edge_weight=jnp.ones(600), implementation="pallas"), x)[1](x),
+            jax.vjp(lambda x: gnn.aggregate(g, x, "max", implementation="pallas"), x)[1](x),
+        ]
+        fa = lambda a: gnn.gatv2(g, a, a, jnp.ones((4, 6)), implementation="pallas")
+        fb = lambda a: gnn.graph_attention(g, a, a, a, implementation="pallas")
+        return outs + [jax.vjp(fa, xh)[1](xh), jax.vjp(fb, xh)[1](xh)]
+
+    txt = _lower_for_cuda(everything, jnp.zeros((2, 600), jnp.int32), jnp.ones((16, 24)), jnp.ones((16, 4, 6)))
+    assert txt.count("__gpu$xla.gpu.triton") >= 10
