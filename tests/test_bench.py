@@ -4,6 +4,8 @@ import contextlib
 import importlib.util
 import io
 import json
+import os
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -279,3 +281,15 @@ def test_on_a_gpu_the_suites_run_the_pallas_kernels(tiny_run):
     assert tiny_run["code"] == 0 and tiny_run["doc"]["meta"]["platform"] == "gpu"
     ran = {r["label"]: r["metrics"]["implementation"] for r in results if r["suite"] == "matmul"}
     assert all("pallas" in v for k, v in ran.items() if not k.endswith("dense")), ran
+
+
+def test_python_dash_m_exit_status_reaches_the_shell():
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root))
+    bad = subprocess.run([sys.executable, "-m", "blocksparse", "bench", "--suite", "nope"], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip() == (
+        "python -m blocksparse bench: error: argument --suite: expected a suite in matmul, gnn, plan, model, all; "
+        "got 'nope' (see --help)"
+    )
