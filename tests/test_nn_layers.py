@@ -223,3 +223,23 @@ def test_framework_modules_are_lazy_and_name_their_extra(framework, extra, monke
         getattr(bs.nn, framework)
     with pytest.raises(AttributeError, match="has no attribute 'haiku'"):
         bs.nn.haiku  # noqa: B018
+
+
+@pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 devices (conftest makes 4 CPU devices)")
+def test_data_parallel_gradients_inside_shard_map(getkey):
+    """Batch split over devices, layer replicated: gradients are summed over devices like dense ones."""
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:4]), ("batch",))
+    layer, w = make_layer("sparse", 0, 32, 16, 8, 0.5, use_bias=True, dtype=jnp.float32, activation="tanh")
+    x = jax.random.normal(getkey(), (16, 32))
+    t = jax.random.normal(getkey(), (16, 16))
+
+    def grads(layer, x, t):  # JAX sums a replicated input's gradient over the devices, as for dense code
+        return jax.grad(lambda lay: jnp.sum((lay(x) - t) ** 2))(layer)
+
+    g = jax.jit(jax.shard_map(grads, mesh=mesh, in_specs=(P(), P("batch"), P("batch")), out_specs=P()))(layer, x, t)
+    gw, gb = jax.grad(lambda w, b: jnp.sum((jnp.tanh(x @ w + b) - t) ** 2), (0, 1))(jnp.asarray(w), layer.bias)
+    np.testing.assert_allclose(g.weight.to_dense(), gw * (w != 0), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(g.bias, gb, rtol=1e-4, atol=1e-4)
