@@ -1,6 +1,9 @@
 """IO-aware GNN operations: graphs, SpMM, max/min aggregation, fused attention, reordering.
 
-Messages flow ``src -> dst``; every op aggregates at the destination over its in-edges.
+Messages flow ``src -> dst``; every op aggregates at the destination over its in-edges. A
+:class:`Graph` is host data (``jit`` specialises per graph); a :class:`DynamicGraph` is built
+inside ``jit`` from a traced ``edge_index`` with static capacities (one compilation for every
+graph of those capacities), and :func:`batch` / :func:`readout` pack and pool mini-batches.
 Each op has a pure-JAX reference (segment ops; the oracle and the CPU path) and a Pallas
 (Triton) kernel for GPUs; ``implementation=None | "pallas" | "xla"`` picks, as in
 :func:`blocksparse.matmul`, and :func:`blocksparse.dispatch_log` records which one ran.

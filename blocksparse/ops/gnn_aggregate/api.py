@@ -90,6 +90,6 @@ def aggregate(g: Graph | DynamicGraph, x: jax.Array, reduce: str = "max", *, imp
     x = poison(valid, x)
     shape = x.shape
     x2 = x.reshape(shape[0], math.prod(shape[1:]))
-    if g.edge_capacity == 0 or x2.shape[1] == 0:
+    if g.edge_capacity == 0 or g.num_nodes == 0 or x2.shape[1] == 0:
         return nan_unless(valid, jnp.zeros_like(x))
     return nan_unless(valid, _extreme(s, g, x2).reshape(shape))

@@ -129,7 +129,7 @@ def spmm(
     x2 = x.reshape(shape[0], math.prod(shape[1:]))
     if norm in ("left", "both"):
         x2 = (x2 * _inv_pow(g.out_degree, 1.0 if norm == "left" else 0.5)[:, None]).astype(x.dtype)
-    if g.edge_capacity == 0 or x2.shape[1] == 0:
+    if g.edge_capacity == 0 or g.num_nodes == 0 or x2.shape[1] == 0:
         out = jnp.zeros_like(x2)
     else:
         out = _spmm(s, g, x2, *weights)
