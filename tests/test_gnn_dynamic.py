@@ -222,6 +222,42 @@ def test_structure_matches_static_graph():
     assert "DynamicGraph(num_nodes=10, max_edges=400, chunk=128)" == repr(dg)
 
 
+_build = jax.jit(lambda ei, n: gnn.DynamicGraph.from_edge_index(ei, num_nodes=N_CAP, num_edges=n, chunk=CHUNK))
+
+
+@given(edge_lists(max_nodes=N_CAP, max_edges=40, hub_in_degree=(100, 340)))
+@settings(max_examples=10, deadline=None)
+def test_schedule_covers_every_csr_range_once(edges):
+    src, dst, _ = edges
+    e = src.size
+    g = _build(jnp.asarray(_padded(src, dst)), jnp.int32(e))
+    assert bool(g.valid) and int(g.num_edges) == e
+    for t, (a, b) in ((g, (src, dst)), (g.T, (dst, src))):
+        o = np.lexsort((a, b))
+        np.testing.assert_array_equal(np.asarray(t.indices)[:e], a[o])  # CSR sorted by (owner, other)
+        np.testing.assert_array_equal(np.asarray(t.dst_sorted)[:e], b[o])
+        np.testing.assert_array_equal(np.asarray(t.dst_sorted)[e:], N_CAP)
+        np.testing.assert_array_equal(np.asarray(t.edge_perm)[:e], o)
+        s = jax.tree.map(np.asarray, t.schedule)
+        cover = np.zeros(E_CAP, int)
+        ptr = s.indptr
+        for i in range(N_CAP):
+            assert ptr[i] <= s.main_end[i] <= ptr[i + 1] and s.main_end[i] - ptr[i] <= CHUNK
+            cover[ptr[i] : s.main_end[i]] += 1
+        used = s.extra_segment < s.num_extra
+        assert s.num_extra == E_CAP // CHUNK and (s.extra_start[~used] == s.extra_end[~used]).all()
+        for u in np.flatnonzero(used):
+            node = s.extra_node[u]
+            assert s.heavy_nodes[s.extra_segment[u]] == node and ptr[node] <= s.extra_start[u] < s.extra_end[u]
+            assert s.extra_end[u] <= ptr[node + 1] and s.extra_end[u] - s.extra_start[u] <= CHUNK
+            cover[s.extra_start[u] : s.extra_end[u]] += 1
+        np.testing.assert_array_equal(cover, np.arange(E_CAP) < e)  # every edge exactly once, padding never
+        deg = np.diff(ptr)
+        heavy = np.flatnonzero(deg > CHUNK)
+        np.testing.assert_array_equal(s.heavy_nodes[: heavy.size], heavy)
+        np.testing.assert_array_equal(s.heavy_nodes[heavy.size :], N_CAP + np.arange(heavy.size, s.num_extra))
+
+
 def test_no_recompile_across_graphs_of_one_capacity():
     traces = []
 

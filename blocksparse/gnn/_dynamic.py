@@ -303,14 +303,35 @@ class DynamicGraph(Pytree):
 
 
 # ---------------------------------------------------------------------------------- op helpers
+@jax.custom_vjp
+def _nan_gradient_unless(valid, a):
+    return a
+
+
+def _ngu_fwd(valid, a):
+    return a, valid
+
+
+def _ngu_bwd(valid, ct):
+    return None, ct * jnp.where(valid, 1.0, jnp.nan).astype(ct.dtype)
+
+
+_nan_gradient_unless.defvjp(_ngu_fwd, _ngu_bwd)
+
+
 def poison(valid, a):
-    """``a`` times 1, or NaN where the graph is invalid: NaN outputs *and* NaN gradients."""
+    """``a`` unchanged, but its gradient NaN where the graph is invalid (``valid`` False).
+
+    The identity in the forward pass (no extra pass over the inputs); with :func:`nan_unless` on the
+    output, an op on an invalid graph gives NaN outputs *and* NaN gradients for every input.
+    """
     if a is None or valid is None:
         return a
-    return a * jnp.where(valid, 1.0, jnp.nan).astype(a.dtype)
+    return _nan_gradient_unless(valid, a)
 
 
 def nan_unless(valid, out):
+    """``out``, or NaN everywhere if the graph is invalid."""
     if valid is None:
         return out
     return jnp.where(valid, out, jnp.asarray(jnp.nan, out.dtype))
