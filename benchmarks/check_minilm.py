@@ -1,0 +1,121 @@
+"""The JAX all-MiniLM-L6-v2 encoder against sentence-transformers, on the same weights (GPU machine).
+
+    PYTHONPATH=. python benchmarks/check_minilm.py --weights .cache/minilm-fp16 --json OUT.json \\
+        --fixture-out tests/fixtures/minilm_reference
+
+1. Loads the weights directory twice: ``sentence_transformers.SentenceTransformer(DIR)`` (PyTorch,
+   float32, TF32 off) and :func:`blocksparse.models.minilm.load` (JAX, float32,
+   ``jax.default_matmul_precision("highest")``).
+2. Embeds 200 held-out corpus sentences with both; every cosine must be >= 0.9999 (min and mean
+   reported). Also compares the token ids of both tokenizers, and the bf16 JAX encoder's cosines.
+3. Writes the reference fixture of the CPU test (``--fixture-out``): 16 sentences, their token ids
+   and attention mask (int32), the sentence-transformers embeddings (float32) and ``meta.json``
+   (the weights' dtype, so the CPU test rounds its weights the same way).
+
+Exit status 0 when every cosine passes, 1 otherwise. No network: everything loads from ``--weights``
+(write it with ``python -m blocksparse.models export-fp16 DIR``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+THRESHOLD = 0.9999
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--weights", required=True, help="sentence-transformers directory (fp16 or fp32 safetensors)")
+    p.add_argument("--json", required=True, help="where to write the results")
+    p.add_argument("--fixture-out", default=None, help="directory for the CPU test's reference fixture")
+    p.add_argument("--sentences", type=int, default=200)
+    p.add_argument("--fixture-sentences", type=int, default=16)
+    args = p.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+    import jax
+    import jax.numpy as jnp
+    import torch
+    from safetensors.numpy import load_file
+    from sentence_transformers import SentenceTransformer
+
+    from blocksparse.models import corpus, minilm
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    weights = Path(args.weights)
+    stored = {str(v.dtype) for v in load_file(weights / "model.safetensors").values() if v.dtype.kind == "f"}
+    sentences = corpus.sentences("heldout", args.sentences)
+    doc = dict(weights=str(weights), weights_dtype=sorted(stored), sentences=len(sentences), device=device,
+               jax_device=str(jax.devices()[0]), threshold=THRESHOLD)  # fmt: skip
+
+    t0 = time.perf_counter()
+    st = SentenceTransformer(str(weights), device=device)
+    st = st.float()
+    want = st.encode(sentences, batch_size=64, convert_to_numpy=True, normalize_embeddings=False)
+    doc["st_seconds"] = time.perf_counter() - t0
+    doc["st_max_seq_length"] = int(st.max_seq_length)
+
+    model, tok = minilm.load(weights), minilm.load_tokenizer(weights, max_length=int(st.max_seq_length))
+    t = tok(sentences)
+    ours = [list(map(int, r[m.astype(bool)])) for r, m in zip(t["input_ids"], t["attention_mask"], strict=True)]
+    theirs = [list(map(int, r)) for r in st.tokenize(sentences)["input_ids"]]
+    theirs = [[i for i in r if i != 0] for r in theirs]
+    doc["token_ids_equal"] = ours == theirs
+    t0 = time.perf_counter()
+    with jax.default_matmul_precision("highest"):
+        got = minilm.encode(model, tok, sentences, batch_size=64)
+    doc["jax_seconds"] = time.perf_counter() - t0
+    cos = (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
+    doc.update(cosine_min=float(cos.min()), cosine_mean=float(cos.mean()), max_abs_diff=float(np.abs(got - want).max()),
+               norm_st_min=float(np.linalg.norm(want, axis=1).min()))  # fmt: skip
+    bf16 = minilm.encode(model.astype(jnp.bfloat16), tok, sentences, batch_size=64)
+    cb = (bf16 * want).sum(1) / np.linalg.norm(want, axis=1)
+    doc.update(bf16_cosine_min=float(cb.min()), bf16_cosine_mean=float(cb.mean()))
+    doc["ok"] = bool(cos.min() >= THRESHOLD)
+
+    if args.fixture_out:
+        out = Path(args.fixture_out)
+        out.mkdir(parents=True, exist_ok=True)
+        few = sentences[: args.fixture_sentences]
+        ft = minilm.load_tokenizer(weights)(few)
+        emb = st.encode(few, convert_to_numpy=True, normalize_embeddings=False).astype(np.float32)
+        np.save(out / "input_ids.npy", ft["input_ids"].astype(np.int32))
+        np.save(out / "attention_mask.npy", ft["attention_mask"].astype(np.int32))
+        np.save(out / "embeddings.npy", emb)
+        meta = dict(sentences=few, weights_dtype=sorted(stored), torch=torch.__version__, device=device,
+                    source="sentence-transformers " + _version("sentence_transformers"))  # fmt: skip
+        (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+        doc["fixture"] = str(out)
+        doc["fixture_bytes"] = sum(f.stat().st_size for f in out.iterdir())
+
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in doc.items() if k != "sentences"}, indent=1))
+    print(("PASS" if doc["ok"] else "FAIL") + f": min cosine {doc['cosine_min']:.6f} (threshold {THRESHOLD}), "
+          f"mean {doc['cosine_mean']:.6f}; token ids equal: {doc['token_ids_equal']}")  # fmt: skip
+    return 0 if doc["ok"] else 1
+
+
+def _version(name: str) -> str:
+    from importlib.metadata import version
+
+    try:
+        return version(name)
+    except Exception:  # noqa: BLE001
+        return "?"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
