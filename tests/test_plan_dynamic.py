@@ -13,6 +13,7 @@ from jax.experimental import checkify
 
 import blocksparse as bs
 from blocksparse.ipu import DynamicPlan, cost, distribute, dynamic_plan, simulate_dynamic
+from blocksparse.ipu.buckets import bucket_fill
 from blocksparse.ipu.cost import DYNAMIC_PHASES
 from blocksparse.ipu.machines import IPUMachine
 from blocksparse.testing.oracles import to_dense64
@@ -83,10 +84,16 @@ def test_compute_cycles_by_hand_on_the_amp():
 
 
 def test_compute_cycles_by_hand_elementwise():
-    # b = 1, float32: the vector unit at 2 lanes / 1.5 issue = 4/3 MACs/cycle; npc = 5 in grains of 2 -> 6.
-    # Per non-zero: 6 + 6 / (4/3) = 10.5 cycles; per tile 108 + 24 per row.
+    # b = 1, float32: the vector unit at 2 lanes / 1.5 issue = 4/3 MACs/cycle; npc = 5 in chunks of two
+    # vectors (4 columns) -> 8. Per non-zero: 8 / (4/3) = 6 cycles; per row 12 + 14 per chunk = 40; per tile 108.
     got = cost.compute_cycles(bs.ipu.BOW, 4, 2, 5, (1, 1), "float32")
-    assert float(got) == pytest.approx(108 + 2 * 24 + 4 * 10.5)
+    assert float(got) == pytest.approx(108 + 2 * 40 + 4 * 6)
+    # b = 2: each loaded row of x serves the block's two rows, so the issue overhead is 1 + 0.5 / 2.
+    two = cost.compute_cycles(bs.ipu.BOW, 1, 1, 5, (2, 2), "float32")
+    assert float(two) == pytest.approx(108 + 2 * 40 + 4 * 8 / (2 / 1.25))
+    # The dynamic element-wise vertex keeps a row's accumulators across chunks: 12 + 14 once per row.
+    dyn = cost.compute_cycles(bs.ipu.BOW, 4, 2, 5, (1, 1), "float32", dynamic=True)
+    assert float(dyn) == pytest.approx(108 + 2 * 26 + 4 * 6)
 
 
 def test_compute_cycles_shape_of_the_formula():
@@ -114,11 +121,16 @@ def test_compute_cycles_shape_of_the_formula():
 def test_static_and_dynamic_compute_phases_use_the_formula():
     p = dynamic_plan((2048, 2048), 16, 2000, 512)
     npc = int(p.n_pieces[0, 1] - p.n_pieces[0, 0])
-    one = cost.compute_cycles(p.machine, p.bucket_capacity, min(p.bucket_capacity, p.rows_per_partition), npc,
-                              p.block_size, p.dtype)  # fmt: skip
     pm, pk, pn = p.split
-    spill = cost.compute_cycles(p.machine, p.bucket_capacity, min(p.bucket_capacity, p.grid[0]), npc, p.block_size,
-                                p.dtype) if pm * pk > 1 else 0.0  # fmt: skip
+    # The vertices loop over the blocks a bucket holds: the busiest group's (mean + one standard deviation).
+    mean = 2000 / (pm * pk)
+    busiest = min(int(np.ceil(mean + np.sqrt(mean * (1 - 1 / (pm * pk))))), pn * p.bucket_capacity)
+    fill = -(-busiest // pn)
+    assert int(bucket_fill(2000, pm * pk, pn, p.bucket_capacity)) == fill <= p.bucket_capacity
+    one = cost.compute_cycles(p.machine, fill, min(fill, p.rows_per_partition), npc, p.block_size, p.dtype,
+                              dynamic=True)  # fmt: skip
+    spill = cost.compute_cycles(p.machine, fill, min(fill, p.grid[0]), npc, p.block_size,
+                                p.dtype, dynamic=True) if pm * pk > 1 else 0.0  # fmt: skip
     assert p.cycles["compute"] == pytest.approx(float(pn * one + spill))
     W = bs.BlockPattern.random(0, (512, 512), 16, 1 / 8)
     s = bs.plan(W, 64, n_split=1, num_bands=1, machine=bs.ipu.BOW)

@@ -77,14 +77,18 @@ def _dynamic_cost(mc, shape, block_size, max_nnz, n, dt, pdt, oversize, pm, pk, 
     xbw = mc.exchange_bytes_per_cycle
     reduce_rate = mc.vector_lanes.get(pdt, 1) / mc.elementwise_issue_overhead
 
+    # Buckets are fixed-size tensors, so exchanges and memory are those of full buckets; the vertices,
+    # though, loop over the entries a bucket actually holds (poplibs' dynamic estimators take the
+    # blocks per bucket): compute and metadata scale with the busiest group's blocks.
+    fill = bucket_fill(max_nnz, groups, pn, cap)
     # Metadata entries scanned per bucket: one per block on the AMP; one per row for element sparsity
     # (the compute vertex reads the elements' offsets itself).
-    entries = cap if mc.sub_block((bh, bw)) >= 4 else np.minimum(cap, np.maximum(mt, 1) * bh)
+    entries = fill if mc.sub_block((bh, bw)) >= 4 else np.minimum(fill, np.maximum(mt, 1) * bh)
     x_bytes = kt * bw * npc * dbytes  # the whole partition's rows of X: the pattern is unknown
-    home_rows = np.minimum(cap, mt)
-    spill_rows = np.minimum(cap, gm)
-    compute = pn * _cost.compute_cycles(mc, cap, home_rows, npc, block_size, dt)
-    compute = compute + spill_rounds * _cost.compute_cycles(mc, cap, spill_rows, npc, block_size, dt)
+    home_rows = np.minimum(fill, mt)
+    spill_rows = np.minimum(fill, gm)
+    compute = pn * _cost.compute_cycles(mc, fill, home_rows, npc, block_size, dt, dynamic=True)
+    compute = compute + spill_rounds * _cost.compute_cycles(mc, fill, spill_rows, npc, block_size, dt, dynamic=True)
     split_k = pk > 1
     kred_rows = np.where(split_k, mt * (pk - 1) / pk, 0.0)  # rows a reducing tile receives from other k parts
     spill_in_rows = spill_rounds * spill_rows  # partial rows of spilled blocks, sent to their home tiles
@@ -97,7 +101,9 @@ def _dynamic_cost(mc, shape, block_size, max_nnz, n, dt, pdt, oversize, pm, pk, 
         return np.where(nbytes > 0, nbytes / xbw + sync, 0.0)
 
     cycles = {
-        "exchange_dense": xc(x_bytes),
+        # The pm partitions of one (k, n) piece receive the same rows of X: a multicast, at the broadcast
+        # rate of poplin's and poplibs' exchange estimates (as in the static and dense models).
+        "exchange_dense": xc(x_bytes / np.where(pm > 1, mc.exchange_broadcast_factor, 1.0)),
         "exchange_buckets": xc(bucket_bytes),
         "metadata": visits * (mc.vertex_overhead_cycles + entries * mc.metadata_cycles_per_entry / mc.num_workers),
         "zero_partials": (mt + spill_in_rows) * bh * npc * pbytes / mc.store_bytes_per_cycle,
@@ -122,6 +128,19 @@ def _dynamic_cost(mc, shape, block_size, max_nnz, n, dt, pdt, oversize, pm, pk, 
     at_reduce = x_home + w_home + partials + part_bytes + out_home
     memory = np.maximum(at_compute, at_reduce).astype(np.float64)
     return cycles, nbytes, memory, cap, rounds, mt, kt
+
+
+def bucket_fill(max_nnz, groups, pn, cap):
+    """Blocks per bucket that the busiest tile computes when ``max_nnz`` blocks fall uniformly at random.
+
+    A group (a block of ``W``'s rows and columns, dealt over its ``pn`` buckets) receives a binomial
+    number of blocks; like poplibs' static partitioner we take its mean plus one standard deviation,
+    at most the group's ``pn * cap`` slots, spread evenly over the group's buckets.
+    """
+    groups = np.asarray(groups, np.float64)
+    mean = max_nnz / groups
+    busiest = np.ceil(mean + np.sqrt(mean * (1.0 - 1.0 / groups)))
+    return np.maximum(cdiv(np.minimum(busiest, pn * cap).astype(np.int64), pn), np.where(max_nnz > 0, 1, 0))
 
 
 def dynamic_plan(

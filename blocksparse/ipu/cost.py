@@ -24,6 +24,7 @@ once. Our formulas are our own estimates; the constants they use live on the mac
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -68,6 +69,9 @@ class TileStats:
         cols: ``int[tiles]`` distinct block columns per tile (the ``X`` rows it needs).
         multi_partial_rows: sum over block rows held by two or more tiles of the number of tiles holding them.
         multi_rows: the number of such block rows.
+        span: ``int[tiles]`` non-empty block columns of the band each tile belongs to (the most ``X`` rows it
+            could be sent); ``None`` means ``cols``. The dense-row exchange is scaled by ``span / cols``, the
+            ratio of the largest to the average message count (poplibs' ``rhsBias``, see :func:`sparse_cost`).
     """
 
     blocks: np.ndarray
@@ -75,6 +79,7 @@ class TileStats:
     cols: np.ndarray
     multi_partial_rows: int
     multi_rows: int
+    span: np.ndarray | None = None
 
 
 def n_piece(n: int, n_split: int, grain: int, serial: int = 1) -> int:
@@ -90,7 +95,9 @@ def n_pieces(n: int, n_split: int, grain: int, serial: int = 1) -> np.ndarray:
     return np.stack([starts, np.minimum(starts + p, n)], axis=1)
 
 
-def compute_cycles(machine: IPUMachine, blocks, rows, npc, block_size: tuple[int, int], dtype: str) -> np.ndarray:
+def compute_cycles(
+    machine: IPUMachine, blocks, rows, npc, block_size: tuple[int, int], dtype: str, *, dynamic: bool = False
+) -> np.ndarray:
     """Cycles of one tile's compute set: ``blocks`` non-zero blocks over ``rows`` block rows times ``npc`` columns.
 
     The one copy of the per-tile compute formula, used by the static model (:func:`sparse_cost`) and
@@ -100,10 +107,17 @@ def compute_cycles(machine: IPUMachine, blocks, rows, npc, block_size: tuple[int
     * AMP (sub-blocks of 4, 8 or 16): the ``num_workers`` workers split the piece's columns, each
       handling whole vector grains; every (sub-)block pays its metadata entry, loading its values
       and filling the AMP pipeline, then ``sub * sub * n_eff / rate`` cycles of multiply-accumulate.
-    * Element-wise (no AMP): every non-zero streams its row of ``X`` through the vector unit,
-      ``elementwise_overhead_cycles`` plus ``n_eff / rate`` cycles each; rows are the unit of work.
+    * Element-wise (no AMP; block sides of 1 or 2): poplibs' element-wise vertex estimates (static
+      ``matmulComputeCycles``, dynamic ``sparseDenseElementwiseMultiply``) have no fixed cost per
+      non-zero: each streams its row of ``X`` through the vector MAC in chunks of two vectors
+      (``n_eff`` rounded to ``2 * lanes``) at ``rate``, while every output row pays
+      ``elementwise_row_cycles`` plus ``elementwise_chunk_cycles`` per chunk (loading and storing its
+      accumulators); the dynamic vertex (``dynamic=True``) keeps a row's accumulators across its
+      chunks and pays ``elementwise_chunk_cycles`` once per row. In a ``bh x bw`` block each ``X``
+      row it loads serves ``bh`` output rows, so the load part of the issue overhead is shared by
+      ``bh`` (our estimate: :meth:`IPUMachine.block_macs_per_cycle`).
 
-    Every busy tile also pays the vertex launch and a work-list entry per output row.
+    Every busy tile also pays the vertex launch (and, on the AMP, a work-list entry per output row).
     """
     mc = machine
     bh, bw = block_size
@@ -122,10 +136,29 @@ def compute_cycles(machine: IPUMachine, blocks, rows, npc, block_size: tuple[int
         per_block = per_block + nsub * mc.amp_pipeline_cycles + nsub * sub * sub * n_eff / rate
         out = mc.vertex_overhead_cycles + rows * mc.row_overhead_cycles + blocks * per_block
     else:
-        n_eff = cdiv(npc, grain) * grain
-        per_elem = mc.elementwise_overhead_cycles + n_eff / rate
-        out = mc.vertex_overhead_cycles + rows * bh * mc.row_overhead_cycles + blocks * nsub * sub * sub * per_elem
+        chunk = 2 * grain
+        n_eff = cdiv(npc, chunk) * chunk
+        rate = mc.block_macs_per_cycle(sub, dtype, rows_sharing=bh)
+        chunks = 1 if dynamic else n_eff / chunk
+        per_row = mc.elementwise_row_cycles + mc.elementwise_chunk_cycles * chunks
+        out = mc.vertex_overhead_cycles + rows * bh * per_row
+        out = out + blocks * nsub * sub * sub * n_eff / rate
     return np.where(blocks > 0, out, 0.0)
+
+
+def reduction_cycles(machine: IPUMachine, outputs, fan_in, partials_dtype: str):
+    """Cycles of one tile adding ``fan_in`` partials into each of ``outputs`` outputs.
+
+    poplibs' static partitioner estimates its strided reduce so: the workers share the outputs, each
+    loop step handles an accumulator vector (4 single or 8 half partials) for
+    ``reduce_cycles_per_vector`` cycles plus ``reduce_cycles_per_partial`` per partial beyond the first,
+    and the vertex pays its launch once. With two partials that is about three cycles per output.
+    """
+    mc = machine
+    width = 2 * mc.vector_lanes.get(partials_dtype, 2)  # accumulator vector: 4 float or 8 half partials
+    steps = cdiv(cdiv(np.asarray(outputs, np.int64), mc.num_workers), width) * mc.num_workers
+    per_step = mc.reduce_cycles_per_vector + mc.reduce_cycles_per_partial * np.maximum(np.asarray(fan_in) - 1, 0)
+    return mc.vertex_overhead_cycles + steps * per_step
 
 
 def sparse_cost(
@@ -163,7 +196,14 @@ def sparse_cost(
     busy = blocks > 0
 
     # -- exchange of the dense operand and of the non-zeros ------------------------------------------
+    # poplibs' StaticMatMulPartitioner costs the dense rows at twice the exchange rate (the multicast the
+    # exchange scheduler uses by default) scaled by the ratio of the largest to the average number of
+    # messages (its ``rhsBias``: the band's columns over the columns a tile actually needs). Together
+    # that is the tile's band width, not its used columns, at the broadcast rate: tiles that need few
+    # scattered rows of a wide band multicast poorly.
     x_bytes = cols * bw * npc * dbytes
+    span = cols if stats.span is None else np.maximum(stats.span.astype(np.float64), cols)
+    x_cost_bytes = np.where(busy, span, 0.0) * bw * npc * dbytes / mc.exchange_broadcast_factor
     nz_bytes = blocks * bh * bw * dbytes if n_split > 1 else np.zeros_like(blocks)
 
     # -- compute -------------------------------------------------------------------------------------
@@ -171,11 +211,15 @@ def sparse_cost(
     zero_bytes = rows * bh * npc * pbytes
 
     # -- partials, reduction, output -----------------------------------------------------------------
+    # A row held by several tiles is reduced in slices, one per holder (poplibs' reduction spreads each
+    # row's outputs over the tiles that hold its partials): a reducing tile receives the other holders'
+    # partials of its slice and adds ``fan_in`` partials per output, fan_in = holders per multi-held row.
     tps = tiles_per_split
-    in_rows = int(cdiv(stats.multi_partial_rows, tps))
-    add_rows = int(cdiv(stats.multi_partial_rows - stats.multi_rows, tps))
-    out_rows = int(cdiv(stats.multi_rows, tps))  # rows a reducing tile sums into
-    partial_in_bytes = in_rows * bh * npc * pbytes
+    reducers = min(tps, stats.multi_partial_rows)
+    fan_in = stats.multi_partial_rows / stats.multi_rows if stats.multi_rows else 0.0
+    red_outputs = int(cdiv(stats.multi_rows * bh * npc, reducers)) if reducers else 0
+    red_inputs = int(cdiv((stats.multi_partial_rows - stats.multi_rows) * bh * npc, reducers)) if reducers else 0
+    partial_in_bytes = red_inputs * pbytes
     out_home = int(cdiv(m * n, T)) * dbytes
     x_home = int(cdiv(k * n, T)) * dbytes
 
@@ -186,14 +230,12 @@ def sparse_cost(
         return top / xbw + sync if top > 0 else 0.0
 
     cycles = {
-        "exchange_dense": xcycles(x_bytes),
+        "exchange_dense": xcycles(x_cost_bytes),
         "exchange_nonzeros": xcycles(nz_bytes),
         "zero_partials": float(np.max(zero_bytes, initial=0.0)) / mc.store_bytes_per_cycle,
         "compute": float(np.max(compute, initial=0.0)),
         "exchange_partials": xcycles(partial_in_bytes),
-        "reduction": (mc.vertex_overhead_cycles + out_rows * bh * npc * mc.reduce_cycles_per_output)
-        if add_rows
-        else 0.0,
+        "reduction": reduction_cycles(mc, red_outputs, fan_in, partials_dtype) if red_inputs else 0.0,
         "output": out_home / mc.output_bytes_per_cycle,
     }
     cycles = {name: v * serial for name, v in cycles.items()}
@@ -249,6 +291,7 @@ def split_candidates(limit: int) -> np.ndarray:
     return c[c <= max(limit, 1)]
 
 
+@functools.lru_cache(maxsize=256)
 def dense_estimate(
     machine: IPUMachine, m: int, k: int, n: int, dtype: str, partials_dtype: str, available_memory_proportion: float
 ) -> DenseEstimate | None:
@@ -259,7 +302,8 @@ def dense_estimate(
     for the other pieces of ``n`` move) and runs the AMP at ``dense_amp_efficiency`` of peak;
     when ``k`` is split, the ``pk`` partial outputs are exchanged and reduced before the output
     goes home. When even the best split does not fit, ``n`` is processed in ``serial``
-    passes (as poplin's serial splits do), each pass paying every phase again.
+    passes (as poplin's serial splits do), each pass paying every phase again except the exchange of
+    ``W``'s copies, which stay on their tiles.
     """
     mc = machine
     T = mc.num_tiles
@@ -289,10 +333,7 @@ def dense_estimate(
     phases = {
         # W is placed where it is used (static weights); only its copies for other pieces of n move.
         # Pieces that several consecutive tiles receive (X for pm > 1, W's copies for pn > 1) are broadcast.
-        "exchange_inputs": (kt * nt / np.where(pm > 1, bcast, 1.0) + np.where(pn > 1, mt * kt / bcast, 0.0))
-        * dbytes
-        / xbw
-        + sync,
+        "exchange_inputs": kt * nt / np.where(pm > 1, bcast, 1.0) * dbytes / xbw + sync,
         "zero_partials": mt * nt * pbytes / mc.store_bytes_per_cycle,
         "compute": mc.vertex_overhead_cycles + mt * kt * nt / peak,
         "exchange_partials": np.where(split_k, mt * nt * pbytes * (pk - 1) / pk / xbw + sync, 0.0),
@@ -300,6 +341,8 @@ def dense_estimate(
         "output": out_pass / xbw + sync,
     }
     phases = {name: v * ser for name, v in phases.items()}
+    # W's copies for the other pieces of n move once and stay on their tiles for every serial pass.
+    phases["exchange_inputs"] = phases["exchange_inputs"] + np.where(pn > 1, mt * kt / bcast, 0.0) * dbytes / xbw
     phases["fixed"] = np.full(ser.shape, float(mc.dense_fixed_cycles))
     total = sum(phases.values())
     home = float(cdiv(k * n, T) + cdiv(m * n, T)) * dbytes

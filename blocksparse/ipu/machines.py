@@ -33,23 +33,33 @@ Estimates (not published as such; each with its reasoning):
   the shape of PopSparse's results (throughput grows with block size).
 * ``elementwise_issue_overhead = 1.5``: for ``b = 1`` there is no AMP. Each non-zero streams a
   row of ``x`` through the 64-bit vector MAC (4 half / 2 single lanes); the six workers share one
-  issue slot per cycle and each MAC instruction needs about half an instruction more of load and
-  index arithmetic. Hence 4 / 1.5 = 2.7 half (1.3 single) MACs per cycle per tile, about 24x below
-  the AMP peak, which is why element sparsity needs far lower density to beat dense.
+  issue slot per cycle and each MAC instruction needs about half an instruction more to load ``x``
+  and do index arithmetic. Hence 4 / 1.5 = 2.7 half (1.3 single) MACs per cycle per tile, about 24x
+  below the AMP peak, which is why element sparsity needs far lower density to beat dense. poplibs'
+  element-wise estimators agree: 3 cycles per non-zero per 8 half (4 single) columns. In a
+  ``bh x bw`` block of side 2 (no AMP either) each loaded ``x`` row serves ``bh`` output rows, so the
+  extra half instruction is shared: ``1 + 0.5 / bh`` (our estimate).
+* ``elementwise_row_cycles = 12``, ``elementwise_chunk_cycles = 14``: poplibs' element-wise vertex
+  estimates charge every output row about 12 cycles plus about 14 per chunk of two vectors of
+  columns (loading, storing its accumulators), and no fixed cost per non-zero.
 * Per-unit overheads, in tile cycles: ``vertex_overhead_cycles`` (launching a compute set's
   vertices on six workers and the supervisor's setup), ``row_overhead_cycles`` (one output row's
   work-list entry: pointer and length loads, accumulator set-up), ``block_overhead_cycles`` (one
   block's metadata entry), ``amp_pipeline_cycles`` (filling and draining the AMP pipeline once
   per block per worker, about 16 worker cycles; six round-robin workers make that ~100 tile
-  cycles), ``elementwise_overhead_cycles`` per non-zero of element sparsity.
+  cycles).
 * ``exchange_sync_cycles = 0``: poplibs' static partitioner charges no separate synchronisation per
   exchange (its exchange estimate is bytes over bandwidth); kept as a knob.
 * ``vertex_overhead_cycles = 108``: the per-vertex fixed cost poplibs' sparse cost estimators use
   (``popsparse/StaticMatMulPartitioner.cpp``), about 100 cycles of supervisor and worker start-up.
+* ``tile_grain = 2``: poplibs' static partitioner hands tiles to pieces of ``n`` and to column bands
+  in grains of the tiles that share an exchange bus (``getTileGrainSize``: two on the GC200).
 * ``output_bytes_per_cycle = 1``: poplibs costs moving the result to its home tiles at one byte per
   cycle (the output move is a rearrangement, not a bulk exchange).
-* ``reduce_cycles_per_output = 3``: poplibs' estimate for reducing partial sums, about three cycles
-  per output element summed in.
+* ``reduce_cycles_per_vector = 11``, ``reduce_cycles_per_partial = 1``: poplibs' estimate of its
+  strided reduce (``reductionCycleEstimate`` in ``popsparse/StaticMatMulPartitioner.cpp``): per worker
+  loop step over one accumulator vector (4 single / 8 half partials), 11 cycles plus one per extra
+  partial summed in; with two partials, about three tile cycles per output.
 * ``exchange_broadcast_factor = 2``: poplin's exchange estimator doubles the receive rate when
   consecutive tiles receive the same data (a broadcast): the dense matmul's operand pieces shared by
   several tiles arrive at 8 bytes per cycle.
@@ -120,12 +130,15 @@ class IPUMachine:
     row_overhead_cycles: int = 24
     block_overhead_cycles: int = 16
     amp_pipeline_cycles: int = 100
-    elementwise_overhead_cycles: int = 6
+    elementwise_row_cycles: int = 12
+    elementwise_chunk_cycles: int = 14
     exchange_sync_cycles: int = 0
     dense_amp_efficiency: float = 0.95
     output_bytes_per_cycle: float = 1.0
-    reduce_cycles_per_output: float = 3.0
+    reduce_cycles_per_vector: float = 11.0
+    reduce_cycles_per_partial: float = 1.0
     exchange_broadcast_factor: float = 2.0
+    tile_grain: int = 2
     dense_fixed_cycles: int = 11_000
     metadata_cycles_per_entry: float = 16.0
     round_cycles: int = 3_000
@@ -133,7 +146,7 @@ class IPUMachine:
     metadata_bytes_per_row: int = 8
 
     def __post_init__(self):
-        for attr in ("num_tiles", "tile_memory_bytes", "num_workers"):
+        for attr in ("num_tiles", "tile_memory_bytes", "num_workers", "tile_grain"):
             v = getattr(self, attr)
             if int(v) != v or v <= 0:
                 raise ValueError(f"Expected a positive integer {attr}. Got {v!r}.")
@@ -184,12 +197,17 @@ class IPUMachine:
                 return s
         return 1
 
-    def block_macs_per_cycle(self, sub: int, dtype) -> float:
-        """Tile multiply-accumulates per cycle when computing ``sub x sub`` (sub-)blocks."""
+    def block_macs_per_cycle(self, sub: int, dtype, rows_sharing: int = 1) -> float:
+        """Tile multiply-accumulates per cycle when computing ``sub x sub`` (sub-)blocks.
+
+        On the vector unit (``sub < 4``), ``rows_sharing`` output rows share each loaded row of ``x``
+        (the block height), which shares the load part of the issue overhead between them.
+        """
         name = self.check_dtype(dtype)
         if sub >= 4:
             return self.amp_macs_per_cycle[name] * min(sub, self.amp_native_block) / self.amp_native_block
-        return self.vector_lanes[name] / self.elementwise_issue_overhead
+        issue = 1.0 + (self.elementwise_issue_overhead - 1.0) / max(int(rows_sharing), 1)
+        return self.vector_lanes[name] / issue
 
     def column_grain(self, dtype) -> int:
         """Columns of ``x`` handled together by one vector instruction."""

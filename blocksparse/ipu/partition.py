@@ -4,9 +4,10 @@ The partition follows PopSparse's static sparse matmul (Li et al. 2023, arXiv:23
 its implementation, poplibs ``popsparse/StaticMatMulPartitioner``):
 
 * ``n`` (the columns of ``X``) is split into ``n_split`` pieces of whole vector grains; each piece
-  gets its own ``tiles_per_split = num_tiles // n_split`` tiles and the same block assignment;
+  gets its own ``tiles_per_split`` tiles (an equal share of the tiles, in grains of ``tile_grain``
+  tiles) and the same block assignment;
 * the block columns of ``W`` are cut into ``num_bands`` bands holding about equal numbers of
-  non-zero blocks; tiles are given to bands in proportion to their non-zero blocks;
+  non-zero blocks; tiles are given to bands in proportion to their non-zero blocks, in grains;
 * within a band, consecutive tiles take contiguous, equal chunks of the band's blocks in row
   order, so a long row can span tiles; its partial sums are reduced afterwards.
 
@@ -43,21 +44,30 @@ _CACHE_SIZE = 64
 # --------------------------------------------------------------------------------------------------
 def column_bands(cols: np.ndarray, grid_k: int, num_bands: int) -> np.ndarray:
     """Boundaries ``int[bands + 1]`` (block columns) of at most ``num_bands`` bands of about equal non-zeros."""
-    total = int(cols.size)
+    return _bounds(np.bincount(cols, minlength=grid_k) if cols.size else np.zeros(grid_k, np.int64), num_bands)
+
+
+def _bounds(col_counts: np.ndarray, num_bands: int) -> np.ndarray:
+    grid_k = col_counts.size
+    cum = np.cumsum(col_counts)
+    total = int(cum[-1]) if grid_k else 0
     if total == 0 or num_bands <= 1:
         return np.array([0, grid_k], np.int64)
-    cum = np.cumsum(np.bincount(cols, minlength=grid_k))
     targets = cdiv(total * np.arange(1, num_bands, dtype=np.int64), num_bands)
     cuts = np.searchsorted(cum, targets, side="left") + 1
     return np.unique(np.concatenate([[0], np.minimum(cuts, grid_k), [grid_k]]))
 
 
-def tiles_for_bands(nnz_per_band: np.ndarray, tiles: int) -> np.ndarray | None:
-    """Tiles per band in proportion to its non-zero blocks (at least one per non-empty band).
+def tiles_for_bands(nnz_per_band: np.ndarray, tiles: int, grain: int = 1) -> np.ndarray | None:
+    """Tiles per band in proportion to its non-zero blocks (at least one grain per non-empty band).
 
-    Returns ``None`` when there are more non-empty bands than tiles. A band never gets more tiles
-    than it has blocks.
+    Tiles are handed out in grains of ``grain`` consecutive tiles (poplibs allocates them in grains of
+    the tiles sharing an exchange bus, two on the GC200). Returns ``None`` when there are more
+    non-empty bands than grains. A band never gets more tiles than it has blocks.
     """
+    if grain > 1:
+        units = tiles_for_bands(nnz_per_band, tiles // grain)
+        return None if units is None else np.minimum(units * grain, np.asarray(nnz_per_band, np.int64))
     nnz = np.asarray(nnz_per_band, np.int64)
     total = int(nnz.sum())
     out = np.zeros(nnz.shape, np.int64)
@@ -95,25 +105,39 @@ class _Bands:
     nonempty_cols: np.ndarray  # int[B] block columns with a block in the band
 
 
+def _tiles_per_split(machine: IPUMachine, n_split: int) -> int:
+    """Tiles of one piece of ``n``: the machine's tiles in whole grains, shared evenly by the pieces."""
+    g = _grain(machine)
+    return (machine.num_tiles // g // n_split) * g
+
+
+def _grain(machine: IPUMachine) -> int:
+    """Tiles per allocation grain (one when the machine has fewer tiles than a grain, as in poplibs)."""
+    return machine.tile_grain if machine.num_tiles >= machine.tile_grain else 1
+
+
 def _small_int(a: np.ndarray, limit: int) -> np.ndarray:
     # NumPy's stable sort is a radix sort for 16-bit integers: linear time for band and column ids.
     return a.astype(np.int16) if limit < np.iinfo(np.int16).max else a
 
 
 def _bands(pattern: BlockPattern, num_bands: int, col_counts: np.ndarray) -> _Bands:
-    gk = pattern.grid[1]
-    cols = pattern.cols.astype(np.int64)
-    bounds = column_bands(cols, gk, num_bands)
+    bounds = _bounds(col_counts, num_bands)
     nb = bounds.size - 1
-    band_of_block = np.searchsorted(bounds, cols, side="right") - 1
-    order = np.argsort(_small_int(band_of_block, nb), kind="stable")  # pattern order is row-major: stays so
-    band = band_of_block[order]
-    nnz = np.bincount(band, minlength=nb)
+    nnz = np.add.reduceat(col_counts, bounds[:-1]) if col_counts.size else np.zeros(nb, np.int64)
+    size = pattern.nnz_blocks
+    if nb == 1:
+        order = np.arange(size)  # one band: the pattern's own row-major order
+    else:
+        lut = _small_int(np.repeat(np.arange(nb), np.diff(bounds)), nb)  # band of each block column
+        order = np.argsort(lut[pattern.cols], kind="stable")  # pattern order is row-major: stays so
     starts = np.concatenate([[0], np.cumsum(nnz)[:-1]])
-    pos = np.arange(order.size) - starts[band]
+    band = np.repeat(np.arange(nb), nnz)
+    pos = np.arange(size) - np.repeat(starts, nnz)
     rows = pattern.rows[order]
-    new_row = np.ones(order.size, bool)
-    new_row[1:] = (band[1:] != band[:-1]) | (rows[1:] != rows[:-1])
+    new_row = np.ones(size, bool)
+    new_row[1:] = rows[1:] != rows[:-1]
+    new_row[starts[nnz > 0]] = True  # a band's first block starts a row
     nonempty_rows = np.bincount(band[new_row], minlength=nb)
     cum = np.concatenate([[0], np.cumsum(col_counts > 0)])
     nonempty_cols = cum[bounds[1:]] - cum[bounds[:-1]]
@@ -154,7 +178,9 @@ def _stats(
     new_col = np.ones(tc.size, bool)
     new_col[1:] = (tc[1:] != tc[:-1]) | (cc[1:] != cc[:-1])
     cols_per_tile = np.bincount(tc[new_col], minlength=tiles)
-    return _cost.TileStats(blocks, rows_per_tile, cols_per_tile, int(holders[multi].sum()), int(multi.sum()))
+    span = np.zeros(tiles, np.int64)
+    span[tile] = bands.nonempty_cols[bands.band]
+    return _cost.TileStats(blocks, rows_per_tile, cols_per_tile, int(holders[multi].sum()), int(multi.sum()), span)
 
 
 def _estimate_stats(bands: _Bands, tiles_per_band: np.ndarray, rows_nonempty: int) -> _cost.TileStats:
@@ -171,7 +197,8 @@ def _estimate_stats(bands: _Bands, tiles_per_band: np.ndarray, rows_nonempty: in
     pairs = float((used * rows).sum())
     extra = max(pairs - rows_nonempty, 0.0)
     multi_rows = min(float(rows_nonempty), extra)
-    return _cost.TileStats(chunk, rows, cols, int(extra + multi_rows), int(multi_rows))
+    span = np.where(nnz > 0, bands.nonempty_cols, 0)
+    return _cost.TileStats(chunk, rows, cols, int(extra + multi_rows), int(multi_rows), span)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -293,9 +320,10 @@ def _search(pattern, n, machine, dt, pdt, amp, n_split_opt, num_bands_opt) -> Pl
             continue
         seen.add(bkey)
         for s in splits:
-            tpb = tiles_for_bands(bands.nnz, T // s)
+            tps = _tiles_per_split(machine, s)
+            tpb = tiles_for_bands(bands.nnz, tps, _grain(machine))
             if tpb is not None:
-                candidates.append((bands, s, T // s, tpb))
+                candidates.append((bands, s, tps, tpb))
 
     stats_cache = {}
 
