@@ -17,18 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_matmul import _time_jax, _time_jax_loop  # noqa: E402
-
-import blocksparse as bs  # noqa: E402
+import blocksparse as bs
+from blocksparse.bench import Timer
 
 
 def run(m, k, n, b, density, dtype, reps, trials):
@@ -39,6 +36,9 @@ def run(m, k, n, b, density, dtype, reps, trials):
     W1, x1 = jax.device_put(W, one), jax.device_put(x, one)
     dense = jax.device_put(W.to_dense(), one)
     mesh = Mesh(np.array(devices), ("d",))
+    # x replicated on every device beforehand, as a model-parallel layer receives it: the timings
+    # are of the product and its collective, not of copying x from one GPU to the others per call.
+    x_rep = jax.device_put(x, NamedSharding(mesh, P()))
     ref = np.asarray(jnp.dot(dense, x1, preferred_element_type=jnp.float32))
     scale = float(np.abs(ref).max()) or 1.0
 
@@ -46,16 +46,16 @@ def run(m, k, n, b, density, dtype, reps, trials):
         "dense_1dev": (lambda a, x: jnp.dot(a, x), dense, x1, None),
         "sparse_1dev": (lambda W, x: bs.matmul(W, x), W1, x1, None),
     }
-    for name, split, collective in [
-        ("sharded_auto", None, None),
-        ("sharded_rows", "rows", None),
-        ("sharded_cols_psum", "cols", "psum"),
-        ("sharded_cols_psum_scatter", "cols", "psum_scatter"),
+    for name, kw in [
+        ("sharded_auto", {}),
+        ("sharded_rows_lines", dict(split="rows", balance="lines")),
+        ("sharded_rows_blocks", dict(split="rows", balance="blocks")),
+        ("sharded_cols_psum", dict(split="cols", collective="psum")),
+        ("sharded_cols_psum_scatter", dict(split="cols", collective="psum_scatter")),
     ]:
-        if collective == "psum_scatter" and m % len(devices):
+        if kw.get("collective") == "psum_scatter" and m % len(devices):
             continue
-        cases[name] = (lambda Ws, x: Ws @ x, bs.shard(W, mesh, "d", split=split, collective=collective), x, None)
-
+        cases[name] = (lambda Ws, x: Ws @ x, bs.shard(W, mesh, "d", **kw), x_rep, None)
     result = {
         "m": m,
         "k": k,
@@ -72,14 +72,15 @@ def run(m, k, n, b, density, dtype, reps, trials):
         f"{len(devices)} device(s) ({devices[0].platform}); m={m} k={k} n={n} b={b} d={density:.4g} "
         f"{result['dtype']}, {W.nnz_blocks} blocks"
     )
+    timer = Timer(iters=reps, trials=trials)
     for name, (fn, A, xx, _) in cases.items():
         f = jax.jit(fn)
         y = f(A, xx)
         err = float(np.abs(np.asarray(y, np.float32) - ref).max()) / scale
         row = {
             "name": name,
-            "loop_ms": 1e3 * _time_jax_loop(fn, (A, xx), reps, trials),
-            "call_ms": 1e3 * _time_jax(f, [(A, xx)], reps, trials),
+            "loop_ms": timer.loop(fn, A, xx),
+            "call_ms": timer.calls(fn, A, xx),
             "max_rel_err": err,
             "out_sharding": str(getattr(y.sharding, "spec", y.sharding)),
         }
@@ -89,6 +90,7 @@ def run(m, k, n, b, density, dtype, reps, trials):
                 split=p.split,
                 collective=p.collective,
                 estimated_bytes=p.bytes_for(n),
+                estimated_ms=1e3 * p.seconds_for(n),
                 blocks_per_device=list(p.blocks_per_device),
             )
         result["rows"].append(row)
@@ -96,7 +98,8 @@ def run(m, k, n, b, density, dtype, reps, trials):
         if "split" in row:
             extra = (
                 f"  split={row['split']} collective={row['collective']} "
-                f"est={row['estimated_bytes'] / 2**20:.1f} MiB/device blocks={row['blocks_per_device']}"
+                f"est={row['estimated_bytes'] / 2**20:.1f} MiB/device {row['estimated_ms']:.2f} ms "
+                f"blocks={row['blocks_per_device']}"
             )
         print(
             f"  {name:27s} loop {row['loop_ms']:9.3f} ms   call {row['call_ms']:9.3f} ms   "
@@ -105,7 +108,7 @@ def run(m, k, n, b, density, dtype, reps, trials):
     auto = next(r for r in result["rows"] if r["name"] == "sharded_auto")
     print(
         f"chosen: split={auto['split']} collective={auto['collective']} "
-        f"estimated {auto['estimated_bytes'] / 2**20:.1f} MiB per device (x it needs + output it receives)"
+        f"estimated {auto['estimated_bytes'] / 2**20:.1f} MiB received per device, {auto['estimated_ms']:.2f} ms"
     )
     return result
 

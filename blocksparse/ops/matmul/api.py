@@ -22,6 +22,7 @@ it can run, else the pure-JAX reference.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import math
 
@@ -32,8 +33,9 @@ from jax import lax
 
 from ..._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, _check_floating, _inside_sparsify
 from ..._pattern import BlockPattern
-from .._dispatch import cotangent_like, differentiable, dispatch_log, resolve, varying_axes
-from .reference import transposed
+from .._dispatch import cotangent_like, differentiable, dispatch_log, resolve, run, varying_axes
+from . import epilogue as _epilogue
+from .reference import acc_dtype, transposed
 
 __all__ = ["OpStatic", "matmul", "sdd", "dispatch_log", "register_backend", "get_backend"]
 
@@ -76,6 +78,7 @@ class OpStatic:
         transposed: ``dyn_dsd`` only: ``data[i]`` holds block ``i`` of the sparse operand
             transposed (``x @ D`` and gradients run on ``D``'s own data, with no transposed copy).
         block_size: the blocks of a dynamic ``dyn_sdd``.
+        epilogue: the fused bias / activation of a ``*_fused`` op (see :mod:`.epilogue`).
     """
 
     impls: tuple[str, ...]
@@ -85,6 +88,7 @@ class OpStatic:
     grid: tuple[int, int] | None = None
     transposed: bool = False
     block_size: tuple[int, int] | None = None
+    epilogue: _epilogue.Epilogue | None = None
 
     def but(self, **changes) -> OpStatic:
         return dataclasses.replace(self, **changes)
@@ -194,6 +198,50 @@ _nan_grad.defvjp(_nan_grad_fwd, _nan_grad_bwd)
 
 
 # --------------------------------------------------------------------------------------------
+# Fused epilogue: ``activation(product + bias)`` in float32, then the cast, in the kernel's store.
+# Backends implement ``<kind>_fused(static, *ints, *floats, bias)``. Under differentiation the
+# forward runs the plain product (with its own VJP) in float32 and the epilogue in XLA, keeping
+# the pre-activation for the backward, as dense code does; only the primal uses the fused kernel.
+# --------------------------------------------------------------------------------------------
+_NUM_INTS = {"dsd": 0, "dds": 0, "dyn_dsd": 4}  # rows, cols, keep, valid
+
+
+def _plain(kind: str, s: OpStatic, ints, floats):
+    if kind == "dsd":
+        return _dsd(s, *floats)
+    if kind == "dds":
+        return _dds(s, *floats)
+    return _dyn_dsd(s, *ints, *floats)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _fused(kind: str, s: OpStatic, ints, floats, bias):
+    return run(f"{kind}+epilogue", s.impls, lambda name: getattr(get_backend(name), f"{kind}_fused"),
+               s, *ints, *floats, bias)  # fmt: skip
+
+
+def _fused_fwd(kind, s, ints, floats, bias):
+    plain = s.but(out_dtype=acc_dtype(*(f.dtype for f in floats)), epilogue=None)
+    z, product_vjp = jax.vjp(lambda *f: _plain(kind, plain, ints, f), *floats)
+    if bias is None:
+        y, act_vjp = jax.vjp(lambda z: _epilogue.reference(z, None, s.epilogue, jnp.float32), z)
+    else:
+        y, act_vjp = jax.vjp(lambda z, b: _epilogue.reference(z, b, s.epilogue, jnp.float32), z, bias)
+    return y.astype(s.out_dtype), (product_vjp, act_vjp, bias)
+
+
+def _fused_bwd(kind, s, res, g):
+    product_vjp, act_vjp, bias = res
+    cts = act_vjp(g.astype(jnp.float32))
+    dfloats = product_vjp(cts[0])
+    dbias = None if bias is None else cotangent_like(cts[1].astype(bias.dtype), bias)
+    return (None,) * _NUM_INTS[kind], dfloats, dbias
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
+
+
+# --------------------------------------------------------------------------------------------
 # Public API
 # --------------------------------------------------------------------------------------------
 _SPARSE = (BlockSparseMatrix, DynamicBlockSparseMatrix)
@@ -253,7 +301,9 @@ def _out_dtype(preferred_element_type, *dtypes) -> np.dtype:
     return dt
 
 
-def matmul(a, b, *, implementation=None, precision=None, preferred_element_type=None) -> jax.Array:
+def matmul(
+    a, b, *, bias=None, activation=None, implementation=None, precision=None, preferred_element_type=None
+) -> jax.Array:
     """Block-sparse matrix product; exactly one of ``a`` and ``b`` is sparse.
 
     - ``sparse (m, k) @ dense (k, n)`` -> ``(m, n)``; also ``(k,)`` -> ``(m,)`` and batched
@@ -262,6 +312,12 @@ def matmul(a, b, *, implementation=None, precision=None, preferred_element_type=
 
     Arguments:
         a, b: a :class:`BlockSparseMatrix` or :class:`DynamicBlockSparseMatrix`, and a dense array.
+        bias: optional, added to the product: shape ``(out,)`` for the output's last dimension
+            (``(m,)`` when ``x`` is a vector), as ``a @ b + bias`` broadcasts.
+        activation: optional, applied after the bias: ``"relu"``, ``"gelu"`` (exact, erf),
+            ``"gelu_tanh"``, ``"silu"``, ``"tanh"`` or ``"sigmoid"``. Bias, activation and the cast to
+            the output dtype run on the float32 accumulator inside the kernel (one store of the
+            output, no extra pass over it); the gradients are those of the unfused expression.
         implementation: ``None`` (fastest available, falling back to pure JAX), ``"pallas"``,
             ``"xla"``, or a sequence tried in order.
         precision: as for ``jnp.dot``: ``None`` (``jax.default_matmul_precision`` if set, else the
@@ -276,10 +332,15 @@ def matmul(a, b, *, implementation=None, precision=None, preferred_element_type=
         coordinates the result and its gradients are NaN (see
         :meth:`~blocksparse.DynamicBlockSparseMatrix.is_valid`).
     """
+    activation = _epilogue.check_activation(activation)
+    fused = bias is not None or activation is not None
     for operand in (a, b):  # operands that run the product themselves (a matrix sharded by bs.shard)
         if (own := getattr(type(operand), "_bs_matmul", None)) is not None:
-            return own(a, b, implementation=implementation, precision=precision,
-                       preferred_element_type=preferred_element_type)  # fmt: skip
+            y = own(a, b, implementation=implementation, precision=precision,
+                    preferred_element_type=preferred_element_type)  # fmt: skip
+            if not fused:
+                return y
+            return _epilogue.apply(y, _bias(bias, y.shape[-1:]), activation).astype(y.dtype)
     impls = resolve(implementation, _DEFAULT)
     prec = _precision(precision)
     a_sparse, b_sparse = isinstance(a, _SPARSE), isinstance(b, _SPARSE)
@@ -293,10 +354,33 @@ def matmul(a, b, *, implementation=None, precision=None, preferred_element_type=
     if a_sparse:
         W, x = a, _dense(b, "dense operand")
         s = OpStatic(impls, _out_dtype(preferred_element_type, W.dtype, x.dtype), prec)
-        return apply_2d(W.shape, x, lambda x2: _sparse_dense(W, x2, s), sparse_first=True)
+        if not fused:
+            return apply_2d(W.shape, x, lambda x2: _sparse_dense(W, x2, s), sparse_first=True)
+        if x.ndim == 1:  # (m,) output: the bias runs along the rows of the (m, 1) product
+            b1 = _bias(bias, (W.shape[0],))
+            s = s.but(epilogue=_epilogue.Epilogue(activation, b1 is not None, 0))
+            return apply_2d(W.shape, x, lambda x2: _sparse_dense(W, x2, s, b1), sparse_first=True)
+        b1 = _bias(bias, x.shape[-1:])
+        s = s.but(epilogue=_epilogue.Epilogue(activation, b1 is not None, 1))
+        # Batch dimensions are folded into the columns: the bias repeats once per batch element.
+        tile = lambda x2: None if b1 is None else jnp.tile(b1, x2.shape[1] // x.shape[-1])  # noqa: E731
+        return apply_2d(W.shape, x, lambda x2: _sparse_dense(W, x2, s, tile(x2)), sparse_first=True)
     x, W = _dense(a, "dense operand"), b
     s = OpStatic(impls, _out_dtype(preferred_element_type, W.dtype, x.dtype), prec)
-    return apply_2d(W.shape, x, lambda x2: _dense_sparse(x2, W, s), sparse_first=False)
+    if not fused:
+        return apply_2d(W.shape, x, lambda x2: _dense_sparse(x2, W, s), sparse_first=False)
+    b1 = _bias(bias, (W.shape[1],))
+    s = s.but(epilogue=_epilogue.Epilogue(activation, b1 is not None, 1))
+    return apply_2d(W.shape, x, lambda x2: _dense_sparse(x2, W, s, b1), sparse_first=False)
+
+
+def _bias(bias, shape: tuple[int, ...]):
+    if bias is None:
+        return None
+    bias = _dense(bias, "bias")
+    if tuple(bias.shape) != tuple(shape):
+        raise ValueError(f"Expected a bias of shape {tuple(shape)} (the output's last dimension). Got {bias.shape}.")
+    return bias
 
 
 def apply_2d(shape: tuple[int, int], x, product, *, sparse_first: bool):
@@ -327,20 +411,27 @@ def apply_2d(shape: tuple[int, int], x, product, *, sparse_first: bool):
     return jnp.moveaxis(product(x2).reshape(m, *x.shape[:-2], x.shape[-1]), 0, -2)
 
 
-def _sparse_dense(W, x, s: OpStatic):
+def _sparse_dense(W, x, s: OpStatic, bias=None):
     if isinstance(W, BlockSparseMatrix):
+        if s.epilogue is not None:
+            return _fused("dsd", s.but(pattern=W.pattern), (), (W.data, x), bias)
         return _dsd(s.but(pattern=W.pattern), W.data, x)
-    return _dynamic_product(W, x, s, transposed=False)
+    return _dynamic_product(W, x, s, transposed=False, bias=bias)
 
 
-def _dense_sparse(x, W, s: OpStatic):
+def _dense_sparse(x, W, s: OpStatic, bias=None):
     if isinstance(W, BlockSparseMatrix):
+        if s.epilogue is not None:
+            return _fused("dds", s.but(pattern=W.pattern), (), (x, W.data), bias)
         return _dds(s.but(pattern=W.pattern), x, W.data)
-    # x @ W = (W^T @ x^T)^T, on W's own data (no transposed copy of the blocks)
-    return _dynamic_product(W, x.T, s, transposed=True).T
+    # x @ W = (W^T @ x^T)^T, on W's own data (no transposed copy of the blocks); the bias then
+    # runs along the rows of the transposed product.
+    if s.epilogue is not None:
+        s = s.but(epilogue=dataclasses.replace(s.epilogue, bias_axis=0))
+    return _dynamic_product(W, x.T, s, transposed=True, bias=bias).T
 
 
-def _dynamic_product(W: DynamicBlockSparseMatrix, x, s: OpStatic, transposed: bool):
+def _dynamic_product(W: DynamicBlockSparseMatrix, x, s: OpStatic, transposed: bool, bias=None):
     """``W @ x`` (or ``W^T @ x``) for a dynamic ``W``: NaN, with NaN gradients, if ``W`` is invalid.
 
     The default order is Pallas first at every size: the scan kernel needs no plan built on the
@@ -350,7 +441,10 @@ def _dynamic_product(W: DynamicBlockSparseMatrix, x, s: OpStatic, transposed: bo
     keep, valid = _keep_and_validity(W)
     data, x = _nan_grad(valid, W.data), _nan_grad(valid, x)
     rows, cols, grid = (W.cols, W.rows, W.grid[::-1]) if transposed else (W.rows, W.cols, W.grid)
-    return _nan_grad(valid, _dyn_dsd(s.but(grid=grid, transposed=transposed), rows, cols, keep, valid, data, x))
+    s = s.but(grid=grid, transposed=transposed)
+    if s.epilogue is not None:
+        return _nan_grad(valid, _fused("dyn_dsd", s, (rows, cols, keep, valid), (data, x), bias))
+    return _nan_grad(valid, _dyn_dsd(s, rows, cols, keep, valid, data, x))
 
 
 def sdd(a, b, like, *, implementation=None, precision=None, preferred_element_type=None):

@@ -48,6 +48,7 @@ from jax.experimental import pallas as pl
 from ..._pattern import BlockPattern
 from ..._util import cdiv, next_power_of_2
 from .. import _dispatch
+from . import epilogue as _epilogue
 from .lowering import GpuLowering, lower, redistribute
 from .reference import poison
 
@@ -186,10 +187,41 @@ def _interpret() -> bool:
     return _dispatch.interpreting()
 
 
+def _split_refs(refs, epi):
+    """``(bias_ref or None, *output refs)``: a kernel's trailing refs with or without a bias input."""
+    if epi is not None and epi.bias:
+        return refs[0], refs[1:]
+    return None, refs
+
+
+def _finish(acc, epi, bias_ref, r0, c0, shape):
+    """The epilogue on a float32 output tile at rows ``r0``, columns ``c0`` (``shape``): bias along
+    ``epi.bias_axis``, then the activation. Identity without an epilogue."""
+    if epi is None:
+        return acc
+    bias = None
+    if bias_ref is not None:
+        if epi.bias_axis == 1:
+            bias = bias_ref[pl.ds(c0, shape[1])][None, :]
+        else:
+            bias = bias_ref[pl.ds(r0, shape[0])][:, None]
+    return _epilogue.apply(acc, bias, epi.activation)
+
+
+def _bias_operand(bias, epi, length: int):
+    """The bias as a float32 kernel operand padded to ``length`` (``()`` without one)."""
+    if epi is None or not epi.bias:
+        return ()
+    b = bias.astype(jnp.float32)
+    return (jnp.pad(b, (0, length - b.shape[0])) if length > b.shape[0] else b,)
+
+
 # --------------------------------------------------------------------------------------------
 # dsd: y (m, n) = W (m, k) @ x (k, n)
 # --------------------------------------------------------------------------------------------
-def _dsd_kernel(start_ref, len_ref, dest_ref, col_ref, id_ref, w_ref, x_ref, y_ref, p_ref, *, bh, bw, tn, acc_t, exact):
+def _dsd_kernel(start_ref, len_ref, dest_ref, col_ref, id_ref, w_ref, x_ref, *refs, bh, bw, tn, acc_t, exact,
+                epi=None):  # fmt: skip
+    bias_ref, (y_ref, p_ref) = _split_refs(refs, epi)
     u = pl.program_id(0)
     n0 = pl.multiple_of(pl.program_id(1) * tn, tn)
     start = start_ref[u]
@@ -213,19 +245,22 @@ def _dsd_kernel(start_ref, len_ref, dest_ref, col_ref, id_ref, w_ref, x_ref, y_r
 
     @pl.when(dest >= 0)
     def _():
-        y_ref[pl.ds(pl.multiple_of(dest * bh, bh), bh), pl.ds(n0, tn)] = acc.astype(y_ref.dtype)
+        out = _finish(acc, epi, bias_ref, dest * bh, n0, (bh, tn))
+        y_ref[pl.ds(pl.multiple_of(dest * bh, bh), bh), pl.ds(n0, tn)] = out.astype(y_ref.dtype)
 
     @pl.when(dest < 0)
     def _():
         p_ref[pl.ds(pl.multiple_of((-1 - dest) * bh, bh), bh), pl.ds(n0, tn)] = acc
 
 
-def _combine_kernel(row_ref, off_ref, y_in_ref, p_ref, y_ref, *, block, tile, axis, num_rows):
+def _combine_kernel(row_ref, off_ref, y_in_ref, p_ref, *refs, block, tile, axis, num_rows, epi=None):
     """Program ``(r, t)``: sum split row ``r``'s partial slots (contiguous) into ``y`` in place.
 
     Entries of ``split_rows`` >= ``num_rows`` are padding (dynamic schedules) and write nothing.
+    With an epilogue, the split rows get it here (the walk kernel applied it to the direct rows).
     """
     del y_in_ref  # aliased with y_ref
+    bias_ref, (y_ref,) = _split_refs(refs, epi)
     r = pl.program_id(0)
     t0 = pl.multiple_of(pl.program_id(1) * tile, tile)
     lo = off_ref[r]
@@ -241,6 +276,8 @@ def _combine_kernel(row_ref, off_ref, y_in_ref, p_ref, y_ref, *, block, tile, ax
 
     shape = (block, tile) if axis == 0 else (tile, block)
     acc = lax.fori_loop(lo, hi, body, jnp.zeros(shape, jnp.float32))
+    r0, c0 = (row * block, t0) if axis == 0 else (t0, row * block)
+    acc = _finish(acc, epi, bias_ref, r0, c0, shape)
     dst = pl.ds(pl.multiple_of(row * block, block), block)
 
     @pl.when(real)
@@ -251,7 +288,7 @@ def _combine_kernel(row_ref, off_ref, y_in_ref, p_ref, y_ref, *, block, tile, ax
             y_ref[pl.ds(t0, tile), dst] = acc.astype(y_ref.dtype)
 
 
-def _combine_rows(y, p, sched, block: int, tile: int, axis: int, num_warps: int):
+def _combine_rows(y, p, sched, block: int, tile: int, axis: int, num_warps: int, epi=None, bias=()):
     """Sum the float32 partials of split rows into ``y`` (rows along ``axis``), in place.
 
     The schedule numbers a split row's partial slots consecutively, so one program per
@@ -269,17 +306,18 @@ def _combine_rows(y, p, sched, block: int, tile: int, axis: int, num_warps: int)
     tiles = y.shape[1 - axis] // tile
     num_rows = y.shape[axis] // block
     return _pallas_call(
-        functools.partial(_combine_kernel, block=block, tile=tile, axis=axis, num_rows=num_rows),
+        functools.partial(_combine_kernel, block=block, tile=tile, axis=axis, num_rows=num_rows, epi=epi),
         grid=(r, tiles),
         out_shape=jax.ShapeDtypeStruct(y.shape, y.dtype),
         input_output_aliases={2: 0},
         compiler_params=_params(num_warps, 2),
         interpret=_interpret(),
         name=f"bs_combine_{block}_{tile}_{axis}",
-    )(jnp.asarray(sched.split_rows), jnp.asarray(offsets), y, p)
+    )(jnp.asarray(sched.split_rows), jnp.asarray(offsets), y, p, *bias)
 
 
-def _walk(kernel, sched, tiles: int, shapes, out_dtype, data, x, num_warps: int, num_stages: int, name: str):
+def _walk(kernel, sched, tiles: int, shapes, out_dtype, data, x, num_warps: int, num_stages: int, name: str,
+          bias=()):  # fmt: skip
     """Launch a work-list kernel (dsd or dds): one program per (unit, tile of the dense operand).
 
     Returns the output (``shapes[0]``, ``out_dtype``) and the float32 partials (``shapes[1]``).
@@ -299,24 +337,32 @@ def _walk(kernel, sched, tiles: int, shapes, out_dtype, data, x, num_warps: int,
         jnp.asarray(sched.block_id),
         data.reshape(-1, data.shape[-1]),
         x,
+        *bias,
     )
 
 
-def dsd(pattern: BlockPattern, data, x, out_dtype, *, exact: bool = False, config: KernelConfig | None = None):
-    """``W @ x`` with the Pallas kernel; ``data`` and ``x`` already of one supported dtype."""
+def dsd(pattern: BlockPattern, data, x, out_dtype, *, exact: bool = False, config: KernelConfig | None = None,
+        epi=None, bias=None):  # fmt: skip
+    """``W @ x`` with the Pallas kernel; ``data`` and ``x`` already of one supported dtype.
+
+    ``epi``: an optional :class:`~.epilogue.Epilogue` applied in the kernel's store (``bias`` its array).
+    """
     cfg = config or current_config()
     bh, bw = pattern.block_size
     m, _ = pattern.shape
     n = x.shape[1]
-    if pattern.nnz_blocks == 0 or n == 0:
+    if n == 0:
         return jnp.zeros((m, n), out_dtype)
+    if pattern.nnz_blocks == 0:
+        z = jnp.zeros((m, n), jnp.float32)
+        return z.astype(out_dtype) if epi is None else _epilogue.reference(z, bias, epi, out_dtype)
     tn = _tile(n, cfg.tn or _default_tn(bh, n, pattern.grid[0]))
     tiles = cdiv(n, tn)
     sched = lower(pattern, GpuLowering(op="dsd", tiles=tiles, max_len=cfg.max_len))
-    return _dsd_call(sched, m, data, x, out_dtype, tn, cfg, exact)
+    return _dsd_call(sched, m, data, x, out_dtype, tn, cfg, exact, epi, bias)
 
 
-def _dsd_call(sched, m: int, data, x, out_dtype, tn: int, cfg: KernelConfig, exact: bool):
+def _dsd_call(sched, m: int, data, x, out_dtype, tn: int, cfg: KernelConfig, exact: bool, epi=None, bias=None):
     """Run the dsd kernel on a host (:class:`RowSplitSchedule`) or traced (dynamic) schedule."""
     _, bh, bw = data.shape
     n = x.shape[1]
@@ -329,10 +375,12 @@ def _dsd_call(sched, m: int, data, x, out_dtype, tn: int, cfg: KernelConfig, exa
     nw = cfg.num_warps or (8 if bh * tn >= 128 * 128 else 4)
     ns = cfg.num_stages or 3
     s = max(sched.num_partials, 1)
-    kernel = functools.partial(_dsd_kernel, bh=bh, bw=bw, tn=tn, acc_t=acc_t, exact=exact)
+    kernel = functools.partial(_dsd_kernel, bh=bh, bw=bw, tn=tn, acc_t=acc_t, exact=exact, epi=epi)
     out = ((m, xp.shape[1]), (s * bh, xp.shape[1]))
-    y, p = _walk(kernel, sched, tiles, out, out_dtype, data, xp, nw, ns, f"bs_dsd_{bh}x{bw}_tn{tn}")
-    y = _combine_rows(y, p, sched, bh, tn, axis=0, num_warps=nw)
+    b = _bias_operand(bias, epi, xp.shape[1] if epi is not None and epi.bias_axis == 1 else m)
+    name = f"bs_dsd_{bh}x{bw}_tn{tn}" + ("_epi" if epi is not None else "")
+    y, p = _walk(kernel, sched, tiles, out, out_dtype, data, xp, nw, ns, name, b)
+    y = _combine_rows(y, p, sched, bh, tn, axis=0, num_warps=nw, epi=epi, bias=b)
     return y[:, :n] if npad else y
 
 
@@ -349,6 +397,8 @@ def dsd_dynamic(
     transposed: bool = False,
     exact: bool = False,
     config: KernelConfig | None = None,
+    epi=None,
+    bias=None,
 ):
     """``W @ x`` for a traced block COO (``keep`` masks padding).
 
@@ -361,15 +411,16 @@ def dsd_dynamic(
     bh, bw = data.shape[1:][::-1] if transposed else data.shape[1:]
     n = x.shape[1]
     if data.shape[0] == 0 or n == 0 or x.shape[0] == 0:  # k == 0: no block can be in range
-        return poison(valid, jnp.zeros((num_rows * bh, n), out_dtype))
+        z = jnp.zeros((num_rows * bh, n), jnp.float32)
+        return poison(valid, z.astype(out_dtype) if epi is None else _epilogue.reference(z, bias, epi, out_dtype))
     tn = _tile(n, cfg.tn or _default_tn(bh, n, num_rows))
     mode = cfg.dynamic or "scan"
     if mode == "scan":
-        return _scan_call(rows, cols, keep, valid, data, x, num_rows, out_dtype, tn, cfg, transposed, exact)
+        return _scan_call(rows, cols, keep, valid, data, x, num_rows, out_dtype, tn, cfg, transposed, exact, epi, bias)
     if transposed:
         data = data.swapaxes(-1, -2)
     sched = redistribute(rows, cols, keep, num_rows, cfg.max_len)
-    return poison(valid, _dsd_call(sched, num_rows * bh, data, x, out_dtype, tn, cfg, exact))
+    return poison(valid, _dsd_call(sched, num_rows * bh, data, x, out_dtype, tn, cfg, exact, epi, bias))
 
 
 def _block_product(acc, d, c, w_ref, x_ref, n0, *, bh, bw, tn, acc_t, trans, exact):
@@ -390,8 +441,8 @@ def _block_product(acc, d, c, w_ref, x_ref, n0, *, bh, bw, tn, acc_t, trans, exa
     return acc + _dot(w, xs, exact=exact)
 
 
-def _scan_kernel(valid_ref, rows_ref, cols_ref, keep_ref, w_ref, x_ref, y_ref, *, bh, bw, tn, acc_t, trans, exact,
-                 cap, chunk):  # fmt: skip
+def _scan_kernel(valid_ref, rows_ref, cols_ref, keep_ref, w_ref, x_ref, *refs, bh, bw, tn, acc_t, trans, exact,
+                 cap, chunk, epi=None):  # fmt: skip
     """Program ``(r, t)``: output block row ``r``, columns ``[t * tn, (t + 1) * tn)``.
 
     No plan: the program reads the block coordinates ``chunk`` at a time, keeps those of its own
@@ -399,6 +450,7 @@ def _scan_kernel(valid_ref, rows_ref, cols_ref, keep_ref, w_ref, x_ref, y_ref, *
     column tile reads the same few KiB of coordinates, which stay in L2. The output is NaN if the
     matrix is invalid (``valid_ref``), in the same pass.
     """
+    bias_ref, (y_ref,) = _split_refs(refs, epi)
     r = pl.program_id(0)
     n0 = pl.multiple_of(pl.program_id(1) * tn, tn)
     lane = jnp.arange(chunk, dtype=jnp.int32)
@@ -424,12 +476,13 @@ def _scan_kernel(valid_ref, rows_ref, cols_ref, keep_ref, w_ref, x_ref, y_ref, *
     acc = lax.fori_loop(0, cdiv(cap, chunk), over_chunks, jnp.zeros((tn, bh) if acc_t else (bh, tn), jnp.float32))
     if acc_t:
         acc = acc.T
+    acc = _finish(acc, epi, bias_ref, r * bh, n0, (bh, tn))
     acc = jnp.where(valid_ref[0] != 0, acc, jnp.nan)
     y_ref[pl.ds(pl.multiple_of(r * bh, bh), bh), pl.ds(n0, tn)] = acc.astype(y_ref.dtype)
 
 
 def _scan_call(rows, cols, keep, valid, data, x, num_rows, out_dtype, tn: int, cfg: KernelConfig, trans: bool,
-               exact: bool):  # fmt: skip
+               exact: bool, epi=None, bias=None):  # fmt: skip
     bh, bw = data.shape[1:][::-1] if trans else data.shape[1:]
     n = x.shape[1]
     cap = int(rows.shape[0])
@@ -440,14 +493,14 @@ def _scan_call(rows, cols, keep, valid, data, x, num_rows, out_dtype, tn: int, c
     nw = cfg.num_warps or (8 if bh * tn >= 128 * 128 else 4)
     ns = cfg.num_stages or 3
     kernel = functools.partial(_scan_kernel, bh=bh, bw=bw, tn=tn, acc_t=acc_t, trans=trans, exact=exact, cap=cap,
-                               chunk=chunk)  # fmt: skip
+                               chunk=chunk, epi=epi)  # fmt: skip
     y = _pallas_call(
         kernel,
         grid=(num_rows, tiles),
         out_shape=jax.ShapeDtypeStruct((num_rows * bh, xp.shape[1]), out_dtype),
         compiler_params=_params(nw, ns),
         interpret=_interpret(),
-        name=f"bs_dyn_scan_{bh}x{bw}_tn{tn}" + ("_t" if trans else ""),
+        name=f"bs_dyn_scan_{bh}x{bw}_tn{tn}" + ("_t" if trans else "") + ("_epi" if epi is not None else ""),
     )(
         jnp.reshape(valid, (1,)).astype(jnp.int32),
         rows.astype(jnp.int32),
@@ -455,6 +508,7 @@ def _scan_call(rows, cols, keep, valid, data, x, num_rows, out_dtype, tn: int, c
         keep.astype(jnp.int32),
         data.reshape(-1, data.shape[-1]),
         xp,
+        *_bias_operand(bias, epi, xp.shape[1] if epi is not None and epi.bias_axis == 1 else num_rows * bh),
     )
     return y[:, :n] if xp.shape[1] != n else y
 
@@ -462,7 +516,8 @@ def _scan_call(rows, cols, keep, valid, data, x, num_rows, out_dtype, tn: int, c
 # --------------------------------------------------------------------------------------------
 # dds: y (B, k) = x (B, m) @ W (m, k)
 # --------------------------------------------------------------------------------------------
-def _dds_kernel(start_ref, len_ref, dest_ref, col_ref, id_ref, w_ref, x_ref, y_ref, p_ref, *, bh, bw, tb, exact):
+def _dds_kernel(start_ref, len_ref, dest_ref, col_ref, id_ref, w_ref, x_ref, *refs, bh, bw, tb, exact, epi=None):
+    bias_ref, (y_ref, p_ref) = _split_refs(refs, epi)
     u = pl.program_id(0)
     b0 = pl.multiple_of(pl.program_id(1) * tb, tb)
     start = start_ref[u]
@@ -481,21 +536,29 @@ def _dds_kernel(start_ref, len_ref, dest_ref, col_ref, id_ref, w_ref, x_ref, y_r
 
     @pl.when(dest >= 0)
     def _():
-        y_ref[pl.ds(b0, tb), pl.ds(pl.multiple_of(dest * bw, bw), bw)] = acc.astype(y_ref.dtype)
+        out = _finish(acc, epi, bias_ref, b0, dest * bw, (tb, bw))
+        y_ref[pl.ds(b0, tb), pl.ds(pl.multiple_of(dest * bw, bw), bw)] = out.astype(y_ref.dtype)
 
     @pl.when(dest < 0)
     def _():
         p_ref[pl.ds(b0, tb), pl.ds(pl.multiple_of((-1 - dest) * bw, bw), bw)] = acc
 
 
-def dds(x, pattern: BlockPattern, data, out_dtype, *, exact: bool = False, config: KernelConfig | None = None):
-    """``x @ W`` with the Pallas kernel, walking W's block columns through the cached transpose."""
+def dds(x, pattern: BlockPattern, data, out_dtype, *, exact: bool = False, config: KernelConfig | None = None,
+        epi=None, bias=None):  # fmt: skip
+    """``x @ W`` with the Pallas kernel, walking W's block columns through the cached transpose.
+
+    ``epi``: an optional :class:`~.epilogue.Epilogue` (bias along the output columns) applied in the store.
+    """
     cfg = config or current_config()
     bh, bw = pattern.block_size
     _, k = pattern.shape
     b = x.shape[0]
-    if pattern.nnz_blocks == 0 or b == 0:
+    if b == 0:
         return jnp.zeros((b, k), out_dtype)
+    if pattern.nnz_blocks == 0:
+        z = jnp.zeros((b, k), jnp.float32)
+        return z.astype(out_dtype) if epi is None else _epilogue.reference(z, bias, epi, out_dtype)
     tb = _tile(b, cfg.tb or 128)
     xp = _pad_to(x, 0, tb)
     tiles = xp.shape[0] // tb
@@ -503,10 +566,12 @@ def dds(x, pattern: BlockPattern, data, out_dtype, *, exact: bool = False, confi
     nw = cfg.num_warps or (8 if bw * tb >= 128 * 128 else 4)
     ns = cfg.num_stages or 3
     s = max(sched.num_partials, 1)
-    kernel = functools.partial(_dds_kernel, bh=bh, bw=bw, tb=tb, exact=exact)
+    kernel = functools.partial(_dds_kernel, bh=bh, bw=bw, tb=tb, exact=exact, epi=epi)
     out = ((xp.shape[0], k), (xp.shape[0], s * bw))
-    y, p = _walk(kernel, sched, tiles, out, out_dtype, data, xp, nw, ns, f"bs_dds_{bh}x{bw}_tb{tb}")
-    y = _combine_rows(y, p, sched, bw, tb, axis=1, num_warps=nw)
+    b1 = _bias_operand(bias, epi, k)
+    name = f"bs_dds_{bh}x{bw}_tb{tb}" + ("_epi" if epi is not None else "")
+    y, p = _walk(kernel, sched, tiles, out, out_dtype, data, xp, nw, ns, name, b1)
+    y = _combine_rows(y, p, sched, bw, tb, axis=1, num_warps=nw, epi=epi, bias=b1)
     return y[:b] if xp.shape[0] != b else y
 
 
@@ -606,6 +671,20 @@ class PallasBackend:
         dt = _check(data.shape[1:], data.dtype, x.dtype)
         return dsd_dynamic(rows, cols, keep, valid, data.astype(dt), x.astype(dt), s.grid[0], s.out_dtype,
                            transposed=s.transposed, exact=_exact(s))  # fmt: skip
+
+    # Fused epilogue (``s.epilogue``): bias, activation and the cast in the kernels' store.
+    def dsd_fused(self, s, data, x, bias):
+        dt = _check(s.pattern.block_size, data.dtype, x.dtype)
+        return dsd(s.pattern, data.astype(dt), x.astype(dt), s.out_dtype, exact=_exact(s), epi=s.epilogue, bias=bias)
+
+    def dds_fused(self, s, x, data, bias):
+        dt = _check(s.pattern.block_size, data.dtype, x.dtype)
+        return dds(x.astype(dt), s.pattern, data.astype(dt), s.out_dtype, exact=_exact(s), epi=s.epilogue, bias=bias)
+
+    def dyn_dsd_fused(self, s, rows, cols, keep, valid, data, x, bias):
+        dt = _check(data.shape[1:], data.dtype, x.dtype)
+        return dsd_dynamic(rows, cols, keep, valid, data.astype(dt), x.astype(dt), s.grid[0], s.out_dtype,
+                           transposed=s.transposed, exact=_exact(s), epi=s.epilogue, bias=bias)  # fmt: skip
 
     def dyn_sdd(self, s, rows, cols, keep, valid, a, b):
         block_size = s.block_size

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..._pattern import BlockPattern
+from . import epilogue as _epilogue
 
 # Upper bound on the bytes of per-block partial products held at once by the reference path.
 _CHUNK_BYTES = 1 << 28
@@ -134,3 +135,16 @@ class XlaBackend:
         r, c = jnp.where(keep, rows, 0), jnp.where(keep, cols, 0)
         out = coo_sdd(a, b, r, c, s.block_size, out_dtype=s.out_dtype, precision=s.precision)
         return poison(valid, jnp.where(keep[:, None, None], out, jnp.zeros((), out.dtype)))
+
+    # Fused epilogue (``s.epilogue``): the product in float32, then bias, activation and the cast.
+    def dsd_fused(self, s, data, x, bias):
+        z = self.dsd(s.but(out_dtype=acc_dtype(data.dtype, x.dtype)), data, x)
+        return _epilogue.reference(z, bias, s.epilogue, s.out_dtype)
+
+    def dds_fused(self, s, x, data, bias):
+        z = self.dds(s.but(out_dtype=acc_dtype(data.dtype, x.dtype)), x, data)
+        return _epilogue.reference(z, bias, s.epilogue, s.out_dtype)
+
+    def dyn_dsd_fused(self, s, rows, cols, keep, valid, data, x, bias):
+        z = self.dyn_dsd(s.but(out_dtype=acc_dtype(data.dtype, x.dtype)), rows, cols, keep, valid, data, x)
+        return poison(valid, _epilogue.reference(z, bias, s.epilogue, s.out_dtype))

@@ -1,0 +1,171 @@
+"""The fused epilogue: ``bs.matmul(a, b, bias=..., activation=...)`` = ``activation(a @ b + bias)``.
+
+Against a float64 NumPy oracle on every backend (XLA; the Pallas kernels in the interpreter on the
+CPU, for real with ``-m gpu``), static and dynamic matrices, both operand orders, split rows (the
+combine kernel applies the epilogue to them), and gradients against the unfused dense expression.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import blocksparse as bs
+from blocksparse.ops.matmul import pallas_triton as pt
+from blocksparse.ops.matmul.epilogue import ACTIVATIONS
+from blocksparse.testing import strategies as bst
+from blocksparse.testing.oracles import assert_close, to_dense64
+
+ON_GPU = jax.default_backend() == "gpu"
+_erf = np.vectorize(math.erf)
+_SIG = lambda y: 1.0 / (1.0 + np.exp(-y))  # noqa: E731
+ORACLE = {
+    None: lambda y: y,
+    "relu": lambda y: np.maximum(y, 0.0),
+    "gelu": lambda y: 0.5 * y * (1.0 + _erf(y / math.sqrt(2.0))),
+    "gelu_tanh": lambda y: 0.5 * y * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (y + 0.044715 * y**3))),
+    "silu": lambda y: y * _SIG(y),
+    "tanh": np.tanh,
+    "sigmoid": _SIG,
+}
+assert set(ORACLE) - {None} == set(ACTIVATIONS)
+
+
+def _np(x):
+    return np.asarray(jnp.asarray(x, jnp.float32), np.float64)
+
+
+def _check_both_orders(M, key, dtype, activation, with_bias, impl, n=24):
+    m, k = M.shape
+    kx, kt, kb, kc = jax.random.split(key, 4)
+    x = jax.random.normal(kx, (k, n), dtype)
+    xt = jax.random.normal(kt, (n, m), dtype)
+    b = jax.random.normal(kb, (n,), dtype) if with_bias else None
+    bt = jax.random.normal(kc, (k,), dtype) if with_bias else None
+    w = to_dense64(M)
+    f = ORACLE[activation]
+    tol = jnp.float16 if ON_GPU and dtype == jnp.float32 else dtype
+    y = jax.jit(lambda M, x, b: bs.matmul(M, x, bias=b, activation=activation, implementation=impl))(M, x, b)
+    z = jax.jit(lambda M, x, b: bs.matmul(x, M, bias=b, activation=activation, implementation=impl))(M, xt, bt)
+    assert y.dtype == z.dtype == jnp.dtype(dtype)
+    zero = lambda b: 0.0 if b is None else _np(b)  # noqa: E731
+    # Activations are 1.1-Lipschitz at most: the product's error bound carries over.
+    assert_close(y, f(w @ _np(x) + zero(b)), np.abs(w) @ np.abs(_np(x)) + np.abs(zero(b)), tol, "act(W @ x + b)")
+    assert_close(z, f(_np(xt) @ w + zero(bt)), np.abs(_np(xt)) @ np.abs(w) + np.abs(zero(bt)), tol, "act(x @ W + b)")
+
+
+ACTS = st.sampled_from([None, *ACTIVATIONS])
+
+
+@settings(max_examples=12)
+@given(
+    bst.block_sparse_matrices(block_size=st.sampled_from([(16, 16), (16, 32), (32, 16)]), max_blocks=4),
+    ACTS,
+    st.booleans(),
+    st.sampled_from(["xla", "pallas"]),
+    st.sampled_from([None, 1]),
+)
+def test_static_matches_oracle(W, activation, with_bias, impl, max_len):
+    # max_len=1 splits every row of more than one block into partials: the combine kernel's epilogue.
+    with bs.interpret(not ON_GPU), pt.kernel_config(max_len=max_len):
+        _check_both_orders(W, jax.random.key(0), jnp.float32, activation, with_bias, impl)
+
+
+@settings(max_examples=10)
+@given(
+    bst.dynamic_block_sparse_matrices(block_size=st.sampled_from([(16, 16), (32, 16)]), max_blocks=4, max_capacity=8),
+    ACTS,
+    st.booleans(),
+    st.sampled_from(["xla", "scan", "worklist"]),
+)
+def test_dynamic_matches_oracle(D, activation, with_bias, design):
+    impl = "xla" if design == "xla" else "pallas"
+    with bs.interpret(not ON_GPU), pt.kernel_config(dynamic=None if impl == "xla" else design):
+        _check_both_orders(D, jax.random.key(1), jnp.float32, activation, with_bias, impl)
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_bfloat16_casts_once_after_the_epilogue(getkey, impl):
+    W = bs.random(getkey(), (64, 64), 16, 0.5, jnp.bfloat16)
+    with bs.interpret(not ON_GPU):
+        _check_both_orders(W, getkey(), jnp.bfloat16, "gelu", True, impl, n=32)
+
+
+@pytest.mark.parametrize("activation", [None, *ACTIVATIONS])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_gradients_match_the_unfused_dense_expression(getkey, activation, dynamic):
+    W = bs.random(getkey(), (32, 48), 16, 0.5)
+    M = bs.DynamicBlockSparseMatrix.from_static(W, capacity=W.nnz_blocks + 2) if dynamic else W
+    x = jax.random.normal(getkey(), (7, 32))
+    b = jax.random.normal(getkey(), (48,))
+    act = (lambda y: y) if activation is None else ACTIVATIONS[activation]
+
+    def ours(d, x, b):
+        return jnp.sum(jnp.sin(bs.matmul(x, M.with_data(d), bias=b, activation=activation)))
+
+    def dense(w, x, b):
+        return jnp.sum(jnp.sin(act(x @ w + b)))
+
+    gd, gx, gb = jax.jit(jax.grad(ours, (0, 1, 2)))(M.data, x, b)
+    wd, wx, wb = jax.grad(dense, (0, 1, 2))(W.to_dense(), x, b)
+    np.testing.assert_allclose(gx, wx, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(gb, wb, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(M.with_data(gd).to_dense(), np.where(W.to_dense() != 0, wd, 0), rtol=1e-4, atol=1e-5)
+
+
+def test_batched_and_vector_operands(getkey):
+    W = bs.random(getkey(), (32, 48), 16, 0.5)
+    x3 = jax.random.normal(getkey(), (3, 48, 5))
+    b = jax.random.normal(getkey(), (5,))
+    want = jax.nn.relu(W.to_dense() @ x3 + b)
+    np.testing.assert_allclose(bs.matmul(W, x3, bias=b, activation="relu"), want, rtol=1e-5, atol=1e-5)
+    v = jax.random.normal(getkey(), (48,))
+    bv = jax.random.normal(getkey(), (32,))
+    np.testing.assert_allclose(bs.matmul(W, v, bias=bv, activation="tanh"), jnp.tanh(W.to_dense() @ v + bv),
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+    xb = jax.random.normal(getkey(), (2, 3, 32))
+    bb = jax.random.normal(getkey(), (48,))
+    np.testing.assert_allclose(bs.matmul(xb, W, bias=bb), xb @ W.to_dense() + bb, rtol=1e-5, atol=1e-5)
+    # vmap over the dense operand
+    f = jax.vmap(lambda x: bs.matmul(x, W, bias=bb, activation="silu"))
+    np.testing.assert_allclose(f(xb), jax.nn.silu(xb @ W.to_dense() + bb), rtol=1e-5, atol=1e-5)
+
+
+def test_empty_pattern_gives_the_activation_of_the_bias(getkey):
+    W = bs.BlockSparseMatrix.from_mask(np.zeros((2, 3), bool), jnp.zeros((32, 48)), 16)
+    x = jax.random.normal(getkey(), (4, 32))
+    b = jax.random.normal(getkey(), (48,))
+    for impl in ("xla", "pallas"):
+        with bs.interpret(not ON_GPU):
+            y = bs.matmul(x, W, bias=b, activation="sigmoid", implementation=impl)
+        np.testing.assert_allclose(y, jnp.broadcast_to(jax.nn.sigmoid(b), (4, 48)), rtol=1e-6)
+
+
+def test_bad_arguments_name_expected_and_actual(getkey):
+    W = bs.random(getkey(), (32, 48), 16, 0.5)
+    x = jnp.ones((4, 32))
+    with pytest.raises(ValueError, match=r"activation None or one of \[.*'gelu'.*\]. Got 'swish'"):
+        bs.matmul(x, W, activation="swish")
+    with pytest.raises(ValueError, match=r"bias of shape \(48,\) \(the output's last dimension\). Got \(32,\)"):
+        bs.matmul(x, W, bias=jnp.ones(32))
+    with pytest.raises(TypeError, match="bias"):
+        bs.matmul(x, W, bias=jnp.ones(48, jnp.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b", [16, 32, 64, 128])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+def test_gpu_kernels_with_epilogue(getkey, b, dtype):
+    W = bs.random(getkey(), (512, 384), b, 0.25, dtype)
+    D = bs.DynamicBlockSparseMatrix.from_static(W, capacity=W.nnz_blocks + 5)
+    for M in (W, D):
+        for activation in ("gelu", "relu", None):
+            with bs.dispatch_log() as log:
+                _check_both_orders(M, getkey(), dtype, activation, True, "pallas", n=200)
+            assert all(impl == "pallas" for _, impl in log)
+    with pt.kernel_config(max_len=1):
+        _check_both_orders(W, getkey(), dtype, "silu", True, "pallas", n=64)
