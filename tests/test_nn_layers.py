@@ -106,6 +106,22 @@ def test_gradients_match_dense_gradients_on_the_pattern(kind, activation, getkey
 
 
 @pytest.mark.parametrize("kind", ["sparse", "dense"])
+def test_bfloat16_gradients(kind, getkey):
+    """bf16 parameters and inputs: the pre-activation is kept in float32, so gradients stay close to float32 ones."""
+    layer, w = make_layer(kind, 3, 32, 16, 8, 0.5, use_bias=True, dtype=jnp.bfloat16, activation="gelu")
+    x = jax.random.normal(getkey(), (8, 32), jnp.bfloat16)
+    grads = jax.jit(jax.grad(lambda lay: jnp.sum(lay(x).astype(jnp.float32) ** 2)))(layer)
+    assert grads.bias.dtype == jnp.bfloat16
+    f32 = lambda a: jnp.asarray(a, jnp.float32)
+    gw, gb = jax.grad(
+        lambda w, b: jnp.sum(jax.nn.gelu(f32(x) @ w + b, approximate=False) ** 2), (0, 1)
+    )(f32(w), f32(layer.bias))  # fmt: skip
+    got, mask = (grads.weight.to_dense(), np.asarray(f32(w)) != 0) if kind == "sparse" else (grads.weight, 1.0)
+    np.testing.assert_allclose(f32(got), gw * mask, rtol=3e-2, atol=3e-2 * float(jnp.abs(gw).max()))
+    np.testing.assert_allclose(f32(grads.bias), gb, rtol=3e-2, atol=3e-2 * float(jnp.abs(gb).max()))
+
+
+@pytest.mark.parametrize("kind", ["sparse", "dense"])
 def test_vmap_over_the_input_and_over_a_stack_of_layers(kind, getkey):
     layer, w = make_layer(kind, 0, 16, 8, 4, 0.5, use_bias=True, dtype=jnp.float32, activation="silu")
     xs = jax.random.normal(getkey(), (6, 16))

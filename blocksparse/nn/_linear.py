@@ -101,13 +101,13 @@ def _acc_dtype(dtype) -> np.dtype:
     return jnp.dtype(jnp.float32) if jnp.finfo(dtype).bits < 32 else dtype
 
 
-def _fused_product(x, weight, bias, activation, implementation):
+def _fused_product(x, weight, bias, activation, implementation, out_dtype=None):
     """``activation(x @ W + b)`` accumulated in float32 (half inputs), output in ``x``'s and ``W``'s promoted dtype.
 
     Stand-in for ``bs.matmul(x, W, bias=, activation=)`` (the fused epilogue) until it lands.
     """
-    out = jnp.result_type(x, weight.dtype)
-    acc = _acc_dtype(out)
+    out = jnp.result_type(x, weight.dtype) if out_dtype is None else jnp.dtype(out_dtype)
+    acc = _acc_dtype(jnp.result_type(x, weight.dtype, out))
     y = matmul(x, weight, implementation=implementation, preferred_element_type=acc)
     if bias is not None:
         y = y + bias.astype(acc)

@@ -49,10 +49,11 @@ def _matrix(pattern, data) -> BlockSparseMatrix:
     return BlockSparseMatrix._from_fields(pattern=pattern, data=data)
 
 
-def _compute(x, data, *bias, pattern, activation, implementation):
+def _compute(x, data, *bias, pattern, activation, implementation, out_dtype):
     from ._linear import _fused_product
 
-    return _fused_product(x, _matrix(pattern, data), bias[0] if bias else None, activation, implementation)
+    W = _matrix(pattern, data)
+    return _fused_product(x, W, bias[0] if bias else None, activation, implementation, out_dtype=out_dtype)
 
 
 _p = Primitive("bs_sparse_linear")
@@ -60,11 +61,15 @@ _p.def_impl(_compute)
 mlir.register_lowering(_p, mlir.lower_fun(_compute, multiple_results=False))
 
 
+def _result_dtype(x_dtype, data_dtype, out_dtype):
+    return jnp.dtype(jnp.result_type(x_dtype, data_dtype) if out_dtype is None else out_dtype)
+
+
 @_p.def_abstract_eval
-def _abstract(x, data, *bias, pattern, activation, implementation):
+def _abstract(x, data, *bias, pattern, activation, implementation, out_dtype):
     del activation, implementation
     # x's axis types (inside shard_map, _bind gave every operand the same ones).
-    return x.update(shape=(*x.shape[:-1], pattern.shape[1]), dtype=jnp.result_type(x.dtype, data.dtype),
+    return x.update(shape=(*x.shape[:-1], pattern.shape[1]), dtype=_result_dtype(x.dtype, data.dtype, out_dtype),
                     weak_type=False)  # fmt: skip
 
 
@@ -77,10 +82,9 @@ def _bind(*args, **params):
     return _p.bind(*args, **params)
 
 
-def _batch(args, dims, *, pattern, activation, implementation):
+def _batch(args, dims, **params):
     x, data, *bias = args
     dx, ddata, *dbias = dims
-    params = dict(pattern=pattern, activation=activation, implementation=implementation)
     if ddata is None and all(d is None for d in dbias):
         # Only the input is mapped: its mapped axis becomes a leading dimension, folded into the rows.
         return _bind(jnp.moveaxis(x, dx, 0), data, *bias, **params), 0
@@ -92,43 +96,45 @@ def _batch(args, dims, *, pattern, activation, implementation):
 batching.primitive_batchers[_p] = _batch
 
 
-def _jvp(primals, tangents, *, pattern, activation, implementation):
+def _jvp(primals, tangents, *, pattern, activation, implementation, out_dtype):
     x, data, *bias = primals
     tx, tdata, *tbias = tangents
-    out_dtype = jnp.result_type(x.dtype, data.dtype)
-    # The pre-activation z in the accumulation dtype (the bias fused); the activation on top.
-    z = _bind(x, data, *bias, pattern=pattern, activation=None, implementation=implementation)
-    lin = dict(pattern=pattern, activation=None, implementation=implementation)
+    out = _result_dtype(x.dtype, data.dtype, out_dtype)
+    # The pre-activation z in float32 for half types (the bias fused), then the activation and the
+    # cast, as the fused epilogue computes them; z is what the backward of the activation needs.
+    acc = _acc_dtype(out)
+    lin = dict(pattern=pattern, activation=None, implementation=implementation, out_dtype=acc)
+    z = _bind(x, data, *bias, **lin)
     terms = []
     if type(tx) is not ad.Zero:
         terms.append(_bind(tx, data, **lin))
     if type(tdata) is not ad.Zero:
         terms.append(_bind(x, tdata, **lin))
     if tbias and type(tbias[0]) is not ad.Zero:
-        terms.append(jnp.broadcast_to(tbias[0].astype(out_dtype), z.shape))
-    tz = functools.reduce(jnp.add, terms) if terms else jnp.zeros(z.shape, out_dtype)
-    if activation is None:
-        return z, tz
-    return jax.jvp(functools.partial(_apply_activation, activation, out_dtype=out_dtype), (z,), (tz,))
+        terms.append(jnp.broadcast_to(tbias[0].astype(acc), z.shape))
+    tz = functools.reduce(jnp.add, terms) if terms else jnp.zeros(z.shape, acc)
+    return jax.jvp(functools.partial(_apply_activation, activation, out_dtype=out), (z,), (tz,))
 
 
 ad.primitive_jvps[_p] = _jvp
 
 
-def _transpose(ct, x, data, *bias, pattern, activation, implementation):
+def _transpose(ct, x, data, *bias, pattern, activation, implementation, out_dtype):
     # Only the tangent form appears in linear programs: no bias, no activation, one linear operand.
     assert activation is None and not bias
+    del out_dtype
     if type(ct) is ad.Zero:
         return None, None
     if ad.is_undefined_primal(x):  # ct (..., out) @ W^T
         t, data_t = transposed(pattern, data)
-        ct_x = _bind(ct, data_t, pattern=t, activation=None, implementation=implementation)
-        return ct_x.astype(x.aval.dtype), None
+        ct_x = _bind(ct, data_t, pattern=t, activation=None, implementation=implementation, out_dtype=x.aval.dtype)
+        return ct_x, None
     # W's gradient: x^T @ ct at W's blocks, every leading dimension contracted.
     x2 = x.reshape(-1, x.shape[-1])
     ct2 = ct.reshape(-1, ct.shape[-1])
-    ct_data = sdd(x2.T, ct2, _matrix(pattern, None), implementation=implementation).data
-    return None, ct_data.astype(data.aval.dtype)
+    like = _matrix(pattern, None)
+    ct_data = sdd(x2.T, ct2, like, implementation=implementation, preferred_element_type=data.aval.dtype).data
+    return None, ct_data
 
 
 ad.primitive_transposes[_p] = _transpose
@@ -145,4 +151,4 @@ def sparse_linear(x, weight: BlockSparseMatrix, bias=None, activation: str | Non
             f"Expected the dense operand's last dimension to be {n_in} (W is {weight.shape}). Got shape {x.shape}."
         )
     args = (x, weight.data) if bias is None else (x, weight.data, jnp.asarray(bias))
-    return _bind(*args, pattern=weight.pattern, activation=activation, implementation=implementation)
+    return _bind(*args, pattern=weight.pattern, activation=activation, implementation=implementation, out_dtype=None)
