@@ -17,15 +17,17 @@ are known when the program is built; the pattern and the values change on every 
   blocks that spilled: the buckets are propagated between tiles in extra exchange phases
   (``pn - 1`` rounds within a group, plus one round for spills when there are several groups),
   each round followed by a metadata pass (which blocks of the received bucket are mine) and a
-  compute pass over a full bucket. The machine model is :mod:`.machines` and the compute per
-  bucket is :func:`.cost.compute_cycles`, the formula of the static model's compute phase, for one
-  tile holding ``bucket_capacity`` blocks.
+  compute pass over the blocks the bucket holds (:func:`bucket_fill`: the busiest group's mean
+  plus one standard deviation; exchanges and memory are those of full, fixed-size buckets). The
+  machine model is :mod:`.machines` and the compute per bucket is :func:`.cost.compute_cycles`,
+  the formula of the static model's compute phase (with the dynamic element-wise vertex's row cost).
 
 :func:`blocksparse.ipu.simulate_dynamic` (in :mod:`.simulate`) executes a plan bucket by bucket in
 JAX and equals ``D @ x``.
-Constants and formulas are our estimates; they make a dynamic plan slower than the static plan
-of the same pattern (as PopSparse reports), by the bucket oversize, the dense-operand exchange of
-a whole partition and the extra propagation and metadata phases.
+Constants and formulas are our estimates, after poplibs' estimators where it has one (sources in
+:mod:`.machines`); they make a dynamic plan slower than the static plan of the same pattern (as
+PopSparse reports), by the moves of whole buckets, the dense-operand exchange of a whole partition
+and the extra propagation and metadata phases.
 """
 
 from __future__ import annotations
@@ -165,7 +167,8 @@ def dynamic_plan(
         bucket_oversize: extra bucket capacity over an even share (PopSparse's default 0.3), ``>= 0``.
 
     Returns:
-        The cheapest :class:`DynamicPlan` (worst case: full buckets) whose busiest tile fits
+        The cheapest :class:`DynamicPlan` (full buckets moved and held; the busiest group's expected
+        blocks computed) whose busiest tile fits
         ``available_memory_proportion`` of tile memory.
 
     Raises:

@@ -268,7 +268,8 @@ class DynamicPlan(_Estimates):
         bucket_capacity: blocks one bucket holds.
         propagation_rounds: exchange rounds that move buckets between tiles.
         bytes_per_tile: modelled memory of the busiest tile.
-        cycles: estimated cycles per phase (:data:`blocksparse.ipu.cost.DYNAMIC_PHASES`), worst case (full buckets).
+        cycles: estimated cycles per phase (:data:`blocksparse.ipu.cost.DYNAMIC_PHASES`), full buckets exchanged,
+            the busiest group's expected blocks computed.
         exchange_bytes: bytes moved per exchange phase, over all tiles.
         dense: the modelled dense matmul of the same shape (``None`` if it does not fit).
         candidates: number of partitions scored.

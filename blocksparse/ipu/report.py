@@ -56,7 +56,7 @@ def report(p) -> str:
     else:
         blocks = f"at most {p.max_nnz_blocks} non-zero blocks (density <= {d['max_density']:.4g})"
         partition = _dynamic_partition(p, d)
-        work = "worst case, full buckets; useful flops at max_nnz_blocks"
+        work = "full buckets moved, max_nnz_blocks computed; useful flops at max_nnz_blocks"
     lines = [
         f"{p.kind.capitalize()} block-sparse plan on {p.machine!r}",
         f"  W {m} x {k}, blocks {bh} x {bw}, {blocks}  @  X {k} x {p.n};  {p.dtype} (partials {p.partials_dtype})",
