@@ -11,7 +11,8 @@ For each op (SpMM sum, SpMM weighted with GCN norm, max, GATv2, graph attention)
 - ``dynamic+build``: ``edge_index`` is the argument and the graph is built inside the timed function
   (three sorts, segment counts, the schedule): what a step with a new graph every call costs.
 
-plus ``build`` alone (``DynamicGraph.from_edge_index``). Times are ``blocksparse.bench.Timer.loop``:
+plus ``build`` alone (``DynamicGraph.from_edge_index``; ``build_given_order`` with ``canonical=False``,
+two sorts instead of three). Times are ``blocksparse.bench.Timer.loop``:
 median device time per call of ``--iters`` calls inside one jitted loop. Every traced result is first
 checked against the static one (``err``, relative Frobenius error); a failed check makes the exit
 status 1. The default graph is the one of docs/benchmarks.md ("GNN operations"):
@@ -88,6 +89,8 @@ def main():
 
     try:
         record("build", "-", "fwd", "dynamic+build", timer.loop(build, edge_index))
+        given = lambda ei: gnn.DynamicGraph.from_edge_index(ei, num_nodes=a.nodes, chunk=a.chunk, canonical=False)
+        record("build_given_order", "-", "fwd", "dynamic+build", timer.loop(given, edge_index))
     except Exception as e:  # noqa: BLE001
         traceback.print_exc(limit=3)
         FAILED.append(f"build: {type(e).__name__}: {str(e)[:200]}")

@@ -198,6 +198,26 @@ def test_edge_order_does_not_change_results():
                 np.testing.assert_array_equal(u, v, err_msg=name)
 
 
+def test_given_order_within_nodes_breaks_ties_like_graph():
+    rng = np.random.default_rng(6)
+    src = np.concatenate([rng.integers(0, 20, 60), rng.integers(0, 20, 200)]).astype(np.int32)
+    dst = np.concatenate([rng.integers(0, 20, 60), np.full(200, 3)]).astype(np.int32)
+    x = jnp.asarray(rng.integers(-2, 3, (N_CAP, F)), jnp.float32)  # many ties
+    ct = np.asarray(_inputs(N_CAP, 1)["ct"])
+
+    @jax.jit
+    def run(ei, x):
+        g = gnn.DynamicGraph.from_edge_index(ei, num_nodes=N_CAP, num_edges=src.size, chunk=CHUNK, canonical=False)
+        outs = {r: jax.vjp(lambda x, r=r: gnn.aggregate(g, x, r), x) for r in ("max", "min")}
+        return {r: (y, back(jnp.asarray(ct))[0]) for r, (y, back) in outs.items()}, g.indices
+
+    got, indices = run(jnp.asarray(_padded(src, dst)), x)
+    np.testing.assert_array_equal(indices[: src.size], src[np.argsort(dst, kind="stable")])  # as Graph's CSR
+    for r, (y, dx) in got.items():
+        np.testing.assert_array_equal(y, O.extreme(src, dst, N_CAP, x, r))
+        _close(dx, O.extreme_grad(src, dst, N_CAP, x, ct, r), r)  # the first in-edge in the given order
+
+
 def test_structure_matches_static_graph():
     rng = np.random.default_rng(0)
     src = np.concatenate([rng.integers(0, 9, 30), np.zeros(300, np.int32)])

@@ -124,7 +124,8 @@ class DynamicGraph(Pytree):
         in_degree, out_degree: ``(num_nodes,)`` int32 edge counts.
         csr, csr_t: :class:`DeviceSchedule` of the CSR by destination and by source (the
             transpose, for backward passes). Within a node, CSR positions are sorted by the other
-            endpoint, so the structure (and every result) does not depend on the edges' order.
+            endpoint (with ``canonical=True``, the default), so the structure (and every result)
+            does not depend on the edges' order.
     """
 
     __slots__ = (
@@ -143,6 +144,7 @@ class DynamicGraph(Pytree):
         max_edges: int | None = None,
         num_edges=None,
         chunk: int | None = None,
+        canonical: bool = True,
     ) -> DynamicGraph:
         """Build the graph on the device from ``edge_index`` ``(2, E)`` (row 0 sources, row 1 destinations).
 
@@ -157,6 +159,11 @@ class DynamicGraph(Pytree):
             chunk: heavy-node threshold and chunk length (static, a multiple of 128): a node of
                 in-degree ``> chunk`` is split into units of ``chunk`` in-edges processed in parallel.
                 Default :func:`default_chunk` (about 8 times the mean in-degree).
+            canonical: sort each node's in-edges by source (and out-edges by destination), so the
+                structure and every result are independent of the edges' order (three stable
+                sorts). ``False``: keep the given order within each node, as a :class:`Graph` does
+                (two sorts; sums may then round differently, and max / min ties go to the first
+                in-edge in the given order).
 
         Returns:
             A :class:`DynamicGraph`. Node ids outside ``[0, num_nodes)`` among the counted edges,
@@ -237,11 +244,15 @@ class DynamicGraph(Pytree):
         dst = jnp.where(mask, dst, 0)
         src_key = jnp.where(mask, src, num_nodes)
         dst_key = jnp.where(mask, dst, num_nodes)
-        # Sort by (dst, src), then by (src, dst) for the transpose: three stable single-key sorts
-        # (each a radix sort on GPUs), so the CSR does not depend on the order of the edges.
-        p1 = jnp.argsort(src_key, stable=True)
-        p2 = p1[jnp.argsort(dst_key[p1], stable=True)]
-        p3 = p2[jnp.argsort(src_key[p2], stable=True)]
+        if canonical:
+            # Sort by (dst, src), then by (src, dst) for the transpose: three stable single-key sorts
+            # (each a radix sort on GPUs), so the CSR does not depend on the order of the edges.
+            p1 = jnp.argsort(src_key, stable=True)
+            p2 = p1[jnp.argsort(dst_key[p1], stable=True)]
+            p3 = p2[jnp.argsort(src_key[p2], stable=True)]
+        else:  # the given order within each node, as Graph.from_edges
+            p2 = jnp.argsort(dst_key, stable=True)
+            p3 = jnp.argsort(src_key, stable=True)
         cap = max_edges // chunk if num_nodes else 0
         csr, in_deg = _csr(p2, dst_key, src, num_nodes, chunk, cap)
         csr_t, out_deg = _csr(p3, src_key, dst, num_nodes, chunk, cap)
@@ -251,12 +262,13 @@ class DynamicGraph(Pytree):
         )  # fmt: skip
 
     @classmethod
-    def from_graph(cls, g, *, num_nodes: int | None = None, max_edges: int | None = None, chunk=None):
+    def from_graph(
+        cls, g, *, num_nodes: int | None = None, max_edges: int | None = None, chunk=None, canonical: bool = True
+    ) -> DynamicGraph:
         """The traced twin of a static :class:`~blocksparse.gnn.Graph` (optionally with larger capacities)."""
         ei = np.stack([g.src, g.dst])
-        return cls.from_edge_index(
-            ei, num_nodes=g.num_nodes if num_nodes is None else num_nodes, max_edges=max_edges, chunk=chunk
-        )
+        n = g.num_nodes if num_nodes is None else num_nodes
+        return cls.from_edge_index(ei, num_nodes=n, max_edges=max_edges, chunk=chunk, canonical=canonical)
 
     # ------------------------------------------------------------------ the Graph interface
     @property
@@ -346,6 +358,7 @@ def batch(
     num_nodes: int | None = None,
     max_edges: int | None = None,
     chunk: int | None = None,
+    canonical: bool = True,
 ) -> tuple[DynamicGraph, jax.Array]:
     """Pack several graphs into one disjoint union (node ids offset per graph), padded to capacities.
 
@@ -390,7 +403,9 @@ def batch(
             raise ValueError(f"Expected at most num_nodes={num_nodes} nodes in all. Got {total_n}.")
         parts = [a.astype(np.int64).reshape(2, -1) + o for a, o in zip(eis, offsets[:-1], strict=True)]
         ei = np.concatenate(parts or [np.zeros((2, 0), np.int64)], axis=1)
-        g = DynamicGraph.from_edge_index(ei.astype(np.int32), num_nodes=num_nodes, max_edges=max_edges, chunk=chunk)
+        g = DynamicGraph.from_edge_index(
+            ei.astype(np.int32), num_nodes=num_nodes, max_edges=max_edges, chunk=chunk, canonical=canonical
+        )
         ids = np.searchsorted(offsets[1:], np.arange(num_nodes), side="right").astype(np.int32)
         return g, jnp.asarray(ids)
 
@@ -426,7 +441,9 @@ def batch(
         flat = flat[:, :max_edges]
     n_edges = jnp.where((total <= max_edges) & (ends[-1] <= num_nodes) & jnp.all(counts >= 0) & jnp.all(counts <= e),
                         total, -1)  # fmt: skip
-    g = DynamicGraph.from_edge_index(flat, num_nodes=num_nodes, max_edges=max_edges, num_edges=n_edges, chunk=chunk)
+    g = DynamicGraph.from_edge_index(
+        flat, num_nodes=num_nodes, max_edges=max_edges, num_edges=n_edges, chunk=chunk, canonical=canonical
+    )
     ids = jnp.searchsorted(ends, jnp.arange(num_nodes, dtype=jnp.int32), side="right").astype(jnp.int32)
     return g, ids
 
