@@ -259,3 +259,18 @@ def test_data_parallel_gradients_inside_shard_map(getkey):
     gw, gb = jax.grad(lambda w, b: jnp.sum((jnp.tanh(x @ w + b) - t) ** 2), (0, 1))(jnp.asarray(w), layer.bias)
     np.testing.assert_allclose(g.weight.to_dense(), gw * (w != 0), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(g.bias, gb, rtol=1e-4, atol=1e-4)
+
+
+def test_one_fused_product_per_call(getkey):
+    """Forward: one product with bias and activation fused; grad: one product and one sdd for the weight."""
+    layer, _ = make_layer("sparse", 0, 32, 16, 8, 0.5, use_bias=True, dtype=jnp.float32, activation="relu")
+    x = jax.random.normal(getkey(), (4, 32))
+    with bs.dispatch_log() as log:
+        jax.jit(lambda lay, x: lay(x))(layer, x)
+    assert [op for op, _ in log] == ["dds+epilogue"]
+    with bs.dispatch_log() as log:
+        jax.jit(jax.vmap(layer))(x)
+    assert [op for op, _ in log] == ["dds+epilogue"]
+    with bs.dispatch_log() as log:
+        jax.jit(jax.grad(lambda lay, x: jnp.sum(lay(x)), argnums=(0, 1)))(layer, x)
+    assert sorted(op for op, _ in log) == ["dds", "dds+epilogue", "sdd"]  # dx, forward (bias fused), dW

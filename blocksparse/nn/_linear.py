@@ -18,29 +18,20 @@ import numpy as np
 from .. import prune as _prune
 from .._matrix import BlockSparseMatrix, _require_host, random
 from .._util import Pytree
+from ..ops.matmul import epilogue as _epilogue
 from ..ops.matmul.api import matmul
 
 __all__ = ["ACTIVATIONS", "LAYOUTS", "Linear", "SparseLinear"]
 
-#: Activation names fused into the product's epilogue (``None``: no activation).
-ACTIVATIONS = {
-    "relu": jax.nn.relu,
-    "gelu": lambda y: jax.nn.gelu(y, approximate=False),  # exact erf form, as PyTorch and BERT
-    "gelu_tanh": lambda y: jax.nn.gelu(y, approximate=True),
-    "silu": jax.nn.silu,
-    "tanh": jnp.tanh,
-    "sigmoid": jax.nn.sigmoid,
-}
+#: Activation names fused into the product's epilogue (``None``: no activation): ``bs.matmul``'s own,
+#: name -> float32 element-wise function. ``"gelu"`` is the exact (erf) form, as PyTorch and BERT.
+ACTIVATIONS = _epilogue.ACTIVATIONS
 
 #: Weight layouts of ``from_dense``: Flax stores ``(in, out)``, PyTorch and Equinox ``(out, in)``.
 LAYOUTS = ("in_out", "out_in")
 
 
-def check_activation(activation) -> str | None:
-    """``activation`` itself if it is ``None`` or a known name; else a ``ValueError`` listing the names."""
-    if activation is None or (isinstance(activation, str) and activation in ACTIVATIONS):
-        return activation
-    raise ValueError(f"Expected activation None or one of {sorted(ACTIVATIONS)}. Got {activation!r}.")
+check_activation = _epilogue.check_activation
 
 
 def check_layout(layout) -> str:
@@ -93,27 +84,6 @@ def _check_bias(weight_shape: tuple[int, ...], lead: tuple[int, ...], bias) -> N
             f"Expected a bias of shape {expected} (out_features,) for a weight of shape {weight_shape}. "
             f"Got {tuple(bias.shape)}; pass bias=None for no bias."
         )
-
-
-def _acc_dtype(dtype) -> np.dtype:
-    """Accumulation dtype: float32 for half types, else the dtype itself."""
-    dtype = jnp.dtype(dtype)
-    return jnp.dtype(jnp.float32) if jnp.finfo(dtype).bits < 32 else dtype
-
-
-def _fused_product(x, weight, bias, activation, implementation, out_dtype=None):
-    """``activation(x @ W + b)`` accumulated in float32 (half inputs), output in ``x``'s and ``W``'s promoted dtype.
-
-    Stand-in for ``bs.matmul(x, W, bias=, activation=)`` (the fused epilogue) until it lands.
-    """
-    out = jnp.result_type(x, weight.dtype) if out_dtype is None else jnp.dtype(out_dtype)
-    acc = _acc_dtype(jnp.result_type(x, weight.dtype, out))
-    y = matmul(x, weight, implementation=implementation, preferred_element_type=acc)
-    if bias is not None:
-        y = y + bias.astype(acc)
-    if activation is not None:
-        y = ACTIVATIONS[activation](y)
-    return y.astype(out)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,7 +183,8 @@ class SparseLinear(Pytree):
 
         if type(self.weight) is BlockSparseMatrix:
             return sparse_linear(x, self.weight, self.bias, self.activation, self.implementation)
-        return _fused_product(x, self.weight, self.bias, self.activation, self.implementation)
+        # Other sparse operands (dynamic, sharded by bs.shard) run bs.matmul's own product.
+        return matmul(x, self.weight, bias=self.bias, activation=self.activation, implementation=self.implementation)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,13 +274,11 @@ def dense_product(x, weight, bias=None, activation: str | None = None, precision
     out = jnp.result_type(x, weight)
     if not jnp.issubdtype(out, jnp.floating):
         raise TypeError(f"Expected a floating-point input or weight. Got {x.dtype} and {weight.dtype}.")
-    acc = _acc_dtype(out)
+    acc = jnp.float32 if jnp.finfo(out).bits < 32 else out
     y = jax.lax.dot_general(
         x.astype(out), weight.astype(out), (((x.ndim - 1,), (0,)), ((), ())),
         precision=precision, preferred_element_type=acc,
     )  # fmt: skip
-    if bias is not None:
-        y = y + bias.astype(acc)
-    if activation is not None:
-        y = ACTIVATIONS[activation](y)
-    return y.astype(out)
+    if bias is None and activation is None:
+        return y.astype(out)
+    return _epilogue.apply(y, bias, activation).astype(out)  # bs.matmul's epilogue, in float32

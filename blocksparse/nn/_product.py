@@ -9,8 +9,10 @@ rows), a JVP and transposes: whichever order ``vmap`` and ``grad`` come in, the 
 product and the weight gradient one ``sdd`` over the whole batch (per-example gradients,
 ``vmap(grad(f))``, need one ``sdd`` per example by definition).
 
-The primitive runs :func:`blocksparse.matmul` (lowered with ``mlir.lower_fun``, so the usual
-implementation choice, Pallas or XLA, applies). Weights that vary along the mapped axis (a stack
+The primitive runs :func:`blocksparse.matmul` with its fused epilogue (lowered with
+``mlir.lower_fun``, so the usual implementation choice, Pallas or XLA, applies). Under
+differentiation the product runs with the bias fused and a float32 output, and the activation
+follows it (its backward needs that pre-activation). Weights that vary along the mapped axis (a stack
 of layers) fall back to ``vmap`` of the differentiable product.
 """
 
@@ -25,7 +27,8 @@ from jax.interpreters import ad, batching, mlir
 
 from .._matrix import BlockSparseMatrix
 from ..ops._dispatch import varying_axes
-from ..ops.matmul.api import sdd
+from ..ops.matmul import epilogue as _epilogue
+from ..ops.matmul.api import matmul, sdd
 from ..ops.matmul.reference import transposed
 
 __all__ = ["sparse_linear"]
@@ -37,12 +40,8 @@ def _acc_dtype(dtype):
 
 
 def _apply_activation(activation, z, out_dtype):
-    """``activation(z)`` in the accumulation dtype, cast to ``out_dtype``."""
-    from ._linear import ACTIVATIONS
-
-    if activation is None:
-        return z.astype(out_dtype)
-    return ACTIVATIONS[activation](z.astype(_acc_dtype(out_dtype))).astype(out_dtype)
+    """``activation(z)`` in float32 (bs.matmul's epilogue), cast to ``out_dtype``."""
+    return (z if activation is None else _epilogue.apply(z, None, activation)).astype(out_dtype)
 
 
 def _matrix(pattern, data) -> BlockSparseMatrix:
@@ -50,10 +49,8 @@ def _matrix(pattern, data) -> BlockSparseMatrix:
 
 
 def _compute(x, data, *bias, pattern, activation, implementation, out_dtype):
-    from ._linear import _fused_product
-
-    W = _matrix(pattern, data)
-    return _fused_product(x, W, bias[0] if bias else None, activation, implementation, out_dtype=out_dtype)
+    return matmul(x, _matrix(pattern, data), bias=bias[0] if bias else None, activation=activation,
+                  implementation=implementation, preferred_element_type=out_dtype)  # fmt: skip
 
 
 _p = Primitive("bs_sparse_linear")

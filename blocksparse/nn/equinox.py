@@ -17,7 +17,8 @@ except ImportError as e:  # ModuleNotFoundError carries the package's name, as a
 
 from .. import prune as _prune
 from .._matrix import BlockSparseMatrix, _require_host, random
-from ._linear import _fused_product, check_activation, dense_in_out
+from ..ops.matmul.api import matmul
+from ._linear import check_activation, dense_in_out
 from ._product import sparse_linear
 
 __all__ = ["SparseLinear"]
@@ -121,7 +122,7 @@ class SparseLinear(eqx.Module):
         del key
         if type(self.weight) is BlockSparseMatrix:
             return sparse_linear(x, self.weight, self.bias, self.activation, self.implementation)
-        return _fused_product(x, self.weight, self.bias, self.activation, self.implementation)
+        return matmul(x, self.weight, bias=self.bias, activation=self.activation, implementation=self.implementation)
 
     def to_dense(self) -> jax.Array:
         """The weight as a dense ``(out, in)`` array, the layout of ``eqx.nn.Linear.weight``."""
