@@ -352,6 +352,11 @@ def test_distillation_lowers_the_loss(tiny):
     # Only the sparse layers (and norms) moved: the embeddings and patterns did not.
     assert rec.word_embeddings is pruned.word_embeddings
     assert rec.layers[0].ffn_in.weight.pattern == pruned.layers[0].ffn_in.weight.pattern
+    # With the teacher model itself, token states are matched too (a larger first loss, lowered as well).
+    _, token_losses = study.distill(pruned, train, model, steps=12, batch_size=16, learning_rate=3e-3)
+    assert token_losses[0] > losses[0] and np.mean(token_losses[-3:]) < 0.8 * np.mean(token_losses[:3])
+    with pytest.raises(ValueError, match="one target per sentence"):
+        study.distill(pruned, train, targets[:3], steps=1)
 
 
 def test_quality_measures():

@@ -102,23 +102,30 @@ def with_trainable(model: BertEncoder, params: dict) -> BertEncoder:
 
 
 def distill(student: BertEncoder, tokens: dict, targets, *, steps: int = 300, batch_size: int = 32,
-            learning_rate: float = 1e-3, biases: bool = True, norms: bool = True, seed: int = 0,
-            optimizer=None) -> tuple[BertEncoder, list[float]]:  # fmt: skip
-    """Recover a pruned encoder by distilling the dense model's sentence embeddings.
+            learning_rate: float = 1e-3, biases: bool = True, norms: bool = True, token_weight: float = 1.0,
+            seed: int = 0, optimizer=None) -> tuple[BertEncoder, list[float]]:  # fmt: skip
+    """Recover a pruned encoder by distilling the dense model.
 
-    The loss is the mean ``1 - cos(student(x), target)`` over a batch. Each step draws
-    ``batch_size`` sentences (a NumPy generator seeded by ``seed``) and runs one jitted
-    ``value_and_grad`` + optax update through the block-sparse layers: one compilation for all
-    steps (the batch shape is fixed).
+    With ``targets`` the dense model's sentence embeddings, the loss is the mean
+    ``1 - cos(student(x), target)`` over a batch. With ``targets`` the dense model itself (the
+    teacher, run in the step without gradients), the loss adds ``token_weight`` times the mean over
+    the real tokens of ``1 - cos`` between the student's and the teacher's last hidden states: a
+    denser signal, which recovers more in the same number of steps.
+
+    Each step draws ``batch_size`` sentences (a NumPy generator seeded by ``seed``) and runs one
+    jitted ``value_and_grad`` + optax update through the block-sparse layers: one compilation for
+    all steps (the batch shape is fixed; the models are arguments of the step, not constants).
 
     Arguments:
         student: the pruned :class:`BertEncoder`.
         tokens: ``input_ids`` and ``attention_mask`` (and optionally ``token_type_ids``) of the
             training sentences, padded to one length (``Tokenizer(..., padding="max_length")``).
-        targets: ``(sentences, hidden)`` dense-model embeddings of the same sentences.
+        targets: ``(sentences, hidden)`` dense-model embeddings of the same sentences, or the dense
+            :class:`BertEncoder`.
         steps, batch_size, learning_rate: the optimisation (optax AdamW with a cosine decay when
             ``optimizer`` is ``None``).
         biases, norms: also train the sparse layers' biases / the layers' LayerNorms.
+        token_weight: weight of the token-level term (with a teacher model only).
 
     Returns:
         ``(student, losses)``: the recovered encoder and the loss of every step.
@@ -128,10 +135,16 @@ def distill(student: BertEncoder, tokens: dict, targets, *, steps: int = 300, ba
     ids = np.asarray(tokens["input_ids"])
     mask = np.asarray(tokens["attention_mask"])
     types = np.asarray(tokens.get("token_type_ids", np.zeros_like(ids)))
-    targets = np.asarray(targets, np.float32)
-    if len(targets) != len(ids) or ids.shape != mask.shape:
-        raise ValueError(f"Expected tokens and targets for the same sentences. Got {ids.shape[0]} token rows, "
-                         f"mask {mask.shape}, {len(targets)} targets.")  # fmt: skip
+    teacher = targets if isinstance(targets, BertEncoder) else None
+    if teacher is None:
+        targets = np.asarray(targets, np.float32)
+        if len(targets) != len(ids):
+            raise ValueError(f"Expected one target per sentence. Got {len(ids)} token rows, {len(targets)} targets.")
+    else:
+        targets = np.zeros((len(ids), 0), np.float32)  # unused
+    if ids.ndim != 2 or ids.shape != mask.shape:
+        raise ValueError(f"Expected input_ids and attention_mask of one shape (sentences, length). Got {ids.shape} "
+                         f"and {mask.shape}.")  # fmt: skip
     if not 1 <= batch_size <= len(ids):
         raise ValueError(f"Expected batch_size in [1, {len(ids)}] (the number of sentences). Got {batch_size}.")
     params = trainable(student, biases=biases, norms=norms)
@@ -139,13 +152,21 @@ def distill(student: BertEncoder, tokens: dict, targets, *, steps: int = 300, ba
         optimizer = optax.adamw(optax.cosine_decay_schedule(learning_rate, max(steps, 1)), weight_decay=0.0)
     opt_state = optimizer.init(params)
 
-    def loss_fn(p, ids, mask, types, target):
-        emb = with_trainable(student, p)(ids, mask, types)
-        return jnp.mean(1.0 - jnp.sum(emb * target, axis=-1))
+    def loss_fn(p, frozen, teacher, ids, mask, types, target):
+        model = with_trainable(frozen, p)
+        if teacher is None:
+            return jnp.mean(1.0 - jnp.sum(model(ids, mask, types) * target, axis=-1))
+        h = model.hidden_states(ids, mask, types).astype(jnp.float32)
+        ht = jax.lax.stop_gradient(teacher.hidden_states(ids, mask, types)).astype(jnp.float32)
+        m = mask.astype(jnp.float32)
+        sentence = 1.0 - jnp.sum(_unit(_pool(h, m)) * _unit(_pool(ht, m)), axis=-1)
+        per_token = 1.0 - jnp.sum(_unit(h) * _unit(ht), axis=-1)
+        token = jnp.sum(per_token * m, axis=1) / jnp.maximum(m.sum(1), 1.0)
+        return jnp.mean(sentence + token_weight * token)
 
     @jax.jit
-    def step(p, opt_state, ids, mask, types, target):
-        loss, g = jax.value_and_grad(loss_fn)(p, ids, mask, types, target)
+    def step(p, opt_state, frozen, teacher, ids, mask, types, target):
+        loss, g = jax.value_and_grad(loss_fn)(p, frozen, teacher, ids, mask, types, target)
         updates, opt_state = optimizer.update(g, opt_state, p)
         return optax.apply_updates(p, updates), opt_state, loss
 
@@ -153,9 +174,18 @@ def distill(student: BertEncoder, tokens: dict, targets, *, steps: int = 300, ba
     losses = []
     for _ in range(steps):
         idx = rng.choice(len(ids), batch_size, replace=False)
-        params, opt_state, loss = step(params, opt_state, ids[idx], mask[idx], types[idx], targets[idx])
+        params, opt_state, loss = step(params, opt_state, student, teacher, ids[idx], mask[idx], types[idx],
+                                       targets[idx])  # fmt: skip
         losses.append(loss)
     return with_trainable(student, params), [float(v) for v in losses]
+
+
+def _pool(h, m):
+    return (h * m[..., None]).sum(1) / jnp.maximum(m.sum(1), 1e-9)[:, None]
+
+
+def _unit(x):
+    return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
 def _embed(model, tokens, batch_size: int = 256) -> np.ndarray:
