@@ -147,3 +147,25 @@ def test_a_small_model_trains_with_optax(getkey):
         model, state, _ = step(model, state)
     assert float(loss(model)) < 0.6 * first
     assert model.layers[0].weight.pattern.nnz_blocks == 4  # the pattern is static: training moves values only
+
+
+@pytest.mark.gpu
+def test_gpu_vmapped_layer_runs_the_fused_pallas_kernels(getkey):
+    """On a GPU: jax.vmap of a bf16 layer is one fused Pallas product; its gradients are one Pallas sdd and one
+    product, and match dense float32 ones."""
+    n_in, n_out, batch = 1024, 2048, 512
+    layer, w = eqx_layer(0, n_in, n_out, 32, 0.25, dtype=jnp.bfloat16, activation="gelu")
+    xs = jax.random.normal(getkey(), (batch, n_in), jnp.bfloat16)
+    with bs.dispatch_log() as log:
+        y = eqx.filter_jit(lambda m, x: jax.vmap(m)(x))(layer, xs)
+    assert log == [("dds+epilogue", "pallas")]
+    assert_close(y, oracle(xs, w, layer.bias, "gelu"), jnp.bfloat16)
+    loss = lambda m: jnp.sum(jax.vmap(m)(xs).astype(jnp.float32) ** 2) / batch
+    with bs.dispatch_log() as log:
+        g = eqx.filter_jit(eqx.filter_grad(loss))(layer)
+    assert sorted(log) == [("dds+epilogue", "pallas"), ("sdd", "pallas")]
+    f32 = lambda a: jnp.asarray(a, jnp.float32)
+    dense = lambda w, b: jnp.sum(jax.nn.gelu(f32(xs) @ w + b, approximate=False) ** 2) / batch
+    gw = jax.grad(dense)(f32(w), f32(layer.bias))
+    np.testing.assert_allclose(f32(g.weight.to_dense()), gw * (np.asarray(f32(w)) != 0), rtol=5e-2,
+                               atol=5e-2 * float(jnp.abs(gw).max()))  # fmt: skip
