@@ -66,6 +66,9 @@ def test_from_dense_follows_eqx_nn_linear(getkey):
         ESparseLinear.from_dense(lin.weight, jnp.zeros(32), block_size=8, density=0.5)
     with pytest.raises(ValueError, match=r"Expected layout 'in_out'"):
         ESparseLinear.from_dense(lin.weight, block_size=8, density=0.5, layout="oi")
+    msg = "Expected a weight of shape (out, in) = (16, 64) for layout='out_in'. Got (16, 32)."
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        ESparseLinear.from_dense(lin.weight, block_size=8, density=0.5, in_features=64, out_features=16)
     with pytest.raises(ValueError, match=r"activation None or one of"):
         ESparseLinear(8, 8, block_size=4, density=0.5, activation="gelu_new", key=getkey())
     with pytest.raises(TypeError, match="expected weight as concrete host data"):

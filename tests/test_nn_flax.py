@@ -95,6 +95,10 @@ def test_from_dense_layouts_and_nnx_linear(getkey):
     with pytest.raises(ValueError, match=re.escape("bias of shape (32,)")):
         FSparseLinear.from_dense(lin.kernel, lin.bias, block_size=8, density=1.0, layout="out_in")
     with pytest.raises(ValueError, match=re.escape(msg)):
+        FSparseLinear.from_dense(
+            lin.kernel, block_size=8, density=1.0, layout="out_in", in_features=32, out_features=16
+        )
+    with pytest.raises(ValueError, match=re.escape(msg)):
         bs.nn.SparseLinear.from_dense(lin.kernel[...], block_size=8, density=1.0, layout="out_in", in_features=32,
                                       out_features=16)  # fmt: skip
 

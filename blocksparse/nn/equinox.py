@@ -87,18 +87,20 @@ class SparseLinear(eqx.Module):
     @classmethod
     def from_dense(
         cls, weight, bias=None, *, block_size, density: float, layout: str = "out_in", norm: str = "l2",
-        activation: str | None = None, implementation=None,
+        activation: str | None = None, implementation=None, in_features: int | None = None,
+        out_features: int | None = None,
     ) -> SparseLinear:  # fmt: skip
         """Prune a dense weight by block magnitude (:func:`blocksparse.prune.magnitude`).
 
         ``weight`` is ``(out, in)`` for ``layout="out_in"`` (the default: ``eqx.nn.Linear.weight``,
         also PyTorch's) or ``(in, out)`` for ``layout="in_out"``; ``block_size`` is that of the
         stored ``(in, out)`` weight. Call it outside ``jit`` (the pattern is host data), e.g.
-        ``SparseLinear.from_dense(lin.weight, lin.bias, block_size=16, density=0.25)``.
+        ``SparseLinear.from_dense(lin.weight, lin.bias, block_size=16, density=0.25)``. If given,
+        ``in_features`` / ``out_features`` are checked against the weight.
         """
         _require_host("bs.nn.equinox.SparseLinear.from_dense", weight=weight, density=density)
         check_activation(activation)
-        w = dense_in_out(weight, layout=layout, bias=bias)
+        w = dense_in_out(weight, layout=layout, in_features=in_features, out_features=out_features, bias=bias)
         W = _prune.magnitude(w, block_size, density, norm=norm)
         return cls._build(W, None if bias is None else jnp.asarray(bias), activation, implementation)
 

@@ -92,16 +92,18 @@ class SparseLinear(nnx.Module):
     def from_dense(
         cls, kernel, bias=None, *, block_size, density: float, layout: str = "in_out", norm: str = "l2",
         dtype=None, param_dtype=None, activation: str | None = None, implementation=None, rngs: nnx.Rngs | None = None,
+        in_features: int | None = None, out_features: int | None = None,
     ) -> SparseLinear:  # fmt: skip
         """Prune a dense kernel by block magnitude (:func:`blocksparse.prune.magnitude`).
 
         ``kernel`` is ``(in, out)`` for ``layout="in_out"`` (the default: ``nnx.Linear.kernel``) or
         ``(out, in)`` for ``layout="out_in"`` (PyTorch's weight). ``rngs`` is optional (nothing
-        random is drawn); ``param_dtype`` defaults to the kernel's dtype. Call it outside ``jit``.
+        random is drawn); ``param_dtype`` defaults to the kernel's dtype. If given, ``in_features`` /
+        ``out_features`` are checked against the kernel. Call it outside ``jit``.
         """
         _require_host("bs.nn.flax.SparseLinear.from_dense", kernel=kernel, density=density)
         kernel, bias = (v.get_value() if isinstance(v, nnx.Variable) else v for v in (kernel, bias))  # nnx.Param
-        w = dense_in_out(kernel, layout=layout, bias=bias)
+        w = dense_in_out(kernel, layout=layout, in_features=in_features, out_features=out_features, bias=bias)
         W = _prune.magnitude(w, block_size, density, norm=norm)
         param_dtype = W.dtype if param_dtype is None else param_dtype
         n_in, n_out = W.shape
