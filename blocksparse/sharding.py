@@ -27,6 +27,7 @@ recorded in :attr:`ShardedBlockSparseMatrix.plan`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -36,9 +37,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, _NoImplicitDense
+from ._pattern import BlockPattern
 from ._util import Pytree
 from .ops.matmul.api import apply_2d
 from .ops.matmul.api import matmul as _matmul
+from .ops.matmul.lowering import GpuLowering, TracedSchedule, lower
 
 __all__ = ["ShardCandidate", "ShardPlan", "ShardedBlockSparseMatrix", "matmul", "shard"]
 
@@ -352,8 +355,146 @@ class ShardedBlockSparseMatrix(_NoImplicitDense, Pytree):
         return matmul(other, self) if swap else matmul(self, other)
 
 
-def _local_product(Ws: ShardedBlockSparseMatrix, x2, transposed: bool, kwargs) -> jax.Array:
-    """``W @ x2`` (``W^T @ x2`` if ``transposed``) for a 2-D ``x2``, through one ``shard_map``."""
+# --------------------------------------------------------------------------------------------
+# The forward of W @ x on the static kernels: each device's part is a static pattern, lowered on
+# the host to its own work list; the lists are padded to one shape and stacked with a leading device
+# axis, so one shard_map program runs the static-schedule kernel on every device (the dynamic scan
+# kernel, which needs no host pattern, is slower per block). Gradients go through the dynamic path.
+# --------------------------------------------------------------------------------------------
+_SCHEDULE_FIELDS = ("unit_start", "unit_len", "unit_dest", "block_col", "block_id", "split_rows", "partial_seg")
+
+
+@functools.lru_cache(maxsize=64)
+def _stacked_schedules(pattern: BlockPattern, plan: ShardPlan, tiles: int, max_len: int | None):
+    """Per-device :class:`~.ops.matmul.lowering.RowSplitSchedule` s, padded to one shape and stacked.
+
+    Returns ``(arrays, num_rows, max_len)``: ``arrays`` maps each schedule field to an ``int32``
+    array with a leading device axis, in the traced-schedule convention (a last dummy partial slot
+    for padding units, whose segment and split rows are out of range and dropped).
+    """
+    parts, (bh, bw) = plan.num_devices, pattern.block_size
+    line = pattern.rows if plan.split == "rows" else pattern.cols
+    device, _ = _assign(line, np.asarray(plan.cuts))
+    band = plan.band
+    local_shape = (band * bh, pattern.shape[1]) if plan.split == "rows" else (pattern.shape[0], band * bw)
+    scheds = []
+    for d in range(parts):
+        mine = device == d
+        rows, cols = pattern.rows[mine], pattern.cols[mine]
+        if plan.split == "rows":
+            rows = rows - plan.cuts[d]
+        else:
+            cols = cols - plan.cuts[d]
+        local = BlockPattern(local_shape, pattern.block_size, rows, cols)
+        scheds.append(lower(local, GpuLowering(op="dsd", tiles=tiles, max_len=max_len)))
+    num_rows = scheds[0].num_rows
+    L = max(s.max_len for s in scheds)
+    U = max(s.num_units for s in scheds)
+    C = max(max(s.block_col.shape[0] for s in scheds), 1)
+    S = max(s.num_partials for s in scheds)
+    R = max(max(s.split_rows.shape[0] for s in scheds), 1)
+    out = {f: [] for f in _SCHEDULE_FIELDS}
+    for s in scheds:
+        u, c, r, q = s.num_units, s.block_col.shape[0], s.split_rows.shape[0], s.num_partials
+        out["unit_start"].append(np.pad(s.unit_start, (0, U - u)))
+        out["unit_len"].append(np.pad(s.unit_len, (0, U - u)))
+        out["unit_dest"].append(np.pad(s.unit_dest, (0, U - u), constant_values=-1 - S))  # the dummy slot
+        out["block_col"].append(np.pad(s.block_col, (0, C - c)))
+        out["block_id"].append(np.pad(s.block_id, (0, C - c)))
+        out["split_rows"].append(np.concatenate([s.split_rows, num_rows + np.arange(R - r)]))
+        out["partial_seg"].append(np.pad(s.partial_seg, (0, S + 1 - q), constant_values=R))
+    return {f: np.stack(v).astype(np.int32) for f, v in out.items()}, num_rows, L
+
+
+def _static_kernels_apply(Ws: ShardedBlockSparseMatrix, x2, kwargs) -> bool:
+    """Whether ``Ws @ x2`` can run on the static-schedule kernels (else the dynamic path, which decides itself)."""
+    from .ops import _dispatch
+    from .ops.matmul import pallas_triton as pt
+
+    impls = _dispatch.resolve(kwargs["implementation"], ("pallas", "xla"))
+    if impls[0] != "pallas" or not pt.kernels_accept(Ws.block_size, Ws.dtype, x2.dtype):
+        return False
+    return True
+
+
+def _static_forward(ctx, data, x2):
+    """``W @ x2`` for the rows split on the static-schedule kernels, one ``shard_map``."""
+    (pattern, mesh, axis, plan), kwargs = ctx
+    from .ops import _dispatch
+    from .ops.matmul import pallas_triton as pt
+    from .ops.matmul.api import _out_dtype, _precision
+
+    kw = dict(kwargs)
+    out_dtype = _out_dtype(kw["preferred_element_type"], data.dtype, x2.dtype)
+    exact = _precision(kw["precision"]) == lax.Precision.HIGHEST
+    n = x2.shape[1]
+    bh = pattern.block_size[0]
+    band = plan.band
+    tn = pt.tile_for(bh, n, band)
+    arrays, num_rows, L = _stacked_schedules(pattern, plan, -(-n // tn), pt.current_config().max_len)
+    fields = tuple(jnp.asarray(arrays[f]) for f in _SCHEDULE_FIELDS)
+    dt = jnp.result_type(data.dtype, x2.dtype)
+
+    def local(data, xl, *fields):
+        sched = TracedSchedule(*(f[0] for f in fields), num_rows, L)
+        return pt.run_schedule(sched, num_rows * bh, data[0].astype(dt), xl.astype(dt), out_dtype, tn, exact=exact)
+
+    _dispatch.record("sharded_dsd", "pallas")
+    spec = P(axis)
+    # No collective inside, so no axis types to check (and Pallas' interpreter, which tests run on the
+    # CPU, trips over them: it mixes varying and replicated operands in its own slicing).
+    f = jax.shard_map(local, mesh=mesh, in_specs=(spec, P(), *(spec,) * len(fields)), out_specs=spec,
+                      check_vma=False)  # fmt: skip
+    y = f(data, x2, *fields)
+    if plan.uniform:
+        return y
+    keep = np.concatenate([d * band * bh + np.arange((plan.cuts[d + 1] - plan.cuts[d]) * bh)
+                           for d in range(plan.num_devices)])  # fmt: skip
+    return lax.with_sharding_constraint(y[keep], NamedSharding(mesh, P()))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _static_product(ctx, rows, cols, nnz, data, x2):
+    return _static_forward(ctx, data, x2)
+
+
+def _static_product_fwd(ctx, rows, cols, nnz, data, x2):
+    # Under differentiation: the dynamic path, whose VJP gives the gradients (and its forward the output).
+    (pattern, mesh, axis, plan), kwargs = ctx
+    Ws = ShardedBlockSparseMatrix._from_fields(rows=rows, cols=cols, data=data, nnz=nnz, pattern=pattern, mesh=mesh,
+                                               axis=axis, plan=plan)  # fmt: skip
+    y, vjp = jax.vjp(lambda d, x: _local_product(Ws._replace(data=d), x, False, dict(kwargs), static=False), data, x2)
+    return y, vjp
+
+
+def _static_product_bwd(ctx, vjp, g):
+    ddata, dx = vjp(g)
+    return None, None, None, ddata, dx
+
+
+_static_product.defvjp(_static_product_fwd, _static_product_bwd)
+
+
+def _static_kernels_apply(Ws: ShardedBlockSparseMatrix, x2, kwargs) -> bool:
+    """Whether ``Ws @ x2`` runs its forward on the static-schedule kernels: the rows split, with the
+    Pallas kernels first in ``implementation`` and able to take these inputs."""
+    from .ops import _dispatch
+    from .ops.matmul import pallas_triton as pt
+
+    if Ws.plan.split != "rows":
+        return False
+    impls = _dispatch.resolve(kwargs["implementation"], ("pallas", "xla"))
+    return impls[0] == "pallas" and pt.kernels_accept(Ws.block_size, Ws.dtype, x2.dtype)
+
+
+def _local_product(Ws: ShardedBlockSparseMatrix, x2, transposed: bool, kwargs, static: bool = True) -> jax.Array:
+    """``W @ x2`` (``W^T @ x2`` if ``transposed``) for a 2-D ``x2``, through one ``shard_map``.
+
+    ``static``: run the forward of a rows-split ``W @ x2`` on the static-schedule kernels where they apply.
+    """
+    if static and not transposed and _static_kernels_apply(Ws, x2, kwargs):
+        ctx = ((Ws.pattern, Ws.mesh, Ws.axis, Ws.plan), tuple(sorted(kwargs.items())))
+        return _static_product(ctx, Ws.rows, Ws.cols, Ws.nnz, Ws.data, x2)
     plan, axis, mesh, parts = Ws.plan, Ws.axis, Ws.mesh, Ws.plan.num_devices
     (m, k), (bh, bw) = Ws.shape, Ws.block_size
     band, cuts, n = plan.band, plan.cuts, x2.shape[1]

@@ -362,6 +362,26 @@ def dsd(pattern: BlockPattern, data, x, out_dtype, *, exact: bool = False, confi
     return _dsd_call(sched, m, data, x, out_dtype, tn, cfg, exact, epi, bias)
 
 
+def kernels_accept(block_size, *dtypes) -> bool:
+    """Whether these kernels can run here (a GPU, or interpret mode) on these blocks and dtypes."""
+    try:
+        _check(tuple(block_size), *dtypes)
+    except NotImplementedError:
+        return False
+    return True
+
+
+def tile_for(bh: int, n: int, rows: int) -> int:
+    """The dsd kernel's column tile for ``n`` columns and ``rows`` output block rows (current config)."""
+    cfg = current_config()
+    return _tile(n, cfg.tn or _default_tn(bh, n, rows))
+
+
+def run_schedule(sched, m: int, data, x, out_dtype, tn: int, *, exact: bool = False):
+    """``W @ x`` on a given work list (host or traced), ``W`` of ``m`` rows with blocks ``data``."""
+    return _dsd_call(sched, m, data, x, out_dtype, tn, current_config(), exact)
+
+
 def _dsd_call(sched, m: int, data, x, out_dtype, tn: int, cfg: KernelConfig, exact: bool, epi=None, bias=None):
     """Run the dsd kernel on a host (:class:`RowSplitSchedule`) or traced (dynamic) schedule."""
     _, bh, bw = data.shape
