@@ -274,3 +274,24 @@ def test_one_fused_product_per_call(getkey):
     with bs.dispatch_log() as log:
         jax.jit(jax.grad(lambda lay, x: jnp.sum(lay(x)), argnums=(0, 1)))(layer, x)
     assert sorted(op for op, _ in log) == ["dds", "dds+epilogue", "sdd"]  # dx, forward (bias fused), dW
+
+
+def test_scan_over_a_stack_of_layers_with_gradients(getkey):
+    """Layers stacked along a leading axis (lax.scan over depth), with jax.checkpoint: gradients as unrolled."""
+    layer, _ = make_layer("sparse", 0, 16, 16, 4, 0.5, use_bias=True, dtype=jnp.float32, activation="tanh")
+    stack = jax.tree.map(lambda a: jnp.stack([a, 0.5 * a, 2 * a]), layer)
+    x = jax.random.normal(getkey(), (4, 16))
+
+    def scanned(stack):
+        body = jax.checkpoint(lambda h, lay: (lay(h), None))
+        return jnp.sum(jax.lax.scan(body, x, stack)[0] ** 2)
+
+    def unrolled(stack):
+        h = x
+        for i in range(3):
+            h = jax.tree.map(lambda a, i=i: a[i], stack)(h)
+        return jnp.sum(h**2)
+
+    g, want = jax.jit(jax.grad(scanned))(stack), jax.grad(unrolled)(stack)
+    np.testing.assert_allclose(g.weight.data, want.weight.data, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(g.bias, want.bias, rtol=1e-5, atol=1e-5)
