@@ -84,6 +84,12 @@ def _close(a, b, what, rtol=1e-4, atol=1e-5):
 # ------------------------------------------------------------------------ against the oracle and Graph
 @jax.jit
 def _dense_ops(count, wsum, a):
+    # The dense oracle in float32 (on a GPU, XLA's default float32 dots are TF32: 1e-3 off).
+    with jax.default_matmul_precision("highest"):
+        return _dense_ops_f32(count, wsum, a)
+
+
+def _dense_ops_f32(count, wsum, a):
     """Dense float32 references on the adjacency (``count[i, j]`` edges j -> i, ``wsum`` their weights)."""
     indeg, outdeg = count.sum(1).clip(1), count.sum(0).clip(1)
 
