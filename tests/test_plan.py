@@ -60,6 +60,48 @@ def test_column_bands_balance_and_tiles_proportional():
     assert t.tolist() == [1, 3, 0, 6]
     assert tiles_for_bands(np.array([1, 1, 1]), 2) is None
     assert tiles_for_bands(np.array([2, 1000]), 5).tolist() == [1, 4]
+    # In grains of two tiles (the tiles sharing an exchange bus): 5 grains shared 1 : 1 : 0 : 3.
+    assert tiles_for_bands(np.array([10, 30, 0, 60]), 10, grain=2).tolist() == [2, 2, 0, 6]
+    assert tiles_for_bands(np.array([1, 1, 1]), 5, grain=2) is None  # 2 grains for 3 bands
+    assert tiles_for_bands(np.array([1, 7]), 8, grain=2).tolist() == [1, 6]  # never more tiles than blocks
+
+
+def test_plans_use_tiles_in_grains():
+    W = bs.BlockPattern.random(0, (2048, 2048), 16, 1 / 8)
+    for s in (1, 3, 5):
+        p = bs.plan(W, 512, n_split=s)
+        assert p.tiles_per_split == (bs.ipu.BOW.num_tiles // 2 // s) * 2  # 1472, 490, 294: whole grains
+        assert p.tiles_used <= p.tiles_per_split * s
+    # A machine with fewer tiles than a grain allocates single tiles.
+    one = IPUMachine(name="one", clock_hz=1e9, num_tiles=1, tile_memory_bytes=1 << 22)
+    assert bs.plan(bs.BlockPattern.random(0, (64, 64), 16, 0.5), 8, machine=one).tiles_per_split == 1
+
+
+# -- the phase costs, by hand -----------------------------------------------------------------------
+def test_dense_row_exchange_pays_for_the_band_at_the_multicast_rate():
+    from blocksparse.ipu import cost
+
+    # One tile using 4 of its band's 64 columns: poplibs' rhsBias (64 / 4) times the 4 columns at twice the
+    # exchange rate = 64 columns x 16 rows x 128 columns x 2 bytes / (2 x 4 B/cycle).
+    def stats(span):
+        return cost.TileStats(np.array([4]), np.array([4]), np.array([4]), 0, 0, span)
+
+    kw = dict(shape=(1024, 1024), block_size=(16, 16), n=128, n_split=1, tiles_per_split=1472, dtype="float16",
+              partials_dtype="float32")  # fmt: skip
+    wide, _, _ = cost.sparse_cost(bs.ipu.BOW, stats(np.array([64])), **kw)
+    used, nbytes, _ = cost.sparse_cost(bs.ipu.BOW, stats(None), **kw)
+    assert wide["exchange_dense"] == pytest.approx(64 * 16 * 128 * 2 / 8)
+    assert used["exchange_dense"] == pytest.approx(4 * 16 * 128 * 2 / 8)
+    assert nbytes["exchange_dense"] == 4 * 16 * 128 * 2  # bytes moved are those of the used columns
+
+
+def test_reduction_cycles_by_hand():
+    from blocksparse.ipu import cost
+
+    # 48 float outputs, two partials each: 6 workers x ceil(8 / 4) vector steps x (11 + 1) cycles + 108 launch,
+    # about three cycles per output (poplibs' reductionCycleEstimate); four partials cost two more per step.
+    assert float(cost.reduction_cycles(bs.ipu.BOW, 48, 2, "float32")) == 108 + 12 * 12
+    assert float(cost.reduction_cycles(bs.ipu.BOW, 48, 4, "float32")) == 108 + 12 * 14
 
 
 # -- invariants ---------------------------------------------------------------------------------------

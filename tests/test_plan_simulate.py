@@ -53,8 +53,8 @@ def test_simulate_matches_reference(prob):
     grain = machine.column_grain("float32")
     if n_split is not None and n_split > -(-n // grain):
         n_split = None
-    if num_bands is not None and num_bands > machine.num_tiles // (n_split or 1):
-        num_bands = None  # forcing more bands than tiles is an error (tested in test_plan.py)
+    if num_bands is not None and num_bands > machine.num_tiles // machine.tile_grain // (n_split or 1):
+        num_bands = None  # forcing more bands than grains of tiles is an error (tested in test_plan.py)
     p = bs.plan(W, n, machine=machine, dtype="float32", n_split=n_split, num_bands=num_bands)
     y = bs.simulate(p, W, x)
     ref = np.asarray(W.to_dense()) @ np.asarray(x)

@@ -33,7 +33,16 @@ import numpy as np
 from .._util import cdiv
 from .machines import IPUMachine
 
-__all__ = ["DYNAMIC_PHASES", "PHASES", "DenseEstimate", "TileStats", "compute_cycles", "dense_estimate", "sparse_cost"]
+__all__ = [
+    "DYNAMIC_PHASES",
+    "PHASES",
+    "DenseEstimate",
+    "TileStats",
+    "compute_cycles",
+    "dense_estimate",
+    "reduction_cycles",
+    "sparse_cost",
+]
 
 PHASES = (
     "exchange_dense",

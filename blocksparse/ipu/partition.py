@@ -428,8 +428,9 @@ def _no_plan_error(e: _NoFit, pattern, n, machine, dt, pdt, amp, n_split, num_ba
     what += f" on {machine.name}"
     if e.smallest is None:
         return NoValidPlanError(
-            f"No valid plan for {what}: no partition is possible with {machine.num_tiles} tiles (more non-empty "
-            "column bands than tiles). Pass a smaller num_bands or a smaller n_split."
+            f"No valid plan for {what}: no partition is possible with {machine.num_tiles} tiles in grains of "
+            f"{_grain(machine)} (more non-empty column bands than tiles, or than grains of tiles, for one piece of n). "
+            "Pass a smaller num_bands or a smaller n_split."
         )
     top, s, nb, serial = e.smallest
     limit = amp * machine.tile_memory_bytes
