@@ -42,11 +42,12 @@ def test_vmapped_and_batched_calls_match_the_dense_oracle(block, grid, density, 
     layer, w = eqx_layer(seed, n_in, n_out, block, density, use_bias=use_bias, dtype=dtype, activation=activation)
     x = np.random.default_rng(seed + 1).standard_normal((2, 3, n_in)).astype(dtype)
     want = oracle(x, w, layer.bias, activation)
-    vmapped = eqx.filter_jit(lambda m, x: jax.vmap(jax.vmap(m))(x))(layer, x)  # Equinox's way: one example at a time
+    # Equinox's way (one example at a time, mapped), leading dimensions directly, and one example: one compile.
+    vmapped, batched, one = eqx.filter_jit(lambda m, x: (jax.vmap(jax.vmap(m))(x), m(x), m(x[0, 0])))(layer, x)
     assert vmapped.shape == (2, 3, n_out) and vmapped.dtype == dtype
     assert_close(vmapped, want, dtype)
-    assert_close(eqx.filter_jit(lambda m, x: m(x))(layer, x), want, dtype)  # leading dimensions directly
-    assert_close(layer(x[0, 0]), want[0, 0], dtype)  # one example
+    assert_close(batched, want, dtype)
+    assert_close(one, want[0, 0], dtype)
 
 
 def test_from_dense_follows_eqx_nn_linear(getkey):
@@ -83,7 +84,7 @@ def test_init_follows_eqx_conventions(getkey):
     assert 0.5 * bound < float(jnp.abs(layer.bias).max()) <= bound
     no_bias = ESparseLinear(64, 48, block_size=16, density=0.5, use_bias=False, dtype=jnp.bfloat16, key=getkey())
     assert no_bias.bias is None and no_bias.weight.dtype == jnp.bfloat16
-    assert no_bias(jnp.ones(64, jnp.bfloat16)).dtype == jnp.bfloat16
+    assert jax.eval_shape(no_bias, jax.ShapeDtypeStruct((64,), jnp.bfloat16)).dtype == jnp.bfloat16
     params = eqx.filter(layer, eqx.is_array)
     assert [a.shape for a in jax.tree.leaves(params)] == [(6, 16, 16), (48,)]  # the pattern is static
 
@@ -130,8 +131,8 @@ def test_pallas_kernel_under_vmap_and_grad(getkey):
 
 def test_a_small_model_trains_with_optax(getkey):
     model = eqx.nn.Sequential([
-        ESparseLinear(32, 64, block_size=16, density=0.5, activation="gelu_tanh", key=getkey()),
-        ESparseLinear(64, 8, block_size=8, density=0.5, key=getkey()),
+        ESparseLinear(32, 32, block_size=16, density=0.5, activation="gelu_tanh", key=getkey()),
+        ESparseLinear(32, 8, block_size=8, density=0.5, key=getkey()),
     ])  # fmt: skip
     x = jax.random.normal(getkey(), (64, 32))
     t = jnp.tanh(x[:, :8])
@@ -148,8 +149,8 @@ def test_a_small_model_trains_with_optax(getkey):
     first = float(loss(model))
     for _ in range(15):
         model, state, _ = step(model, state)
-    assert float(loss(model)) < 0.6 * first
-    assert model.layers[0].weight.pattern.nnz_blocks == 4  # the pattern is static: training moves values only
+    assert float(loss(model)) < 0.75 * first
+    assert model.layers[0].weight.pattern.nnz_blocks == 2  # the pattern is static: training moves values only
 
 
 @pytest.mark.gpu

@@ -51,7 +51,7 @@ def make_layer(kind, seed, n_in, n_out, block, density, *, use_bias, dtype, acti
     bh, bw = (block, block) if isinstance(block, int) else block
     gm, gk = n_in // bh, n_out // bw
     mask = np.zeros(gm * gk, bool)
-    mask[rng.choice(gm * gk, max(round(density * gm * gk), density > 0), replace=False)] = True
+    mask[rng.choice(gm * gk, max(round(density * gm * gk), int(density > 0)), replace=False)] = True
     mask = mask.reshape(gm, gk)
     w = (rng.standard_normal((n_in, n_out)) * np.kron(mask, np.ones((bh, bw))) / math.sqrt(n_in)).astype(dtype)
     b = jnp.asarray(rng.standard_normal(n_out), dtype) if use_bias else None
