@@ -10,7 +10,8 @@ import importlib
 
 from ._linear import ACTIVATIONS, LAYOUTS, Linear, SparseLinear
 
-__all__ = ["ACTIVATIONS", "LAYOUTS", "Linear", "SparseLinear", "equinox", "flax"]
+# Not the framework modules: `from blocksparse.nn import *` must not need Flax or Equinox.
+__all__ = ["ACTIVATIONS", "LAYOUTS", "Linear", "SparseLinear"]
 
 _FRAMEWORKS = ("flax", "equinox")
 
