@@ -27,6 +27,7 @@ and every candidate's estimate are recorded in :attr:`ShardedGraph.plan`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -43,7 +44,7 @@ from ..sharding import LINK_BYTES_PER_S, _balanced_cuts
 from ._dynamic import DynamicGraph, default_chunk
 from ._graph import Graph
 
-__all__ = ["GraphShardCandidate", "GraphShardPlan", "ShardedGraph", "aggregate", "shard_graph", "spmm"]
+__all__ = ["GraphShardCandidate", "GraphShardPlan", "ShardedGraph", "aggregate", "plan_graph", "shard_graph", "spmm"]
 
 # Time model, per feature column (all terms scale with F). Measured on one H200: SpMM sum of the
 # power_law(262144, 8388608) graph at F = 128, fp32 takes 1.185 ms (docs/benchmarks.md): 8.4e6
@@ -290,23 +291,82 @@ def _capacity(num_nodes, ids, chunk):
     return max(cap, chunk), chunk
 
 
-def _build_parts(srcs, dsts, num_nodes, max_edges, mesh, axis, chunk):
-    """One :class:`DynamicGraph` per device, built on its device, as one pytree with a leading device axis."""
-    counts = np.asarray([s.size for s in srcs], np.int32)
-    src = _padded(srcs, 0, max_edges)
-    dst = _padded(dsts, 0, max_edges)
-    chunk_ = chunk
+@functools.lru_cache(maxsize=64)
+def _builder(num_nodes, max_edges, chunk, mesh, axis):
+    """The jitted ``shard_map`` that builds every device's part (one compilation per capacities)."""
 
     def build(s, d, c):
         g = DynamicGraph.from_edge_index(
-            jnp.stack([s[0], d[0]]), num_nodes=num_nodes, max_edges=max_edges, num_edges=c[0], chunk=chunk_
+            jnp.stack([s[0], d[0]]), num_nodes=num_nodes, max_edges=max_edges, num_edges=c[0], chunk=chunk
         )
         return jax.tree.map(lambda a: a[None], g)
 
     spec = P(axis)
-    f = jax.jit(jax.shard_map(build, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec))
-    put = lambda a: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
-    return f(put(src), put(dst), put(counts))
+    return jax.jit(jax.shard_map(build, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec))
+
+
+def _build_parts(srcs, dsts, num_nodes, max_edges, mesh, axis, chunk):
+    """One :class:`DynamicGraph` per device, built on its device, as one pytree with a leading device axis."""
+    counts = np.asarray([s.size for s in srcs], np.int32)
+    put = lambda a: jax.device_put(a, NamedSharding(mesh, P(axis)))  # noqa: E731
+    f = _builder(num_nodes, max_edges, chunk, mesh, axis)
+    return f(put(_padded(srcs, 0, max_edges)), put(_padded(dsts, 0, max_edges)), put(counts))
+
+
+def plan_graph(
+    edges,
+    num_nodes: int | None,
+    num_devices: int,
+    *,
+    balance: str | None = None,
+    sources: str | None = None,
+    x_placement: str = "sharded",
+    dtype=jnp.float32,
+) -> GraphShardPlan:
+    """The :class:`GraphShardPlan` :func:`shard_graph` would use over ``num_devices`` devices (host only).
+
+    Arguments are :func:`shard_graph`'s; nothing is placed on a device.
+    """
+    src, dst, n = _host_edges(edges, num_nodes)
+    return _plan(src, dst, n, num_devices, balance, sources, x_placement, dtype)
+
+
+def _plan(src, dst, n, parts, balance, sources, x_placement, dtype) -> GraphShardPlan:
+    if isinstance(parts, bool) or not isinstance(parts, int | np.integer) or parts < 1:
+        raise ValueError(f"Expected num_devices as a positive int. Got {parts!r}.")
+    if balance not in (None, *_BALANCES):
+        raise ValueError(f"Expected balance 'edges', 'nodes' or None. Got {balance!r}.")
+    if sources not in (None, *_SOURCES):
+        raise ValueError(f"Expected sources 'all_gather', 'exchange', 'replicated' or None. Got {sources!r}.")
+    if x_placement not in ("sharded", "replicated"):
+        raise ValueError(f"Expected x_placement 'sharded' or 'replicated'. Got {x_placement!r}.")
+    if n >= 2**31 - 1 or src.size >= 2**31 - 1:
+        raise ValueError(f"Expected fewer than 2**31 - 1 nodes and edges. Got {n} nodes, {src.size} edges.")
+    parts = int(parts)
+    itemsize = jnp.dtype(dtype).itemsize
+    rows = cdiv(n, parts)
+    cuts_of = {
+        "edges": tuple(int(c) for c in _balanced_cuts(np.bincount(dst, minlength=n), parts)),
+        "nodes": tuple(min(i * rows, n) for i in range(parts + 1)),
+    }
+    if sources is None:
+        allowed_sources = ("replicated",) if x_placement == "replicated" else ("all_gather", "exchange")
+    else:
+        allowed_sources = (sources,)
+    cache: dict = {}
+    candidates = tuple(
+        _candidate(b, s, cuts_of[b], src, dst, n, parts, rows, itemsize, cache)
+        for b in _BALANCES
+        if balance in (None, b)
+        for s in _SOURCES
+        if s in allowed_sources
+    )
+    chosen = min(candidates, key=lambda c: c.seconds)  # ties: edges first, then all_gather
+    return GraphShardPlan(
+        chosen.balance, chosen.sources, chosen.cuts, chosen.edges_per_device, chosen.local_edges_per_device,
+        chosen.source_capacity, chosen.output_capacity, rows, chosen.bytes_received, chosen.seconds, itemsize,
+        candidates,
+    )  # fmt: skip
 
 
 def shard_graph(
@@ -342,7 +402,8 @@ def shard_graph(
         chunk: the parts' heavy-node chunk (see :meth:`DynamicGraph.from_edge_index`).
 
     Returns:
-        A :class:`ShardedGraph`; ``sg.plan`` says what was chosen and why.
+        A :class:`ShardedGraph`; ``sg.plan`` says what was chosen and why (:func:`plan_graph`
+        gives the plan alone).
 
     Example::
 
@@ -355,38 +416,7 @@ def shard_graph(
     """
     src, dst, n = _host_edges(edges, num_nodes)
     parts = _mesh_axis_size(mesh, axis)
-    if balance not in (None, *_BALANCES):
-        raise ValueError(f"Expected balance 'edges', 'nodes' or None. Got {balance!r}.")
-    if sources not in (None, *_SOURCES):
-        raise ValueError(f"Expected sources 'all_gather', 'exchange', 'replicated' or None. Got {sources!r}.")
-    if x_placement not in ("sharded", "replicated"):
-        raise ValueError(f"Expected x_placement 'sharded' or 'replicated'. Got {x_placement!r}.")
-    if n >= 2**31 - 1 or src.size >= 2**31 - 1:
-        raise ValueError(f"Expected fewer than 2**31 - 1 nodes and edges. Got {n} nodes, {src.size} edges.")
-    itemsize = jnp.dtype(dtype).itemsize
-    rows = cdiv(n, parts)
-    cuts_of = {
-        "edges": tuple(int(c) for c in _balanced_cuts(np.bincount(dst, minlength=n), parts)),
-        "nodes": tuple(min(i * rows, n) for i in range(parts + 1)),
-    }
-    if sources is None:
-        allowed_sources = ("replicated",) if x_placement == "replicated" else ("all_gather", "exchange")
-    else:
-        allowed_sources = (sources,)
-    cache: dict = {}
-    candidates = tuple(
-        _candidate(b, s, cuts_of[b], src, dst, n, parts, rows, itemsize, cache)
-        for b in _BALANCES
-        for s in _SOURCES
-        if s in allowed_sources
-    )
-    allowed = [c for c in candidates if balance in (None, c.balance)]
-    chosen = min(allowed, key=lambda c: c.seconds)  # ties: edges first, then all_gather
-    plan = GraphShardPlan(
-        chosen.balance, chosen.sources, chosen.cuts, chosen.edges_per_device, chosen.local_edges_per_device,
-        chosen.source_capacity, chosen.output_capacity, rows, chosen.bytes_received, chosen.seconds, itemsize,
-        candidates,
-    )  # fmt: skip
+    plan = _plan(src, dst, n, parts, balance, sources, x_placement, dtype)
     return _materialise(src, dst, n, mesh, axis, plan, chunk)
 
 
