@@ -125,8 +125,10 @@ def test_static_and_dynamic_compute_phases_use_the_formula():
     # The vertices loop over the blocks a bucket holds: the busiest group's (mean + one standard deviation).
     mean = 2000 / (pm * pk)
     busiest = min(int(np.ceil(mean + np.sqrt(mean * (1 - 1 / (pm * pk))))), pn * p.bucket_capacity)
-    fill = -(-busiest // pn)
-    assert int(bucket_fill(2000, pm * pk, pn, p.bucket_capacity)) == fill <= p.bucket_capacity
+    fill = busiest / pn
+    assert float(bucket_fill(2000, pm * pk, pn, p.bucket_capacity)) == pytest.approx(fill) and fill <= p.bucket_capacity
+    # A group with fewer blocks than buckets: its tile computes each block once over its visits.
+    assert float(bucket_fill(16, 256, 8, 2)) == pytest.approx(1 / 8)
     one = cost.compute_cycles(p.machine, fill, min(fill, p.rows_per_partition), npc, p.block_size, p.dtype,
                               dynamic=True)  # fmt: skip
     spill = cost.compute_cycles(p.machine, fill, min(fill, p.grid[0]), npc, p.block_size,

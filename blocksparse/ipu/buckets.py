@@ -133,16 +133,17 @@ def _dynamic_cost(mc, shape, block_size, max_nnz, n, dt, pdt, oversize, pm, pk, 
 
 
 def bucket_fill(max_nnz, groups, pn, cap):
-    """Blocks per bucket that the busiest tile computes when ``max_nnz`` blocks fall uniformly at random.
+    """Blocks per visited bucket that the busiest tile computes when ``max_nnz`` blocks fall uniformly at random.
 
     A group (a block of ``W``'s rows and columns, dealt over its ``pn`` buckets) receives a binomial
     number of blocks; like poplibs' static partitioner we take its mean plus one standard deviation,
-    at most the group's ``pn * cap`` slots, spread evenly over the group's buckets.
+    at most the group's ``pn * cap`` slots, spread evenly over the group's buckets (a fraction when
+    the group has fewer blocks than buckets: its tile computes each of them once over its visits).
     """
     groups = np.asarray(groups, np.float64)
     mean = max_nnz / groups
     busiest = np.ceil(mean + np.sqrt(mean * (1.0 - 1.0 / groups)))
-    return np.maximum(cdiv(np.minimum(busiest, pn * cap).astype(np.int64), pn), np.where(max_nnz > 0, 1, 0))
+    return np.minimum(busiest, pn * cap) / pn
 
 
 def dynamic_plan(
