@@ -27,7 +27,7 @@ def eqx_layer(seed, n_in, n_out, block, density, *, use_bias=True, dtype=jnp.flo
     return layer, w
 
 
-@settings(max_examples=12)
+@settings(max_examples=8)
 @given(
     block=st.sampled_from([(1, 1), (2, 4), (4, 4), (8, 2)]),
     grid=st.tuples(st.integers(1, 4), st.integers(1, 4)),

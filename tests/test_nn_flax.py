@@ -27,7 +27,7 @@ def flax_layer(seed, n_in, n_out, block, density, *, use_bias=True, dtype=jnp.fl
     return layer, w
 
 
-@settings(max_examples=10)
+@settings(max_examples=6)
 @given(
     block=st.sampled_from([(1, 1), (2, 4), (4, 4), (8, 2)]),
     grid=st.tuples(st.integers(1, 4), st.integers(1, 4)),
