@@ -264,7 +264,7 @@ def _with_self_loops(layer: str, edge_index, n: int, n_loop: int, num_edges, edg
 
 
 # ------------------------------------------------------------------------------------ GCNConv
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity: jax.jit(layer) works
 class GCNConv(Pytree):
     r"""Graph convolution (Kipf & Welling), as PyG's ``GCNConv``: ``X' = D^-1/2 (A + I) D^-1/2 X W^T + b``.
 
@@ -366,7 +366,7 @@ class GCNConv(Pytree):
 
 
 # ------------------------------------------------------------------------------------ GATv2Conv
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity: jax.jit(layer) works
 class GATv2Conv(Pytree):
     r"""GATv2 attention (Brody et al.), as PyG's ``GATv2Conv``.
 
@@ -493,7 +493,7 @@ class GATv2Conv(Pytree):
 
 
 # ------------------------------------------------------------------------------------ TransformerConv
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity: jax.jit(layer) works
 class TransformerConv(Pytree):
     r"""Graph transformer attention (Shi et al.), as PyG's ``TransformerConv``.
 
