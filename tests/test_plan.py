@@ -334,7 +334,8 @@ def test_larger_blocks_n_and_matrices_raise_throughput():
         ((2048, 2048), 1, 1 / 16, 512, 0.6),  # fits in one pass
         ((2048, 2048), 1, 1 / 8, 4096, 0.3),  # 4 serial passes: levels 1 and 2 fail
         ((2048, 2048), 1, 1 / 8, 4096, 0.1),  # 16 serial passes
-        ((2048, 2048), 1, 1 / 4, 4096, 0.05),  # nothing fits: the same error message
+        # Nothing fits: the same error message (slow: the advice plans again many times without the probe).
+        pytest.param((2048, 2048), 1, 1 / 4, 4096, 0.05, marks=pytest.mark.slow),
     ],
 )
 def test_memory_probe_keeps_plans_identical(monkeypatch, shape, b, d, n, amp):
