@@ -243,7 +243,7 @@ def _candidate(balance, sources, cuts, src, dst, n, parts, rows, itemsize, neede
         in_bytes = (parts - 1) * src_cap * itemsize
         table = parts * src_cap
     elif sources == "all_gather":
-        src_cap, in_bytes, table = rows, (parts - 1) * rows * itemsize, parts * rows
+        src_cap, in_bytes, table = rows, (parts - 1) * rows * itemsize, (parts - 1) * rows
     else:
         src_cap, in_bytes, table = 0, 0, parts * rows
     uniform = all(c == min(i * rows, n) for i, c in enumerate(cuts))
@@ -254,7 +254,11 @@ def _candidate(balance, sources, cuts, src, dst, n, parts, rows, itemsize, neede
     out_bytes = (parts - 1) * out_cap * itemsize
     band = max(1, max(b - a for a, b in zip(cuts[:-1], cuts[1:], strict=True)))
     edge_s = itemsize / EDGE_BYTES_PER_S
-    nodes_s = (max(band, rows) + max(band, table)) * itemsize / NODE_BYTES_PER_S
+    # Rows written and read outside the edge loops: both parts' outputs (their node counts) and their
+    # sum; the own rows padded to the band; the output move (a gather of the band).
+    passes = max(band, rows) + max(band, table) + 3 * band
+    passes += (2 * rows if band > rows else 0) + (3 * band if out_cap else 0)
+    nodes_s = passes * itemsize / NODE_BYTES_PER_S
     per_device = [
         max(int(local_dev[d]) * edge_s, in_bytes / LINK_BYTES_PER_S) + int(per_dev[d] - local_dev[d]) * edge_s
         for d in range(parts)
@@ -448,13 +452,18 @@ def _materialise(src, dst, n, mesh, axis, plan: GraphShardPlan, chunk) -> Sharde
             send_np[own, d, rank] = need - own * rows
         send = send_np.astype(np.int32)
         remote_src = [position[d, src[ids]] for d, ids in enumerate(remote_ids)]
-    else:  # all_gather / replicated: the table is x itself (padded to parts * rows)
+    elif plan.sources == "all_gather":  # the table: the rows of devices d - 1, d - 2, ... (one permute each)
+        remote_src = []
+        for d, ids in enumerate(remote_ids):
+            o = src[ids] // rows
+            remote_src.append(((d - o) % parts - 1) * rows + src[ids] - o * rows)
+    else:  # replicated: the table is x itself (padded to parts * rows)
         remote_src = [src[ids] for ids in remote_ids]
     local_src = [src[ids] - d * rows for d, ids in enumerate(local_ids)]
     local_dst = [dst[ids] - start[d] for d, ids in enumerate(local_ids)]
     remote_dst = [dst[ids] - start[d] for d, ids in enumerate(remote_ids)]
 
-    table = parts * (plan.source_capacity if plan.sources == "exchange" else rows)
+    table = {"exchange": parts * plan.source_capacity, "all_gather": (parts - 1) * rows}.get(plan.sources, parts * rows)
     n_l, n_r = max(band, rows), max(band, table)
     (cap_l, chunk_l), (cap_r, chunk_r) = (_capacity(n_l, local_ids, chunk), _capacity(n_r, remote_ids, chunk))
     g_local = _build_parts(local_src, local_dst, n_l, cap_l, mesh, axis, chunk_l)
@@ -498,11 +507,22 @@ def _inv_pow(deg, p):
     return jnp.asarray(deg, jnp.float32).clip(1.0) ** (-p)
 
 
+def _take(a, idx):
+    """``a[idx]`` with rows for ``idx >= len(a)`` zero (one fused gather, no padded copy of ``a``)."""
+    n = a.shape[0]
+    return jnp.where((idx < n)[:, None], a[jnp.clip(idx, 0, n - 1)], jnp.zeros((), a.dtype))
+
+
 def _exchange(rows_, send, axis):
     """``rows_ (R, F)`` and ``send (devices, C)`` (this device's rows for each receiver, ``R`` for
     padding) -> ``(devices * C, F)``: slot ``o`` holds what device ``o`` sent this one."""
-    z = jnp.concatenate([rows_, jnp.zeros((1, rows_.shape[1]), rows_.dtype)])
-    return lax.all_to_all(z[send.reshape(-1)], axis, 0, 0, tiled=True)
+    return lax.all_to_all(_take(rows_, send.reshape(-1)), axis, 0, 0, tiled=True)
+
+
+def _others(xl, axis, parts):
+    """The rows of devices ``d - 1, d - 2, ..., d - parts + 1`` on device ``d`` (one permute each)."""
+    chunks = [lax.ppermute(xl, axis, [(j, (j + k) % parts) for j in range(parts)]) for k in range(1, parts)]
+    return chunks[0] if len(chunks) == 1 else jnp.concatenate(chunks)
 
 
 def _max_combine(a, b, has_a, has_b, is_max):
@@ -534,7 +554,7 @@ def _run(sg: ShardedGraph, x2, op, weights, *, skip_collectives: bool = False):
         else:
             own = xl
             if plan.sources == "all_gather":
-                table = jnp.tile(xl, (parts, 1)) if skip_collectives else lax.all_gather(xl, axis, tiled=True)
+                table = jnp.tile(xl, (parts - 1, 1)) if skip_collectives else _others(xl, axis, parts)
             else:
                 s = send[0]
                 table = jnp.tile(xl[: s.shape[1]], (parts, 1)) if skip_collectives else _exchange(xl, s, axis)
@@ -545,10 +565,10 @@ def _run(sg: ShardedGraph, x2, op, weights, *, skip_collectives: bool = False):
         )  # fmt: skip
         if out_take is None:
             return y[:rows] if band >= rows else pad(y, rows)
-        buf = jnp.concatenate([y, jnp.zeros((1, y.shape[1]), y.dtype)])
-        s = out_send[0]
+        s, take = out_send[0], out_take[0]
         recv = jnp.tile(y[: s.shape[1]], (parts, 1)) if skip_collectives else _exchange(y, s, axis)
-        return jnp.concatenate([recv, buf])[out_take[0]]
+        k = recv.shape[0]  # take indexes [received ; own rows ; zero]
+        return jnp.where((take < k)[:, None], _take(recv, take), _take(y, take - k))
 
     args = (sg.local, sg.remote, x2, sg.send, sg.out_send, sg.out_take, *weights)
     specs = tuple(P() if (i == 2 and replicated) else spec for i in range(len(args)))
