@@ -136,7 +136,7 @@ def test_a_small_model_trains_with_optax(getkey):
     ])  # fmt: skip
     x = jax.random.normal(getkey(), (64, 32))
     t = jnp.tanh(x[:, :8])
-    loss = lambda m: jnp.mean((jax.vmap(m)(x) - t) ** 2)
+    loss = eqx.filter_jit(lambda m: jnp.mean((jax.vmap(m)(x) - t) ** 2))
     opt = optax.adam(1e-2)
     state = opt.init(eqx.filter(model, eqx.is_array))
 

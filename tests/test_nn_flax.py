@@ -133,7 +133,7 @@ def test_a_small_model_trains_with_nnx_optimizer():
     model = Model(nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (64, 32))
     t = jnp.tanh(x[:, :8])
-    loss = lambda m: jnp.mean((m(x) - t) ** 2)
+    loss = nnx.jit(lambda m: jnp.mean((m(x) - t) ** 2))
     opt = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
 
     @nnx.jit

@@ -211,7 +211,7 @@ def test_optax_steps_lower_the_loss(kind, getkey):
     layer, _ = make_layer(kind, 0, 32, 16, 8, 0.5, use_bias=True, dtype=jnp.float32, activation="tanh")
     x = jax.random.normal(getkey(), (64, 32))
     target = jnp.tanh(x @ jax.random.normal(getkey(), (32, 16)) * 0.3)
-    loss = lambda lay: jnp.mean((lay(x) - target) ** 2)
+    loss = jax.jit(lambda lay: jnp.mean((lay(x) - target) ** 2))
     opt = optax.adam(1e-2)
     state = opt.init(layer)
 

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import prune as _prune
-from .._matrix import BlockSparseMatrix, _require_host, random
+from .._matrix import BlockSparseMatrix, _require_host
+from .._pattern import BlockPattern, check_block_size, check_density, num_blocks
 from .._util import Pytree
 from ..ops.matmul import epilogue as _epilogue
 from ..ops.matmul.api import matmul
@@ -32,6 +33,14 @@ LAYOUTS = ("in_out", "out_in")
 
 
 check_activation = _epilogue.check_activation
+
+
+def random_pattern(key, shape, block_size, density: float) -> BlockPattern:
+    """The pattern ``bs.random(key, shape, block_size, density)`` draws, without drawing its values."""
+    bh, bw = check_block_size(shape, block_size)
+    num_blocks(check_density(density), (int(shape[0]) // bh) * (int(shape[1]) // bw))  # keeps >= 1 block if d > 0
+    kp, _ = jax.random.split(key)
+    return BlockPattern.random(int(jax.random.randint(kp, (), 0, 2**31 - 1)), shape, block_size, density)
 
 
 def check_layout(layout) -> str:
@@ -139,11 +148,11 @@ class SparseLinear(Pytree):
         _require_host("SparseLinear.init", key=key, density=density)
         check_activation(activation)
         kw, kp = jax.random.split(key)
-        w = random(kw, (in_features, out_features), block_size, density, dtype)
-        bound = 1.0 / math.sqrt(max(in_features * max(w.density, 1e-12), 1.0))
-        data = jax.random.uniform(kp, w.data.shape, dtype, -bound, bound)
+        pattern = random_pattern(kw, (in_features, out_features), block_size, density)
+        bound = 1.0 / math.sqrt(max(in_features * max(pattern.density, 1e-12), 1.0))
+        data = jax.random.uniform(kp, (pattern.nnz_blocks, *pattern.block_size), dtype, -bound, bound)
         bias = jnp.zeros((out_features,), dtype) if use_bias else None
-        return cls(w.with_data(data), bias, implementation, activation)
+        return cls(BlockSparseMatrix(pattern, data), bias, implementation, activation)
 
     @classmethod
     def from_dense(

@@ -16,9 +16,9 @@ except ImportError as e:  # ModuleNotFoundError carries the package's name, as a
     raise ModuleNotFoundError("bs.nn.equinox needs Equinox: pip install 'blocksparse[equinox]'", name="equinox") from e
 
 from .. import prune as _prune
-from .._matrix import BlockSparseMatrix, _require_host, random
+from .._matrix import BlockSparseMatrix, _require_host
 from ..ops.matmul.api import matmul
-from ._linear import check_activation, dense_in_out
+from ._linear import check_activation, dense_in_out, random_pattern
 from ._product import sparse_linear
 
 __all__ = ["SparseLinear"]
@@ -75,9 +75,10 @@ class SparseLinear(eqx.Module):
         check_activation(activation)
         dtype = jnp.float32 if dtype is None else dtype
         kp, kw, kb = jax.random.split(key, 3)
-        w = random(kp, (in_features, out_features), block_size, density, dtype)
-        bound = 1.0 / math.sqrt(max(in_features * max(w.density, 1e-12), 1.0))
-        self.weight = w.with_data(jax.random.uniform(kw, w.data.shape, dtype, -bound, bound))
+        pattern = random_pattern(kp, (in_features, out_features), block_size, density)
+        bound = 1.0 / math.sqrt(max(in_features * max(pattern.density, 1e-12), 1.0))
+        data = jax.random.uniform(kw, (pattern.nnz_blocks, *pattern.block_size), dtype, -bound, bound)
+        self.weight = BlockSparseMatrix(pattern, data)
         self.bias = jax.random.uniform(kb, (out_features,), dtype, -bound, bound) if use_bias else None
         self.in_features, self.out_features = in_features, out_features
         self.use_bias = use_bias

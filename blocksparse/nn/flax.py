@@ -18,7 +18,7 @@ except ImportError as e:  # ModuleNotFoundError carries the package's name, as a
 from .. import prune as _prune
 from .._matrix import BlockSparseMatrix, _require_host
 from .._pattern import BlockPattern
-from ._linear import check_activation, dense_in_out
+from ._linear import check_activation, dense_in_out, random_pattern
 from ._product import sparse_linear
 
 __all__ = ["SparseLinear"]
@@ -69,7 +69,7 @@ class SparseLinear(nnx.Module):
         _require_host("bs.nn.flax.SparseLinear", density=density)
         check_activation(activation)
         if pattern is None:
-            pattern = _random_pattern(rngs.params(), (in_features, out_features), block_size, density)
+            pattern = random_pattern(rngs.params(), (in_features, out_features), block_size, density)
         elif pattern.shape != (in_features, out_features):
             raise ValueError(
                 f"Expected a pattern of shape (in_features, out_features) = {(in_features, out_features)}. "
@@ -129,12 +129,6 @@ class SparseLinear(nnx.Module):
             bias = None if bias is None else bias.astype(self.dtype)
         W = BlockSparseMatrix._from_fields(pattern=self.pattern, data=data)
         return sparse_linear(x, W, bias, self.activation, self.implementation)
-
-
-def _random_pattern(key, shape, block_size, density) -> BlockPattern:
-    from .._matrix import random
-
-    return random(key, shape, block_size, density, jnp.float32).pattern
 
 
 def _blocks(pattern: BlockPattern, dense) -> jax.Array:
