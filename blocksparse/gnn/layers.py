@@ -66,6 +66,13 @@ def _linear(x, w, b=None):
     return y.astype(jnp.result_type(x, w))
 
 
+def _impl(implementation):
+    """The fused ops' ``implementation`` as a hashable static value (a sequence becomes a tuple)."""
+    if implementation is None or isinstance(implementation, str):
+        return implementation
+    return tuple(implementation)
+
+
 def _pair(v) -> tuple[int, int]:
     return (int(v[0]), int(v[1])) if isinstance(v, tuple | list) else (int(v), int(v))
 
@@ -279,6 +286,7 @@ class GCNConv(Pytree):
         weight: ``(out_channels, in_channels)`` (PyG's ``lin.weight``).
         bias: ``(out_channels,)`` or ``None``.
         improved, add_self_loops, normalize: as in PyG (static).
+        implementation: passed to :func:`~blocksparse.gnn.spmm` (``None``: Pallas on a GPU, else XLA).
 
     Example::
 
@@ -290,13 +298,14 @@ class GCNConv(Pytree):
     """
 
     _leaves = ("weight", "bias")
-    _static = ("improved", "add_self_loops", "normalize")
+    _static = ("improved", "add_self_loops", "normalize", "implementation")
 
     weight: jax.Array
     bias: jax.Array | None
     improved: bool = False
     add_self_loops: bool = True
     normalize: bool = True
+    implementation: str | tuple[str, ...] | None = None
 
     def __post_init__(self):
         if self.add_self_loops and not self.normalize:
@@ -308,13 +317,14 @@ class GCNConv(Pytree):
     @classmethod
     def init(
         cls, key, in_channels: int, out_channels: int, *, improved: bool = False, add_self_loops: bool | None = None,
-        normalize: bool = True, bias: bool = True, dtype=jnp.float32,
+        normalize: bool = True, bias: bool = True, dtype=jnp.float32, implementation=None,
     ) -> GCNConv:  # fmt: skip
         """Glorot-uniform weight, zero bias (as PyG). ``add_self_loops`` defaults to ``normalize``."""
         w, b = _linear_init(key, in_channels, out_channels, False, dtype, "glorot")
         b = jnp.zeros((out_channels,), dtype) if bias else None
         loops = normalize if add_self_loops is None else add_self_loops
-        return cls(w, b, improved=improved, add_self_loops=loops, normalize=normalize)
+        return cls(w, b, improved=improved, add_self_loops=loops, normalize=normalize,
+                   implementation=_impl(implementation))  # fmt: skip
 
     @property
     def in_channels(self) -> int:
@@ -343,7 +353,7 @@ class GCNConv(Pytree):
         src, dst, mask = _edges(g)
         w = None if edge_weight is None else _check_edge_array("GCNConv", g, edge_weight, "edge_weight", ())
         if not self.normalize:
-            out = spmm(g, h, "sum", edge_weight=w)
+            out = spmm(g, h, "sum", edge_weight=w, implementation=self.implementation)
         else:
             w = jnp.ones(src.shape, jnp.float32) if w is None else w.astype(jnp.float32)
             seg = _segments(dst, mask, n)
@@ -358,7 +368,7 @@ class GCNConv(Pytree):
             deg = jax.ops.segment_sum(jnp.where(seg < n, w, 0.0), seg, n + 1)[:n] + loop_w
             dinv = jnp.where(deg > 0, jax.lax.rsqrt(jnp.where(deg > 0, deg, 1.0)), 0.0)
             norm = dinv[src] * w * dinv[dst]
-            out = spmm(g, h, "sum", edge_weight=norm.astype(h.dtype))
+            out = spmm(g, h, "sum", edge_weight=norm.astype(h.dtype), implementation=self.implementation)
             out = out + ((dinv * dinv * loop_w)[:, None] * h).astype(h.dtype)
         if self.bias is not None:
             out = out + self.bias.astype(out.dtype)
@@ -388,10 +398,14 @@ class GATv2Conv(Pytree):
         lin_edge_weight: ``(heads * out, edge_dim)`` or ``None``.
         bias: ``(heads * out,)`` if ``concat`` else ``(out,)``, or ``None``.
         heads, out_channels, concat, negative_slope, dropout, add_self_loops, share_weights: static.
+        implementation: passed to :func:`~blocksparse.gnn.gatv2` (``None``: Pallas on a GPU, else XLA).
     """
 
     _leaves = ("lin_l_weight", "lin_l_bias", "lin_r_weight", "lin_r_bias", "att", "lin_edge_weight", "bias")
-    _static = ("heads", "out_channels", "concat", "negative_slope", "dropout", "add_self_loops", "share_weights")
+    _static = (
+        "heads", "out_channels", "concat", "negative_slope", "dropout", "add_self_loops", "share_weights",
+        "implementation",
+    )  # fmt: skip
 
     lin_l_weight: jax.Array
     lin_l_bias: jax.Array | None
@@ -407,12 +421,13 @@ class GATv2Conv(Pytree):
     dropout: float = 0.0
     add_self_loops: bool = True
     share_weights: bool = False
+    implementation: str | tuple[str, ...] | None = None
 
     @classmethod
     def init(
         cls, key, in_channels: int | tuple[int, int], out_channels: int, *, heads: int = 1, concat: bool = True,
         negative_slope: float = 0.2, dropout: float = 0.0, add_self_loops: bool = True, edge_dim: int | None = None,
-        bias: bool = True, share_weights: bool = False, dtype=jnp.float32,
+        bias: bool = True, share_weights: bool = False, dtype=jnp.float32, implementation=None,
     ) -> GATv2Conv:  # fmt: skip
         """Glorot-uniform weights and ``att``, zero biases (as PyG)."""
         if not 0.0 <= dropout < 1.0:
@@ -429,7 +444,7 @@ class GATv2Conv(Pytree):
         b = jnp.zeros((hc if concat else out_channels,), dtype) if bias else None
         return cls(wl, bl, wr, br, att, we, b, heads=heads, out_channels=out_channels, concat=concat,
                    negative_slope=float(negative_slope), dropout=float(dropout), add_self_loops=add_self_loops,
-                   share_weights=share_weights)  # fmt: skip
+                   share_weights=share_weights, implementation=_impl(implementation))  # fmt: skip
 
     @property
     def in_channels(self) -> tuple[int, int]:
@@ -476,7 +491,7 @@ class GATv2Conv(Pytree):
             x_r = _linear(x_dst, self.lin_r_weight, self.lin_r_bias).reshape(n_dst, h, c)
         x_l, x_r = _pad_rows(x_l, n), _pad_rows(x_r, n)
         if not use_edges and drop is None:
-            out = gatv2(g, x_l, x_r, self.att, self.negative_slope)
+            out = gatv2(g, x_l, x_r, self.att, self.negative_slope, implementation=self.implementation)
         else:
             src, dst, mask = _edges(g)
             z = (x_l[src] + x_r[dst]).astype(jnp.float32)
@@ -514,13 +529,14 @@ class TransformerConv(Pytree):
             without ``root_weight``.
         lin_beta_weight: ``(1, 3 * heads * out)`` (``(1, 3 * out)`` without ``concat``) with ``beta``, else ``None``.
         heads, out_channels, concat, dropout: static.
+        implementation: passed to :func:`~blocksparse.gnn.graph_attention` (``None``: Pallas on a GPU, else XLA).
     """
 
     _leaves = (
         "lin_query_weight", "lin_query_bias", "lin_key_weight", "lin_key_bias", "lin_value_weight", "lin_value_bias",
         "lin_edge_weight", "lin_skip_weight", "lin_skip_bias", "lin_beta_weight",
     )  # fmt: skip
-    _static = ("heads", "out_channels", "concat", "dropout")
+    _static = ("heads", "out_channels", "concat", "dropout", "implementation")
 
     lin_query_weight: jax.Array
     lin_query_bias: jax.Array | None
@@ -536,12 +552,13 @@ class TransformerConv(Pytree):
     out_channels: int = 1
     concat: bool = True
     dropout: float = 0.0
+    implementation: str | tuple[str, ...] | None = None
 
     @classmethod
     def init(
         cls, key, in_channels: int | tuple[int, int], out_channels: int, *, heads: int = 1, concat: bool = True,
         beta: bool = False, dropout: float = 0.0, edge_dim: int | None = None, bias: bool = True,
-        root_weight: bool = True, dtype=jnp.float32,
+        root_weight: bool = True, dtype=jnp.float32, implementation=None,
     ) -> TransformerConv:  # fmt: skip
         """torch's default ``Linear`` initialisation (uniform ``+-1/sqrt(in)``), as PyG."""
         if not 0.0 <= dropout < 1.0:
@@ -559,7 +576,7 @@ class TransformerConv(Pytree):
         ws, bs_ = _linear_init(ks, in_dst, out_skip, bias, dtype, "torch") if root_weight else (None, None)
         wb = _linear_init(kb, 3 * out_skip, 1, False, dtype, "torch")[0] if beta else None
         return cls(wq, bq, wk, bk, wv, bv, we, ws, bs_, wb, heads=heads, out_channels=out_channels, concat=concat,
-                   dropout=float(dropout))  # fmt: skip
+                   dropout=float(dropout), implementation=_impl(implementation))  # fmt: skip
 
     @property
     def in_channels(self) -> tuple[int, int]:
@@ -589,7 +606,7 @@ class TransformerConv(Pytree):
         v = _pad_rows(_linear(x_src, self.lin_value_weight, self.lin_value_bias).reshape(n_src, h, c), n)
         scale = 1.0 / math.sqrt(c)
         if not use_edges and drop is None:
-            out = graph_attention(g, q, k, v, scale)
+            out = graph_attention(g, q, k, v, scale, implementation=self.implementation)
         else:
             src, dst, mask = _edges(g)
             kj, vj = k[src].astype(jnp.float32), v[src].astype(jnp.float32)
