@@ -233,6 +233,20 @@ def test_dispatch_from_bs_gnn():
     np.testing.assert_allclose(gnn.aggregate(sg, x, "min"), sharded.aggregate(sg, x, "min"))
 
 
+def test_pallas_interpret():
+    """The Pallas kernels (Pallas' interpreter) inside the shard_map: the GPU path, on the CPU."""
+    n, e = 40, 300
+    ei = _random_edges(n, e, 9)
+    sg = shard_graph(ei, n, MESH, "d", balance="edges", sources="exchange")
+    x = jax.random.normal(jax.random.key(0), (n, 8))
+    g = gnn.DynamicGraph.from_edge_index(ei, num_nodes=n)
+    with gnn.interpret():
+        y = jax.jit(lambda sg, x: sharded.spmm(sg, x, implementation="pallas"))(sg, x)
+        z = jax.jit(lambda sg, x: sharded.aggregate(sg, x, "max", implementation="pallas"))(sg, x)
+    np.testing.assert_allclose(y, gnn.spmm(g, x, implementation="xla"), **TOL)
+    np.testing.assert_allclose(z, gnn.aggregate(g, x, "max", implementation="xla"), **TOL)
+
+
 @pytest.mark.gpu
 def test_pallas_on_gpus():
     """The Pallas kernels on every local GPU, against the XLA path, on a power-law graph."""
