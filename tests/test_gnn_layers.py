@@ -449,6 +449,8 @@ def test_bad_input_messages():
         gcn(x, ei, num_nodes=6)
     with pytest.raises(ValueError, match="expected add_self_loops=False with normalize=False"):
         GCNConv.init(jax.random.key(0), IN, 3, normalize=False, add_self_loops=True)
+    with pytest.raises(ValueError, match=r"TransformerConv: expected edge_attr \(edge_dim=2\). Got None"):
+        TransformerConv.init(jax.random.key(0), IN, 3, edge_dim=2)(x, ei)
     with pytest.raises(ValueError, match=r"expected dropout in \[0, 1\). Got 1.0"):
         GATv2Conv.init(jax.random.key(0), IN, 3, dropout=1.0)
 

@@ -587,13 +587,18 @@ class TransformerConv(Pytree):
     ) -> jax.Array:
         """``x (N, in)`` or ``(x_src, x_dst)`` -> ``(N_dst, heads * out)`` (or ``out`` without ``concat``).
 
-        Arguments are those of :meth:`GATv2Conv.__call__`.
+        Arguments are those of :meth:`GATv2Conv.__call__`; a layer with ``edge_dim`` requires
+        ``edge_attr`` (as PyG), while ``GATv2Conv`` uses it only when given.
         """
         layer = "TransformerConv"
         x_src, x_dst, _ = _split_x(layer, x, self.in_channels)
         n_src, n_dst = x_src.shape[0], x_dst.shape[0]
         n = max(n_src, n_dst)
         g = _resolve_graph(layer, edge_index, n, n_src, n_dst, num_nodes, num_edges)
+        if self.lin_edge_weight is not None and edge_attr is None:  # PyG asserts this too
+            raise ValueError(
+                f"TransformerConv: expected edge_attr (edge_dim={self.lin_edge_weight.shape[1]}). Got None."
+            )
         use_edges = edge_attr is not None and self.lin_edge_weight is not None
         if use_edges:
             edge_attr = jnp.asarray(edge_attr)
