@@ -153,6 +153,10 @@ def test_graph_input_and_repr():
     assert "ShardedGraph(num_nodes=64" in repr(sg)
     x = jax.random.normal(jax.random.key(0), (64, 4))
     np.testing.assert_allclose(jax.jit(sharded.spmm)(sg, x), gnn.spmm(g, x), **TOL)
+    xb = x.astype(jnp.bfloat16)  # bf16 features: bf16 out, float32 accumulation within each part
+    yb = jax.jit(sharded.spmm)(sg, xb)
+    assert yb.dtype == jnp.bfloat16
+    np.testing.assert_allclose(yb.astype(jnp.float32), gnn.spmm(g, x), rtol=2e-2, atol=2e-2)
     # the leaves: a leading device axis, sharded over the mesh axis
     assert sg.local.src.shape[0] == len(DEVICES)
     assert sg.local.src.sharding.spec == P("d")
