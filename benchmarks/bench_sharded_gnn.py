@@ -178,12 +178,34 @@ def run(a) -> dict:
                 est = dict(estimated_ms=1e3 * c.seconds * a.feat, estimated_bytes=c.bytes_received * a.feat)
                 record(f"sharded_{c.balance}_{c.sources}", op, fs, other, xs, ref=refs[op], extra=est)
             del other
+
+    if a.backward:  # forward and backward w.r.t. x, one device (traced graph) and the plan's choice
+        sg = sharded.shard_graph(ei, a.nodes, mesh, "d")
+        for op, (f1, fs) in OPS.items():
+            grad1 = jax.grad(lambda x, G, f1=f1: jnp.sum(f1(G, x)))
+            grads = jax.grad(lambda x, sg, fs=fs: jnp.sum(fs(sg, x)))
+            ref = np.asarray(jax.jit(grad1)(x, dg))
+            record("1dev_dynamic_fwd_bwd", op, lambda G, x, grad1=grad1: grad1(x, G), dg, x)
+            record("sharded_auto_fwd_bwd", op, lambda sg, x, grads=grads: grads(x, sg), sg, xs, ref=ref)
+        del sg
     del dg
 
     if a.static:  # one device, static Graph: index arrays become constants of the program (slow to compile)
         g = gnn.Graph.from_edges(src, dst, a.nodes)
         for op, (f1, _) in OPS.items():
             record("1dev_static", op, lambda x, f1=f1: f1(g, x), x, ref=refs[op])
+
+    print("\n| op | one GPU, traced graph (ms) | one GPU, static graph (ms) | all GPUs, plan's choice (ms) | speedup |")
+    print("|---|---|---|---|---|")
+    rows = {(r["name"], r["op"]): r for r in result["rows"]}
+    for op in OPS:
+        one_dev = rows.get(("1dev_dynamic", op), {}).get("loop_ms", float("nan"))
+        static = rows.get(("1dev_static", op), {}).get("loop_ms", float("nan"))
+        full = rows.get(("sharded_auto", op), {})
+        ms = full.get("loop_ms", float("nan"))
+        full["speedup_vs_1dev_static"] = static / ms
+        print(f"| {op} | {one_dev:.3f} | {static:.3f} | {ms:.3f} | {one_dev / ms:.2f}x (static: {static / ms:.2f}x) |")
+    save()
     return result
 
 
@@ -196,6 +218,7 @@ def main(argv=None):
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--no-static", dest="static", action="store_false", help="skip the static one-device rows")
     ap.add_argument("--auto-only", action="store_true", help="only the plan's choice among the sharded candidates")
+    ap.add_argument("--backward", action="store_true", help="also forward + backward w.r.t. x (one GPU, plan's choice)")
     ap.add_argument("--small", action="store_true", help="a CPU-sized graph (seconds)")
     ap.add_argument("--json", default=None, help="write the results to this path")
     a = ap.parse_args(argv)

@@ -98,7 +98,7 @@ def test_adversarial_graphs(name):
     assert len(sg.plan.cuts) == len(DEVICES) + 1
     assert sum(sg.plan.edges_per_device) == ei.shape[1]
     if name == "one_destination":
-        assert sorted(sg.plan.edges_per_device) == [0, 0, 0, 48]
+        assert sorted(sg.plan.edges_per_device) == [0] * (len(DEVICES) - 1) + [48]
     _check(ei, n, sg, norm="left", reduce="min")
 
 
@@ -163,7 +163,7 @@ def test_graph_input_and_repr():
 
 
 def test_plan_choices():
-    n, parts = 4000, len(DEVICES)
+    n, parts = 4000, 4  # plan_graph needs no devices
     rows = n // parts
     rng = np.random.default_rng(0)
     # Uniform random sources: each device needs nearly every remote row, the all-gather moves no more.
