@@ -230,8 +230,9 @@ def test_static_graph_matches_oracle():
     gat = GATv2Conv.init(key, IN, 4, heads=2, edge_dim=2)
     np.testing.assert_allclose(gat(x, g), gat_oracle(gat, x, ei), **TOL)
     np.testing.assert_allclose(gat(x, g, edge_attr=ea), gat_oracle(gat, x, ei, ea), **TOL)
-    tr = TransformerConv.init(key, IN, 4, heads=2, edge_dim=2, beta=True)
+    tr = TransformerConv.init(key, IN, 4, heads=2, beta=True)
     np.testing.assert_allclose(tr(x, g), transformer_oracle(tr, x, ei), **TOL)
+    tr = TransformerConv.init(key, IN, 4, heads=2, edge_dim=2, beta=True)
     np.testing.assert_allclose(tr(x, g, edge_attr=ea), transformer_oracle(tr, x, ei, ea), **TOL)
 
 
@@ -449,8 +450,10 @@ def test_bad_input_messages():
         gcn(x, ei, num_nodes=6)
     with pytest.raises(ValueError, match="expected add_self_loops=False with normalize=False"):
         GCNConv.init(jax.random.key(0), IN, 3, normalize=False, add_self_loops=True)
-    with pytest.raises(ValueError, match=r"TransformerConv: expected edge_attr \(edge_dim=2\). Got None"):
+    with pytest.raises(ValueError, match=r"TransformerConv: expected edge_attr exactly .* \(edge_dim=2\). Got None"):
         TransformerConv.init(jax.random.key(0), IN, 3, edge_dim=2)(x, ei)
+    with pytest.raises(ValueError, match=r"GATv2Conv: expected no edge_attr for a layer without edge_dim"):
+        GATv2Conv.init(jax.random.key(0), IN, 3)(x, ei, edge_attr=jnp.zeros((E, 2)))
     with pytest.raises(ValueError, match=r"expected dropout in \[0, 1\). Got 1.0"):
         GATv2Conv.init(jax.random.key(0), IN, 3, dropout=1.0)
 
@@ -513,3 +516,50 @@ def test_layers_on_the_pallas_kernels_gpu(cls, kind):
     x = jnp.asarray(np.random.default_rng(0).standard_normal((4096, 64)), jnp.float32)
     kw = {} if cls is GCNConv else dict(heads=4)
     _pallas_vs_xla(cls, kw, x, g if kind == "graph" else jnp.asarray(ei), 2e-3)
+
+
+# ------------------------------------------------------------------------------------ PyG itself, where installed
+def _load_into_pyg(conv, module):
+    """Copy the layer's parameters into the PyG module of the same configuration (PyG's names, (out, in) weights)."""
+    import torch
+
+    params = dict(module.named_parameters())
+    for name in conv._leaves:
+        value = getattr(conv, name)
+        if value is None:
+            continue
+        pyg = {"weight": "lin.weight", "bias": "bias", "att": "att"}.get(name)
+        pyg = pyg or name.replace("_weight", ".weight").replace("_bias", ".bias")
+        target = params[pyg]
+        with torch.no_grad():
+            target.copy_(torch.tensor(np.asarray(value)).reshape(target.shape))
+
+
+@pytest.mark.parametrize("which", ["gcn", "gat", "gat_edges", "transformer"])
+def test_same_numbers_as_pyg(which):
+    torch = pytest.importorskip("torch")
+    pyg_nn = pytest.importorskip("torch_geometric.nn")
+    ei = _graph(31)
+    x = _x(31)
+    key = jax.random.key(31)
+    ea = jnp.asarray(np.random.default_rng(31).standard_normal((E, 2)), jnp.float32)
+    w = jnp.asarray(np.random.default_rng(32).uniform(0.2, 2.0, E), jnp.float32)
+    t = lambda a: torch.tensor(np.asarray(a))
+    if which == "gcn":
+        conv, module = GCNConv.init(key, IN, 4, improved=True), pyg_nn.GCNConv(IN, 4, improved=True)
+        args, kwargs = (t(x), t(ei).long(), t(w)), dict(edge_weight=w)
+    elif which.startswith("gat"):
+        edge_dim = 2 if which == "gat_edges" else None
+        conv = GATv2Conv.init(key, IN, 3, heads=2, edge_dim=edge_dim)
+        module = pyg_nn.GATv2Conv(IN, 3, heads=2, edge_dim=edge_dim)
+        kwargs = dict(edge_attr=ea) if edge_dim else {}
+        args = (t(x), t(ei).long(), *((t(ea),) if edge_dim else ()))
+    else:
+        conv = TransformerConv.init(key, IN, 3, heads=2, beta=True, edge_dim=2)
+        module = pyg_nn.TransformerConv(IN, 3, heads=2, beta=True, edge_dim=2)
+        args, kwargs = (t(x), t(ei).long(), t(ea)), dict(edge_attr=ea)
+    _load_into_pyg(conv, module)
+    module.eval()
+    with torch.no_grad():
+        want = module(*args).numpy()
+    np.testing.assert_allclose(conv(x, ei, **kwargs), want, rtol=1e-4, atol=1e-5)

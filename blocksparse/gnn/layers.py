@@ -461,8 +461,9 @@ class GATv2Conv(Pytree):
                 ``x_src``, row 1 ``x_dst``).
             edge_index: ``(2, E)`` integers, or a ``Graph`` / ``DynamicGraph`` over
                 ``max(N_src, N_dst)`` nodes.
-            edge_attr: ``(E, edge_dim)`` (or ``(E,)`` for ``edge_dim=1``) in the order of the edges;
-                used only if the layer has ``edge_dim``.
+            edge_attr: ``(E, edge_dim)`` (or ``(E,)`` for ``edge_dim=1``) in the order of the edges
+                (a ``DynamicGraph``'s: ``(max_edges, edge_dim)``). Optional for a layer with
+                ``edge_dim``, an error without one (as PyG).
             num_nodes: if given, checked against the features' rows.
             num_edges: with an ``edge_index`` array, how many leading edges count (traceable).
             key: PRNG key for dropout on the attention weights.
@@ -475,7 +476,9 @@ class GATv2Conv(Pytree):
         n = max(n_src, n_dst)
         # With self loops, the graph is built once, from the edges with the loops (not twice).
         g = _resolve_graph(layer, edge_index, n, n_src, n_dst, num_nodes, num_edges, build=not self.add_self_loops)
-        use_edges = edge_attr is not None and self.lin_edge_weight is not None
+        if edge_attr is not None and self.lin_edge_weight is None:  # PyG asserts this too
+            raise ValueError("GATv2Conv: expected no edge_attr for a layer without edge_dim. Got edge_attr.")
+        use_edges = edge_attr is not None
         if use_edges:
             edge_attr = jnp.asarray(edge_attr)
             edge_attr = edge_attr[:, None] if edge_attr.ndim == 1 else edge_attr
@@ -587,19 +590,21 @@ class TransformerConv(Pytree):
     ) -> jax.Array:
         """``x (N, in)`` or ``(x_src, x_dst)`` -> ``(N_dst, heads * out)`` (or ``out`` without ``concat``).
 
-        Arguments are those of :meth:`GATv2Conv.__call__`; a layer with ``edge_dim`` requires
-        ``edge_attr`` (as PyG), while ``GATv2Conv`` uses it only when given.
+        Arguments are those of :meth:`GATv2Conv.__call__`, except that ``edge_attr`` is required
+        exactly when the layer has ``edge_dim`` (as PyG).
         """
         layer = "TransformerConv"
         x_src, x_dst, _ = _split_x(layer, x, self.in_channels)
         n_src, n_dst = x_src.shape[0], x_dst.shape[0]
         n = max(n_src, n_dst)
         g = _resolve_graph(layer, edge_index, n, n_src, n_dst, num_nodes, num_edges)
-        if self.lin_edge_weight is not None and edge_attr is None:  # PyG asserts this too
+        if (self.lin_edge_weight is None) != (edge_attr is None):  # PyG asserts this too
             raise ValueError(
-                f"TransformerConv: expected edge_attr (edge_dim={self.lin_edge_weight.shape[1]}). Got None."
+                f"TransformerConv: expected edge_attr exactly when the layer has edge_dim (edge_dim="
+                f"{None if self.lin_edge_weight is None else self.lin_edge_weight.shape[1]}). Got "
+                f"{'None' if edge_attr is None else 'edge_attr'}."
             )
-        use_edges = edge_attr is not None and self.lin_edge_weight is not None
+        use_edges = edge_attr is not None
         if use_edges:
             edge_attr = jnp.asarray(edge_attr)
             edge_attr = edge_attr[:, None] if edge_attr.ndim == 1 else edge_attr
