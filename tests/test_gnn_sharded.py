@@ -142,7 +142,8 @@ def test_dense_gradients_and_layout():
     y2 = jax.jit(lambda x: sharded.aggregate(sg, x))(x2)
     assert y2.sharding.spec == P("d")  # 40 rows over 4 devices: row ranges of x's layout
     # x sharded by rows beforehand works as well as x anywhere
-    xs = jax.device_put(x2, jax.sharding.NamedSharding(MESH, P("d")))
+    xs = jax.device_put(x2, sg.feature_sharding)
+    assert sg.feature_sharding.spec == P("d")
     np.testing.assert_allclose(jax.jit(lambda x: sharded.aggregate(sg, x))(xs), y2)
 
 

@@ -9,9 +9,10 @@ equal ranges (``R = ceil(N / devices)`` rows each, as ``NamedSharding(mesh, P(ax
 :class:`~blocksparse.gnn.DynamicGraph` parts of one common padded capacity each:
 
 - ``local``: the source is in the device's own rows of ``x``: computed at once, while
-- ``remote``: the source is elsewhere: its features arrive by one collective, either an
-  all-gather of ``x`` (``sources="all_gather"``) or an all-to-all that brings only the rows the
-  device needs (``sources="exchange"``, a per-device list of needed source ids). With ``x``
+- ``remote``: the source is elsewhere: its features arrive by one collective, either every other
+  device's rows of ``x`` (``sources="all_gather"``: an all-gather made of one collective permute per
+  other device, so the table holds only other devices' rows) or an all-to-all that brings only the
+  rows the device needs (``sources="exchange"``, a per-device list of needed source ids). With ``x``
   replicated (``sources="replicated"``) nothing moves.
 
 The local part does not wait for the collective, so XLA can overlap the two. Outputs of an
@@ -165,6 +166,12 @@ class ShardedGraph(Pytree):
     balance = property(lambda self: self.plan.balance)
     estimated_bytes = property(lambda self: self.plan.estimated_bytes)
     edges_per_device = property(lambda self: self.plan.edges_per_device)
+
+    @property
+    def feature_sharding(self) -> NamedSharding:
+        """Where node features belong (and where the ops' outputs are): rows split over the axis, or
+        replicated for ``sources="replicated"``. ``jax.device_put(x, sg.feature_sharding)``."""
+        return NamedSharding(self.mesh, P() if self.plan.sources == "replicated" else P(self.axis))
 
     def __repr__(self) -> str:
         return (
