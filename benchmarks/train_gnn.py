@@ -155,6 +155,9 @@ def train(name: str, mode: str, data: dict, a) -> dict:
             params, opt_state = carry
             ks, kd = jax.random.split(key)
             nodes, sub, count = sample_subgraph(ks, ei_dev, n, batch, max_edges)
+            if name == "gcn":  # both layers share one traced graph, built once per step
+                sub, count = bs.gnn.DynamicGraph.from_edge_index(sub, num_nodes=batch, num_edges=count), None
+            # (GATv2Conv builds its graph with the self loops from edge_index itself)
             loss, grads = jax.value_and_grad(_loss)(params, xj[nodes], sub, yj[nodes], trj[nodes], kd, count)
             updates, opt_state = opt.update(grads, opt_state, params)
             return (optax.apply_updates(params, updates), opt_state), loss
