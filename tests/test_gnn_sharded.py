@@ -140,7 +140,12 @@ def test_dense_gradients_and_layout():
         np.testing.assert_allclose(a, b, **TOL)
     x2 = x.reshape(n, 6)
     y2 = jax.jit(lambda x: sharded.aggregate(sg, x))(x2)
-    assert y2.sharding.spec == P("d")  # 40 rows over 4 devices: row ranges of x's layout
+    assert y2.sharding.spec == P("d")  # 40 rows over the devices: row ranges of x's layout
+    sg_rep = shard_graph(ei, n, MESH, "d", sources="replicated")
+    assert sg_rep.feature_sharding.spec == P()
+    y3 = jax.jit(lambda x: sharded.aggregate(sg_rep, x))(x2)
+    assert y3.sharding.spec == P("d")  # x replicated, the output still by rows (no gather)
+    np.testing.assert_allclose(y3, y2)
     # x sharded by rows beforehand works as well as x anywhere
     xs = jax.device_put(x2, sg.feature_sharding)
     assert sg.feature_sharding.spec == P("d")

@@ -169,8 +169,8 @@ class ShardedGraph(Pytree):
 
     @property
     def feature_sharding(self) -> NamedSharding:
-        """Where node features belong (and where the ops' outputs are): rows split over the axis, or
-        replicated for ``sources="replicated"``. ``jax.device_put(x, sg.feature_sharding)``."""
+        """Where the ops expect node features: rows split over the axis (where the outputs are, so
+        layers chain), or replicated for ``sources="replicated"``. ``jax.device_put(x, sg.feature_sharding)``."""
         return NamedSharding(self.mesh, P() if self.plan.sources == "replicated" else P(self.axis))
 
     def __repr__(self) -> str:
@@ -609,6 +609,15 @@ def _edge_weights(sg: ShardedGraph, edge_weight):
     return wz[sg.local_edges], wz[sg.remote_edges]
 
 
+def _output(sg: ShardedGraph, out, shape):
+    """The first ``N`` of the ``devices * R`` rows; where they are unless ``N`` is not a multiple of the
+    devices (JAX arrays are sharded evenly: XLA then places the result as it likes, say replicated)."""
+    out = out[: sg.num_nodes].reshape(shape)
+    if sg.num_nodes % sg.plan.num_devices:
+        return out
+    return lax.with_sharding_constraint(out, NamedSharding(sg.mesh, P(sg.axis)))
+
+
 def spmm(
     sg: ShardedGraph,
     x: jax.Array,
@@ -627,8 +636,9 @@ def spmm(
     ``norm`` / ``"mean"`` are the whole graph's.
 
     Returns:
-        ``(N, ...)`` in ``x``'s dtype, sharded by rows over the axis. Differentiable w.r.t. ``x``
-        and ``edge_weight``, with the single-device gradients.
+        ``(N, ...)`` in ``x``'s dtype, sharded by rows over the axis (if ``N`` is a multiple of the
+        devices; else placed by XLA). Differentiable w.r.t. ``x`` and ``edge_weight``, with the
+        single-device gradients.
     """
     if reduce not in ("sum", "mean"):
         raise ValueError(f"Expected reduce in ['sum', 'mean']. Got {reduce!r}.")
@@ -654,7 +664,7 @@ def spmm(
     post = {"both": 0.5, "right": 1.0}.get(norm, 1.0 if reduce == "mean" else None)
     if post is not None:
         out = (out * _inv_pow(sg.in_degree, post)[:, None]).astype(x2.dtype)
-    return out[: sg.num_nodes].reshape(shape)
+    return _output(sg, out, shape)
 
 
 def aggregate(
@@ -678,7 +688,7 @@ def aggregate(
         return _max_combine(a, b, has(gl), has(gr), reduce == "max")
 
     out = _run(sg, x2, op, (None, None), skip_collectives=_skip_collectives)
-    return out[: sg.num_nodes].reshape(shape)
+    return _output(sg, out, shape)
 
 
 # bs.gnn.spmm / bs.gnn.aggregate hand a sharded graph to this module's ops.
