@@ -6,7 +6,9 @@ Where things live (see docs/architecture.md):
   pattern); :func:`matmul` and :func:`sdd`, dispatched in :mod:`blocksparse.ops`;
 - :mod:`blocksparse.ipu`: the IPU model (:func:`plan`, :func:`dynamic_plan`, :func:`simulate`);
 - :mod:`blocksparse.gnn`: graphs and the IO-aware GNN operations;
-- :mod:`blocksparse.nn`, :mod:`blocksparse.prune`, :mod:`blocksparse.testing`.
+- :mod:`blocksparse.nn` (layers), :mod:`blocksparse.prune`, :mod:`blocksparse.testing`;
+- :mod:`blocksparse.models` (a pretrained encoder to prune; the ``models`` extra) and
+  :mod:`blocksparse.bench` (the ``blocksparse bench`` suites), imported on first use.
 """
 
 from importlib.metadata import PackageNotFoundError as _NotFound
@@ -55,9 +57,10 @@ __all__ = [
 
 
 def __getattr__(name):
-    # `testing` needs hypothesis (a test extra): import it on first use, not with the package.
-    if name == "testing":
+    # `testing` needs hypothesis (a test extra), `models` safetensors and tokenizers (the models
+    # extra), `bench` is only for measuring: import them on first use, not with the package.
+    if name in ("testing", "models", "bench"):
         import importlib
 
-        return importlib.import_module(".testing", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'blocksparse' has no attribute {name!r}")

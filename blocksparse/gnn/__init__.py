@@ -16,10 +16,14 @@ from ..ops.gnn_spmm import spmm
 from ._dynamic import DynamicGraph, batch, readout
 from ._graph import Graph
 from .generators import PAPER_GRAPHS, power_law, rmat, synthetic
+from .layers import GATv2Conv, GCNConv, TransformerConv
 from .reorder import reorder
 
 __all__ = [
     "PAPER_GRAPHS",
+    "GATv2Conv",
+    "GCNConv",
+    "TransformerConv",
     "DynamicGraph",
     "Graph",
     "aggregate",
