@@ -47,11 +47,11 @@ from ._graph import Graph
 
 __all__ = ["GraphShardCandidate", "GraphShardPlan", "ShardedGraph", "aggregate", "plan_graph", "shard_graph", "spmm"]
 
-# Time model, per feature column (all terms scale with F). Measured on one H200: SpMM sum of the
-# power_law(262144, 8388608) graph at F = 128, fp32 takes 1.185 ms (docs/benchmarks.md): 8.4e6
-# edges x 512 B in 1.185 ms, 3.6e12 B/s gathered per edge; a node row written / read at the HBM rate.
-# The link rate is bs.sharding's (a measured psum on two H200s).
-EDGE_BYTES_PER_S = 3.6e12
+# Time model, per feature column (all terms scale with F). Measured on one H200: SpMM sum over a
+# traced graph (DynamicGraph), power_law(262144, 8388608), F = 128, fp32: 1.018 ms (docs/benchmarks.md,
+# "Traced graphs"): 8.4e6 edges x 512 B, 4.2e12 B/s gathered per edge; a node row written / read at
+# the HBM rate. The link rate is bs.sharding's (a measured psum on two H200s).
+EDGE_BYTES_PER_S = 4.2e12
 NODE_BYTES_PER_S = 4.8e12
 
 _BALANCES = ("edges", "nodes")
