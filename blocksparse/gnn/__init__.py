@@ -18,6 +18,7 @@ from ._graph import Graph
 from .generators import PAPER_GRAPHS, power_law, rmat, synthetic
 from .layers import GATv2Conv, GCNConv, TransformerConv
 from .reorder import reorder
+from .sharded import GraphShardPlan, ShardedGraph, plan_graph, shard_graph
 
 __all__ = [
     "PAPER_GRAPHS",
@@ -26,15 +27,19 @@ __all__ = [
     "TransformerConv",
     "DynamicGraph",
     "Graph",
+    "GraphShardPlan",
+    "ShardedGraph",
     "aggregate",
     "batch",
     "gatv2",
     "graph_attention",
     "interpret",
+    "plan_graph",
     "power_law",
     "readout",
     "reorder",
     "rmat",
+    "shard_graph",
     "spmm",
     "synthetic",
 ]

@@ -82,6 +82,8 @@ def aggregate(g: Graph | DynamicGraph, x: jax.Array, reduce: str = "max", *, imp
         given to :meth:`Graph.from_edges` (deterministic), and a NaN result's gradient to the first
         in-edge whose feature is NaN.
     """
+    if (own := getattr(type(g), "_gnn_aggregate", None)) is not None:  # a graph over many devices (gnn.sharded)
+        return own(g, x, reduce, implementation=implementation)
     check_graph(g)
     _dispatch.check_choice("reduce", reduce, ("max", "min"))
     s = AggregateStatic(_dispatch.resolve(implementation, DEFAULT, tuple(_dispatch.OP_MODULES)), reduce == "max")

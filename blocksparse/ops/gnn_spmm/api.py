@@ -104,6 +104,8 @@ def spmm(
         ValueError: for ``reduce="mean"`` with a ``norm``, an unknown ``reduce`` / ``norm``, or
             shapes that do not match the graph; TypeError for non-floating inputs.
     """
+    if (own := getattr(type(g), "_gnn_spmm", None)) is not None:  # a graph over many devices (gnn.sharded)
+        return own(g, x, reduce, norm, edge_weight, implementation=implementation)
     check_graph(g)
     _dispatch.check_choice("reduce", reduce, ("sum", "mean"))
     _dispatch.check_choice("norm", norm, (None, "left", "right", "both"))
