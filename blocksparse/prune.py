@@ -11,7 +11,7 @@ import numpy as np
 from jax import lax
 
 from ._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, _check_floating, _is_concrete, _require_host
-from ._pattern import BlockPattern, check_block_size, check_density
+from ._pattern import BlockPattern, check_block_size, check_density, num_blocks
 
 __all__ = ["magnitude", "magnitude_global", "block_norms", "rigl_update"]
 
@@ -44,7 +44,8 @@ def magnitude(w, block_size, density: float, *, norm: str = "l2") -> BlockSparse
     Arguments:
         w: a concrete dense ``(m, k)`` floating array.
         block_size: ``b`` or ``(bh, bw)``, dividing ``w.shape``.
-        density: fraction of blocks kept, in ``[0, 1]``.
+        density: fraction of blocks kept, in ``[0, 1]``; a positive density that rounds to no block
+            raises (``0`` gives an empty matrix on purpose).
         norm: ``"l2"`` (default), ``"l1"`` or ``"max"``.
 
     Returns:
@@ -62,7 +63,7 @@ def magnitude(w, block_size, density: float, *, norm: str = "l2") -> BlockSparse
             f"Expected w without NaN. Got NaN in block ({r}, {c}) (rows {r * bh}:{(r + 1) * bh}, "
             f"cols {c * bw}:{(c + 1) * bw}); its norm cannot be ranked, so it would be dropped silently."
         )
-    keep = int(round(density * scores.size))
+    keep = num_blocks(density, scores.size)  # a positive density that keeps no block raises
     order = np.argsort(-scores.reshape(-1), kind="stable")[:keep]
     mask = np.zeros(scores.size, bool)
     mask[order] = True

@@ -24,6 +24,11 @@ from blocksparse.testing import strategies as bst
 def test_magnitude_keeps_the_largest_blocks(bsz, gm, gk, density, norm, data):
     bh, bw = bsz
     w = data.draw(bst.dense_arrays((gm * bh, gk * bw)))
+    if density > 0 and round(density * gm * gk) == 0:  # e.g. 0.3 of one block: an error, not an empty layer
+        want = rf"keeps at least one of the {gm * gk} blocks.*Got density={density}, which keeps 0"
+        with pytest.raises(ValueError, match=want):
+            bs.prune.magnitude(w, bsz, density, norm=norm)
+        return
     W = bs.prune.magnitude(w, bsz, density, norm=norm)
     scores = bs.prune.block_norms(w, bsz, norm)
     assert W.nnz_blocks == round(density * gm * gk)
