@@ -1,0 +1,336 @@
+"""Pallas Mosaic GPU (Hopper: TMA + wgmma) kernel for the static ``dsd`` product ``y = W @ x``.
+
+The first step of a Hopper backend: ``implementation="mosaic"`` for ``dsd`` only. It consumes the
+same work list as the Triton kernels (:class:`~.lowering.RowSplitSchedule`, built by
+:func:`~.lowering.lower`): units of at most ``max_len`` blocks of one output block row.
+
+The kernel
+----------
+One program (CTA, one warpgroup of 128 threads) per ``(unit u, column tile t)`` of ``tn``
+columns of ``x``. It reads ``start, len, dest`` of its unit from the schedule arrays (scalar loads
+from global memory, as JAX's ragged-dot kernels read their group offsets), then loops ``len``
+times (a ``fori_loop`` with a dynamic trip count) over the unit's blocks:
+
+- TMA copies bring block ``block_id[j]`` of W (``bh x bw``) and the ``bw x tn`` slab of ``x``
+  at block row ``block_col[j]`` into shared memory, swizzled (128-byte swizzle, ``8 x 64``
+  tiles) as wgmma wants, each stage with its own pair of barriers. ``stages`` (2 or 3, as many as
+  fit in 227 KiB) copies are in flight: step ``i`` waits for stage ``i % stages``, issues the
+  wgmma, waits until at most one wgmma is pending (so the stage of step ``i - 1`` is free) and
+  refills that stage with step ``i + stages - 1``.
+- ``plgpu.wgmma`` accumulates into a ``(bh, tn)`` float32 register accumulator
+  (``bh * tn <= 128 * 128``: 128 registers per thread for one warpgroup).
+- The accumulator is written through shared memory with a TMA store to ``y`` (in the output
+  dtype) when ``dest >= 0``, or to the float32 partials buffer (slot ``-1 - dest``) for a piece of
+  a split row; the shared memory of the pipeline is released first and reused for the store.
+
+Split rows are then summed by :func:`~.lowering.combine_partials` (an XLA segment sum and a
+scatter into the split rows only). ``n`` is zero-padded to a multiple of ``tn``.
+
+Supported: block sides ``bh, bw`` in {64, 128}; float16 / bfloat16 operands (mixed ones are
+promoted), float32 accumulation, output in the requested dtype; a Hopper GPU (compute capability
+9.x: wgmma and TMA). Everything else raises ``NotImplementedError`` with the reason (dispatch
+then falls back): other blocks, float32 (TF32 wgmma is possible, not written), ``dds``,
+``sdd``, dynamic patterns and fused epilogues.
+
+What is verified, and what is not
+---------------------------------
+Written without access to a GPU. Verified on the CPU: the kernel traces, it lowers for CUDA
+(``jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))`` runs the Pallas -> Mosaic GPU
+lowering, which checks the wgmma shapes and layouts, the swizzle transforms and the shared memory
+budget), and it runs in Pallas' GPU interpreter (``plgpu.InterpretGPUParams``, used under
+``blocksparse.interpret()``), which simulates shared memory, TMA copies and barriers and
+matches the float64 oracle (``tests/test_pallas_mosaic.py``). **Not verified**: compilation to
+a cubin and results on a real Hopper GPU, and speed; the ``gpu``-marked tests and
+``benchmarks/bench_mosaic.py`` are written for that. ``tn``, ``stages`` and the one-warpgroup
+design are first guesses, not tuned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from ..._pattern import BlockPattern
+from ..._util import cdiv
+from .. import _dispatch
+from .lowering import GpuLowering, RowSplitSchedule, combine_partials, lower
+
+__all__ = ["MosaicBackend", "MosaicConfig", "MosaicPlan", "SUPPORTED_BLOCKS", "dsd", "hopper_problem", "plan"]
+
+SUPPORTED_BLOCKS = (64, 128)
+_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+_OUT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
+_TILES = (64, 128, 256)
+#: Shared memory one CTA may use on Hopper (227 KiB), less a little for the barriers.
+_SMEM_BYTES = 227 * 1024 - 1024
+#: Floats of one warpgroup's wgmma accumulator (128 registers per thread).
+_MAX_ACC = 128 * 128
+_SWIZZLE = 128  # bytes: every operand row here is >= 128 bytes wide (>= 64 two-byte elements)
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicConfig:
+    """Tiles of the Mosaic ``dsd`` kernel (``None``: chosen per problem).
+
+    Attributes:
+        tn: columns of ``x`` per program, in (64, 128, 256), with ``bh * tn <= 128 * 128``.
+        stages: shared-memory pipeline depth (>= 1; default: 3, or 2 where 3 do not fit).
+        max_len: force the schedule's cap on blocks per program.
+    """
+
+    tn: int | None = None
+    stages: int | None = None
+    max_len: int | None = None
+
+    def __post_init__(self):
+        if self.tn is not None and self.tn not in _TILES:
+            raise ValueError(f"Expected tn in {_TILES}. Got {self.tn}.")
+        if self.stages is not None and self.stages < 1:
+            raise ValueError(f"Expected stages >= 1. Got {self.stages}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicPlan:
+    """Everything the host prepares for one ``dsd`` call (see :func:`plan`).
+
+    Attributes:
+        tn: columns of ``x`` per program.
+        tiles: column tiles (``n_pad // tn``); the grid is ``(sched.num_units, tiles)``.
+        n_pad: ``n`` rounded up to a multiple of ``tn`` (``x`` is zero-padded to it).
+        stages: shared-memory pipeline depth.
+        sched: the work list.
+    """
+
+    tn: int
+    tiles: int
+    n_pad: int
+    stages: int
+    sched: RowSplitSchedule
+
+    def smem_bytes(self, bh: int, bw: int, itemsize: int) -> int:
+        """Shared memory of the pipeline (the output staging buffer reuses it afterwards)."""
+        return self.stages * (bh * bw + bw * self.tn) * itemsize
+
+
+def _default_tn(bh: int, n: int, rows: int) -> int:
+    """The Triton kernel's measured choice (docs/kernels.md), bounded by one warpgroup's registers."""
+    if n <= 64:
+        return 64
+    if n >= 2048:
+        return 256 if bh <= 64 else 128
+    if rows * cdiv(n, 128) < 132:  # too few programs for the 132 SMs: narrower tiles
+        return 64
+    return 128
+
+
+def plan(pattern: BlockPattern, n: int, itemsize: int = 2, config: MosaicConfig | None = None) -> MosaicPlan:
+    """The host-side preparation of ``W @ x`` for ``x`` of ``n`` columns (NumPy; the schedule is cached).
+
+    Raises ``NotImplementedError`` if the kernel cannot take these blocks or tiles.
+    """
+    cfg = config or MosaicConfig()
+    bh, bw = pattern.block_size
+    if bh not in SUPPORTED_BLOCKS or bw not in SUPPORTED_BLOCKS:
+        raise NotImplementedError(
+            f"requires block sides in {SUPPORTED_BLOCKS} (wgmma tiles of a 128-byte swizzle, M a multiple of 64) "
+            f"(got ({bh}, {bw}))"
+        )
+    tn = cfg.tn or _default_tn(bh, n, pattern.grid[0])
+    if bh * tn > _MAX_ACC:
+        raise NotImplementedError(
+            f"requires bh * tn <= {_MAX_ACC} (a float32 accumulator in one warpgroup's registers) (got {bh} * {tn})"
+        )
+    per_stage = (bh * bw + bw * tn) * itemsize
+    fit = _SMEM_BYTES // per_stage
+    stages = cfg.stages or min(3, fit)
+    if stages > fit or stages < 1:
+        raise NotImplementedError(
+            f"requires stages * {per_stage} bytes <= {_SMEM_BYTES} of shared memory (got stages={stages})"
+        )
+    tiles = cdiv(n, tn)
+    sched = lower(pattern, GpuLowering(op="dsd", tiles=tiles, max_len=cfg.max_len))
+    return MosaicPlan(tn=tn, tiles=tiles, n_pad=tiles * tn, stages=stages, sched=sched)
+
+
+def _dsd_kernel(start_g, len_g, dest_g, col_g, id_g, w_g, x_g, y_g, p_g, *, bh, bw, tn, stages):
+    """Program ``(u, t)``: unit ``u`` of the schedule times columns ``[t * tn, (t + 1) * tn)``."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    u = lax.axis_index("u")
+    n0 = pl.multiple_of(lax.axis_index("t") * tn, tn)
+    start = start_g[u]
+    length = len_g[u]
+    dest = dest_g[u]
+    dtype = w_g.dtype
+    swizzle_elems = _SWIZZLE // jnp.dtype(dtype).itemsize
+    transforms = (plgpu.TilingTransform((8, swizzle_elems)), plgpu.SwizzleTransform(_SWIZZLE))
+
+    def accumulate(acc_ref):
+        def pipeline(w_smem, x_smem, w_bar, x_bar):
+            def fetch(i):  # step i's block and slab into stage i % stages
+                slot = lax.rem(i, stages)
+                j = start + i
+                d = id_g[j]
+                c = col_g[j]
+                plgpu.copy_gmem_to_smem(w_g.at[pl.ds(d * bh, bh), :], w_smem.at[slot], w_bar.at[slot])
+                plgpu.copy_gmem_to_smem(x_g.at[pl.ds(c * bw, bw), pl.ds(n0, tn)], x_smem.at[slot], x_bar.at[slot])
+
+            for i in range(stages - 1):  # prologue: fill all stages but one
+                pl.when(i < length)(functools.partial(fetch, i))
+
+            def step(i, carry):
+                slot = lax.rem(i, stages)
+                plgpu.barrier_wait(w_bar.at[slot])
+                plgpu.barrier_wait(x_bar.at[slot])
+                plgpu.wgmma(acc_ref, w_smem.at[slot], x_smem.at[slot])
+                plgpu.wgmma_wait(1)  # step i - 1's wgmma is done: its stage can be refilled
+                nxt = i + stages - 1
+                pl.when(nxt < length)(lambda: fetch(nxt))
+                return carry
+
+            lax.fori_loop(0, length, step, None)
+            plgpu.wgmma_wait(0)
+
+        pl.run_scoped(
+            pipeline,
+            plgpu.SMEM((stages, bh, bw), dtype, transforms=transforms),
+            plgpu.SMEM((stages, bw, tn), dtype, transforms=transforms),
+            plgpu.Barrier(num_barriers=stages),
+            plgpu.Barrier(num_barriers=stages),
+        )
+        return acc_ref[...]
+
+    acc = pl.run_scoped(accumulate, plgpu.ACC((bh, tn), jnp.float32))  # zero-initialised: empty units write 0
+
+    def store(out_g, row, value):
+        def scope(o_smem):
+            o_smem[...] = value.astype(o_smem.dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(o_smem, out_g.at[pl.ds(row * bh, bh), pl.ds(n0, tn)])
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+        pl.run_scoped(scope, plgpu.SMEM((bh, tn), out_g.dtype))
+
+    pl.when(dest >= 0)(lambda: store(y_g, dest, acc))
+    pl.when(dest < 0)(lambda: store(p_g, -1 - dest, acc))
+
+
+def _launch(p: MosaicPlan, m: int, data, xp, out_dtype, *, interpret: bool):
+    """Run the kernel: ``(y (m, n_pad) in out_dtype, partials (S * bh, n_pad) float32)``."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    _, bh, bw = data.shape
+    s = p.sched
+    kernel = plgpu.kernel(
+        functools.partial(_dsd_kernel, bh=bh, bw=bw, tn=p.tn, stages=p.stages),
+        out_type=(
+            jax.ShapeDtypeStruct((m, p.n_pad), out_dtype),
+            jax.ShapeDtypeStruct((max(s.num_partials, 1) * bh, p.n_pad), jnp.float32),
+        ),
+        grid=(s.num_units, p.tiles),
+        grid_names=("u", "t"),
+        kernel_name=f"bs_mgpu_dsd_{bh}x{bw}_tn{p.tn}",
+        interpret=plgpu.InterpretGPUParams() if interpret else False,
+    )
+    return kernel(
+        jnp.asarray(s.unit_start),
+        jnp.asarray(s.unit_len),
+        jnp.asarray(s.unit_dest),
+        jnp.asarray(s.block_col),
+        jnp.asarray(s.block_id),
+        data.reshape(-1, bw),
+        xp,
+    )
+
+
+def dsd(pattern: BlockPattern, data, x, out_dtype=None, *, config: MosaicConfig | None = None, interpret=None):
+    """``W @ x`` with the Mosaic GPU kernel (no hardware check: see :class:`MosaicBackend`).
+
+    Arguments:
+        pattern: W's block pattern, blocks in ``SUPPORTED_BLOCKS``.
+        data: W's blocks ``(nnz, bh, bw)``; x: ``(k, n)``; both float16 or bfloat16 (promoted to one).
+        out_dtype: the result dtype (default: the operands'); float16, bfloat16 or float32.
+        config: a :class:`MosaicConfig`.
+        interpret: run in Pallas' GPU interpreter on the CPU (default: ``blocksparse.interpret()``).
+    """
+    m, k = pattern.shape
+    bh, bw = pattern.block_size
+    if tuple(data.shape) != (pattern.nnz_blocks, bh, bw):
+        raise ValueError(f"Expected data of shape {(pattern.nnz_blocks, bh, bw)}. Got {tuple(data.shape)}.")
+    if x.ndim != 2 or x.shape[0] != k:
+        raise ValueError(f"Expected x of shape ({k}, n). Got {tuple(x.shape)}.")
+    dt = jnp.result_type(data.dtype, x.dtype)
+    if jnp.dtype(dt) not in _DTYPES:
+        raise NotImplementedError(
+            f"requires float16 or bfloat16 operands (got {jnp.dtype(data.dtype)}, {jnp.dtype(x.dtype)})"
+        )
+    out_dtype = jnp.dtype(out_dtype or dt)
+    if out_dtype not in _OUT_DTYPES:
+        raise NotImplementedError(f"requires a float16, bfloat16 or float32 output (got {out_dtype})")
+    n = x.shape[1]
+    p = plan(pattern, n, jnp.dtype(dt).itemsize, config)
+    if n == 0 or pattern.nnz_blocks == 0:
+        return jnp.zeros((m, n), out_dtype)
+    interpret = _dispatch.interpreting() if interpret is None else bool(interpret)
+    xp = jnp.pad(x.astype(dt), ((0, 0), (0, p.n_pad - n)))
+    y, partials = _launch(p, m, data.astype(dt), xp, out_dtype, interpret=interpret)
+    y = combine_partials(y, partials, p.sched, bh)
+    return y[:, :n] if p.n_pad != n else y
+
+
+def hopper_problem() -> str | None:
+    """Why the kernel cannot run on this machine's default device, or ``None`` if it is a Hopper GPU."""
+    try:
+        dev = jax.devices()[0]
+    except RuntimeError as e:  # no backend initialised
+        return f"no device ({e})"
+    if dev.platform != "gpu":
+        return f"no GPU (default device is {dev.platform!r}: {dev.device_kind})"
+    cc = getattr(dev, "compute_capability", None)
+    try:
+        major = int(str(cc).split(".")[0])
+    except ValueError:
+        return f"requires a Hopper GPU (compute capability 9.x); got {dev.device_kind} (compute capability {cc!r})"
+    if major != 9:
+        return (
+            f"requires a Hopper GPU (compute capability 9.x: wgmma and TMA); got {dev.device_kind} "
+            f"(compute capability {cc})"
+        )
+    return None
+
+
+def _not_yet(op: str):
+    def method(self, s, *args):
+        raise NotImplementedError(f"the Mosaic GPU backend implements only the static dsd so far (not {op})")
+
+    method.__name__ = op
+    return method
+
+
+class MosaicBackend:
+    """Backend object for :mod:`blocksparse.ops.matmul.api` (``implementation="mosaic"``).
+
+    Only the static ``dsd`` (``W @ x``); every other op raises ``NotImplementedError`` so dispatch
+    moves on to the next implementation.
+    """
+
+    name = "mosaic"
+
+    def dsd(self, s, data, x):
+        interpret = _dispatch.interpreting()
+        if not interpret and (why := hopper_problem()) is not None:
+            raise NotImplementedError(why)
+        return dsd(s.pattern, data, x, s.out_dtype, interpret=interpret)
+
+    dds = _not_yet("dds")
+    sdd = _not_yet("sdd")
+    dyn_dsd = _not_yet("dyn_dsd")
+    dyn_sdd = _not_yet("dyn_sdd")
+    dsd_fused = _not_yet("dsd_fused (fused bias / activation)")
+    dds_fused = _not_yet("dds_fused")
+    dyn_dsd_fused = _not_yet("dyn_dsd_fused")
