@@ -18,6 +18,9 @@ layers: Pallas kernels on GPUs, XLA on CPUs). Two cases the fused attention ops 
 on segment ops over the edges instead (``E x H x C`` memory): per-edge features (``edge_attr``
 with ``edge_dim``) and dropout on the attention weights while training. Nodes without in-edges
 receive no message (0, never NaN).
+
+The same layers as Flax NNX and Equinox modules: ``bs.gnn.flax`` and ``bs.gnn.equinox``
+(parameters held the framework's way; each call runs these layers).
 """
 
 from __future__ import annotations
