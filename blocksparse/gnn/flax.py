@@ -121,8 +121,9 @@ _DTYPES = """
             ``None`` promotes them.
         param_dtype: the parameters' dtype."""
 _DROPOUT = """
-        deterministic: ``True``: no attention dropout; ``False``: dropout (needs a ``dropout`` stream
-            in ``rngs``); ``None``: given at the call or set by ``model.train()`` / ``model.eval()``.
+        deterministic: ``True``: no attention dropout; ``False``: dropout (keys from the kept
+            ``dropout`` stream, or ``rngs=`` at the call); ``None``: given at the call or set by
+            ``model.train()`` / ``model.eval()`` (required when ``dropout > 0``).
         rngs: ``nnx.Rngs``: ``params`` for the initialisation; with ``dropout > 0`` a ``dropout``
             stream is forked and kept (``keep_rngs=False``: pass ``rngs=`` at each call instead)."""
 
@@ -130,8 +131,7 @@ _DROPOUT = """
 class GCNConv(_Conv):
     """Graph convolution as PyG's ``GCNConv``: :class:`blocksparse.gnn.layers.GCNConv` as an NNX module.
 
-    Arguments are those of :meth:`blocksparse.gnn.layers.GCNConv.init` (PyG's), and:
-    {dtypes}
+    Arguments are those of :meth:`blocksparse.gnn.layers.GCNConv.init` (PyG's), and:{dtypes}
         implementation: passed to :func:`~blocksparse.gnn.spmm`.
         rngs: ``nnx.Rngs`` (``params`` draws the initial values).
 
@@ -185,8 +185,7 @@ class GCNConv(_Conv):
 class GATv2Conv(_Conv):
     """GATv2 attention as PyG's ``GATv2Conv``: :class:`blocksparse.gnn.layers.GATv2Conv` as an NNX module.
 
-    Arguments are those of :meth:`blocksparse.gnn.layers.GATv2Conv.init` (PyG's), and:
-    {dtypes}
+    Arguments are those of :meth:`blocksparse.gnn.layers.GATv2Conv.init` (PyG's), and:{dtypes}
         implementation: passed to :func:`~blocksparse.gnn.gatv2`.{dropout}
 
     The parameters are ``nnx.Param`` under the plain layer's names (``lin_l_weight``, ``att``, ...).
@@ -246,8 +245,7 @@ class GATv2Conv(_Conv):
 class TransformerConv(_Conv):
     """Graph transformer attention as PyG's ``TransformerConv``, as an NNX module.
 
-    :class:`blocksparse.gnn.layers.TransformerConv`'s arguments (PyG's), and:
-    {dtypes}
+    :class:`blocksparse.gnn.layers.TransformerConv`'s arguments (PyG's), and:{dtypes}
         implementation: passed to :func:`~blocksparse.gnn.graph_attention`.{dropout}
 
     The parameters are ``nnx.Param`` under the plain layer's names (``lin_query_weight``, ...).
