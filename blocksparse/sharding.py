@@ -406,17 +406,6 @@ def _stacked_schedules(pattern: BlockPattern, plan: ShardPlan, tiles: int, max_l
     return {f: np.stack(v).astype(np.int32) for f, v in out.items()}, num_rows, L
 
 
-def _static_kernels_apply(Ws: ShardedBlockSparseMatrix, x2, kwargs) -> bool:
-    """Whether ``Ws @ x2`` can run on the static-schedule kernels (else the dynamic path, which decides itself)."""
-    from .ops import _dispatch
-    from .ops.matmul import pallas_triton as pt
-
-    impls = _dispatch.resolve(kwargs["implementation"], ("pallas", "xla"))
-    if impls[0] != "pallas" or not pt.kernels_accept(Ws.block_size, Ws.dtype, x2.dtype):
-        return False
-    return True
-
-
 def _static_forward(ctx, data, x2):
     """``W @ x2`` for the rows split on the static-schedule kernels, one ``shard_map``."""
     (pattern, mesh, axis, plan), kwargs = ctx
@@ -481,7 +470,7 @@ def _static_kernels_apply(Ws: ShardedBlockSparseMatrix, x2, kwargs) -> bool:
     from .ops import _dispatch
     from .ops.matmul import pallas_triton as pt
 
-    if Ws.plan.split != "rows":
+    if Ws.plan.split != "rows" or 0 in x2.shape:  # nothing to compute: the dynamic path returns zeros
         return False
     impls = _dispatch.resolve(kwargs["implementation"], ("pallas", "xla"))
     return impls[0] == "pallas" and pt.kernels_accept(Ws.block_size, Ws.dtype, x2.dtype)

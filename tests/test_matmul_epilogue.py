@@ -169,3 +169,54 @@ def test_gpu_kernels_with_epilogue(getkey, b, dtype):
             assert all(impl == "pallas" for _, impl in log)
     with pt.kernel_config(max_len=1):
         _check_both_orders(W, getkey(), dtype, "silu", True, "pallas", n=64)
+
+
+@pytest.mark.parametrize("activation", ["sigmoid", "silu"])
+def test_saturating_activations_have_finite_gradients(getkey, activation):
+    # 1 / (1 + exp(-y)) overflows below y = -88: its gradient would be inf / inf.
+    W = bs.random(getkey(), (32, 48), 16, 0.5)
+    x = jax.random.normal(getkey(), (4, 32))
+    b = jnp.full((48,), -100.0)
+    g = jax.grad(lambda b: jnp.sum(bs.matmul(x, W, bias=b, activation=activation)))(b)
+    assert np.isfinite(np.asarray(g)).all()
+    want = getattr(jax.nn, activation)(x @ W.to_dense() + b)
+    np.testing.assert_allclose(bs.matmul(x, W, bias=b, activation=activation), want, rtol=1e-6, atol=1e-30)
+
+
+def test_zero_columns_with_a_bias(getkey):
+    W = bs.random(getkey(), (32, 48), 16, 0.5)
+    assert bs.matmul(W, jnp.ones((48, 0)), bias=jnp.ones(0), activation="relu").shape == (32, 0)
+    assert bs.matmul(W, jnp.ones((2, 48, 0)), bias=jnp.ones(0), activation="relu").shape == (2, 32, 0)
+
+
+def test_a_backend_without_fused_ops_falls_back(getkey):
+    from blocksparse.ops.matmul import api
+
+    class Plain:  # a registered backend that only has the plain products
+        def dds(self, s, x, data):
+            raise AssertionError("not reached: no fused op, so the next implementation runs")
+
+    api.register_backend("plain", Plain())
+    W = bs.random(getkey(), (32, 48), 16, 0.5)
+    x = jax.random.normal(getkey(), (4, 32))
+    with bs.dispatch_log() as log:
+        y = bs.matmul(x, W, bias=jnp.ones(48), activation="relu", implementation=("plain", "xla"))
+    assert log == [("dds+epilogue", "xla")]
+    np.testing.assert_allclose(y, jax.nn.relu(x @ W.to_dense() + 1.0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 devices")
+def test_sharded_operand_rounds_once_like_the_unsharded_product(getkey):
+    from jax.sharding import Mesh
+
+    mesh = Mesh(np.array(jax.devices()[:4]), ("d",))
+    W = bs.random(getkey(), (128, 96), 16, 0.5, jnp.bfloat16)
+    x = jax.random.normal(getkey(), (96, 64), jnp.bfloat16)
+    b = jax.random.normal(getkey(), (64,), jnp.bfloat16)
+    Ws = bs.shard(W, mesh, "d", split="rows")
+    a = bs.matmul(Ws, x, bias=b, activation="gelu", implementation="xla")
+    want = bs.matmul(W, x, bias=b, activation="gelu", implementation="xla")
+    assert a.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(want, np.float32))
+    with pytest.raises(ValueError, match=r"bias of shape \(64,\).*Got \(3,\)"):
+        bs.matmul(Ws, x, bias=jnp.ones(3), activation="gelu")

@@ -146,3 +146,16 @@ def test_a_small_model_trains_with_nnx_optimizer():
     for _ in range(15):
         step(model, opt)
     assert float(loss(model)) < 0.6 * first
+
+
+def test_a_given_pattern_must_match_block_size_and_density():
+    from flax import nnx
+
+    p = bs.BlockPattern.random(0, (64, 32), (16, 16), 0.5)
+    with pytest.raises(ValueError, match=r"block_size \(16, 16\) \(the pattern's\). Got 32"):
+        bs.nn.flax.SparseLinear(64, 32, block_size=32, density=0.5, pattern=p, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"density 0.5 \(the pattern's 4 of 8 blocks\). Got 0.9"):
+        bs.nn.flax.SparseLinear(64, 32, block_size=16, density=0.9, pattern=p, rngs=nnx.Rngs(0))
+    layer = bs.nn.flax.SparseLinear.from_dense(jnp.ones((64, 32)), jnp.ones(32), block_size=16, density=0.5,
+                                               param_dtype=jnp.bfloat16)  # fmt: skip
+    assert layer.kernel[...].dtype == layer.bias[...].dtype == jnp.bfloat16

@@ -296,3 +296,34 @@ def test_scan_over_a_stack_of_layers_with_gradients(getkey):
     g, want = jax.jit(jax.grad(scanned))(stack), jax.grad(unrolled)(stack)
     np.testing.assert_allclose(g.weight.data, want.weight.data, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(g.bias, want.bias, rtol=1e-5, atol=1e-5)
+
+
+def test_a_stack_of_layers_under_forward_and_reverse_mode():
+    # vmap over stacked weights loops over the layers with the layers' own primitive, so its JVP
+    # and transposes apply: jax.jvp works as well as jax.grad.
+    layer = bs.nn.SparseLinear.init(jax.random.key(0), 32, 48, 16, 0.5, activation="tanh")
+    stack = jax.tree.map(lambda a: jnp.stack([a, 0.5 * a]), layer)
+    x = jax.random.normal(jax.random.key(1), (4, 32))
+
+    def f(s):
+        return jax.vmap(lambda one: one(x))(s)
+
+    def dense(s):
+        ws = [bs.BlockSparseMatrix(layer.weight.pattern, s.weight.data[i]).to_dense() for i in range(2)]
+        return jnp.stack([jnp.tanh(x @ ws[i] + s.bias[i]) for i in range(2)])
+
+    y, t = jax.jvp(f, (stack,), (stack,))
+    yd, td = jax.jvp(dense, (stack,), (stack,))
+    np.testing.assert_allclose(y, yd, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(t, td, rtol=1e-4, atol=1e-5)
+    g = jax.grad(lambda s: jnp.sum(f(s) ** 2))(stack)
+    gd = jax.grad(lambda s: jnp.sum(dense(s) ** 2))(stack)
+    np.testing.assert_allclose(g.weight.data, gd.weight.data, rtol=1e-4, atol=1e-5)
+
+
+def test_dense_linear_refuses_integer_inputs_like_sparse_linear():
+    x = jnp.ones((2, 32), jnp.int32)
+    with pytest.raises(TypeError, match="floating-point input and weight. Got int32 and float32"):
+        bs.nn.Linear.init(jax.random.key(0), 32, 16)(x)
+    with pytest.raises(TypeError, match="floating-point dense operand. Got dtype int32"):
+        bs.nn.SparseLinear.init(jax.random.key(0), 32, 32, 16, 0.5)(x)

@@ -9,6 +9,8 @@ Each op has a pure-JAX reference (segment ops; the oracle and the CPU path) and 
 :func:`blocksparse.matmul`, and :func:`blocksparse.dispatch_log` records which one ran.
 """
 
+import importlib
+
 from ..ops._dispatch import interpret
 from ..ops.gnn_aggregate import aggregate
 from ..ops.gnn_attention import gatv2, graph_attention
@@ -43,3 +45,17 @@ __all__ = [
     "spmm",
     "synthetic",
 ]
+
+_FRAMEWORKS = ("flax", "equinox")
+
+
+def __getattr__(name):
+    # The Flax NNX and Equinox layers import their framework: only on first use, so `import
+    # blocksparse` never needs it (and they stay out of __all__ for `from blocksparse.gnn import *`).
+    if name in _FRAMEWORKS:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted({*globals(), *_FRAMEWORKS})

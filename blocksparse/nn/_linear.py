@@ -281,8 +281,9 @@ def dense_product(x, weight, bias=None, activation: str | None = None, precision
             f"Expected the input's last dimension to be {n_in} (W is {tuple(weight.shape)}). Got shape {x.shape}."
         )
     out = jnp.result_type(x, weight)
-    if not jnp.issubdtype(out, jnp.floating):
-        raise TypeError(f"Expected a floating-point input or weight. Got {x.dtype} and {weight.dtype}.")
+    if not (jnp.issubdtype(x.dtype, jnp.floating) and jnp.issubdtype(out, jnp.floating)):
+        # as bs.matmul (SparseLinear): an integer input is refused, not promoted
+        raise TypeError(f"Expected a floating-point input and weight. Got {x.dtype} and {weight.dtype}.")
     acc = jnp.float32 if jnp.finfo(out).bits < 32 else out
     y = jax.lax.dot_general(
         x.astype(out), weight.astype(out), (((x.ndim - 1,), (0,)), ((), ())),

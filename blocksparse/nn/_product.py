@@ -29,14 +29,10 @@ from .._matrix import BlockSparseMatrix
 from ..ops._dispatch import varying_axes
 from ..ops.matmul import epilogue as _epilogue
 from ..ops.matmul.api import matmul, sdd
+from ..ops.matmul.reference import acc_dtype as _acc_dtype
 from ..ops.matmul.reference import transposed
 
 __all__ = ["sparse_linear"]
-
-
-def _acc_dtype(dtype):
-    dtype = jnp.dtype(dtype)
-    return jnp.dtype(jnp.float32) if jnp.finfo(dtype).bits < 32 else dtype
 
 
 def _apply_activation(activation, z, out_dtype):
@@ -85,9 +81,17 @@ def _batch(args, dims, **params):
     if ddata is None and all(d is None for d in dbias):
         # Only the input is mapped: its mapped axis becomes a leading dimension, folded into the rows.
         return _bind(jnp.moveaxis(x, dx, 0), data, *bias, **params), 0
-    # Weights mapped too (a stack of layers): one product per layer, each differentiable.
-    fn = functools.partial(_compute, **params)
-    return jax.vmap(fn, in_axes=(dx, ddata, *dbias))(x, data, *bias), 0
+    # Weights mapped too (a stack of layers): one product per layer, as this primitive (a loop over
+    # the layers), so its own JVP and transposes still apply (forward and reverse mode alike).
+    mapped = [i for i, d in enumerate(dims) if d is not None]
+
+    def one(sliced):
+        full = list(args)
+        for i, a in zip(mapped, sliced, strict=True):
+            full[i] = a
+        return _bind(*full, **params)
+
+    return jax.lax.map(one, tuple(jnp.moveaxis(args[i], dims[i], 0) for i in mapped)), 0
 
 
 batching.primitive_batchers[_p] = _batch

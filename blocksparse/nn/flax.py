@@ -17,13 +17,26 @@ except ImportError as e:  # ModuleNotFoundError carries the package's name, as a
 
 from .. import prune as _prune
 from .._matrix import BlockSparseMatrix, _require_host
-from .._pattern import BlockPattern
+from .._pattern import BlockPattern, _pair
 from ._linear import check_activation, dense_in_out, random_pattern
 from ._product import sparse_linear
 
 __all__ = ["SparseLinear"]
 
 _ZEROS = nnx.initializers.zeros_init()
+
+
+def _check_pattern_matches(pattern: BlockPattern, block_size, density: float) -> None:
+    """A given pattern must agree with the layer's ``block_size`` and ``density`` (to one block)."""
+    bs_pair = _pair(block_size)
+    if bs_pair != pattern.block_size:
+        raise ValueError(f"Expected block_size {pattern.block_size} (the pattern's). Got {block_size!r}.")
+    total = pattern.grid[0] * pattern.grid[1]
+    if abs(float(density) - pattern.density) > 0.5 / max(total, 1) + 1e-12:
+        raise ValueError(
+            f"Expected density {pattern.density:.6g} (the pattern's {pattern.nnz_blocks} of {total} blocks). "
+            f"Got {density}."
+        )
 
 
 class SparseLinear(nnx.Module):
@@ -47,7 +60,7 @@ class SparseLinear(nnx.Module):
             (LeCun normal) with the fan-in a unit actually sees, ``in_features * density``.
         bias_init: an initializer for ``(out_features,)`` (default zeros).
         pattern: a :class:`~blocksparse.BlockPattern` ``(in, out)`` to use instead of a random one
-            (``block_size`` and ``density`` must then match it).
+            (``block_size`` and ``density`` must then match it, to one block; else a ``ValueError``).
         implementation: passed to :func:`blocksparse.matmul`.
         rngs: ``nnx.Rngs``.
 
@@ -75,12 +88,15 @@ class SparseLinear(nnx.Module):
                 f"Expected a pattern of shape (in_features, out_features) = {(in_features, out_features)}. "
                 f"Got {pattern.shape}."
             )
+        else:
+            _check_pattern_matches(pattern, block_size, density)
         if kernel_init is None:
             kernel_init = nnx.initializers.variance_scaling(1.0 / max(pattern.density, 1e-12), "fan_in",
                                                             "truncated_normal")  # fmt: skip
         dense = kernel_init(rngs.params(), (in_features, out_features), param_dtype)
         self.kernel = nnx.Param(_blocks(pattern, jnp.asarray(dense, param_dtype)))
-        self.bias = nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype)) if use_bias else None
+        self.bias = (nnx.Param(jnp.asarray(bias_init(rngs.params(), (out_features,), param_dtype), param_dtype))
+                     if use_bias else None)  # fmt: skip
         self.pattern = pattern
         self.in_features, self.out_features = in_features, out_features
         self.use_bias = use_bias

@@ -214,25 +214,37 @@ def _plain(kind: str, s: OpStatic, ints, floats):
     return _dyn_dsd(s, *ints, *floats)
 
 
+def _fused_table(kind: str):
+    def table(name: str):
+        fn = getattr(get_backend(name), f"{kind}_fused", None)
+        if fn is None:  # a registered backend without the fused ops: the next implementation runs
+            def refuse(*_):
+                raise NotImplementedError(f"the backend has no {kind}_fused method (no fused epilogue)")
+
+            return refuse
+        return fn
+
+    return table
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _fused(kind: str, s: OpStatic, ints, floats, bias):
-    return run(f"{kind}+epilogue", s.impls, lambda name: getattr(get_backend(name), f"{kind}_fused"),
-               s, *ints, *floats, bias)  # fmt: skip
+    return run(f"{kind}+epilogue", s.impls, _fused_table(kind), s, *ints, *floats, bias)
 
 
 def _fused_fwd(kind, s, ints, floats, bias):
     plain = s.but(out_dtype=acc_dtype(*(f.dtype for f in floats)), epilogue=None)
     z, product_vjp = jax.vjp(lambda *f: _plain(kind, plain, ints, f), *floats)
     if bias is None:
-        y, act_vjp = jax.vjp(lambda z: _epilogue.reference(z, None, s.epilogue, jnp.float32), z)
+        y, act_vjp = jax.vjp(lambda z: _epilogue.reference(z, None, s.epilogue, plain.out_dtype), z)
     else:
-        y, act_vjp = jax.vjp(lambda z, b: _epilogue.reference(z, b, s.epilogue, jnp.float32), z, bias)
+        y, act_vjp = jax.vjp(lambda z, b: _epilogue.reference(z, b, s.epilogue, plain.out_dtype), z, bias)
     return y.astype(s.out_dtype), (product_vjp, act_vjp, bias)
 
 
 def _fused_bwd(kind, s, res, g):
     product_vjp, act_vjp, bias = res
-    cts = act_vjp(g.astype(jnp.float32))
+    cts = act_vjp(g.astype(acc_dtype(g.dtype)))
     dfloats = product_vjp(cts[0])
     dbias = None if bias is None else cotangent_like(cts[1].astype(bias.dtype), bias)
     return (None,) * _NUM_INTS[kind], dfloats, dbias
@@ -336,11 +348,15 @@ def matmul(
     fused = bias is not None or activation is not None
     for operand in (a, b):  # operands that run the product themselves (a matrix sharded by bs.shard)
         if (own := getattr(type(operand), "_bs_matmul", None)) is not None:
-            y = own(a, b, implementation=implementation, precision=precision,
-                    preferred_element_type=preferred_element_type)  # fmt: skip
             if not fused:
-                return y
-            return _epilogue.apply(y, _bias(bias, y.shape[-1:]), activation).astype(y.dtype)
+                return own(a, b, implementation=implementation, precision=precision,
+                           preferred_element_type=preferred_element_type)  # fmt: skip
+            # Not fused into the kernels: the product in float32, then the epilogue and one cast.
+            out = jax.eval_shape(lambda a, b: own(a, b, preferred_element_type=preferred_element_type), a, b)
+            b1 = _bias(bias, (out.shape[0],) if out.ndim == 1 else out.shape[-1:])
+            y = own(a, b, implementation=implementation, precision=precision,
+                    preferred_element_type=acc_dtype(out.dtype))  # fmt: skip
+            return _epilogue.apply(y, b1, activation).astype(out.dtype)
     impls = resolve(implementation, _DEFAULT)
     prec = _precision(precision)
     a_sparse, b_sparse = isinstance(a, _SPARSE), isinstance(b, _SPARSE)
@@ -363,7 +379,7 @@ def matmul(
         b1 = _bias(bias, x.shape[-1:])
         s = s.but(epilogue=_epilogue.Epilogue(activation, b1 is not None, 1))
         # Batch dimensions are folded into the columns: the bias repeats once per batch element.
-        tile = lambda x2: None if b1 is None else jnp.tile(b1, x2.shape[1] // x.shape[-1])  # noqa: E731
+        tile = lambda x2: None if b1 is None else jnp.tile(b1, math.prod(x.shape[:-2]))  # noqa: E731
         return apply_2d(W.shape, x, lambda x2: _sparse_dense(W, x2, s, tile(x2)), sparse_first=True)
     x, W = _dense(a, "dense operand"), b
     s = OpStatic(impls, _out_dtype(preferred_element_type, W.dtype, x.dtype), prec)

@@ -16,6 +16,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 __all__ = ["ACTIVATIONS", "Epilogue", "apply", "check_activation"]
 
@@ -24,7 +25,9 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
 def _sigmoid(y):
-    return 1.0 / (1.0 + jnp.exp(-y))
+    # exp of -|y| only: 1 / (1 + exp(-y)) overflows for y < -88 and its gradient becomes inf / inf.
+    e = jnp.exp(-jnp.abs(y))
+    return jnp.where(y >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
 # erf(x) ~ x P(x^2) / Q(x^2) on [-4, 4] (+-1 beyond, where float32 erf is +-1 to the last bit): the
@@ -44,7 +47,10 @@ def _horner(coefficients, z):
 
 
 def erf(y):
-    """float32 ``erf`` from element-wise arithmetic only (lowers inside Triton kernels)."""
+    """float32 ``erf`` from element-wise arithmetic only (lowers inside Triton kernels); float64
+    (the XLA path only: the kernels take no float64) uses ``lax.erf``."""
+    if y.dtype == jnp.float64:
+        return lax.erf(y)
     y = jnp.clip(y, -4.0, 4.0)
     z = y * y
     return y * _horner(_ERF_P, z) / _horner(_ERF_Q, z)
@@ -86,15 +92,17 @@ class Epilogue:
 
 
 def apply(y, bias, activation: str | None):
-    """``activation(y + bias)`` in float32 (``bias`` broadcast against ``y``, or ``None``)."""
-    y = y.astype(jnp.float32)
+    """``activation(y + bias)`` in float32, or in ``y``'s dtype where it is wider (``bias``
+    broadcast against ``y``, or ``None``)."""
+    dt = jnp.promote_types(y.dtype, jnp.float32)
+    y = y.astype(dt)
     if bias is not None:
-        y = y + bias.astype(jnp.float32)
+        y = y + bias.astype(dt)
     return y if activation is None else ACTIVATIONS[activation](y)
 
 
 def reference(y, bias, epi: Epilogue, out_dtype) -> jax.Array:
-    """The epilogue on a whole 2-D float32 product (the XLA path)."""
+    """The epilogue on a whole 2-D product in its accumulation dtype (the XLA path)."""
     if bias is not None and epi.bias_axis == 0:
         bias = bias[:, None]
     return apply(y, bias, epi.activation).astype(out_dtype)
