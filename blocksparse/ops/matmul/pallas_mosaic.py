@@ -79,7 +79,7 @@ class MosaicConfig:
 
     Attributes:
         tn: columns of ``x`` per program, in (64, 128, 256), with ``bh * tn <= 128 * 128``.
-        stages: shared-memory pipeline depth (>= 1; default: 3, or 2 where 3 do not fit).
+        stages: shared-memory pipeline depth (>= 2; default: 3, or 2 where 3 do not fit).
         max_len: force the schedule's cap on blocks per program.
     """
 
@@ -90,8 +90,8 @@ class MosaicConfig:
     def __post_init__(self):
         if self.tn is not None and self.tn not in _TILES:
             raise ValueError(f"Expected tn in {_TILES}. Got {self.tn}.")
-        if self.stages is not None and self.stages < 1:
-            raise ValueError(f"Expected stages >= 1. Got {self.stages}.")
+        if self.stages is not None and self.stages < 2:  # one stage would wait before its first copy
+            raise ValueError(f"Expected stages >= 2. Got {self.stages}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +148,7 @@ def plan(pattern: BlockPattern, n: int, itemsize: int = 2, config: MosaicConfig 
     per_stage = (bh * bw + bw * tn) * itemsize
     fit = _SMEM_BYTES // per_stage
     stages = cfg.stages or min(3, fit)
-    if stages > fit or stages < 1:
+    if stages > fit or stages < 2:
         raise NotImplementedError(
             f"requires stages * {per_stage} bytes <= {_SMEM_BYTES} of shared memory (got stages={stages})"
         )
@@ -279,7 +279,8 @@ def dsd(pattern: BlockPattern, data, x, out_dtype=None, *, config: MosaicConfig 
     interpret = _dispatch.interpreting() if interpret is None else bool(interpret)
     xp = jnp.pad(x.astype(dt), ((0, 0), (0, p.n_pad - n)))
     y, partials = _launch(p, m, data.astype(dt), xp, out_dtype, interpret=interpret)
-    y = combine_partials(y, partials, p.sched, bh)
+    if p.sched.num_partials:
+        y = combine_partials(y, partials, p.sched, bh)
     return y[:, :n] if p.n_pad != n else y
 
 
