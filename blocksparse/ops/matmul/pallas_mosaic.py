@@ -38,8 +38,12 @@ Written without access to a GPU. Verified on the CPU: the kernel traces, it lowe
 (``jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))`` runs the Pallas -> Mosaic GPU
 lowering, which checks the wgmma shapes and layouts, the swizzle transforms and the shared memory
 budget), and it runs in Pallas' GPU interpreter (``plgpu.InterpretGPUParams``, used under
-``blocksparse.interpret()``), which simulates shared memory, TMA copies and barriers and
-matches the float64 oracle (``tests/test_pallas_mosaic.py``). **Not verified**: compilation to
+``blocksparse.interpret()``), where
+it matches the float64 oracle (``tests/test_pallas_mosaic.py``): the schedule reads, the slices of
+the TMA copies, the stage indices, empty units and both stores. The interpreter counts barrier
+arrivals (a wait with no copy behind it hangs, which caught a one-stage pipeline) but completes
+copies when they are issued and runs wgmma synchronously, so a *missing* wait or a stage refilled
+too early would go unnoticed there. **Not verified**: compilation to
 a cubin and results on a real Hopper GPU, and speed; the ``gpu``-marked tests and
 ``benchmarks/bench_mosaic.py`` are written for that. ``tn``, ``stages`` and the one-warpgroup
 design are first guesses, not tuned.
@@ -220,7 +224,7 @@ def _dsd_kernel(start_g, len_g, dest_g, col_g, id_g, w_g, x_g, y_g, p_g, *, bh, 
     pl.when(dest < 0)(lambda: store(p_g, -1 - dest, acc))
 
 
-def _launch(p: MosaicPlan, m: int, data, xp, out_dtype, *, interpret: bool):
+def _launch(p: MosaicPlan, m: int, data, xp, out_dtype, *, interpret):
     """Run the kernel: ``(y (m, n_pad) in out_dtype, partials (S * bh, n_pad) float32)``."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -235,7 +239,7 @@ def _launch(p: MosaicPlan, m: int, data, xp, out_dtype, *, interpret: bool):
         grid=(s.num_units, p.tiles),
         grid_names=("u", "t"),
         kernel_name=f"bs_mgpu_dsd_{bh}x{bw}_tn{p.tn}",
-        interpret=plgpu.InterpretGPUParams() if interpret else False,
+        interpret=plgpu.InterpretGPUParams() if interpret is True else interpret,
     )
     return kernel(
         jnp.asarray(s.unit_start),
@@ -256,7 +260,8 @@ def dsd(pattern: BlockPattern, data, x, out_dtype=None, *, config: MosaicConfig 
         data: W's blocks ``(nnz, bh, bw)``; x: ``(k, n)``; both float16 or bfloat16 (promoted to one).
         out_dtype: the result dtype (default: the operands'); float16, bfloat16 or float32.
         config: a :class:`MosaicConfig`.
-        interpret: run in Pallas' GPU interpreter on the CPU (default: ``blocksparse.interpret()``).
+        interpret: run in Pallas' GPU interpreter on the CPU (default: ``blocksparse.interpret()``); a
+            ``plgpu.InterpretGPUParams`` passes its options (e.g. ``detect_races=True``).
     """
     m, k = pattern.shape
     bh, bw = pattern.block_size
@@ -276,7 +281,8 @@ def dsd(pattern: BlockPattern, data, x, out_dtype=None, *, config: MosaicConfig 
     p = plan(pattern, n, jnp.dtype(dt).itemsize, config)
     if n == 0 or pattern.nnz_blocks == 0:
         return jnp.zeros((m, n), out_dtype)
-    interpret = _dispatch.interpreting() if interpret is None else bool(interpret)
+    if interpret is None:
+        interpret = _dispatch.interpreting()
     xp = jnp.pad(x.astype(dt), ((0, 0), (0, p.n_pad - n)))
     y, partials = _launch(p, m, data.astype(dt), xp, out_dtype, interpret=interpret)
     if p.sched.num_partials:
