@@ -4,6 +4,7 @@ CPU; the real kernel on a Hopper GPU (``gpu`` mark) against the float64 oracle."
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -200,6 +201,25 @@ def test_backend_reasons():
     for op in ("dds", "sdd", "dyn_dsd", "dyn_sdd", "dsd_fused", "dds_fused", "dyn_dsd_fused"):
         with pytest.raises(NotImplementedError, match="only the static dsd"):
             getattr(b, op)(s)
+
+
+@pytest.mark.parametrize(
+    "platform,kind,cc,reason",
+    [("gpu", "NVIDIA H200", "9.0", None), ("gpu", "NVIDIA A100-SXM4-80GB", "8.0", "requires a Hopper GPU.*A100.*8.0"),
+     ("gpu", "NVIDIA B200", "10.0", "requires a Hopper GPU.*B200"), ("cpu", "cpu", None, "no GPU")],
+)  # fmt: skip
+def test_hopper_check(monkeypatch, platform, kind, cc, reason):
+    class Fake:
+        pass
+
+    dev = Fake()
+    dev.platform, dev.device_kind, dev.compute_capability = platform, kind, cc
+    monkeypatch.setattr(pallas_mosaic.jax, "devices", lambda: [dev])
+    why = pallas_mosaic.hopper_problem()
+    if reason is None:
+        assert why is None
+    else:
+        assert why is not None and re.search(reason, why), why
 
 
 def test_dispatch_runs_the_kernel_in_the_interpreter_with_gradients(mosaic_registered):

@@ -26,8 +26,8 @@ times (a ``fori_loop`` with a dynamic trip count) over the unit's blocks:
 Split rows are then summed by :func:`~.lowering.combine_partials` (an XLA segment sum and a
 scatter into the split rows only). ``n`` is zero-padded to a multiple of ``tn``.
 
-Supported: block sides ``bh, bw`` in {64, 128}; float16 / bfloat16 operands (mixed ones are
-promoted), float32 accumulation, output in the requested dtype; a Hopper GPU (compute capability
+Supported: block sides ``bh, bw`` in {64, 128}; float16 / bfloat16 operands (both of one dtype:
+a mix promotes to float32), float32 accumulation, output in the requested dtype; a Hopper GPU (compute capability
 9.x: wgmma and TMA). Everything else raises ``NotImplementedError`` with the reason (dispatch
 then falls back): other blocks, float32 (TF32 wgmma is possible, not written), ``dds``,
 ``sdd``, dynamic patterns and fused epilogues.
