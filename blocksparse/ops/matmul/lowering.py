@@ -495,6 +495,8 @@ def redistribute(rows, cols, keep, num_rows: int, max_len: int | None = None) ->
 def combine_partials(y, p, sched, block: int):
     """Sum float32 partial rows ``p`` (``(S * block, n)``) into the split rows of ``y``."""
     s, r = sched.num_partials, sched.split_rows.shape[0]
+    if s == 0 or r == 0:  # no split rows (a host schedule without partials)
+        return y
     parts = p[: s * block].reshape(s, block, -1)
     sums = jax.ops.segment_sum(parts, sched.partial_seg, num_segments=r)
     y3 = y.reshape(-1, block, y.shape[1])
