@@ -418,8 +418,7 @@ def _static_forward(ctx, data, x2):
     exact = _precision(kw["precision"]) == lax.Precision.HIGHEST
     n = x2.shape[1]
     bh = pattern.block_size[0]
-    band = plan.band
-    tn = pt.tile_for(bh, n, band)
+    tn = pt.tile_for(bh, n, plan.band)
     arrays, num_rows, L = _stacked_schedules(pattern, plan, -(-n // tn), pt.current_config().max_len)
     fields = tuple(jnp.asarray(arrays[f]) for f in _SCHEDULE_FIELDS)
     dt = jnp.result_type(data.dtype, x2.dtype)
@@ -435,9 +434,13 @@ def _static_forward(ctx, data, x2):
     f = jax.shard_map(local, mesh=mesh, in_specs=(spec, P(), *(spec,) * len(fields)), out_specs=spec,
                       check_vma=False)  # fmt: skip
     y = f(data, x2, *fields)
-    if plan.uniform:
-        return y
-    keep = np.concatenate([d * band * bh + np.arange((plan.cuts[d + 1] - plan.cuts[d]) * bh)
+    return y if plan.uniform else _gather_rows(y, plan, mesh, bh)
+
+
+def _gather_rows(y, plan: ShardPlan, mesh, block: int):
+    """The real rows of per-device parts padded to the largest range (``block`` rows per block line),
+    in order and replicated: the all-gather of a split whose ranges differ."""
+    keep = np.concatenate([d * plan.band * block + np.arange((plan.cuts[d + 1] - plan.cuts[d]) * block)
                            for d in range(plan.num_devices)])  # fmt: skip
     return lax.with_sharding_constraint(y[keep], NamedSharding(mesh, P()))
 
@@ -500,9 +503,6 @@ def _local_product(Ws: ShardedBlockSparseMatrix, x2, transposed: bool, kwargs, s
         else:
             # Each device's rows padded to the largest range; gathered after the shard_map.
             collective, out_spec = "all_gather", P(axis)
-            # Rows of the gathered (devices * band * b) output that hold real rows, in order.
-            keep = np.concatenate([d * band * b_split + np.arange((cuts[d + 1] - cuts[d]) * b_split)
-                                   for d in range(parts)])  # fmt: skip
     else:
         x_spec = P(axis)
         if plan.uniform:
@@ -530,7 +530,7 @@ def _local_product(Ws: ShardedBlockSparseMatrix, x2, transposed: bool, kwargs, s
     f = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, spec, x_spec), out_specs=out_spec)
     y = f(Ws.rows, Ws.cols, Ws.data, Ws.nnz, x_in)
     if collective == "all_gather":
-        y = lax.with_sharding_constraint(y[keep], NamedSharding(mesh, P()))
+        y = _gather_rows(y, plan, mesh, b_split)
     return y
 
 
