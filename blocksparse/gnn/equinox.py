@@ -73,6 +73,25 @@ class _Conv(eqx.Module):
         return key, False
 
 
+class _AttentionConv(_Conv):
+    """What GATv2Conv and TransformerConv share: conversion and the call with Dropout's arguments."""
+
+    @classmethod
+    def from_plain(cls, layer, *, inference: bool = False):
+        """The module holding a plain layer's parameters and configuration (e.g. one loaded from PyG)."""
+        return cls._wrap(layer, inference=inference)
+
+    def __call__(
+        self, x, edge_index, *, edge_attr=None, num_nodes=None, num_edges=None, key=None, inference=None
+    ) -> jax.Array:
+        """As the plain layer's ``__call__``, with ``eqx.nn.Dropout``'s ``key`` / ``inference``."""
+        key, deterministic = self._dropout(key, inference)
+        return self.to_plain()(
+            x, edge_index, edge_attr=edge_attr, num_nodes=num_nodes, num_edges=num_edges, key=key,
+            deterministic=deterministic,
+        )  # fmt: skip
+
+
 class GCNConv(_Conv):
     """Graph convolution as PyG's ``GCNConv``: :class:`blocksparse.gnn.layers.GCNConv` as an Equinox module.
 
@@ -129,7 +148,7 @@ class GCNConv(_Conv):
         return self.to_plain()(x, edge_index, edge_weight=edge_weight, num_nodes=num_nodes, num_edges=num_edges)
 
 
-class GATv2Conv(_Conv):
+class GATv2Conv(_AttentionConv):
     """GATv2 attention as PyG's ``GATv2Conv``: :class:`blocksparse.gnn.layers.GATv2Conv` as an Equinox module.
 
     Arguments are those of :meth:`blocksparse.gnn.layers.GATv2Conv.init` (PyG's), and:
@@ -185,23 +204,8 @@ class GATv2Conv(_Conv):
     def _plain():
         return _layers.GATv2Conv
 
-    @classmethod
-    def from_plain(cls, layer: _layers.GATv2Conv, *, inference: bool = False) -> GATv2Conv:
-        """The module holding a plain layer's parameters and configuration (e.g. one loaded from PyG)."""
-        return cls._wrap(layer, inference=inference)
 
-    def __call__(
-        self, x, edge_index, *, edge_attr=None, num_nodes=None, num_edges=None, key=None, inference=None
-    ) -> jax.Array:
-        """As :meth:`blocksparse.gnn.layers.GATv2Conv.__call__`, with ``eqx.nn.Dropout``'s ``key`` / ``inference``."""
-        key, deterministic = self._dropout(key, inference)
-        return self.to_plain()(
-            x, edge_index, edge_attr=edge_attr, num_nodes=num_nodes, num_edges=num_edges, key=key,
-            deterministic=deterministic,
-        )  # fmt: skip
-
-
-class TransformerConv(_Conv):
+class TransformerConv(_AttentionConv):
     """Graph transformer attention as PyG's ``TransformerConv``, as an Equinox module.
 
     :class:`blocksparse.gnn.layers.TransformerConv`'s arguments (PyG's), and:
@@ -254,18 +258,3 @@ class TransformerConv(_Conv):
     @staticmethod
     def _plain():
         return _layers.TransformerConv
-
-    @classmethod
-    def from_plain(cls, layer: _layers.TransformerConv, *, inference: bool = False) -> TransformerConv:
-        """The module holding a plain layer's parameters and configuration (e.g. one loaded from PyG)."""
-        return cls._wrap(layer, inference=inference)
-
-    def __call__(
-        self, x, edge_index, *, edge_attr=None, num_nodes=None, num_edges=None, key=None, inference=None
-    ) -> jax.Array:
-        """As :meth:`blocksparse.gnn.layers.TransformerConv.__call__`, with ``key`` / ``inference`` as Dropout's."""
-        key, deterministic = self._dropout(key, inference)
-        return self.to_plain()(
-            x, edge_index, edge_attr=edge_attr, num_nodes=num_nodes, num_edges=num_edges, key=key,
-            deterministic=deterministic,
-        )  # fmt: skip

@@ -128,6 +128,20 @@ _DROPOUT = """
             stream is forked and kept (``keep_rngs=False``: pass ``rngs=`` at each call instead)."""
 
 
+class _AttentionConv(_Conv):
+    """What GATv2Conv and TransformerConv share: the call with NNX's dropout arguments."""
+
+    def __call__(
+        self, x, edge_index, *, edge_attr=None, num_nodes=None, num_edges=None, deterministic=None, rngs=None
+    ) -> jax.Array:
+        """As the plain layer's ``__call__``; ``rngs``: Rngs, RngStream or key."""
+        key, det = self._dropout(deterministic, rngs)
+        return self._computing()(
+            _cast(x, self.dtype), edge_index, edge_attr=_cast(edge_attr, self.dtype), num_nodes=num_nodes,
+            num_edges=num_edges, key=key, deterministic=det,
+        )  # fmt: skip
+
+
 class GCNConv(_Conv):
     """Graph convolution as PyG's ``GCNConv``: :class:`blocksparse.gnn.layers.GCNConv` as an NNX module.
 
@@ -182,7 +196,7 @@ class GCNConv(_Conv):
         )
 
 
-class GATv2Conv(_Conv):
+class GATv2Conv(_AttentionConv):
     """GATv2 attention as PyG's ``GATv2Conv``: :class:`blocksparse.gnn.layers.GATv2Conv` as an NNX module.
 
     Arguments are those of :meth:`blocksparse.gnn.layers.GATv2Conv.init` (PyG's), and:{dtypes}
@@ -231,18 +245,8 @@ class GATv2Conv(_Conv):
             rngs=nnx.Rngs(0) if rngs is None else rngs, keep_rngs=rngs is not None,
         )._load(layer)  # fmt: skip
 
-    def __call__(
-        self, x, edge_index, *, edge_attr=None, num_nodes=None, num_edges=None, deterministic=None, rngs=None
-    ) -> jax.Array:
-        """As :meth:`blocksparse.gnn.layers.GATv2Conv.__call__`; ``rngs``: Rngs, RngStream or key."""
-        key, det = self._dropout(deterministic, rngs)
-        return self._computing()(
-            _cast(x, self.dtype), edge_index, edge_attr=_cast(edge_attr, self.dtype), num_nodes=num_nodes,
-            num_edges=num_edges, key=key, deterministic=det,
-        )  # fmt: skip
 
-
-class TransformerConv(_Conv):
+class TransformerConv(_AttentionConv):
     """Graph transformer attention as PyG's ``TransformerConv``, as an NNX module.
 
     :class:`blocksparse.gnn.layers.TransformerConv`'s arguments (PyG's), and:{dtypes}
@@ -290,16 +294,6 @@ class TransformerConv(_Conv):
             deterministic=deterministic, implementation=layer.implementation,
             rngs=nnx.Rngs(0) if rngs is None else rngs, keep_rngs=rngs is not None,
         )._load(layer)  # fmt: skip
-
-    def __call__(
-        self, x, edge_index, *, edge_attr=None, num_nodes=None, num_edges=None, deterministic=None, rngs=None
-    ) -> jax.Array:
-        """As :meth:`blocksparse.gnn.layers.TransformerConv.__call__`; ``rngs``: Rngs, RngStream or key."""
-        key, det = self._dropout(deterministic, rngs)
-        return self._computing()(
-            _cast(x, self.dtype), edge_index, edge_attr=_cast(edge_attr, self.dtype), num_nodes=num_nodes,
-            num_edges=num_edges, key=key, deterministic=det,
-        )  # fmt: skip
 
 
 for _cls in (GCNConv, GATv2Conv, TransformerConv):
