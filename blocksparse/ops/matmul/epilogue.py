@@ -101,8 +101,10 @@ def apply(y, bias, activation: str | None):
     return y if activation is None else ACTIVATIONS[activation](y)
 
 
-def reference(y, bias, epi: Epilogue, out_dtype) -> jax.Array:
-    """The epilogue on a whole 2-D product in its accumulation dtype (the XLA path)."""
+def reference(y, bias, epi: Epilogue | None, out_dtype) -> jax.Array:
+    """The epilogue on a whole 2-D product in its accumulation dtype (the XLA path); ``None``: the cast."""
+    if epi is None:
+        return y.astype(out_dtype)
     if bias is not None and epi.bias_axis == 0:
         bias = bias[:, None]
     return apply(y, bias, epi.activation).astype(out_dtype)

@@ -355,7 +355,7 @@ def dsd(pattern: BlockPattern, data, x, out_dtype, *, exact: bool = False, confi
         return jnp.zeros((m, n), out_dtype)
     if pattern.nnz_blocks == 0:
         z = jnp.zeros((m, n), jnp.float32)
-        return z.astype(out_dtype) if epi is None else _epilogue.reference(z, bias, epi, out_dtype)
+        return _epilogue.reference(z, bias, epi, out_dtype)
     tn = _tile(n, cfg.tn or _default_tn(bh, n, pattern.grid[0]))
     tiles = cdiv(n, tn)
     sched = lower(pattern, GpuLowering(op="dsd", tiles=tiles, max_len=cfg.max_len))
@@ -432,7 +432,7 @@ def dsd_dynamic(
     n = x.shape[1]
     if data.shape[0] == 0 or n == 0 or x.shape[0] == 0:  # k == 0: no block can be in range
         z = jnp.zeros((num_rows * bh, n), jnp.float32)
-        return poison(valid, z.astype(out_dtype) if epi is None else _epilogue.reference(z, bias, epi, out_dtype))
+        return poison(valid, _epilogue.reference(z, bias, epi, out_dtype))
     tn = _tile(n, cfg.tn or _default_tn(bh, n, num_rows))
     mode = cfg.dynamic or "scan"
     if mode == "scan":
@@ -578,7 +578,7 @@ def dds(x, pattern: BlockPattern, data, out_dtype, *, exact: bool = False, confi
         return jnp.zeros((b, k), out_dtype)
     if pattern.nnz_blocks == 0:
         z = jnp.zeros((b, k), jnp.float32)
-        return z.astype(out_dtype) if epi is None else _epilogue.reference(z, bias, epi, out_dtype)
+        return _epilogue.reference(z, bias, epi, out_dtype)
     tb = _tile(b, cfg.tb or 128)
     xp = _pad_to(x, 0, tb)
     tiles = xp.shape[0] // tb
