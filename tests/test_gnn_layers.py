@@ -496,9 +496,16 @@ def _pallas_vs_xla(cls, kw, x, graph, rtol):
     with bs.gnn.interpret(not on_gpu), bs.dispatch_log() as log:
         got = f(a, x, graph)
     assert log and {impl for _, impl in log} == {"pallas"}, log
-    for u, v in zip(jax.tree.leaves(got), jax.tree.leaves(f(b, x, graph)), strict=True):
+    want = jax.tree.leaves(f(b, x, graph))
+    # A leaf whose gradient vanishes in exact arithmetic (TransformerConv's key bias: softmax is invariant to
+    # a shift shared by a node's in-edges) holds rounding noise on both paths; it is held to the gradients'
+    # overall scale instead of its own.
+    scale = max(float(np.linalg.norm(np.asarray(v, np.float64))) for v in want[1:])
+    for u, v in zip(jax.tree.leaves(got), want, strict=True):
         assert np.isfinite(np.asarray(u)).all()
-        assert _rel(u, v) < rtol, (cls.__name__, _rel(u, v))
+        err = np.linalg.norm(np.asarray(u, np.float64) - np.asarray(v, np.float64))
+        denom = max(float(np.linalg.norm(np.asarray(v, np.float64))), 1e-4 * scale, 1e-30)
+        assert err / denom < rtol, (cls.__name__, err / denom, _rel(u, v))
 
 
 def test_gatv2_on_the_pallas_kernels_interpreted():
