@@ -9,6 +9,7 @@ from hypothesis import given, settings
 
 import blocksparse as bs
 import blocksparse.gnn as gnn
+from blocksparse.ops.gnn_spmm.api import accumulate as spmm_into
 from blocksparse.testing.graphs import graphs
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -35,6 +36,7 @@ def _ops(g, feat, heads, dim, key):
     return {
         "spmm": lambda impl: vg(lambda x, w: gnn.spmm(g, x, "sum", "both", w, implementation=impl), (x, w), ct),
         "spmm_unweighted": lambda impl: vg(lambda x: gnn.spmm(g, x, "mean", implementation=impl), (x,), ct),
+        "spmm_into": lambda impl: vg(lambda x, i, w: spmm_into(g, x, i, w, implementation=impl), (x, ct * 0.5, w), ct),
         "max": lambda impl: vg(lambda x: gnn.aggregate(g, x, "max", implementation=impl), (x,), ct),
         "min": lambda impl: vg(lambda x: gnn.aggregate(g, x, "min", implementation=impl), (x,), ct),
         "gatv2": lambda impl: vg(lambda a, b, c: gnn.gatv2(g, a, b, c, implementation=impl), (xs, xd, att), cth),
@@ -167,6 +169,7 @@ def test_every_kernel_lowers_to_triton(monkeypatch):
         for f in (
             lambda x: gnn.spmm(g, x, edge_weight=jnp.ones(g.num_edges), implementation="pallas"),
             lambda x: gnn.aggregate(g, x, "max", implementation="pallas"),
+            lambda x: spmm_into(g, x, x, implementation="pallas"),
         ):
             outs.append(jax.vjp(f, x)[1](x))
         fa = lambda a: gnn.gatv2(g, a, a, jnp.ones((4, 6), jnp.bfloat16), implementation="pallas")
@@ -175,7 +178,7 @@ def test_every_kernel_lowers_to_triton(monkeypatch):
         return outs
 
     txt = _lower_for_cuda(everything, x, xh)
-    assert txt.count("__gpu$xla.gpu.triton") >= 10
+    assert txt.count("__gpu$xla.gpu.triton") >= 12
 
 
 # ------------------------------------------------------------------------------- real GPU
@@ -195,3 +198,23 @@ def test_gpu_default_is_pallas():
         gnn.aggregate(g, x)
         gnn.gatv2(g, x.reshape(100, 2, 16), x.reshape(100, 2, 16), jnp.ones((2, 16)))
     assert log == [("aggregate", "pallas"), ("gatv2", "pallas")]
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_spmm_into_adds_init_in_the_kernel(dynamic):
+    """``init + A x`` (the sharded graphs' second part adds itself to the first's rows): equal to the sum of
+    ``init`` and the plain product, with gradient ``ct`` for ``init``; heavy nodes' chunks folded on top."""
+    g = gnn.power_law(300, 4000, seed=3)
+    if dynamic:
+        g = gnn.DynamicGraph.from_edge_index(np.stack([g.src, g.dst]), num_nodes=g.num_nodes)
+    x, init, ct = (_rand(k, (300, 24)) for k in jax.random.split(jax.random.key(5), 3))
+    want = np.asarray(init, np.float64) + np.asarray(gnn.spmm(g, x, implementation="xla"), np.float64)
+    for impl in ("xla", "pallas"):
+        with gnn.interpret(not ON_GPU):
+            out, vjp = jax.vjp(lambda x, i, impl=impl: spmm_into(g, x, i, implementation=impl), x, init)
+            dx, dinit = vjp(ct)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-4, err_msg=impl)
+        np.testing.assert_array_equal(dinit, ct)
+        np.testing.assert_allclose(dx, gnn.spmm(g.T, ct, implementation="xla"), rtol=1e-5, atol=1e-4)
+    with pytest.raises(ValueError, match=r"init of shape \(300, 24\)"):
+        spmm_into(g, x, init[:, :3])

@@ -40,7 +40,7 @@ from jax.sharding import PartitionSpec as P
 
 from .._util import Pytree, cdiv
 from ..ops.gnn_aggregate import aggregate as _aggregate
-from ..ops.gnn_spmm import spmm as _spmm
+from ..ops.gnn_spmm.api import accumulate as _spmm_into
 from ..sharding import LINK_BYTES_PER_S, _balanced_cuts
 from ._dynamic import DynamicGraph, default_chunk
 from ._graph import Graph
@@ -230,9 +230,7 @@ def _needed(src, dev, remote, parts, rows):
 
 def _output_pieces(cuts, parts, rows, n):
     """``pieces[d][o]``: the global rows device ``d`` computes that device ``o`` holds in ``x``'s layout."""
-    return [
-        [(max(cuts[d], o * rows), min(cuts[d + 1], (o + 1) * rows, n)) for o in range(parts)] for d in range(parts)
-    ]
+    return [[(max(cuts[d], o * rows), min(cuts[d + 1], (o + 1) * rows, n)) for o in range(parts)] for d in range(parts)]
 
 
 def _candidate(balance, sources, cuts, src, dst, n, parts, rows, itemsize, needed_cache) -> GraphShardCandidate:
@@ -656,9 +654,11 @@ def spmm(
     band = sg.plan.band
 
     def op(gl, xl, wl, gr, xr, wr):
-        a = _spmm(gl, xl, edge_weight=wl, implementation=implementation)[:band]
-        b = _spmm(gr, xr, edge_weight=wr, implementation=implementation)[:band]
-        return a + b
+        # The parts were checked on the host (no validity pass); the remote part's kernel adds the local
+        # part's rows to its own (no separate sum over the output), and runs after the sources arrive.
+        a = _spmm_into(gl, xl, edge_weight=wl, implementation=implementation)[:band]
+        a = jnp.pad(a, ((0, gr.num_nodes - band), (0, 0)))
+        return _spmm_into(gr, xr, a, edge_weight=wr, implementation=implementation)[:band]
 
     out = _run(sg, x2, op, weights, skip_collectives=_skip_collectives)
     post = {"both": 0.5, "right": 1.0}.get(norm, 1.0 if reduce == "mean" else None)

@@ -35,32 +35,60 @@ class SpmmStatic:
     """
 
     impls: tuple[str, ...]
+    accumulate: bool = False  # arrays (g, x, init, *w): init + A x
 
 
 def _table(name: str):
     csr_sum = _dispatch.op_module(__package__, name).csr_sum
 
-    def call(s: SpmmStatic, g, x, *w):
+    def call(s: SpmmStatic, g, x, *rest):
+        init, w = (rest[0], rest[1:]) if s.accumulate else (None, rest)
         w_csr = w[0][jnp.asarray(g.edge_perm)] if w else None
-        return csr_sum(g, w_csr, x)
+        return csr_sum(g, w_csr, x) if init is None else csr_sum(g, w_csr, x, init)
 
     return call
 
 
 def _backward(s: SpmmStatic, arrays, _, dout):
-    g, x, *w = arrays
-    dx = _spmm(s, g.T, dout, *w)  # edge ids are shared by g and g.T
+    g, x, *rest = arrays
+    init, w = ((rest[0],), rest[1:]) if s.accumulate else ((), rest)
+    dx = _spmm(SpmmStatic(s.impls), g.T, dout, *w)  # edge ids are shared by g and g.T
+    d_init = tuple(dout.astype(i.dtype) for i in init)
     if not w:
-        return None, dx
+        return None, dx, *d_init
     src, dst = jnp.asarray(g.src), jnp.asarray(g.dst)
     dw = jnp.sum(dout[dst].astype(jnp.float32) * x[src].astype(jnp.float32), axis=-1)
     if isinstance(g, DynamicGraph):
         dw = jnp.where(g.edge_mask, dw, 0.0)
-    return None, dx, dw.astype(w[0].dtype)
+    return None, dx, *d_init, dw.astype(w[0].dtype)
 
 
-# (static, graph, x (N, F)[, w (E,) in edge order]) -> A x
+# (static, graph, x (N, F)[, init (N, F)][, w (E,) in edge order]) -> [init +] A x
 _spmm = _dispatch.differentiable("spmm", _table, _backward)
+
+
+def accumulate(
+    g: Graph | DynamicGraph,
+    x: jax.Array,
+    init: jax.Array | None = None,
+    edge_weight: jax.Array | None = None,
+    *,
+    implementation=None,
+) -> jax.Array:
+    """``[init +] A x`` for ``x`` and ``init`` ``(N, F)``, in ``x``'s dtype, with no validity check.
+
+    For graphs whose edges are known to be valid (the parts of a graph split over devices, checked
+    on the host): the product of a second part adds itself to the first's output in the kernel, so
+    the parts need no separate sum. Differentiable w.r.t. ``x``, ``init`` and ``edge_weight``.
+    """
+    s = SpmmStatic(_dispatch.resolve(implementation, DEFAULT, tuple(_dispatch.OP_MODULES)), init is not None)
+    if init is not None and init.shape != x.shape:
+        raise ValueError(f"Expected init of shape {x.shape} (x's). Got {init.shape}.")
+    inits = () if init is None else (init.astype(x.dtype),)
+    if g.edge_capacity == 0 or g.num_nodes == 0 or x.shape[1] == 0:
+        return inits[0] if inits else jnp.zeros_like(x)
+    weights = () if edge_weight is None else (jnp.asarray(edge_weight),)
+    return _spmm(s, g, x, *inits, *weights)
 
 
 def _inv_pow(deg, p):

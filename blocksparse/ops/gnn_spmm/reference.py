@@ -14,10 +14,13 @@ from ...gnn._dynamic import DynamicGraph
 from ...gnn._graph import Graph
 
 
-def csr_sum(g: Graph | DynamicGraph, w_csr: jax.Array | None, x: jax.Array) -> jax.Array:
-    """``out[i] = sum_{e: j -> i} w_e x[j]``: ``x (N, F)`` -> ``(N, F)``; ``w_csr`` (E,) in CSR order or None."""
+def csr_sum(g: Graph | DynamicGraph, w_csr: jax.Array | None, x: jax.Array, init: jax.Array | None = None) -> jax.Array:
+    """``out[i] = init[i] + sum_{e: j -> i} w_e x[j]``: ``x (N, F)`` -> ``(N, F)``; ``w_csr`` (E,) in CSR
+    order or None; ``init`` ``(N, F)`` or None (zeros)."""
     msg = x[jnp.asarray(g.indices)].astype(jnp.float32)
     if w_csr is not None:
         msg = msg * w_csr.astype(jnp.float32)[:, None]
     out = jax.ops.segment_sum(msg, jnp.asarray(g.dst_sorted), g.num_nodes, indices_are_sorted=True)
+    if init is not None:
+        out = out + init.astype(x.dtype).astype(jnp.float32)
     return out.astype(x.dtype)
