@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import blocksparse as bs
-from blocksparse.ops.matmul import api, pallas_mosaic
+from blocksparse.ops.matmul import api, epilogue, pallas_mosaic
 from blocksparse.ops.matmul.lowering import execute_dsd
 from blocksparse.testing.oracles import assert_close, to_dense64
 
@@ -165,17 +165,109 @@ def test_interpreter_float32_output_and_two_stages():
     assert_close(y, want, scale, jnp.float16)
 
 
+def test_interpreter_four_stages_and_wide_tiles_at_small_n():
+    """Knobs the benchmark can force for b = 64: a 4-stage pipeline (4 x 40 KiB) and tn = 256 at n = 256."""
+    pattern, data, x, want, scale = _problem("full_row", (64, 64), jnp.bfloat16, n=256)
+    cfg = pallas_mosaic.MosaicConfig(tn=256, stages=4)
+    assert pallas_mosaic.plan(pattern, 256, config=cfg).smem_bytes(64, 64, 2) == 4 * 40 * 1024
+    assert_close(pallas_mosaic.dsd(pattern, data, x, config=cfg, interpret=True), want, scale, jnp.bfloat16)
+    txt = _lower_for_cuda((64, 64), jnp.bfloat16, 4096, stages=4)
+    assert "bs_mgpu_dsd_64x64_tn256" in txt
+
+
+# ----------------------------------------------------------------------------- fused epilogue
+def _epilogue_oracle(want, scale, bias, axis, activation):
+    """float64 product + bias, then the activation (float32: the kernels' own precision); its scale."""
+    b = np.asarray(bias, np.float64)
+    b = b[None, :] if axis == 1 else b[:, None]
+    z = want + b
+    y = z if activation is None else np.asarray(epilogue.ACTIVATIONS[activation](jnp.asarray(z, jnp.float32)))
+    return y, 1.2 * (scale + np.abs(b))  # the activations' slopes are below 1.2
+
+
+@pytest.mark.parametrize("activation", [None, *epilogue.ACTIVATIONS])
+def test_fused_epilogue_lowers_for_cuda(activation):
+    """Every activation and both bias axes go through the Mosaic GPU lowering (layouts of the bias broadcast)."""
+    pattern, data, x, _, _ = _problem("random", (64, 64), jnp.bfloat16, shape=(512, 512), n=300)
+    for axis in (0, 1):
+        epi = epilogue.Epilogue(activation, True, axis)
+        bias = jnp.zeros(300 if axis == 1 else 512, jnp.float32)
+        fn = jax.jit(lambda d, x, b, epi=epi: pallas_mosaic.dsd(
+            pattern, d, x, jnp.bfloat16, config=pallas_mosaic.MosaicConfig(max_len=2), interpret=False, epi=epi,
+            bias=b))  # fmt: skip
+        txt = fn.trace(data, x, bias).lower(lowering_platforms=("cuda",)).as_text()
+        assert re.search(r"bs_mgpu_dsd_64x64_tn\d+_epi", txt)
+    fn = jax.jit(lambda d, x: pallas_mosaic.dsd(pattern, d, x, interpret=False, epi=epilogue.Epilogue(activation)))
+    assert "_epi" in fn.trace(data, x).lower(lowering_platforms=("cuda",)).as_text()  # no bias operand
+
+
+@pytest.mark.parametrize(
+    "kind,block,dtype,out_dtype,activation,axis",
+    [("full_row", (64, 64), jnp.bfloat16, jnp.bfloat16, "gelu", 1),  # split rows: the epilogue after the sum
+     ("random", (128, 64), jnp.float16, jnp.float32, "silu", 0), ("empty", (64, 64), jnp.bfloat16, None, "sigmoid", 1)],
+)  # fmt: skip
+def test_interpreter_fused_epilogue_matches_oracle(kind, block, dtype, out_dtype, activation, axis):
+    pattern, data, x, want, scale = _problem(kind, block, dtype, n=200)
+    bias = jnp.asarray(np.random.default_rng(1).standard_normal(200 if axis == 1 else pattern.shape[0]), jnp.float32)
+    epi = epilogue.Epilogue(activation, True, axis)
+    cfg = pallas_mosaic.MosaicConfig(max_len=2)
+    y = pallas_mosaic.dsd(pattern, data, x, out_dtype, config=cfg, interpret=True, epi=epi, bias=bias)
+    assert y.dtype == (out_dtype or dtype)
+    assert_close(y, *_epilogue_oracle(want, scale, bias, axis, activation), out_dtype or dtype)
+
+
+def test_fused_epilogue_checks_its_bias():
+    pattern, data, x, _, _ = _problem("random", (64, 64), jnp.bfloat16, n=8)
+    with pytest.raises(ValueError, match=r"Expected a bias of shape \(8,\) \(bias_axis=1\). Got \(256,\)."):
+        pallas_mosaic.dsd(pattern, data, x, epi=epilogue.Epilogue(None, True, 1), bias=jnp.zeros(256))
+    with pytest.raises(ValueError, match="Expected a bias array exactly when the epilogue has a bias"):
+        pallas_mosaic.dsd(pattern, data, x, epi=epilogue.Epilogue("relu"), bias=jnp.zeros(8))
+
+
+def test_matmul_fused_runs_on_mosaic_with_gradients():
+    """bs.matmul(bias=, activation=, implementation="mosaic"): the fused kernel forward (matrix and vector x).
+    Under grad the forward is the plain product in float32 on the kernel, the epilogue in XLA; the float32
+    cotangent makes dx a mixed bf16 x float32 product, which the kernel refuses: Triton takes it."""
+    pattern, data, x, _, _ = _problem("full_row", (64, 64), jnp.bfloat16, n=24)
+    W = bs.BlockSparseMatrix(pattern, data)
+    bias = jnp.linspace(-1.0, 1.0, 24, dtype=jnp.bfloat16)
+    bias_m = jnp.linspace(-1.0, 1.0, 256, dtype=jnp.bfloat16)
+
+    def f(x, b, impl):
+        return bs.matmul(W, x, bias=b, activation="gelu_tanh", implementation=impl).astype(jnp.float32).sum()
+
+    with bs.interpret(), bs.dispatch_log() as log:
+        y = bs.matmul(W, x, bias=bias, activation="gelu", implementation="mosaic")
+        v = bs.matmul(W, x[:, 0], bias=bias_m, activation="relu", implementation="mosaic")  # the bias along rows
+        g = jax.grad(f, argnums=(0, 1))(x, bias, ("mosaic", "pallas"))
+    assert log == [("dsd+epilogue", "mosaic")] * 2 + [("dsd", "mosaic"), ("dsd", "pallas"), ("sdd", "pallas")]
+    ref = bs.matmul(W, x, bias=bias, activation="gelu", implementation="xla")
+    np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(ref, np.float32), rtol=2e-2, atol=2e-2)
+    ref_v = bs.matmul(W, x[:, 0], bias=bias_m, activation="relu", implementation="xla")
+    np.testing.assert_allclose(np.asarray(v, np.float32), np.asarray(ref_v, np.float32), rtol=2e-2, atol=2e-2)
+    g_ref = jax.grad(f, argnums=(0, 1))(x, bias, "xla")
+    for a, b in zip(g, g_ref, strict=True):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=3e-2, atol=3e-2)
+
+
+def test_fused_epilogue_the_kernel_cannot_take_falls_back_to_triton():
+    """32 x 32 blocks: the Mosaic backend refuses dsd_fused with its reason and the Triton kernel serves it."""
+    W = bs.random(jax.random.key(0), (128, 128), 32, 0.5, jnp.bfloat16)
+    x = jax.random.normal(jax.random.key(1), (128, 16), jnp.bfloat16)
+    bias = jnp.ones(16, jnp.bfloat16)
+    with bs.interpret(), bs.dispatch_log() as log:
+        y = bs.matmul(W, x, bias=bias, activation="tanh", implementation=("mosaic", "pallas"))
+    assert log == [("dsd+epilogue", "pallas")]
+    ref = bs.matmul(W, x, bias=bias, activation="tanh", implementation="xla")
+    np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(ref, np.float32), rtol=2e-2, atol=2e-2)
+    with bs.interpret(), pytest.raises(ExceptionGroup) as info:
+        bs.matmul(W, x, bias=bias, implementation="mosaic")
+    assert re.search(r"mosaic: requires block sides in \(64, 128\).*got \(32, 32\)", str(info.value.exceptions[0]))
+
+
 # ----------------------------------------------------------------------------- backend and dispatch
-@pytest.fixture
-def mosaic_registered(monkeypatch):
-    """Register the backend for this test only (api.py does not list it yet)."""
-    monkeypatch.setitem(api._BACKEND_PATHS, "mosaic", "blocksparse.ops.matmul.pallas_mosaic:MosaicBackend")
-    yield
-    api._BACKENDS.pop("mosaic", None)
-
-
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="checks the refusal on a machine without a GPU")
-def test_backend_refuses_without_a_gpu_and_dispatch_falls_back(mosaic_registered):
+def test_backend_refuses_without_a_gpu_and_dispatch_falls_back():
     W = bs.random(jax.random.key(0), (256, 256), 64, 0.5, jnp.bfloat16)
     x = jnp.ones((256, 8), jnp.bfloat16)
     s = api.OpStatic(("mosaic",), jnp.dtype(jnp.bfloat16), pattern=W.pattern)
@@ -198,7 +290,7 @@ def test_backend_reasons():
         s = s.but(pattern=W.pattern, out_dtype=jnp.dtype(jnp.float32))
         with pytest.raises(NotImplementedError, match="float16 or bfloat16 operands.*float32"):
             b.dsd(s, W.data, jnp.ones((128, 4), jnp.float32))
-    for op in ("dds", "sdd", "dyn_dsd", "dyn_sdd", "dsd_fused", "dds_fused", "dyn_dsd_fused"):
+    for op in ("dds", "sdd", "dyn_dsd", "dyn_sdd", "dds_fused", "dyn_dsd_fused"):
         with pytest.raises(NotImplementedError, match="only the static dsd"):
             getattr(b, op)(s)
 
@@ -222,7 +314,7 @@ def test_hopper_check(monkeypatch, platform, kind, cc, reason):
         assert why is not None and re.search(reason, why), why
 
 
-def test_dispatch_runs_the_kernel_in_the_interpreter_with_gradients(mosaic_registered):
+def test_dispatch_runs_the_kernel_in_the_interpreter_with_gradients():
     """Forward and dx (a dsd on the transposed pattern) on the Mosaic kernel, interpreted; the sdd falls back."""
     pattern, data, x, want, scale = _problem("random", (64, 64), jnp.bfloat16, n=40)
     W = bs.BlockSparseMatrix(pattern, data)
@@ -233,6 +325,113 @@ def test_dispatch_runs_the_kernel_in_the_interpreter_with_gradients(mosaic_regis
     assert_close(y, want, scale, jnp.bfloat16)
     wd = to_dense64(W)
     assert_close(g, wd.sum(0)[:, None] * np.ones((1, 40)), np.abs(wd).sum(0)[:, None] * np.ones((1, 40)), jnp.bfloat16)
+
+
+# ----------------------------------------------------------------------------- default dispatch
+FAKE_DEVICES = {
+    "H200": ("gpu", "NVIDIA H200", "9.0"),
+    "A100": ("gpu", "NVIDIA A100-SXM4-80GB", "8.0"),
+    "B200": ("gpu", "NVIDIA B200", "10.0"),
+    "CPU": ("cpu", "cpu", None),
+}
+
+
+def _fake_device(monkeypatch, name):
+    class Fake:
+        pass
+
+    dev = Fake()
+    dev.platform, dev.device_kind, dev.compute_capability = FAKE_DEVICES[name]
+    monkeypatch.setattr(pallas_mosaic.jax, "devices", lambda: [dev])
+
+
+def _matrix(block, nnz, grid=(8, 8), dtype=jnp.bfloat16):
+    """A matrix of ``nnz`` blocks on ``grid`` (density nnz / 64 on the default 8 x 8 grid)."""
+    mask = np.zeros(grid[0] * grid[1], bool)
+    mask[np.random.default_rng(nnz).choice(mask.size, nnz, replace=False)] = True
+    pattern = bs.BlockPattern.from_mask(mask.reshape(grid), block)
+    return bs.BlockSparseMatrix(pattern, jnp.zeros((nnz, *block), dtype))
+
+
+def test_measured_speedup_reads_the_nearest_cell():
+    ms = pallas_mosaic.measured_speedup
+    assert ms(128, 4096, 1 / 4) == 1.47 and ms(128, 100_000, 1.0) == 1.47  # beyond the table: the nearest cell
+    assert ms(128, 1023, 1 / 16) == 0.81 and ms(128, 1024, 1 / 16) == 1.15  # n: 1024 is the log midpoint
+    assert ms(64, 256, 1 / 8) == 1.01 and ms(64, 256, 0.124) == 0.66  # density 1/8: midpoint of 1/4 and 1/16
+    assert ms(64, 256, 1 / 32) == 0.66 and ms(64, 256, 0.031) == 1.13 and ms(64, 1, 1e-6) == 1.13
+    for (b, n), row in pallas_mosaic.MEASURED_SPEEDUP.items():  # every measured cell reads itself
+        for d, speedup in row.items():
+            assert ms(b, n, d) == speedup
+
+
+# (block, nnz of 64 blocks, x shape, x dtype, W dtype, Mosaic first on a Hopper GPU)
+RULE_CASES = [
+    ((128, 128), 16, (1024, 4096), jnp.bfloat16, jnp.bfloat16, True),  # d = 1/4, n = 4096: 1.47
+    ((128, 128), 4, (1024, 4096), jnp.bfloat16, jnp.bfloat16, True),  # 1/16: 1.15
+    ((128, 128), 1, (1024, 2048), jnp.float16, jnp.float16, True),  # 1/64, n >= 1024: 1.34; float16 as bf16
+    ((128, 128), 16, (1024, 256), jnp.bfloat16, jnp.bfloat16, True),  # n = 256: 1.09
+    ((128, 128), 4, (1024, 256), jnp.bfloat16, jnp.bfloat16, False),  # 0.81
+    ((128, 128), 4, (16, 1024, 256), jnp.bfloat16, jnp.bfloat16, True),  # batch folded in: n = 4096
+    ((128, 128), 1, (1024,), jnp.bfloat16, jnp.bfloat16, True),  # a vector: n = 1 reads the n = 256 row, 1.25
+    ((64, 64), 16, (512, 4096), jnp.bfloat16, jnp.bfloat16, False),  # b = 64, n = 4096: 0.79-0.89
+    ((64, 64), 1, (512, 256), jnp.bfloat16, jnp.bfloat16, True),  # 1.13
+    ((64, 64), 16, (512, 256), jnp.bfloat16, jnp.bfloat16, False),  # 1.01: below the 5% margin
+    ((128, 128), 16, (1024, 4096), jnp.bfloat16, jnp.float16, False),  # mixed: promoted to float32
+    ((128, 128), 16, (1024, 4096), jnp.float32, jnp.float32, False),
+    ((64, 128), 16, (1024, 4096), jnp.bfloat16, jnp.bfloat16, False),  # not measured: rectangular
+    ((32, 32), 16, (256, 4096), jnp.bfloat16, jnp.bfloat16, False),
+    ((128, 128), 0, (1024, 4096), jnp.bfloat16, jnp.bfloat16, False),  # nothing to compute
+]
+
+
+@pytest.mark.parametrize("device", list(FAKE_DEVICES))
+def test_default_order_rule_on_fake_devices(monkeypatch, device):
+    """implementation=None puts "mosaic" first exactly where the measured rule says, on a Hopper GPU only."""
+    _fake_device(monkeypatch, device)
+    for block, nnz, x_shape, x_dtype, w_dtype, on_hopper in RULE_CASES:
+        W = _matrix(block, nnz, dtype=w_dtype)
+        x = np.zeros(x_shape, x_dtype)
+        want = ("mosaic", "pallas", "xla") if on_hopper and device == "H200" else ("pallas", "xla")
+        assert api._default_order(W, x) == want, (device, block, nnz, x_shape, x_dtype, w_dtype)
+    W = _matrix((128, 128), 16)
+    assert api._default_order(np.zeros((4096, 1024), jnp.bfloat16), W) == ("pallas", "xla")  # x @ W: dds
+    zeros = jnp.zeros(16, jnp.int32)
+    D = bs.DynamicBlockSparseMatrix(zeros, zeros, W.data, 16, W.shape)
+    assert api._default_order(D, np.zeros((1024, 4096), jnp.bfloat16)) == ("pallas", "xla")  # dynamic
+    assert api._default_order(W, [[1.0]]) == ("pallas", "xla")  # not an array: matmul's own error follows
+
+
+def test_default_dispatch_on_a_claimed_hopper_runs_the_rule_in_the_interpreter(monkeypatch):
+    """With the device taken for a Hopper GPU, bs.matmul(W, x) runs the kernel the rule picks (interpreted):
+    b = 128 at density 1/2 (the 1/4 column, 1.09) on Mosaic, forward and dx, the sdd on Triton; b = 64 at
+    density 1/16 (0.66) on Triton. An explicit implementation="mosaic" ignores the rule."""
+    monkeypatch.setattr(pallas_mosaic, "hopper_problem", lambda: None)
+    W = _matrix((128, 128), 2, grid=(2, 2))
+    W = W.with_data(jax.random.normal(jax.random.key(0), W.data.shape, jnp.bfloat16))
+    x = jax.random.normal(jax.random.key(1), (256, 8), jnp.bfloat16)
+    with bs.interpret(), bs.dispatch_log() as log:
+        y = bs.matmul(W, x)
+        jax.grad(lambda x: bs.matmul(W, x).astype(jnp.float32).sum())(x)
+    assert log == [("dsd", "mosaic")] * 3 + [("sdd", "pallas")]
+    wd, xd = to_dense64(W), np.asarray(x.astype(jnp.float32), np.float64)
+    assert_close(y, wd @ xd, np.abs(wd) @ np.abs(xd), jnp.bfloat16)
+    V = _matrix((64, 64), 1, grid=(4, 4))
+    with bs.interpret(), bs.dispatch_log() as log:
+        bs.matmul(V, x)
+        bs.matmul(V, x, implementation="mosaic")
+    assert log == [("dsd", "pallas"), ("dsd", "mosaic")]
+
+
+def test_default_dispatch_off_hopper_is_unchanged():
+    """On this machine (no Hopper GPU) implementation=None means ("pallas", "xla") for every product."""
+    if pallas_mosaic.hopper_problem() is None:
+        pytest.skip("runs where the default device is not a Hopper GPU")
+    W = _matrix((128, 128), 16)
+    x = jnp.ones((1024, 4096), jnp.bfloat16)
+    assert api._default_order(W, x) == ("pallas", "xla")
+    with bs.dispatch_log() as log:
+        bs.matmul(_matrix((128, 128), 1, grid=(2, 2)), jnp.ones((256, 4), jnp.bfloat16))
+    assert log[0][1] in ("pallas", "xla") and log[0][1] == ("pallas" if jax.default_backend() == "gpu" else "xla")
 
 
 # ----------------------------------------------------------------------------- real Hopper GPU
@@ -265,7 +464,7 @@ def test_gpu_rectangular_blocks_and_wide_tiles(block, n):
 
 
 @pytest.mark.gpu
-def test_gpu_backend_dispatch(mosaic_registered):
+def test_gpu_backend_dispatch():
     _hopper()
     W = bs.random(jax.random.key(1), (1024, 1024), 128, 1 / 4, jnp.bfloat16)
     x = jax.random.normal(jax.random.key(2), (1024, 512), jnp.bfloat16)

@@ -43,9 +43,37 @@ __all__ = ["OpStatic", "matmul", "sdd", "dispatch_log", "register_backend", "get
 _BACKEND_PATHS = {
     "xla": "blocksparse.ops.matmul.reference:XlaBackend",
     "pallas": "blocksparse.ops.matmul.pallas_triton:PallasBackend",
+    "mosaic": "blocksparse.ops.matmul.pallas_mosaic:MosaicBackend",
 }
 _BACKENDS: dict[str, object] = {}
 _DEFAULT = ("pallas", "xla")
+#: Tried before ``_DEFAULT`` (``implementation=None``) for the static products ``W @ x`` their
+#: ``prefers(pattern, n, w_dtype, x_dtype)`` claims: measured faster there (see ``_default_order``).
+_PREFERRED = ("mosaic",)
+
+
+def _default_order(a, b) -> tuple[str, ...]:
+    """The implementations ``implementation=None`` means for ``a @ b``.
+
+    ``_DEFAULT``, preceded by each backend of ``_PREFERRED`` whose ``prefers`` claims the product:
+    a static ``W @ x`` only, decided at trace time from static facts (the device, ``W``'s pattern,
+    the dtypes, ``n`` = the columns of ``x`` with batch dimensions folded in). The order holds for
+    the whole call, its backward included: the gradient w.r.t. ``x`` is a ``dsd`` on the transposed
+    pattern with the same ``n``, density and (square) blocks, and the ops a backend does not
+    implement (``sdd``, ``dds``) fall through to the next.
+    """
+    if not isinstance(a, BlockSparseMatrix) or isinstance(b, _SPARSE):
+        return _DEFAULT
+    try:
+        dtype, shape = jnp.result_type(b), jnp.shape(b)
+    except TypeError:  # not an array: matmul raises the error
+        return _DEFAULT
+    if len(shape) == 0:
+        return _DEFAULT
+    n = 1 if len(shape) == 1 else math.prod(shape[:-2]) * shape[-1]
+    prefers = lambda name: getattr(get_backend(name), "prefers", lambda *_: False)  # noqa: E731
+    first = tuple(name for name in _PREFERRED if prefers(name)(a.pattern, n, a.dtype, dtype))
+    return first + _DEFAULT
 
 
 def register_backend(name: str, backend) -> None:
@@ -357,7 +385,7 @@ def matmul(
             y = own(a, b, implementation=implementation, precision=precision,
                     preferred_element_type=acc_dtype(out.dtype))  # fmt: skip
             return _epilogue.apply(y, b1, activation).astype(out.dtype)
-    impls = resolve(implementation, _DEFAULT)
+    impls = resolve(implementation, _DEFAULT if implementation is not None else _default_order(a, b))
     prec = _precision(precision)
     a_sparse, b_sparse = isinstance(a, _SPARSE), isinstance(b, _SPARSE)
     if a_sparse != b_sparse and _inside_sparsify():  # its interpreter cannot run our custom VJPs

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -62,9 +63,21 @@ from jax.experimental import pallas as pl
 from ..._pattern import BlockPattern
 from ..._util import cdiv
 from .. import _dispatch
+from . import epilogue as _epilogue
 from .lowering import GpuLowering, RowSplitSchedule, combine_partials, lower
 
-__all__ = ["MosaicBackend", "MosaicConfig", "MosaicPlan", "SUPPORTED_BLOCKS", "dsd", "hopper_problem", "plan"]
+__all__ = [
+    "MEASURED_SPEEDUP",
+    "MosaicBackend",
+    "MosaicConfig",
+    "MosaicPlan",
+    "SUPPORTED_BLOCKS",
+    "dsd",
+    "hopper_problem",
+    "measured_speedup",
+    "plan",
+    "prefers",
+]
 
 SUPPORTED_BLOCKS = (64, 128)
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -75,6 +88,8 @@ _SMEM_BYTES = 227 * 1024 - 1024
 #: Floats of one warpgroup's wgmma accumulator (128 registers per thread).
 _MAX_ACC = 128 * 128
 _SWIZZLE = 128  # bytes: every operand row here is >= 128 bytes wide (>= 64 two-byte elements)
+#: Shared memory of a fused bias slice (float32, at most max(tn, bh) = 256 values).
+_BIAS_SMEM = 4 * max(_TILES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,9 +147,12 @@ def _default_tn(bh: int, n: int, rows: int) -> int:
     return 128
 
 
-def plan(pattern: BlockPattern, n: int, itemsize: int = 2, config: MosaicConfig | None = None) -> MosaicPlan:
+def plan(
+    pattern: BlockPattern, n: int, itemsize: int = 2, config: MosaicConfig | None = None, extra_smem: int = 0
+) -> MosaicPlan:
     """The host-side preparation of ``W @ x`` for ``x`` of ``n`` columns (NumPy; the schedule is cached).
 
+    ``extra_smem``: bytes of shared memory the kernel holds besides the pipeline (the bias slice).
     Raises ``NotImplementedError`` if the kernel cannot take these blocks or tiles.
     """
     cfg = config or MosaicConfig()
@@ -150,21 +168,25 @@ def plan(pattern: BlockPattern, n: int, itemsize: int = 2, config: MosaicConfig 
             f"requires bh * tn <= {_MAX_ACC} (a float32 accumulator in one warpgroup's registers) (got {bh} * {tn})"
         )
     per_stage = (bh * bw + bw * tn) * itemsize
-    fit = _SMEM_BYTES // per_stage
+    fit = (_SMEM_BYTES - extra_smem) // per_stage
     stages = cfg.stages or min(3, fit)
     if stages > fit or stages < 2:
         raise NotImplementedError(
-            f"requires stages * {per_stage} bytes <= {_SMEM_BYTES} of shared memory (got stages={stages})"
+            f"requires stages * {per_stage} bytes <= {_SMEM_BYTES - extra_smem} of shared memory (got stages={stages})"
         )
     tiles = cdiv(n, tn)
     sched = lower(pattern, GpuLowering(op="dsd", tiles=tiles, max_len=cfg.max_len))
     return MosaicPlan(tn=tn, tiles=tiles, n_pad=tiles * tn, stages=stages, sched=sched)
 
 
-def _dsd_kernel(start_g, len_g, dest_g, col_g, id_g, w_g, x_g, y_g, p_g, *, bh, bw, tn, stages):
-    """Program ``(u, t)``: unit ``u`` of the schedule times columns ``[t * tn, (t + 1) * tn)``."""
+def _dsd_kernel(start_g, len_g, dest_g, col_g, id_g, w_g, x_g, *refs, bh, bw, tn, stages, epi=None):
+    """Program ``(u, t)``: unit ``u`` of the schedule times columns ``[t * tn, (t + 1) * tn)``.
+
+    ``refs``: ``(bias_g,)`` when ``epi`` has a bias, then ``y_g, p_g``.
+    """
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
+    bias_g, (y_g, p_g) = (refs[0], refs[1:]) if epi is not None and epi.bias else (None, refs)
     u = lax.axis_index("u")
     n0 = pl.multiple_of(lax.axis_index("t") * tn, tn)
     start = start_g[u]
@@ -209,8 +231,6 @@ def _dsd_kernel(start_g, len_g, dest_g, col_g, id_g, w_g, x_g, y_g, p_g, *, bh, 
         )
         return acc_ref[...]
 
-    acc = pl.run_scoped(accumulate, plgpu.ACC((bh, tn), jnp.float32))  # zero-initialised: empty units write 0
-
     def store(out_g, row, value):
         def scope(o_smem):
             o_smem[...] = value.astype(o_smem.dtype)
@@ -220,25 +240,57 @@ def _dsd_kernel(start_g, len_g, dest_g, col_g, id_g, w_g, x_g, y_g, p_g, *, bh, 
 
         pl.run_scoped(scope, plgpu.SMEM((bh, tn), out_g.dtype))
 
-    pl.when(dest >= 0)(lambda: store(y_g, dest, acc))
-    pl.when(dest < 0)(lambda: store(p_g, -1 - dest, acc))
+    def run(bias_smem=None, bias_bar=None):
+        if bias_g is not None:  # this tile's bias slice: its copy overlaps the whole main loop
+            piece = pl.ds(n0, tn) if epi.bias_axis == 1 else pl.ds(jnp.maximum(dest, 0) * bh, bh)
+            plgpu.copy_gmem_to_smem(bias_g.at[piece], bias_smem, bias_bar.at[0])
+        acc = pl.run_scoped(accumulate, plgpu.ACC((bh, tn), jnp.float32))  # zero-initialised: empty units write 0
+
+        def store_direct():
+            out = acc
+            if epi is not None:  # bias and activation on the float32 accumulator, then the one cast
+                bias = None
+                if bias_g is not None:
+                    plgpu.barrier_wait(bias_bar.at[0])
+                    axis = epi.bias_axis
+                    b = plgpu.load(bias_smem, layout=plgpu.Layout.WGMMA.reduce(1 - axis))
+                    bias = lax.broadcast_in_dim(b, (bh, tn), (axis,))
+                out = _epilogue.apply(out, bias, epi.activation)
+            store(y_g, dest, out)
+
+        def store_partial():  # a piece of a split row: the epilogue runs after the pieces are summed
+            if bias_g is not None:
+                plgpu.barrier_wait(bias_bar.at[0])  # every issued copy is waited for before the kernel exits
+            store(p_g, -1 - dest, acc)
+
+        pl.when(dest >= 0)(store_direct)
+        pl.when(dest < 0)(store_partial)
+
+    if bias_g is None:
+        run()
+    else:
+        pl.run_scoped(run, plgpu.SMEM((tn if epi.bias_axis == 1 else bh,), jnp.float32), plgpu.Barrier(num_barriers=1))
 
 
-def _launch(p: MosaicPlan, m: int, data, xp, out_dtype, *, interpret):
-    """Run the kernel: ``(y (m, n_pad) in out_dtype, partials (S * bh, n_pad) float32)``."""
+def _launch(p: MosaicPlan, m: int, data, xp, out_dtype, *, interpret, epi=None, bias=()):
+    """Run the kernel: ``(y (m, n_pad) in out_dtype, partials (S * bh, n_pad) float32)``.
+
+    ``epi``: an :class:`~.epilogue.Epilogue` for the directly written rows; ``bias``: ``()`` or
+    ``(float32 bias padded to n_pad or m,)``.
+    """
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     _, bh, bw = data.shape
     s = p.sched
     kernel = plgpu.kernel(
-        functools.partial(_dsd_kernel, bh=bh, bw=bw, tn=p.tn, stages=p.stages),
+        functools.partial(_dsd_kernel, bh=bh, bw=bw, tn=p.tn, stages=p.stages, epi=epi),
         out_type=(
             jax.ShapeDtypeStruct((m, p.n_pad), out_dtype),
             jax.ShapeDtypeStruct((max(s.num_partials, 1) * bh, p.n_pad), jnp.float32),
         ),
         grid=(s.num_units, p.tiles),
         grid_names=("u", "t"),
-        kernel_name=f"bs_mgpu_dsd_{bh}x{bw}_tn{p.tn}",
+        kernel_name=f"bs_mgpu_dsd_{bh}x{bw}_tn{p.tn}" + ("_epi" if epi is not None else ""),
         interpret=plgpu.InterpretGPUParams() if interpret is True else interpret,
     )
     return kernel(
@@ -249,10 +301,27 @@ def _launch(p: MosaicPlan, m: int, data, xp, out_dtype, *, interpret):
         jnp.asarray(s.block_id),
         data.reshape(-1, bw),
         xp,
+        *bias,
     )
 
 
-def dsd(pattern: BlockPattern, data, x, out_dtype=None, *, config: MosaicConfig | None = None, interpret=None):
+def _combine(y, partials, sched: RowSplitSchedule, bh: int, epi, bias):
+    """:func:`~.lowering.combine_partials` with the epilogue on the summed split rows (XLA)."""
+    if epi is None or sched.num_partials == 0:
+        return combine_partials(y, partials, sched, bh)
+    r = sched.split_rows.shape[0]
+    parts = partials[: sched.num_partials * bh].reshape(sched.num_partials, bh, -1)
+    sums = jax.ops.segment_sum(parts, sched.partial_seg, num_segments=r)  # (r, bh, n_pad) float32
+    b = None
+    if bias:
+        b = bias[0][None, None, :] if epi.bias_axis == 1 else bias[0].reshape(-1, bh)[sched.split_rows][:, :, None]
+    sums = _epilogue.apply(sums, b, epi.activation)
+    y3 = y.reshape(-1, bh, y.shape[1])
+    return y3.at[sched.split_rows].set(sums.astype(y.dtype), mode="drop").reshape(y.shape)
+
+
+def dsd(pattern: BlockPattern, data, x, out_dtype=None, *, config: MosaicConfig | None = None, interpret=None,
+        epi: _epilogue.Epilogue | None = None, bias=None):  # fmt: skip
     """``W @ x`` with the Mosaic GPU kernel (no hardware check: see :class:`MosaicBackend`).
 
     Arguments:
@@ -262,6 +331,9 @@ def dsd(pattern: BlockPattern, data, x, out_dtype=None, *, config: MosaicConfig 
         config: a :class:`MosaicConfig`.
         interpret: run in Pallas' GPU interpreter on the CPU (default: ``blocksparse.interpret()``); a
             ``plgpu.InterpretGPUParams`` passes its options (e.g. ``detect_races=True``).
+        epi: an optional :class:`~.epilogue.Epilogue` (bias, activation) applied to the float32
+            accumulator before the one store of each output tile; ``bias`` its array (``(n,)`` for
+            ``bias_axis=1``, ``(m,)`` for ``bias_axis=0``).
     """
     m, k = pattern.shape
     bh, bw = pattern.block_size
@@ -278,15 +350,25 @@ def dsd(pattern: BlockPattern, data, x, out_dtype=None, *, config: MosaicConfig 
     if out_dtype not in _OUT_DTYPES:
         raise NotImplementedError(f"requires a float16, bfloat16 or float32 output (got {out_dtype})")
     n = x.shape[1]
-    p = plan(pattern, n, jnp.dtype(dt).itemsize, config)
-    if n == 0 or pattern.nnz_blocks == 0:
+    with_bias = epi is not None and epi.bias
+    if with_bias != (bias is not None):
+        raise ValueError(f"Expected a bias array exactly when the epilogue has a bias ({epi}). Got {bias is not None}.")
+    if with_bias and tuple(bias.shape) != ((n,) if epi.bias_axis == 1 else (m,)):
+        want = (n,) if epi.bias_axis == 1 else (m,)
+        raise ValueError(f"Expected a bias of shape {want} (bias_axis={epi.bias_axis}). Got {tuple(bias.shape)}.")
+    p = plan(pattern, n, jnp.dtype(dt).itemsize, config, extra_smem=_BIAS_SMEM if with_bias else 0)
+    if n == 0:
         return jnp.zeros((m, n), out_dtype)
+    if pattern.nnz_blocks == 0:
+        return _epilogue.reference(jnp.zeros((m, n), jnp.float32), bias, epi, out_dtype)
     if interpret is None:
         interpret = _dispatch.interpreting()
     xp = jnp.pad(x.astype(dt), ((0, 0), (0, p.n_pad - n)))
-    y, partials = _launch(p, m, data.astype(dt), xp, out_dtype, interpret=interpret)
-    if p.sched.num_partials:
-        y = combine_partials(y, partials, p.sched, bh)
+    b = ()
+    if with_bias:  # float32, padded like x: every tile's TMA copy stays inside the array
+        b = (jnp.pad(bias.astype(jnp.float32), (0, p.n_pad - n)) if epi.bias_axis == 1 else bias.astype(jnp.float32),)
+    y, partials = _launch(p, m, data.astype(dt), xp, out_dtype, interpret=interpret, epi=epi, bias=b)
+    y = _combine(y, partials, p.sched, bh, epi, b)
     return y[:, :n] if p.n_pad != n else y
 
 
@@ -311,6 +393,70 @@ def hopper_problem() -> str | None:
     return None
 
 
+# --------------------------------------------------------------------------------------------
+# Default dispatch: where the Mosaic kernel goes before the Triton one. The one rule, from one table.
+# --------------------------------------------------------------------------------------------
+#: Mosaic / Triton speedup (Triton's time over Mosaic's) measured on an H200 (bf16; W 8192 x 8192 of
+#: uniform random b x b blocks at density d, x 8192 x n; each kernel's median in one jitted loop,
+#: ``benchmarks/bench_mosaic.py``; jnp.dot took 0.70-0.77 ms at n = 4096, 0.073-0.079 ms at n = 256;
+#: the Mosaic kernel ran its default tiles: tn 256 for b = 64 at n = 4096, 128 for b = 128 at
+#: n = 4096 and b = 64 at n = 256, 64 for b = 128 at n = 256; 3 stages):
+#:
+#:     (b, n)       d = 1/4           1/16              1/64           (ms: Triton / Mosaic)
+#:     (64, 4096)   0.89 (.363/.407)  0.85 (.133/.157)  0.79 (.084/.106)
+#:     (64, 256)    1.01 (.059/.058)  0.66 (.030/.046)  1.13 (.034/.030)
+#:     (128, 4096)  1.47 (.454/.309)  1.15 (.169/.147)  1.34 (.094/.070)
+#:     (128, 256)   1.09 (.074/.067)  0.81 (.038/.046)  1.25 (.040/.032)
+MEASURED_SPEEDUP = {
+    (64, 4096): {1 / 4: 0.89, 1 / 16: 0.85, 1 / 64: 0.79},
+    (64, 256): {1 / 4: 1.01, 1 / 16: 0.66, 1 / 64: 1.13},
+    (128, 4096): {1 / 4: 1.47, 1 / 16: 1.15, 1 / 64: 1.34},
+    (128, 256): {1 / 4: 1.09, 1 / 16: 0.81, 1 / 64: 1.25},
+}
+#: Mosaic goes first only where it measured at least this much faster: a tie stays with Triton,
+#: the kernel that also serves the backward's sdd and every other op.
+PREFER_MARGIN = 1.05
+
+
+def _nearest(value: float, measured) -> float:
+    """The measured point nearest to ``value`` on a log scale: the largest whose geometric midpoint
+    with the next smaller point is <= ``value`` (a value on a midpoint goes to the larger point)."""
+    points = sorted(measured, reverse=True)
+    for hi, lo in zip(points, points[1:], strict=False):  # one pair fewer than points
+        if value >= math.sqrt(lo * hi):
+            return hi
+    return points[-1]
+
+
+def measured_speedup(block: int, n: int, density: float) -> float:
+    """The :data:`MEASURED_SPEEDUP` cell nearest to ``(block, n, density)`` on log scales: n < 1024
+    reads the n = 256 row, n >= 1024 the n = 4096 row; density >= 1/8 the 1/4 column, [1/32, 1/8)
+    the 1/16 column, < 1/32 the 1/64 column."""
+    cells = {key[1]: row for key, row in MEASURED_SPEEDUP.items() if key[0] == block}
+    row = cells[_nearest(max(n, 1), cells)]
+    return row[_nearest(density, row)]
+
+
+def prefers(pattern: BlockPattern, n: int, w_dtype, x_dtype) -> bool:
+    """Whether ``implementation=None`` should try the Mosaic kernel before the Triton one for ``W @ x``.
+
+    Static facts only (evaluated at trace time, never timed): the default device is a Hopper GPU,
+    ``W`` and ``x`` share one half dtype (a mix would be promoted to float32, which the kernel
+    refuses), square blocks of 64 or 128 (the measured ones), and :func:`measured_speedup` of the
+    cell nearest to ``(b, n, density)`` is at least :data:`PREFER_MARGIN`. float16 is taken to
+    behave as bfloat16 (the same wgmma rate; only bfloat16 was measured).
+    """
+    bh, bw = pattern.block_size
+    if bh != bw or bh not in SUPPORTED_BLOCKS or pattern.nnz_blocks == 0 or n <= 0:
+        return False
+    if jnp.dtype(w_dtype) != jnp.dtype(x_dtype) or jnp.dtype(w_dtype) not in _DTYPES:
+        return False
+    if hopper_problem() is not None:
+        return False
+    density = pattern.nnz_blocks / (pattern.grid[0] * pattern.grid[1])
+    return measured_speedup(bh, n, density) >= PREFER_MARGIN
+
+
 def _not_yet(op: str):
     def method(self, s, *args):
         raise NotImplementedError(f"the Mosaic GPU backend implements only the static dsd so far (not {op})")
@@ -322,22 +468,32 @@ def _not_yet(op: str):
 class MosaicBackend:
     """Backend object for :mod:`blocksparse.ops.matmul.api` (``implementation="mosaic"``).
 
-    Only the static ``dsd`` (``W @ x``); every other op raises ``NotImplementedError`` so dispatch
-    moves on to the next implementation.
+    The static ``dsd`` (``W @ x``), plain or with the fused epilogue; every other op raises
+    ``NotImplementedError`` so dispatch moves on to the next implementation. :meth:`prefers` is the
+    default order's rule (see :func:`prefers`).
     """
 
     name = "mosaic"
 
-    def dsd(self, s, data, x):
+    @staticmethod
+    def _interpret() -> bool:
         interpret = _dispatch.interpreting()
         if not interpret and (why := hopper_problem()) is not None:
             raise NotImplementedError(why)
-        return dsd(s.pattern, data, x, s.out_dtype, interpret=interpret)
+        return interpret
+
+    def prefers(self, pattern: BlockPattern, n: int, w_dtype, x_dtype) -> bool:
+        return prefers(pattern, n, w_dtype, x_dtype)
+
+    def dsd(self, s, data, x):
+        return dsd(s.pattern, data, x, s.out_dtype, interpret=self._interpret())
+
+    def dsd_fused(self, s, data, x, bias):
+        return dsd(s.pattern, data, x, s.out_dtype, interpret=self._interpret(), epi=s.epilogue, bias=bias)
 
     dds = _not_yet("dds")
     sdd = _not_yet("sdd")
     dyn_dsd = _not_yet("dyn_dsd")
     dyn_sdd = _not_yet("dyn_sdd")
-    dsd_fused = _not_yet("dsd_fused (fused bias / activation)")
     dds_fused = _not_yet("dds_fused")
     dyn_dsd_fused = _not_yet("dyn_dsd_fused")
