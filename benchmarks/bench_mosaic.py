@@ -5,23 +5,32 @@ bf16 or fp16, float32 accumulation) one random pattern is timed in one process:
 
 - ``dense``: ``jnp.dot`` of the dense ``W`` (cuBLAS through XLA);
 - ``triton``: ``bs.matmul(W, x, implementation="pallas")`` (the Pallas Triton kernel);
-- ``mosaic``: ``blocksparse.ops.matmul.pallas_mosaic.dsd`` (called directly: the backend is not
-  registered in the dispatch yet).
+- ``mosaic``: ``bs.matmul(W, x, implementation="mosaic")`` (its default tiles), then each forced
+  variant of ``--tn`` x ``--stages`` (``blocksparse.ops.matmul.pallas_mosaic.dsd`` with a
+  ``MosaicConfig``), recorded under ``variants``.
+
+With ``--epilogue ACT`` every sparse kernel runs fused with a bias and the activation ``ACT``
+(``bs.matmul(..., bias=, activation=)``; dense: ``jnp.dot`` then the same epilogue in XLA).
 
 Times are the median device time of :class:`blocksparse.bench.Timer` ``.loop`` (one jitted loop);
-``*_tflops`` counts the useful flops ``2 nnz bh bw n``. Both kernels are checked against the
+``*_tflops`` counts the useful flops ``2 nnz bh bw n``. Every kernel is checked against the
 dense product (relative Frobenius error); a kernel that fails to compile, run or check records
-its error in the row and the run goes on.
+its error in the row and the run goes on. Each row also records ``default``: the implementation
+``bs.matmul(W, x)`` picks for the cell (``pallas_mosaic.prefers``), to check the rule against the
+measured speedup.
 
-Usage (the brief's grid, about a minute on an H200)::
+Usage (the brief's grid, about a minute on an H200; the b = 64 sweep of forced tiles and depths)::
 
     python3 benchmarks/bench_mosaic.py --json $OUT/mosaic.json
-    python3 benchmarks/bench_mosaic.py --m 8192 --n 4096 --b 64 --d 16 --tn 128 --stages 2
+    python3 benchmarks/bench_mosaic.py --b 64 --tn 128 256 --stages 2 3 4 --json $OUT/mosaic_b64.json
+    python3 benchmarks/bench_mosaic.py --n 256 --b 64 --tn 64 128 256 --json $OUT/mosaic_b64_n256.json
+    python3 benchmarks/bench_mosaic.py --epilogue gelu --json $OUT/mosaic_gelu.json
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
 import sys
@@ -32,57 +41,104 @@ import jax.numpy as jnp
 
 import blocksparse as bs
 from blocksparse.bench import Timer, check_close
-from blocksparse.ops.matmul import pallas_mosaic
+from blocksparse.ops.matmul import epilogue, pallas_mosaic
 
 
-def _kernels(W, cfg):
+def _kernels(W, bias, activation):
+    """name -> (function of (operand, x), operand): the dense reference, Triton and Mosaic (default tiles)."""
     dense = W.to_dense()
+    fused = {} if bias is None else {"bias": bias, "activation": activation}
+
+    def dense_fn(a, x):
+        y = jnp.dot(a, x, preferred_element_type=jnp.float32)
+        return (y if bias is None else epilogue.apply(y, bias[None, :], activation)).astype(x.dtype)
+
     return {
-        "dense": (lambda a, x: jnp.dot(a, x, preferred_element_type=jnp.float32).astype(x.dtype), dense),
-        "triton": (lambda W, x: bs.matmul(W, x, implementation="pallas"), W),
-        "mosaic": (lambda W, x: pallas_mosaic.dsd(W.pattern, W.data, x, config=cfg), W),
+        "dense": (dense_fn, dense),
+        "triton": (lambda W, x: bs.matmul(W, x, implementation="pallas", **fused), W),
+        "mosaic": (lambda W, x: bs.matmul(W, x, implementation="mosaic", **fused), W),
     }
 
 
-def bench_cell(m: int, n: int, b: int, d: int, dtype, timer: Timer, cfg) -> dict:
+def _variant(W, bias, activation, cfg):
+    epi = None if bias is None else epilogue.Epilogue(activation, True, 1)
+    return lambda W, x: pallas_mosaic.dsd(W.pattern, W.data, x, config=cfg, epi=epi, bias=bias)
+
+
+def _time(name, fn, a, x, want, dtype, timer, flops, out: dict):
+    """Run, check and time one kernel into ``out`` (``{name}_ms``, ...); an exception is recorded.
+
+    Returns the result (``None`` if the kernel failed)."""
+    got = None
+    try:
+        got = jax.jit(fn)(a, x)
+        if want is not None:
+            out[f"{name}_err"] = check_close(got, want, dtype=dtype, what=name)
+        ms = timer.loop(fn, a, x)
+        out[f"{name}_ms"] = ms
+        out[f"{name}_tflops"] = flops / (ms * 1e-3) / 1e12
+    except Exception as e:  # CellFailed or a compile error: record it, the other kernels still run
+        out[f"{name}_error"] = " ".join(f"{type(e).__name__}: {e}".split())[:500]
+    return got
+
+
+def bench_cell(m: int, n: int, b: int, d: int, dtype, timer: Timer, configs, activation=None) -> dict:
     W = bs.random(jax.random.key(0), (m, m), b, 1.0 / d, dtype)
     x = jax.random.normal(jax.random.key(1), (m, n), dtype)
+    bias = None if activation is None else jax.random.normal(jax.random.key(2), (n,), jnp.float32)
     flops = 2.0 * W.nnz_blocks * b * b * n
     row = {"m": m, "n": n, "b": b, "density": 1.0 / d, "dtype": jnp.dtype(dtype).name, "nnz_blocks": W.nnz_blocks}
-    if cfg is not None:
-        row["config"] = {"tn": cfg.tn, "stages": cfg.stages, "max_len": cfg.max_len}
-    p = pallas_mosaic.plan(W.pattern, n, jnp.dtype(dtype).itemsize, cfg)
+    row["epilogue"] = activation
+    row["default"] = "mosaic" if pallas_mosaic.prefers(W.pattern, n, dtype, dtype) else "pallas"
+    p = pallas_mosaic.plan(W.pattern, n, jnp.dtype(dtype).itemsize)
     row.update(mosaic_tn=p.tn, mosaic_stages=p.stages, units=p.sched.num_units, partials=p.sched.num_partials)
     want = None
-    for name, (fn, a) in _kernels(W, cfg).items():
-        try:
-            got = jax.jit(fn)(a, x)
-            if name == "dense":
-                want = got.astype(jnp.float32)
-            else:
-                row[f"{name}_err"] = check_close(got, want, dtype=dtype, what=name)
-            ms = timer.loop(fn, a, x)
-            row[f"{name}_ms"] = ms
-            row[f"{name}_tflops"] = flops / (ms * 1e-3) / 1e12
-        except Exception as e:  # CellFailed or a compile error: record it, the other kernels still run
-            row[f"{name}_error"] = " ".join(f"{type(e).__name__}: {e}".split())[:500]
+    for name, (fn, a) in _kernels(W, bias, activation).items():
+        got = _time(name, fn, a, x, want, dtype, timer, flops, row)
+        if name == "dense" and got is not None:
+            want = got.astype(jnp.float32)
     for name in ("triton", "dense"):
         if "mosaic_ms" in row and f"{name}_ms" in row:
             row[f"speedup_vs_{name}"] = row[f"{name}_ms"] / row["mosaic_ms"]
+    row["variants"] = []
+    for cfg in configs:
+        v = {"tn": cfg.tn, "stages": cfg.stages, "max_len": cfg.max_len}
+        try:
+            pv = pallas_mosaic.plan(W.pattern, n, jnp.dtype(dtype).itemsize, cfg)
+            v.update(tn=pv.tn, stages=pv.stages)
+        except NotImplementedError as e:  # this variant cannot take the cell (too much shared memory, ...)
+            v["mosaic_error"] = f"NotImplementedError: {e}"
+            row["variants"].append(v)
+            continue
+        _time("mosaic", _variant(W, bias, activation, cfg), W, x, want, dtype, timer, flops, v)
+        if "mosaic_ms" in v and "triton_ms" in row:
+            v["speedup_vs_triton"] = row["triton_ms"] / v["mosaic_ms"]
+        row["variants"].append(v)
     return row
+
+
+def _failed(row) -> bool:
+    """A kernel failed to compile, run or check (a variant refused by the plan is not a failure)."""
+    if any(k.endswith("_error") for k in row):
+        return True
+    return any(k.endswith("_error") and "NotImplementedError" not in e for v in row["variants"] for k, e in v.items())
 
 
 def _table(rows) -> str:
     cols = [("m", "{}"), ("n", "{}"), ("b", "{}"), ("density", "{:.4g}"), ("dense_ms", "{:.3f}"),
             ("triton_ms", "{:.3f}"), ("mosaic_ms", "{:.3f}"), ("mosaic_tflops", "{:.0f}"),
             ("speedup_vs_triton", "{:.2f}"), ("speedup_vs_dense", "{:.2f}"), ("mosaic_tn", "{}"),
-            ("mosaic_stages", "{}")]  # fmt: skip
+            ("mosaic_stages", "{}"), ("default", "{}")]  # fmt: skip
     out = ["  ".join(f"{c:>17}" for c, _ in cols)]
     for r in rows:
         out.append("  ".join(f"{(f.format(r[c]) if c in r else '-'):>17}" for c, f in cols))
         for k, v in r.items():
             if k.endswith("_error"):
                 out.append(f"    {k}: {v}")
+        for v in r.get("variants", ()):
+            ms = f"{v['mosaic_ms']:.3f} ms, {v['speedup_vs_triton']:.2f}x Triton" if "speedup_vs_triton" in v else ""
+            out.append(f"    variant tn={v['tn']} stages={v['stages']} max_len={v['max_len']}: {ms}"
+                       + (f" {v['mosaic_error']}" if "mosaic_error" in v else ""))  # fmt: skip
     return "\n".join(out)
 
 
@@ -93,9 +149,11 @@ def main(argv=None) -> int:
     ap.add_argument("--b", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--d", type=int, nargs="+", default=[4, 16, 64], help="density = 1/d")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
-    ap.add_argument("--tn", type=int, default=None, help="force the Mosaic kernel's column tile")
-    ap.add_argument("--stages", type=int, default=None, help="force the Mosaic kernel's pipeline depth")
-    ap.add_argument("--max-len", type=int, default=None, help="force the schedule's cap on blocks per program")
+    ap.add_argument("--tn", type=int, nargs="+", default=None, help="Mosaic variants: force these column tiles")
+    ap.add_argument("--stages", type=int, nargs="+", default=None, help="Mosaic variants: force these depths")
+    ap.add_argument("--max-len", type=int, default=None, help="Mosaic variants: force the cap on blocks per program")
+    ap.add_argument("--epilogue", default=None, choices=sorted(epilogue.ACTIVATIONS),
+                    help="fuse a bias and this activation into every sparse kernel")  # fmt: skip
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--json", default=None, help="write the results here")
@@ -105,9 +163,10 @@ def main(argv=None) -> int:
     if why is not None:
         print(f"bench_mosaic: the Mosaic kernel needs a Hopper GPU: {why}", file=sys.stderr)
         return 2
-    cfg = None
+    configs = []
     if args.tn or args.stages or args.max_len:
-        cfg = pallas_mosaic.MosaicConfig(tn=args.tn, stages=args.stages, max_len=args.max_len)
+        for tn, stages in itertools.product(args.tn or [None], args.stages or [None]):
+            configs.append(pallas_mosaic.MosaicConfig(tn=tn, stages=stages, max_len=args.max_len))
     dtype = jnp.dtype(args.dtype)
     timer = Timer(iters=args.iters, trials=args.trials)
     dev = jax.devices()[0]
@@ -122,7 +181,7 @@ def main(argv=None) -> int:
         for n in args.n:
             for b in args.b:
                 for d in args.d:
-                    row = bench_cell(m, n, b, d, dtype, timer, cfg)
+                    row = bench_cell(m, n, b, d, dtype, timer, configs, args.epilogue)
                     doc["rows"].append(row)
                     print(json.dumps(row), flush=True)
     doc["seconds"] = time.perf_counter() - t0
@@ -130,8 +189,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
-    failed = [r for r in doc["rows"] if any(k.endswith("_error") for k in r)]
-    return 1 if failed else 0
+    return 1 if any(_failed(r) for r in doc["rows"]) else 0
 
 
 if __name__ == "__main__":

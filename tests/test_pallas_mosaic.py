@@ -16,9 +16,11 @@ from hypothesis import strategies as st
 import blocksparse as bs
 from blocksparse.ops.matmul import api, epilogue, pallas_mosaic
 from blocksparse.ops.matmul.lowering import execute_dsd
+from blocksparse.testing import strategies as bst
 from blocksparse.testing.oracles import assert_close, to_dense64
 
 HALF = (jnp.bfloat16, jnp.float16)
+GPU_KINDS = ("empty_rows", "full_row", "single", "full_col", "random", "empty")
 BLOCKS = [(64, 64), (128, 128), (64, 128), (128, 64)]
 
 
@@ -444,13 +446,59 @@ def _hopper():
 @pytest.mark.gpu
 @pytest.mark.parametrize("b", [64, 128])
 @pytest.mark.parametrize("dtype", HALF)
-@pytest.mark.parametrize("kind", ["random", "full_row", "full_col", "single", "empty"])
-def test_gpu_matches_oracle(b, dtype, kind):
+@settings(max_examples=4, deadline=None)
+@given(data=st.data(), seed=st.integers(0, 2**16))
+def test_gpu_matmul_matches_oracle(b, dtype, data, seed):
+    """bs.matmul(implementation="mosaic") on the strategies' patterns (empty rows, one full row, a single
+    block, ...) against the float64 oracle; max_len=3 splits the long rows into partials."""
     _hopper()
-    pattern, data, x, want, scale = _problem(kind, (b, b), dtype, shape=(2048, 1024), n=1000, seed=b)
-    for cfg in (None, pallas_mosaic.MosaicConfig(max_len=3)):  # max_len=3: long rows split into partials
-        y = jax.jit(lambda d, x, cfg=cfg: pallas_mosaic.dsd(pattern, d, x, config=cfg))(data, x)
-        assert_close(y, want, scale, dtype, what=f"{kind} b={b} {cfg}")
+    pattern = data.draw(bst.block_patterns(block_size=(b, b), shape=(2048, 1024), kinds=GPU_KINDS))
+    rng = np.random.default_rng(seed)
+    W = bs.BlockSparseMatrix(pattern, jnp.asarray(rng.standard_normal((pattern.nnz_blocks, b, b)), dtype))
+    x = jnp.asarray(rng.standard_normal((pattern.shape[1], 1000)), dtype)
+    wd, xd = to_dense64(W), np.asarray(x.astype(jnp.float32), np.float64)
+    with bs.dispatch_log() as log:
+        y = jax.jit(lambda W, x: bs.matmul(W, x, implementation="mosaic"))(W, x)
+    assert log == [("dsd", "mosaic")]
+    assert_close(y, wd @ xd, np.abs(wd) @ np.abs(xd), dtype, what=f"b={b} {dtype}")
+    cfg = pallas_mosaic.MosaicConfig(max_len=3)
+    y = jax.jit(lambda d, x: pallas_mosaic.dsd(pattern, d, x, config=cfg))(W.data, x)
+    assert_close(y, wd @ xd, np.abs(wd) @ np.abs(xd), dtype, what=f"b={b} {dtype} max_len=3")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b,dtype,activation", [(64, jnp.bfloat16, "gelu"), (128, jnp.float16, "silu")])
+def test_gpu_fused_epilogue(b, dtype, activation):
+    """The fused kernel on the GPU: bias along columns (matrix x, split rows too) and along rows (vector x)."""
+    _hopper()
+    pattern, data, x, want, scale = _problem("full_row", (b, b), dtype, shape=(2048, 1024), n=1000, seed=b)
+    bias = jnp.asarray(np.random.default_rng(b).standard_normal(1000), jnp.float32)
+    for cfg in (None, pallas_mosaic.MosaicConfig(max_len=3)):
+        fn = jax.jit(lambda d, x, c, cfg=cfg: pallas_mosaic.dsd(
+            pattern, d, x, config=cfg, epi=epilogue.Epilogue(activation, True, 1), bias=c))  # fmt: skip
+        assert_close(fn(data, x, bias), *_epilogue_oracle(want, scale, bias, 1, activation), dtype, what=f"{cfg}")
+    W = bs.BlockSparseMatrix(pattern, data)
+    bias_m = jnp.asarray(np.random.default_rng(0).standard_normal(2048), dtype)
+    with bs.dispatch_log() as log:
+        v = jax.jit(lambda W, x, c: bs.matmul(W, x, bias=c, activation="relu", implementation="mosaic"))(
+            W, x[:, 0], bias_m)
+    assert log == [("dsd+epilogue", "mosaic")]
+    want_v, scale_v = _epilogue_oracle(want[:, :1], scale[:, :1], bias_m.astype(jnp.float32), 0, "relu")
+    assert_close(v, want_v[:, 0], scale_v[:, 0], dtype)
+
+
+@pytest.mark.gpu
+def test_gpu_default_order():
+    """On an H200 implementation=None runs Mosaic for b = 128 at n = 4096 and Triton for b = 64 there."""
+    _hopper()
+    x = jax.random.normal(jax.random.key(2), (2048, 4096), jnp.bfloat16)
+    for b, want in ((128, "mosaic"), (64, "pallas")):
+        W = bs.random(jax.random.key(b), (2048, 2048), b, 1 / 4, jnp.bfloat16)
+        with bs.dispatch_log() as log:
+            y = jax.jit(bs.matmul)(W, x)
+        assert log == [("dsd", want)]
+        wd, xd = to_dense64(W), np.asarray(x.astype(jnp.float32), np.float64)
+        assert_close(y, wd @ xd, np.abs(wd) @ np.abs(xd), jnp.bfloat16)
 
 
 @pytest.mark.gpu
