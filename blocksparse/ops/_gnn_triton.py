@@ -89,3 +89,35 @@ def fold_sum(g: Graph | DynamicGraph, main: jax.Array, extra: jax.Array | None) 
     part = jax.ops.segment_sum(extra, seg, nh, indices_are_sorted=True)
     rows = main[heavy].astype(jnp.float32) + part
     return main.at[heavy].set(rows.astype(main.dtype), unique_indices=True, indices_are_sorted=True, mode="drop")
+
+
+# ------------------------------------------------------------------ several units per program
+def unit_block(starts_ref, ends_ref, first, count: int, num_units: int):
+    """Units ``first + [0, count)``: (their ids, whether each exists, CSR starts, CSR ends); missing ones are empty."""
+    units = first + jnp.arange(count, dtype=jnp.int32)
+    live = units < num_units
+    start = plgpu.load(starts_ref.at[units], mask=live, other=0)
+    end = plgpu.load(ends_ref.at[units], mask=live, other=0)
+    return units, live, start, end
+
+
+def edge_tiles(start, c, end, be: int):
+    """Per unit (rows), CSR positions ``start + c*be + [0, be)`` and their validity mask: ``(units, be)`` each."""
+    pos = start[:, None] + c * be + jnp.arange(be, dtype=jnp.int32)[None, :]
+    return pos, pos < end[:, None]
+
+
+def load_at(ref, pos, mask):
+    """``ref[pos]`` for an array of positions (any shape), 0 where ``mask`` is False."""
+    return plgpu.load(ref.at[pos], mask=mask, other=0)
+
+
+def gather_tiles(ref, ids, cols, mask3, other):
+    """``ref[ids[:, :, None], cols[None, None, :]]``: a ``(units, be, bf)`` gather (float32; ``other`` where masked)."""
+    rows = plgpu.load(ref.at[ids[:, :, None], cols[None, None, :]], mask=mask3, other=other)
+    return rows.astype(jnp.float32)
+
+
+def store_rows(ref, units, cols, value, mask2) -> None:
+    """``ref[units[:, None], cols[None, :]] = value`` where ``mask2`` (rows of whole-array outputs, no blocking)."""
+    plgpu.store(ref.at[units[:, None], cols[None, :]], value.astype(ref.dtype), mask=mask2)

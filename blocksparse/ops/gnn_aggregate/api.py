@@ -26,24 +26,32 @@ class AggregateStatic:
     Attributes:
         impls: implementation names, tried in order.
         is_max: max (True) or min (False).
+        nodes_per_program: the Pallas kernel's light nodes per program (``None``: its default rule).
     """
 
     impls: tuple[str, ...]
     is_max: bool
+    nodes_per_program: int | None = None
 
 
 def _module(name: str):
     return _dispatch.op_module(__package__, name)
 
 
-def _values(name: str):
+def _kernel(name: str, with_arg: bool):
     fn = _module(name).segment_extreme
-    return lambda s, g, x: fn(g, x, s.is_max, with_arg=False)[0]
+    if name == "pallas":
+        return lambda s, g, x: fn(g, x, s.is_max, with_arg=with_arg, nodes_per_program=s.nodes_per_program)
+    return lambda s, g, x: fn(g, x, s.is_max, with_arg=with_arg)
+
+
+def _values(name: str):
+    fn = _kernel(name, False)
+    return lambda s, g, x: fn(s, g, x)[0]
 
 
 def _values_and_args(name: str):
-    fn = _module(name).segment_extreme
-    return lambda s, g, x: fn(g, x, s.is_max, with_arg=True)
+    return _kernel(name, True)
 
 
 def _forward(s: AggregateStatic, g, x):
@@ -65,7 +73,14 @@ def _backward(s: AggregateStatic, arrays, arg, dout):
 _extreme = _dispatch.differentiable("aggregate", _values, _backward, _forward)
 
 
-def aggregate(g: Graph | DynamicGraph, x: jax.Array, reduce: str = "max", *, implementation=None) -> jax.Array:
+def aggregate(
+    g: Graph | DynamicGraph,
+    x: jax.Array,
+    reduce: str = "max",
+    *,
+    implementation=None,
+    nodes_per_program: int | None = None,
+) -> jax.Array:
     """Element-wise max or min of in-neighbours' features: ``out[i] = max_{j -> i} x[j]``.
 
     Arguments:
@@ -74,6 +89,12 @@ def aggregate(g: Graph | DynamicGraph, x: jax.Array, reduce: str = "max", *, imp
         reduce: ``"max"`` or ``"min"``.
         implementation: ``None`` (Pallas on a GPU, else XLA), ``"pallas"``, ``"xla"`` or a
             sequence tried in order.
+        nodes_per_program: a tuning knob of the Pallas kernel (the XLA implementation ignores it):
+            how many light nodes one program reduces together, a power of two up to 32; ``1`` is
+            one node per program. ``None`` (default): about 128 in-edges per program from the
+            graph's mean in-degree (4 nodes at a mean in-degree of 32; see
+            ``blocksparse.ops.gnn_aggregate.pallas_triton.default_nodes_per_program``). Results
+            are the same for every value.
 
     Returns:
         ``(N, ...)``; nodes without in-edges get 0. NaN propagates: ``out[i, f]`` is NaN where any
@@ -82,11 +103,20 @@ def aggregate(g: Graph | DynamicGraph, x: jax.Array, reduce: str = "max", *, imp
         given to :meth:`Graph.from_edges` (deterministic), and a NaN result's gradient to the first
         in-edge whose feature is NaN.
     """
+    if nodes_per_program is not None:  # (the kernel module is imported only when asked for)
+        _module("pallas").check_nodes_per_program(nodes_per_program)
     if (own := getattr(type(g), "_gnn_aggregate", None)) is not None:  # a graph over many devices (gnn.sharded)
+        if nodes_per_program is not None:
+            raise ValueError(
+                f"Expected nodes_per_program=None for a {type(g).__name__} (its per-device parts take the default). "
+                f"Got {nodes_per_program!r}."
+            )
         return own(g, x, reduce, implementation=implementation)
     check_graph(g)
     _dispatch.check_choice("reduce", reduce, ("max", "min"))
-    s = AggregateStatic(_dispatch.resolve(implementation, DEFAULT, tuple(_dispatch.OP_MODULES)), reduce == "max")
+    impls = _dispatch.resolve(implementation, DEFAULT, tuple(_dispatch.OP_MODULES))
+    npp = None if nodes_per_program is None else int(nodes_per_program)
+    s = AggregateStatic(impls, reduce == "max", npp)
     x = g.check_features(x, "features", ndim=tuple(range(1, 8)))
     valid = g.validity() if isinstance(g, DynamicGraph) else None  # NaN out (and NaN gradients) if invalid
     x = poison(valid, x)

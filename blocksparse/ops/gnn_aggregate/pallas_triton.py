@@ -1,11 +1,21 @@
-"""Pallas kernel for max / min aggregation with degree-aware tiling.
+"""Pallas kernels for max / min aggregation with degree-aware tiling.
 
-Light nodes: one program per (node, feature block) loops over the in-edges. Heavy nodes: the
-first chunk runs in the node's own program, the rest as extra programs in parallel, combined
-afterwards. Each program also returns, per feature, the CSR position of the winning edge (the
-first one on ties), which the backward uses to route gradients. NaN propagates as in the reference
+Two kernels share one schedule (:class:`blocksparse.gnn._graph.Schedule`):
+
+* one node per program (``nodes_per_program=1``): each program takes one (node, feature block)
+  and loops over its in-edges ``be`` at a time;
+* packed (``nodes_per_program=G > 1``): each program takes ``G`` consecutive nodes: every step
+  gathers a ``(G, be)`` tile of edge ids, each row masked to its own node's edge range, reduces
+  the ``(G, be, bf)`` rows into a ``(G, bf)`` accumulator and stores the ``G`` rows as one block.
+  Fewer, fuller programs: more source rows in flight per program on graphs of small mean degree.
+
+Heavy nodes: the first chunk runs in the node's own program, the rest as extra programs in
+parallel (packed alike), combined afterwards. With ``with_arg``, each program also returns, per
+feature, the CSR position of the winning edge (the first one on ties), which the backward uses to
+route gradients; without it the kernels skip that work. NaN propagates as in the reference
 (``segment_max`` / ``segment_min``): a NaN feature makes the node's result NaN, its arg the first
 NaN in-edge, in light and heavy nodes alike (heavy nodes' partials are combined with segment ops).
+The kernels track NaN themselves because the Triton lowering's max / min drop NaN operands.
 """
 
 from __future__ import annotations
@@ -14,10 +24,11 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ..._util import next_power_of_2
+from ..._util import cdiv, next_power_of_2
 from ...gnn._dynamic import DynamicGraph
 from ...gnn._graph import Graph
 from .. import _dispatch
@@ -76,31 +87,161 @@ def _call(starts, ends, indices, x, num_units, out_dtype, be, bf, is_max, interp
     )(starts, ends, indices, x)
 
 
-def segment_extreme(
-    g: Graph | DynamicGraph, x: jax.Array, is_max: bool, *, with_arg: bool = True, be: int | None = None
+# ---------------------------------------------------------------------------------- packed kernel
+#: The packed kernel's tile budget: ``nodes * be * bf`` elements per step (a ``(nodes, be, bf)`` gather).
+_TILE = 4096
+#: In-edges per program that the default rule aims at (``nodes * mean in-degree``).
+_EDGES_PER_PROGRAM = 128
+MAX_NODES_PER_PROGRAM = 32
+
+
+def default_nodes_per_program(mean_degree: float) -> int:
+    """The default number of light nodes per program: about 128 in-edges per program.
+
+    The largest power of two ``G <= 128 / mean_degree``, in ``[1, 16]``: 4 at a mean in-degree of
+    32, 16 below 16, and 1 (the one-node kernel) from 128 up, where one node already fills a program.
+    """
+    g = 1
+    while g < 16 and 2 * g * max(mean_degree, 1.0) <= _EDGES_PER_PROGRAM:
+        g *= 2
+    return g
+
+
+def check_nodes_per_program(nodes_per_program) -> None:
+    """``None`` or a power of two in ``[1, MAX_NODES_PER_PROGRAM]``; raises ``ValueError`` otherwise."""
+    if nodes_per_program is None:
+        return
+    g = nodes_per_program
+    ok = isinstance(g, int | np.integer) and not isinstance(g, bool)
+    if not (ok and 1 <= g <= MAX_NODES_PER_PROGRAM and g & (g - 1) == 0):
+        raise ValueError(
+            f"Expected nodes_per_program None or a power of two in [1, {MAX_NODES_PER_PROGRAM}]. Got {g!r}."
+        )
+
+
+def packed_tiles(nodes: int, f: int, be: int | None = None) -> tuple[int, int, int]:
+    """(edges per step ``be``, features per program ``bf``, warps) of the packed kernel for ``nodes`` per program."""
+    bf = min(next_power_of_2(f, 16), 128)
+    be = be or max(4, min(32, _TILE // (nodes * bf)))
+    while nodes * be * bf > 2 * _TILE and bf > 16:  # many nodes: narrower feature blocks, not fewer edges
+        bf //= 2
+    return be, bf, 4 if nodes * be * bf <= _TILE else 8
+
+
+def _packed_kernel(
+    starts_ref, ends_ref, indices_ref, x_ref, o_ref, *a_ref, num_units: int, f: int, nodes: int, be: int, bf: int,
+    is_max: bool,
 ):
-    """``x (N, F)`` -> (values ``(N, F)``, CSR position of the arg-max/min or -1)."""
+    p, fb = pl.program_id(0), pl.program_id(1)
+    units, live, start, end = P.unit_block(starts_ref, ends_ref, p * nodes, nodes, num_units)
+    cols = fb * bf + jnp.arange(bf, dtype=jnp.int32)
+    colmask = cols < f  # no padded copy of x: the last feature block is masked instead
+    ident = -jnp.inf if is_max else jnp.inf
+    red, pick = (jnp.max, jnp.maximum) if is_max else (jnp.min, jnp.minimum)
+    shape = (nodes, be, bf)
+
+    def tile(c):
+        pos, m = P.edge_tiles(start, c, end, be)
+        idx = P.load_at(indices_ref, pos, m)
+        m3 = jnp.broadcast_to(m[:, :, None], shape) & jnp.broadcast_to(colmask[None, None, :], shape)
+        # masked-out entries read the identity, so they never win (a real +-inf ties with it: see `hit`)
+        return pos, m3, P.gather_tiles(x_ref, idx, cols, m3, ident)
+
+    def values(c, carry):
+        best, nan = carry
+        _, _, rows = tile(c)
+        # NaN is tracked apart: the Triton lowering's max / min drop NaN operands (the interpreter's keep them)
+        nan = jnp.maximum(nan, jnp.max(jnp.where(jnp.isnan(rows), 1, 0), axis=1))
+        return pick(best, red(rows, axis=1)), nan
+
+    def with_args(c, carry):  # as _kernel's body, per node (axis 1 is the edge axis)
+        best, arg = carry
+        pos, m3, rows = tile(c)
+        nan = jnp.isnan(rows)  # masked-out entries hold the identity, never NaN
+        cnan = jnp.max(jnp.where(nan, 1, 0), axis=1) > 0
+        cbest = jnp.where(cnan, jnp.nan, red(rows, axis=1))
+        hit = jnp.where(jnp.broadcast_to(cnan[:, None, :], shape), nan, rows == cbest[:, None, :]) & m3
+        carg = jnp.min(jnp.where(hit, jnp.broadcast_to(pos[:, :, None], shape), _BIG), axis=1)
+        better = (cbest > best) if is_max else (cbest < best)
+        better = better | (cnan & ~jnp.isnan(best))  # the first NaN replaces any number
+        better = better | ((arg < 0) & (carg < _BIG))  # first valid value (also +-inf)
+        return jnp.where(better, cbest, best), jnp.where(better, carg, arg)
+
+    steps = jnp.max(P.num_chunks(start, end, be))  # the group's longest edge range
+    out_mask = jnp.broadcast_to(live[:, None], (nodes, bf)) & jnp.broadcast_to(colmask[None, :], (nodes, bf))
+    best0 = jnp.full((nodes, bf), ident, jnp.float32)
+    if a_ref:  # only when differentiating: the backward routes gradients through it
+        best, arg = lax.fori_loop(0, steps, with_args, (best0, jnp.full((nodes, bf), -1, jnp.int32)))
+        P.store_rows(o_ref, units, cols, jnp.where(arg >= 0, best, 0.0), out_mask)
+        P.store_rows(a_ref[0], units, cols, arg, out_mask)
+    else:
+        best, nan = lax.fori_loop(0, steps, values, (best0, jnp.zeros((nodes, bf), jnp.int32)))
+        has = jnp.broadcast_to((end > start)[:, None], (nodes, bf))
+        P.store_rows(o_ref, units, cols, jnp.where(nan > 0, jnp.nan, jnp.where(has, best, 0.0)), out_mask)
+
+
+def _packed_call(starts, ends, indices, x, num_units, out_dtype, nodes, be, bf, warps, is_max, interpret, with_arg):
+    f = x.shape[1]
+    shapes = [jax.ShapeDtypeStruct((num_units, f), out_dtype), jax.ShapeDtypeStruct((num_units, f), jnp.int32)]
+    kernel = functools.partial(_packed_kernel, num_units=num_units, f=f, nodes=nodes, be=be, bf=bf, is_max=is_max)
+    return pl.pallas_call(
+        kernel,
+        grid=(cdiv(num_units, nodes), cdiv(f, bf)),
+        out_shape=shapes[: 1 + with_arg],  # whole arrays: each program stores its rows, masked at the end
+        interpret=interpret,
+        compiler_params=P.params(warps),
+        name=f"gnn_aggregate_{'max' if is_max else 'min'}_x{nodes}",
+    )(starts, ends, indices, x)
+
+
+def segment_extreme(
+    g: Graph | DynamicGraph,
+    x: jax.Array,
+    is_max: bool,
+    *,
+    with_arg: bool = True,
+    be: int | None = None,
+    nodes_per_program: int | None = None,
+):
+    """``x (N, F)`` -> (values ``(N, F)``, CSR position of the arg-max/min or -1; or None without ``with_arg``).
+
+    ``nodes_per_program``: light nodes per program, a power of two; ``None`` picks
+    :func:`default_nodes_per_program` of the graph's mean in-degree (``edge_capacity / num_nodes``),
+    1 is the one-node kernel. ``be``: edges per step (default: per kernel, see :func:`packed_tiles`).
+    """
     interpret = _dispatch.pallas_mode()
     P.check_dtype(x)
+    check_nodes_per_program(nodes_per_program)
     n, f = x.shape
-    fp = next_power_of_2(f, 16)
-    bf = min(fp, 128)
-    be = be or max(16, min(64, 2048 // bf))  # 16 edges for F >= 128: best measured on the H200
-    xp = P.pad_last(x, fp)
+    nodes = nodes_per_program or default_nodes_per_program(g.edge_capacity / max(n, 1))
     indices = jnp.asarray(g.indices)
+    if nodes == 1:
+        fp = next_power_of_2(f, 16)
+        bf = min(fp, 128)
+        be = be or max(16, min(64, 2048 // bf))  # 16 edges for F >= 128: best measured on the H200
+        xp = P.pad_last(x, fp)
+
+        def run(s, e, dtype, arg):
+            return _call(s, e, indices, xp, s.shape[0], dtype, be, bf, is_max, interpret, arg)
+    else:
+        be, bf, warps = packed_tiles(nodes, f, be)
+
+        def run(s, e, dtype, arg):
+            return _packed_call(s, e, indices, x, s.shape[0], dtype, nodes, be, bf, warps, is_max, interpret, arg)
+
     (s0, e0, _), extra = P.units(g)
-    res = _call(s0, e0, indices, xp, n, x.dtype, be, bf, is_max, interpret, with_arg)
+    res = run(s0, e0, x.dtype, with_arg)
     out, arg = (res[0], res[1]) if with_arg else (res[0], None)
     red = jax.ops.segment_max if is_max else jax.ops.segment_min
     if extra is not None and not with_arg:
         s1, e1, _ = extra
-        (v1,) = _call(s1, e1, indices, xp, s1.shape[0], jnp.float32, be, bf, is_max, interpret, False)
+        (v1,) = run(s1, e1, jnp.float32, False)
         heavy, seg, nh = P.heavy_arrays(g)
         best = red(jnp.concatenate([out[heavy].astype(jnp.float32), v1]), jnp.concatenate([jnp.arange(nh), seg]), nh)
         return out.at[heavy].set(best.astype(out.dtype), unique_indices=True, mode="drop")[:, :f], None
     if extra is not None:
         s1, e1, _ = extra
-        v1, a1 = _call(s1, e1, indices, xp, s1.shape[0], jnp.float32, be, bf, is_max, interpret)
+        v1, a1 = run(s1, e1, jnp.float32, True)
         heavy, seg, nh = P.heavy_arrays(g)
         vals = jnp.concatenate([out[heavy].astype(jnp.float32), v1])
         args = jnp.concatenate([arg[heavy], a1])

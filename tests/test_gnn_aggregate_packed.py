@@ -1,0 +1,218 @@
+"""The packed max / min kernel (several light nodes per program) against the NumPy oracle and the XLA path.
+
+Interpret mode on the CPU (``gnn.interpret()``); a CPU check that every variant lowers to Triton for
+CUDA; ``gpu``-marked tests run the real kernels. Each case compares values, the arg-max / arg-min
+positions the backward uses, and gradients, for every ``nodes_per_program``.
+"""
+
+import gnn_oracle as O
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import blocksparse as bs
+import blocksparse.gnn as gnn
+from blocksparse.ops.gnn_aggregate import pallas_triton as K
+from blocksparse.ops.gnn_aggregate import reference as R
+from blocksparse.testing.graphs import graphs
+
+ON_GPU = jax.default_backend() == "gpu"
+PACKED = (2, 4, 8, 32)
+
+
+@pytest.fixture
+def interp():
+    with gnn.interpret():
+        yield
+
+
+def _ties(n, f, seed=0, dtype=jnp.float32):
+    """Few distinct values: many ties, which must go to the first in-edge."""
+    return jnp.asarray(np.random.default_rng(seed).integers(-2, 3, (n, f)), dtype)
+
+
+def _check_kernel(g, x, reduce, nodes):
+    """Values (with and without the arg), arg positions and gradients of ``nodes`` per program == the reference."""
+    is_max = reduce == "max"
+    want, want_arg = R.segment_extreme(g, x, is_max)
+    got, arg = K.segment_extreme(g, x, is_max, nodes_per_program=nodes)
+    only, none = K.segment_extreme(g, x, is_max, with_arg=False, nodes_per_program=nodes)
+    assert got.dtype == x.dtype and only.dtype == x.dtype and none is None
+    what = f"{reduce}, nodes_per_program={nodes}"
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32), err_msg=what)
+    np.testing.assert_array_equal(np.asarray(only, np.float32), np.asarray(want, np.float32), err_msg=what)
+    np.testing.assert_array_equal(arg, want_arg, err_msg=what)
+
+
+def _check_api(g, x, reduce, nodes, ct):
+    """Forward and gradient of ``aggregate`` (Pallas, ``nodes`` per program) == the NumPy oracle."""
+    f = lambda x: gnn.aggregate(g, x, reduce, implementation="pallas", nodes_per_program=nodes)
+    with bs.dispatch_log() as log:
+        y, vjp = jax.vjp(f, x)
+    assert log == [("aggregate", "pallas")]
+    (dx,) = vjp(ct)
+    src, dst = np.asarray(g.src), np.asarray(g.dst)
+    np.testing.assert_array_equal(y, O.extreme(src, dst, g.num_nodes, x, reduce).astype(np.float32))
+    np.testing.assert_allclose(dx, O.extreme_grad(src, dst, g.num_nodes, x, ct, reduce), rtol=1e-6, atol=1e-6)
+
+
+@given(graphs(max_nodes=40, max_edges=200), st.sampled_from(["max", "min"]), st.sampled_from(PACKED))
+@settings(max_examples=4)
+def test_packed_matches_reference_on_random_graphs(g, reduce, nodes):
+    # isolated nodes, self-loops, multi-edges and a hub split into chunks (extra units, packed alike)
+    with gnn.interpret():
+        x = _ties(g.num_nodes, 5)
+        _check_kernel(g, x, reduce, nodes)
+        _check_api(g, x, reduce, nodes, _ties(g.num_nodes, 5, seed=1) + 0.25)
+
+
+def test_packed_nan_inf_ties_and_isolated_nodes(interp):
+    rng = np.random.default_rng(3)
+    n = 23  # not a multiple of any group: the last program's missing nodes are masked
+    src, dst = rng.integers(0, n - 3, 160), rng.integers(0, n - 3, 160)  # the last three nodes are isolated
+    g = gnn.Graph.from_edges(src, dst, n)
+    x = _ties(n, 20, seed=4)  # 20 features: the last feature block is masked, no padded copy
+    x = x.at[src[5], 3].set(jnp.nan).at[src[9], :].set(-jnp.inf).at[src[11], 7:9].set(jnp.inf)
+    x = x.at[src[13], 7].set(jnp.nan)  # a NaN in the same column as infinities
+    ct = jnp.asarray(rng.standard_normal((n, 20)), jnp.float32)
+    for reduce, nodes in (("max", 1), ("max", 4), ("min", 8), ("min", 32)):
+        _check_kernel(g, x, reduce, nodes)
+        _check_api(g, x, reduce, nodes, ct)
+        y = gnn.aggregate(g, x, reduce, implementation="pallas", nodes_per_program=nodes)
+        np.testing.assert_array_equal(y[n - 3 :], 0.0)  # isolated nodes give 0
+        assert np.isnan(y[dst[5], 3])
+
+
+def test_packed_one_node_with_every_edge(interp):
+    rng = np.random.default_rng(5)
+    n, e = 9, 700
+    src = rng.integers(0, n, e)
+    for q in (0.99, 0.0):  # the hub alone in one program, or split into 128-edge chunks (extra units)
+        g = gnn.Graph.from_edges(src, np.full(e, 4), n, heavy_quantile=q)
+        assert (g.schedule.num_extra > 0) == (q == 0.0)
+        x = _ties(n, 16, seed=6)
+        _check_kernel(g, x, "max", 32)
+        _check_api(g, x, "min", 4, _ties(n, 16, seed=7) + 0.5)
+
+
+def test_packed_empty_graphs(interp):
+    # no edges at all (the op answers 0 without a kernel), and a traced graph whose capacity holds none
+    g = gnn.Graph.from_edges(np.zeros(0, int), np.zeros(0, int), 6)
+    np.testing.assert_array_equal(gnn.aggregate(g, jnp.ones((6, 3)), implementation="pallas", nodes_per_program=4), 0.0)
+    d = gnn.DynamicGraph.from_edge_index(np.zeros((2, 0), np.int32), num_nodes=6, max_edges=256, chunk=128)
+    for nodes in (4,):
+        y, dx = jax.value_and_grad(
+            lambda x, nodes=nodes: jnp.sum(gnn.aggregate(d, x, implementation="pallas", nodes_per_program=nodes))
+        )(jnp.ones((6, 3)))
+        assert y == 0.0
+        np.testing.assert_array_equal(dx, 0.0)
+
+
+@pytest.mark.parametrize("dtype, reduce", [(jnp.bfloat16, "max"), (jnp.float16, "min")])
+def test_packed_half_precision(interp, dtype, reduce):
+    rng = np.random.default_rng(8)
+    dst = np.concatenate([rng.integers(0, 50, 300), np.full(200, 9)])  # node 9: 200+ in-edges, two chunks
+    g = gnn.Graph.from_edges(rng.integers(0, 50, 500), dst, 50, heavy_quantile=0.9)
+    assert g.schedule.num_extra > 0
+    x = jnp.asarray(np.random.default_rng(9).standard_normal((50, 24)), dtype)
+    ct = jnp.asarray(np.random.default_rng(10).standard_normal((50, 24)), dtype)
+    _check_kernel(g, x, reduce, 4)  # exact: the kernel compares in float32, a max of casts is a cast of the max
+    f = lambda x, impl: jax.vjp(lambda x: gnn.aggregate(g, x, reduce, implementation=impl, nodes_per_program=4), x)
+    (y1, v1), (y2, v2) = f(x, "xla"), f(x, "pallas")
+    assert y2.dtype == dtype and v2(ct)[0].dtype == dtype
+    np.testing.assert_array_equal(np.asarray(y2, np.float32), np.asarray(y1, np.float32))
+    np.testing.assert_array_equal(np.asarray(v2(ct)[0], np.float32), np.asarray(v1(ct)[0], np.float32))
+
+
+def test_packed_dynamic_graph_under_jit(interp):
+    # a traced schedule: capacities above the edges (unused extra units), canonical and given orders
+    rng = np.random.default_rng(11)
+    n, e = 30, 420
+    src = np.concatenate([rng.integers(0, n, e - 200), rng.integers(0, n, 200)])
+    dst = np.concatenate([rng.integers(0, n - 2, e - 200), np.full(200, 6)])  # hub of >= 200 in-edges
+    x = _ties(n, 12, seed=12)
+    ct = jnp.asarray(rng.standard_normal((n, 12)), jnp.float32)
+    for canonical, nodes in ((True, 4), (False, 8)):
+
+        @jax.jit
+        def run(ei, x, canonical=canonical, nodes=nodes):
+            d = gnn.DynamicGraph.from_edge_index(ei, num_nodes=n, max_edges=640, chunk=128, canonical=canonical)
+            assert d.schedule.num_extra == 5
+            f = lambda x, impl: gnn.aggregate(d, x, "max", implementation=impl, nodes_per_program=nodes)
+            (y, vjp), (y0, vjp0) = jax.vjp(lambda x: f(x, "pallas"), x), jax.vjp(lambda x: f(x, "xla"), x)
+            return y, vjp(ct)[0], y0, vjp0(ct)[0]
+
+        y, dx, want, dwant = run(jnp.asarray(np.stack([src, dst]), jnp.int32), x)
+        np.testing.assert_array_equal(want, O.extreme(src, dst, n, x, "max").astype(np.float32))
+        np.testing.assert_array_equal(y, want)
+        np.testing.assert_array_equal(dx, dwant)
+        if not canonical:  # (canonical order sorts each node's in-edges by source: ties go elsewhere)
+            np.testing.assert_allclose(dwant, O.extreme_grad(src, dst, n, x, ct, "max"), rtol=1e-6, atol=1e-6)
+
+
+def test_default_rule_and_bad_knob():
+    assert [K.default_nodes_per_program(d) for d in (0.0, 4, 8, 16, 32, 33, 64, 65, 128, 1000)] == [
+        16, 16, 16, 8, 4, 2, 2, 1, 1, 1
+    ]  # fmt: skip
+    for nodes in (1, 2, 4, 8, 16, 32):
+        be, bf, warps = K.packed_tiles(nodes, 128)
+        assert nodes * be * bf <= 8192 and be >= 4 and warps in (4, 8)
+    g = gnn.power_law(10, 40, seed=0)
+    for bad in (0, 3, 64, 2.0, True, "4"):
+        with pytest.raises(ValueError, match=r"Expected nodes_per_program None or a power of two in \[1, 32\]"):
+            gnn.aggregate(g, jnp.ones((10, 2)), nodes_per_program=bad)
+    # the XLA path ignores the knob
+    np.testing.assert_array_equal(
+        gnn.aggregate(g, jnp.ones((10, 2)), implementation="xla", nodes_per_program=8),
+        gnn.aggregate(g, jnp.ones((10, 2)), implementation="xla"),
+    )
+
+
+def test_every_packed_variant_lowers_to_triton(monkeypatch):
+    from test_gnn_pallas import _lower_for_cuda
+
+    import blocksparse.ops._dispatch as D
+
+    if ON_GPU:
+        pytest.skip("the GPU runs the kernels for real")
+    monkeypatch.setattr(D, "pallas_mode", lambda: False)
+    rng = np.random.default_rng(0)
+    src = np.concatenate([rng.integers(0, 40, 300), rng.integers(0, 40, 300)])
+    dst = np.concatenate([rng.integers(0, 40, 300), np.full(300, 2)])
+    g = gnn.Graph.from_edges(src, dst, 40, heavy_quantile=0.5)
+    assert g.schedule.num_extra > 0
+
+    def everything(x, xb):
+        outs = []
+        for nodes in (2, 4, 32):
+            for a in (x, xb):
+                f = lambda a, nodes=nodes: gnn.aggregate(g, a, "min", implementation="pallas", nodes_per_program=nodes)
+                outs += [f(a), jax.vjp(f, a)[1](a)]
+        return outs
+
+    txt = _lower_for_cuda(everything, jnp.ones((40, 200)), jnp.ones((40, 20), jnp.bfloat16))
+    assert txt.count("gnn_aggregate_min_x32") >= 4 and txt.count("__gpu$xla.gpu.triton") >= 24
+
+
+# ------------------------------------------------------------------------------- real GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_gpu_packed_matches_reference(dtype):
+    g = gnn.power_law(5000, 160_000, seed=7)
+    assert g.schedule.num_extra > 0
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((5000, 100)), dtype).at[17, 3].set(jnp.nan)
+    ct = jnp.asarray(rng.standard_normal((5000, 100)), dtype)
+    for reduce in ("max", "min"):
+        f = lambda x, impl, nodes=None, reduce=reduce: jax.vjp(
+            lambda x: gnn.aggregate(g, x, reduce, implementation=impl, nodes_per_program=nodes), x
+        )
+        y0, v0 = f(x, "xla")
+        for nodes in (1, 2, 4, 8, 16, 32, None):
+            _check_kernel(g, x, reduce, nodes)
+            y, v = f(x, "pallas", nodes)
+            np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(y0, np.float32))
+            np.testing.assert_array_equal(np.asarray(v(ct)[0], np.float32), np.asarray(v0(ct)[0], np.float32))
