@@ -227,6 +227,13 @@ def test_static_graph_matches_oracle():
     ea = jnp.asarray(np.random.default_rng(22).standard_normal((E, 2)), jnp.float32)
     gcn = GCNConv.init(key, IN, 6, improved=True)
     np.testing.assert_allclose(gcn(x, g, edge_weight=w), gcn_oracle(gcn, x, ei, w), **TOL)
+    # no edge weights: the coefficients come from the host (NumPy), equal to the traced formula
+    for kw in ({}, {"improved": True}, {"add_self_loops": False}):
+        conv = GCNConv.init(key, IN, 6, **kw)
+        want = gcn_oracle(conv, x, ei, None)
+        np.testing.assert_allclose(conv(x, g), want, **TOL)
+        np.testing.assert_allclose(jax.jit(lambda x, g, conv=conv: conv(x, g))(x, g), want, **TOL)
+        np.testing.assert_allclose(conv(x, bs.gnn.DynamicGraph.from_edge_index(ei, num_nodes=N)), want, **TOL)
     gat = GATv2Conv.init(key, IN, 4, heads=2, edge_dim=2)
     np.testing.assert_allclose(gat(x, g), gat_oracle(gat, x, ei), **TOL)
     np.testing.assert_allclose(gat(x, g, edge_attr=ea), gat_oracle(gat, x, ei, ea), **TOL)
