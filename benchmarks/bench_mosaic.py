@@ -6,8 +6,9 @@ bf16 or fp16, float32 accumulation) one random pattern is timed in one process:
 - ``dense``: ``jnp.dot`` of the dense ``W`` (cuBLAS through XLA);
 - ``triton``: ``bs.matmul(W, x, implementation="pallas")`` (the Pallas Triton kernel);
 - ``mosaic``: ``bs.matmul(W, x, implementation="mosaic")`` (its default tiles), then each forced
-  variant of ``--tn`` x ``--stages`` (``blocksparse.ops.matmul.pallas_mosaic.dsd`` with a
-  ``MosaicConfig``), recorded under ``variants``.
+  variant of ``--tn`` x ``--stages`` x ``--consumers`` (``blocksparse.ops.matmul.pallas_mosaic.dsd``
+  with a ``MosaicConfig``), recorded under ``variants``; a variant the plan refuses (shared memory)
+  records the reason and is not a failure.
 
 With ``--epilogue ACT`` every sparse kernel runs fused with a bias and the activation ``ACT``
 (``bs.matmul(..., bias=, activation=)``; dense: ``jnp.dot`` then the same epilogue in XLA).
@@ -24,6 +25,7 @@ Usage (the brief's grid, about a minute on an H200; the b = 64 sweep of forced t
     python3 benchmarks/bench_mosaic.py --json $OUT/mosaic.json
     python3 benchmarks/bench_mosaic.py --b 64 --tn 128 256 --stages 2 3 4 --json $OUT/mosaic_b64.json
     python3 benchmarks/bench_mosaic.py --n 256 --b 64 --tn 64 128 256 --json $OUT/mosaic_b64_n256.json
+    python3 benchmarks/bench_mosaic.py --b 64 --tn 64 128 --consumers 1 2 --json $OUT/mosaic_b64_2wg.json
     python3 benchmarks/bench_mosaic.py --epilogue gelu --json $OUT/mosaic_gelu.json
 """
 
@@ -102,8 +104,10 @@ def bench_cell(m: int, n: int, b: int, d: int, dtype, timer: Timer, configs, act
             row[f"speedup_vs_{name}"] = row[f"{name}_ms"] / row["mosaic_ms"]
     row["variants"] = []
     for cfg in configs:
-        v = {"tn": cfg.tn, "stages": cfg.stages, "max_len": cfg.max_len}
+        v = {"tn": cfg.tn, "stages": cfg.stages, "max_len": cfg.max_len, "consumers": cfg.consumers}
         try:
+            if cfg.consumers > 1 and activation is not None:
+                raise NotImplementedError("two warpgroups have no fused epilogue")
             pv = pallas_mosaic.plan(W.pattern, n, jnp.dtype(dtype).itemsize, cfg)
             v.update(tn=pv.tn, stages=pv.stages)
         except NotImplementedError as e:  # this variant cannot take the cell (too much shared memory, ...)
@@ -137,7 +141,8 @@ def _table(rows) -> str:
                 out.append(f"    {k}: {v}")
         for v in r.get("variants", ()):
             ms = f"{v['mosaic_ms']:.3f} ms, {v['speedup_vs_triton']:.2f}x Triton" if "speedup_vs_triton" in v else ""
-            out.append(f"    variant tn={v['tn']} stages={v['stages']} max_len={v['max_len']}: {ms}"
+            out.append(f"    variant tn={v['tn']} stages={v['stages']} consumers={v['consumers']} "
+                       f"max_len={v['max_len']}: {ms}"
                        + (f" {v['mosaic_error']}" if "mosaic_error" in v else ""))  # fmt: skip
     return "\n".join(out)
 
@@ -152,6 +157,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tn", type=int, nargs="+", default=None, help="Mosaic variants: force these column tiles")
     ap.add_argument("--stages", type=int, nargs="+", default=None, help="Mosaic variants: force these depths")
     ap.add_argument("--max-len", type=int, default=None, help="Mosaic variants: force the cap on blocks per program")
+    ap.add_argument("--consumers", type=int, nargs="+", default=None, choices=[1, 2],
+                    help="Mosaic variants: warpgroups per program (2: two column tiles share W's copy)")  # fmt: skip
     ap.add_argument("--epilogue", default=None, choices=sorted(epilogue.ACTIVATIONS),
                     help="fuse a bias and this activation into every sparse kernel")  # fmt: skip
     ap.add_argument("--iters", type=int, default=20)
@@ -164,9 +171,9 @@ def main(argv=None) -> int:
         print(f"bench_mosaic: the Mosaic kernel needs a Hopper GPU: {why}", file=sys.stderr)
         return 2
     configs = []
-    if args.tn or args.stages or args.max_len:
-        for tn, stages in itertools.product(args.tn or [None], args.stages or [None]):
-            configs.append(pallas_mosaic.MosaicConfig(tn=tn, stages=stages, max_len=args.max_len))
+    if args.tn or args.stages or args.max_len or args.consumers:
+        for tn, stages, c in itertools.product(args.tn or [None], args.stages or [None], args.consumers or [1]):
+            configs.append(pallas_mosaic.MosaicConfig(tn=tn, stages=stages, max_len=args.max_len, consumers=c))
     dtype = jnp.dtype(args.dtype)
     timer = Timer(iters=args.iters, trials=args.trials)
     dev = jax.devices()[0]

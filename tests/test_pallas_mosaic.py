@@ -177,6 +177,27 @@ def test_interpreter_four_stages_and_wide_tiles_at_small_n():
     assert "bs_mgpu_dsd_64x64_tn256" in txt
 
 
+def test_two_consumer_warpgroups():
+    """consumers=2: two warpgroups on two column tiles share W's copy (interpreted, with split rows and
+    empty units; the interpreter runs both warpgroups and counts the "free" barrier's two arrivals);
+    b = 64, tn = 128, 3 stages (216 KiB) lowers for CUDA; the plan counts the staging buffers."""
+    pattern, data, x, want, scale = _problem("full_row", (64, 64), jnp.bfloat16, n=200)
+    cfg = pallas_mosaic.MosaicConfig(tn=64, consumers=2, max_len=2)
+    p = pallas_mosaic.plan(pattern, 200, config=cfg)
+    assert (p.tn, p.tiles, p.n_pad, p.consumers) == (64, 2, 256, 2) and p.sched.num_partials == 2
+    assert_close(pallas_mosaic.dsd(pattern, data, x, config=cfg, interpret=True), want, scale, jnp.bfloat16)
+    big = pallas_mosaic.MosaicConfig(tn=128, stages=3, consumers=2)
+    assert pallas_mosaic.plan(pattern, 4096, config=big).smem_bytes(64, 64, 2) == 3 * 40 * 1024 + 2 * 64 * 128 * 6
+    fn = jax.jit(lambda d, x: pallas_mosaic.dsd(pattern, d, x, config=big, interpret=False))
+    assert "_2wg" in fn.trace(data, jnp.zeros((256, 4096), jnp.bfloat16)).lower(lowering_platforms=("cuda",)).as_text()
+    with pytest.raises(NotImplementedError, match="shared memory"):  # float32 staging: 3 stages no longer fit
+        pallas_mosaic.plan(pattern, 4096, config=big, out_itemsize=4)
+    with pytest.raises(NotImplementedError, match="requires consumers=1 for a fused epilogue"):
+        pallas_mosaic.dsd(pattern, data, x, config=cfg, epi=epilogue.Epilogue("relu"))
+    with pytest.raises(ValueError, match="Expected consumers 1 or 2. Got 3."):
+        pallas_mosaic.MosaicConfig(consumers=3)
+
+
 # ----------------------------------------------------------------------------- fused epilogue
 def _epilogue_oracle(want, scale, bias, axis, activation):
     """float64 product + bias, then the activation (float32: the kernels' own precision); its scale."""
@@ -485,6 +506,24 @@ def test_gpu_fused_epilogue(b, dtype, activation):
     assert log == [("dsd+epilogue", "mosaic")]
     want_v, scale_v = _epilogue_oracle(want[:, :1], scale[:, :1], bias_m.astype(jnp.float32), 0, "relu")
     assert_close(v, want_v[:, 0], scale_v[:, 0], dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["random", "full_row"])
+@pytest.mark.parametrize(
+    "config",
+    [dict(tn=256, stages=4), dict(tn=128, stages=3, consumers=2), dict(tn=64, consumers=2, max_len=3),
+     dict(tn=256, stages=2)],
+)  # fmt: skip
+def test_gpu_forced_variants(kind, config):
+    """The variants bench_mosaic.py can force for b = 64 (4 stages, two consumer warpgroups, tn = 256 at
+    n = 256) against the float64 oracle, before their times mean anything."""
+    _hopper()
+    cfg = pallas_mosaic.MosaicConfig(**config)
+    for n in (256, 1000):
+        pattern, data, x, want, scale = _problem(kind, (64, 64), jnp.bfloat16, shape=(2048, 1024), n=n, seed=n)
+        y = jax.jit(lambda d, x, pattern=pattern: pallas_mosaic.dsd(pattern, d, x, config=cfg))(data, x)
+        assert_close(y, want, scale, jnp.bfloat16, what=f"{kind} n={n} {cfg}")
 
 
 @pytest.mark.gpu

@@ -108,17 +108,23 @@ class MosaicConfig:
         tn: columns of ``x`` per program, in (64, 128, 256), with ``bh * tn <= 128 * 128``.
         stages: shared-memory pipeline depth (>= 2; default: 3, or 2 where 3 do not fit).
         max_len: force the schedule's cap on blocks per program.
+        consumers: warpgroups per program (1 or 2). With 2, each program computes ``2 tn``
+            columns, ``tn`` per warpgroup, and W's block is copied once for both (an experiment
+            for b = 64, where one warpgroup per SM leaves the tensor cores idle; no epilogue).
     """
 
     tn: int | None = None
     stages: int | None = None
     max_len: int | None = None
+    consumers: int = 1
 
     def __post_init__(self):
         if self.tn is not None and self.tn not in _TILES:
             raise ValueError(f"Expected tn in {_TILES}. Got {self.tn}.")
         if self.stages is not None and self.stages < 2:  # one stage would wait before its first copy
             raise ValueError(f"Expected stages >= 2. Got {self.stages}.")
+        if self.consumers not in (1, 2):
+            raise ValueError(f"Expected consumers 1 or 2. Got {self.consumers}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +137,7 @@ class MosaicPlan:
         n_pad: ``n`` rounded up to a multiple of ``tn`` (``x`` is zero-padded to it).
         stages: shared-memory pipeline depth.
         sched: the work list.
+        consumers: warpgroups per program, each on ``tn`` columns (a program covers ``consumers * tn``).
     """
 
     tn: int
@@ -138,10 +145,14 @@ class MosaicPlan:
     n_pad: int
     stages: int
     sched: RowSplitSchedule
+    consumers: int = 1
 
-    def smem_bytes(self, bh: int, bw: int, itemsize: int) -> int:
-        """Shared memory of the pipeline (the output staging buffer reuses it afterwards)."""
-        return self.stages * (bh * bw + bw * self.tn) * itemsize
+    def smem_bytes(self, bh: int, bw: int, itemsize: int, out_itemsize: int | None = None) -> int:
+        """Shared memory of the pipeline (one warpgroup: the output staging buffer reuses it afterwards;
+        two: plus their own output and float32 staging buffers)."""
+        pipeline = self.stages * (bh * bw + bw * self.tn * self.consumers) * itemsize
+        staging = self.consumers * bh * self.tn * ((out_itemsize or itemsize) + 4)
+        return pipeline + (0 if self.consumers == 1 else staging)
 
 
 def _default_tn(bh: int, n: int, rows: int) -> int:
@@ -156,12 +167,18 @@ def _default_tn(bh: int, n: int, rows: int) -> int:
 
 
 def plan(
-    pattern: BlockPattern, n: int, itemsize: int = 2, config: MosaicConfig | None = None, extra_smem: int = 0
+    pattern: BlockPattern,
+    n: int,
+    itemsize: int = 2,
+    config: MosaicConfig | None = None,
+    extra_smem: int = 0,
+    out_itemsize: int | None = None,
 ) -> MosaicPlan:
     """The host-side preparation of ``W @ x`` for ``x`` of ``n`` columns (NumPy; the schedule is cached).
 
-    ``extra_smem``: bytes of shared memory the kernel holds besides the pipeline (the bias slice).
-    Raises ``NotImplementedError`` if the kernel cannot take these blocks or tiles.
+    ``itemsize``: bytes of an operand element; ``out_itemsize``: of an output element (default
+    ``itemsize``); ``extra_smem``: bytes of shared memory the kernel holds besides the pipeline (the
+    bias slice). Raises ``NotImplementedError`` if the kernel cannot take these blocks or tiles.
     """
     cfg = config or MosaicConfig()
     bh, bw = pattern.block_size
@@ -175,16 +192,20 @@ def plan(
         raise NotImplementedError(
             f"requires bh * tn <= {_MAX_ACC} (a float32 accumulator in one warpgroup's registers) (got {bh} * {tn})"
         )
-    per_stage = (bh * bw + bw * tn) * itemsize
+    c = cfg.consumers
+    if c > 1:
+        # the warpgroups' output and float32 staging buffers (the pipeline's memory is not reused)
+        extra_smem += c * bh * tn * ((out_itemsize or itemsize) + 4)
+    per_stage = (bh * bw + bw * tn * c) * itemsize
     fit = (_SMEM_BYTES - extra_smem) // per_stage
     stages = cfg.stages or min(3, fit)
     if stages > fit or stages < 2:
         raise NotImplementedError(
             f"requires stages * {per_stage} bytes <= {_SMEM_BYTES - extra_smem} of shared memory (got stages={stages})"
         )
-    tiles = cdiv(n, tn)
+    tiles = cdiv(n, tn * c)
     sched = lower(pattern, GpuLowering(op="dsd", tiles=tiles, max_len=cfg.max_len))
-    return MosaicPlan(tn=tn, tiles=tiles, n_pad=tiles * tn, stages=stages, sched=sched)
+    return MosaicPlan(tn=tn, tiles=tiles, n_pad=tiles * tn * c, stages=stages, sched=sched, consumers=c)
 
 
 def _dsd_kernel(start_g, len_g, dest_g, col_g, id_g, w_g, x_g, *refs, bh, bw, tn, stages, epi=None):
@@ -280,6 +301,85 @@ def _dsd_kernel(start_g, len_g, dest_g, col_g, id_g, w_g, x_g, *refs, bh, bw, tn
         pl.run_scoped(run, plgpu.SMEM((tn if epi.bias_axis == 1 else bh,), jnp.float32), plgpu.Barrier(num_barriers=1))
 
 
+def _dsd_kernel_2wg(start_g, len_g, dest_g, col_g, id_g, w_g, x_g, y_g, p_g, *, bh, bw, tn, stages):
+    """Program ``(u, t)`` with two consumer warpgroups ``g``: columns ``[(2 t + g) tn, (2 t + g + 1) tn)``.
+
+    Warpgroup 0 issues every TMA copy: W's block once for both, and the ``bw x 2 tn`` slab of x.
+    Both wait for a stage's copies; after its wgmma of step ``i`` has been issued and step ``i - 1``'s
+    has finished, each warpgroup arrives at the stage of step ``i - 1``'s "free" barrier (two
+    arrivals), which warpgroup 0 waits for before refilling that stage.
+    """
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    u = lax.axis_index("u")
+    wg = lax.axis_index("wg")
+    c0 = pl.multiple_of(lax.axis_index("t") * 2 * tn, 2 * tn)
+    start = start_g[u]
+    length = len_g[u]
+    dest = dest_g[u]
+    dtype = w_g.dtype
+    swizzle_elems = _SWIZZLE // jnp.dtype(dtype).itemsize
+    transforms = (plgpu.TilingTransform((8, swizzle_elems)), plgpu.SwizzleTransform(_SWIZZLE))
+    leader = wg == 0
+
+    def body(w_smem, x_smem, w_bar, x_bar, free_bar, y_smem, p_smem):
+        def fetch(i):
+            slot = lax.rem(i, stages)
+            j = start + i
+            plgpu.copy_gmem_to_smem(w_g.at[pl.ds(id_g[j] * bh, bh), :], w_smem.at[slot], w_bar.at[slot])
+            plgpu.copy_gmem_to_smem(x_g.at[pl.ds(col_g[j] * bw, bw), pl.ds(c0, 2 * tn)], x_smem.at[slot],
+                                    x_bar.at[slot])  # fmt: skip
+
+        for i in range(stages - 1):
+            pl.when(leader & (i < length))(functools.partial(fetch, i))
+
+        def compute(acc_ref):
+            def step(i, carry):
+                slot = lax.rem(i, stages)
+                plgpu.barrier_wait(w_bar.at[slot])
+                plgpu.barrier_wait(x_bar.at[slot])
+                plgpu.wgmma(acc_ref, w_smem.at[slot], x_smem.at[slot].at[:, pl.ds(wg * tn, tn)])
+                plgpu.wgmma_wait(1)  # this warpgroup is done with step i - 1's stage
+                prev = lax.rem(i + stages - 1, stages)
+                pl.when(i > 0)(lambda: plgpu.barrier_arrive(free_bar.at[prev]))
+                nxt = i + stages - 1  # refills step i - 1's stage (for i = 0, the never used last stage)
+
+                @pl.when(leader & (nxt < length))
+                def _():
+                    pl.when(i > 0)(lambda: plgpu.barrier_wait(free_bar.at[prev]))
+                    fetch(nxt)
+
+                return carry
+
+            lax.fori_loop(0, length, step, None)
+            plgpu.wgmma_wait(0)
+            return acc_ref[...]
+
+        acc = pl.run_scoped(compute, plgpu.ACC((bh, tn), jnp.float32))  # one per warpgroup
+        n0 = c0 + wg * tn
+
+        def store(out_g, o_smem, row):
+            o_smem[...] = acc.astype(o_smem.dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(o_smem, out_g.at[pl.ds(row * bh, bh), pl.ds(n0, tn)])
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+        pl.when(dest >= 0)(lambda: store(y_g, y_smem.at[wg], dest))
+        pl.when(dest < 0)(lambda: store(p_g, p_smem.at[wg], -1 - dest))
+
+    pl.run_scoped(
+        body,
+        plgpu.SMEM((stages, bh, bw), dtype, transforms=transforms),
+        plgpu.SMEM((stages, bw, 2 * tn), dtype, transforms=transforms),
+        plgpu.Barrier(num_barriers=stages),
+        plgpu.Barrier(num_barriers=stages),
+        plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+        plgpu.SMEM((2, bh, tn), y_g.dtype),
+        plgpu.SMEM((2, bh, tn), jnp.float32),
+        collective_axes="wg",
+    )
+
+
 def _launch(p: MosaicPlan, m: int, data, xp, out_dtype, *, interpret, epi=None, bias=()):
     """Run the kernel: ``(y (m, n_pad) in out_dtype, partials (S * bh, n_pad) float32)``.
 
@@ -290,16 +390,24 @@ def _launch(p: MosaicPlan, m: int, data, xp, out_dtype, *, interpret, epi=None, 
 
     _, bh, bw = data.shape
     s = p.sched
+    if p.consumers == 2:
+        body = functools.partial(_dsd_kernel_2wg, bh=bh, bw=bw, tn=p.tn, stages=p.stages)
+        threads = dict(num_threads=2, thread_name="wg")
+    else:
+        body = functools.partial(_dsd_kernel, bh=bh, bw=bw, tn=p.tn, stages=p.stages, epi=epi)
+        threads = {}
     kernel = plgpu.kernel(
-        functools.partial(_dsd_kernel, bh=bh, bw=bw, tn=p.tn, stages=p.stages, epi=epi),
+        body,
         out_type=(
             jax.ShapeDtypeStruct((m, p.n_pad), out_dtype),
             jax.ShapeDtypeStruct((max(s.num_partials, 1) * bh, p.n_pad), jnp.float32),
         ),
         grid=(s.num_units, p.tiles),
         grid_names=("u", "t"),
-        kernel_name=f"bs_mgpu_dsd_{bh}x{bw}_tn{p.tn}" + ("_epi" if epi is not None else ""),
+        kernel_name=f"bs_mgpu_dsd_{bh}x{bw}_tn{p.tn}" + ("_epi" if epi is not None else "")
+        + ("_2wg" if p.consumers == 2 else ""),
         interpret=plgpu.InterpretGPUParams() if interpret is True else interpret,
+        **threads,
     )
     return kernel(
         jnp.asarray(s.unit_start),
@@ -364,7 +472,9 @@ def dsd(pattern: BlockPattern, data, x, out_dtype=None, *, config: MosaicConfig 
     if with_bias and tuple(bias.shape) != ((n,) if epi.bias_axis == 1 else (m,)):
         want = (n,) if epi.bias_axis == 1 else (m,)
         raise ValueError(f"Expected a bias of shape {want} (bias_axis={epi.bias_axis}). Got {tuple(bias.shape)}.")
-    p = plan(pattern, n, jnp.dtype(dt).itemsize, config, extra_smem=_BIAS_SMEM if with_bias else 0)
+    if epi is not None and config is not None and config.consumers > 1:
+        raise NotImplementedError("requires consumers=1 for a fused epilogue (not written for two warpgroups)")
+    p = plan(pattern, n, jnp.dtype(dt).itemsize, config, _BIAS_SMEM if with_bias else 0, out_dtype.itemsize)
     if n == 0:
         return jnp.zeros((m, n), out_dtype)
     if pattern.nnz_blocks == 0:
