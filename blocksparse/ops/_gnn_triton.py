@@ -92,10 +92,20 @@ def fold_sum(g: Graph | DynamicGraph, main: jax.Array, extra: jax.Array | None) 
 
 
 # ------------------------------------------------------------------ several units per program
-def unit_block(starts_ref, ends_ref, first, count: int, num_units: int):
-    """Units ``first + [0, count)``: (their ids, whether each exists, CSR starts, CSR ends); missing ones are empty."""
-    units = first + jnp.arange(count, dtype=jnp.int32)
-    live = units < num_units
+def unit_block(starts_ref, ends_ref, order_ref, first, count: int, num_units: int):
+    """Slots ``first + [0, count)`` of the unit order: (unit ids, whether each exists, CSR starts, CSR ends).
+
+    ``order_ref`` maps slots to units (say, units sorted by length); ``None``: slot ``i`` is unit ``i``.
+    Missing units (slots past ``num_units``) are empty, and keep their slot as id: out of range and
+    distinct, so a masked store never aliases a real row (the interpreter's masked store writes the
+    old value back; out-of-range rows are dropped).
+    """
+    slots = first + jnp.arange(count, dtype=jnp.int32)
+    live = slots < num_units
+    if order_ref is None:
+        units = slots
+    else:
+        units = jnp.where(live, plgpu.load(order_ref.at[slots], mask=live, other=0), slots)
     start = plgpu.load(starts_ref.at[units], mask=live, other=0)
     end = plgpu.load(ends_ref.at[units], mask=live, other=0)
     return units, live, start, end

@@ -128,12 +128,13 @@ def packed_tiles(nodes: int, f: int, be: int | None = None) -> tuple[int, int, i
     return be, bf, 4 if nodes * be * bf <= _TILE else 8
 
 
-def _packed_kernel(
-    starts_ref, ends_ref, indices_ref, x_ref, o_ref, *a_ref, num_units: int, f: int, nodes: int, be: int, bf: int,
-    is_max: bool,
-):
+def _packed_kernel(*refs, num_units: int, f: int, nodes: int, be: int, bf: int, is_max: bool, ordered: bool):
+    if ordered:
+        starts_ref, ends_ref, order_ref, indices_ref, x_ref, o_ref, *a_ref = refs
+    else:
+        (starts_ref, ends_ref, indices_ref, x_ref, o_ref, *a_ref), order_ref = refs, None
     p, fb = pl.program_id(0), pl.program_id(1)
-    units, live, start, end = P.unit_block(starts_ref, ends_ref, p * nodes, nodes, num_units)
+    units, live, start, end = P.unit_block(starts_ref, ends_ref, order_ref, p * nodes, nodes, num_units)
     cols = fb * bf + jnp.arange(bf, dtype=jnp.int32)
     colmask = cols < f  # no padded copy of x: the last feature block is masked instead
     ident = -jnp.inf if is_max else jnp.inf
@@ -180,10 +181,14 @@ def _packed_kernel(
         P.store_rows(o_ref, units, cols, jnp.where(nan > 0, jnp.nan, jnp.where(has, best, 0.0)), out_mask)
 
 
-def _packed_call(starts, ends, indices, x, num_units, out_dtype, nodes, be, bf, warps, is_max, interpret, with_arg):
+def _packed_call(
+    starts, ends, order, indices, x, num_units, out_dtype, nodes, be, bf, warps, is_max, interpret, with_arg
+):
     f = x.shape[1]
     shapes = [jax.ShapeDtypeStruct((num_units, f), out_dtype), jax.ShapeDtypeStruct((num_units, f), jnp.int32)]
-    kernel = functools.partial(_packed_kernel, num_units=num_units, f=f, nodes=nodes, be=be, bf=bf, is_max=is_max)
+    kernel = functools.partial(
+        _packed_kernel, num_units=num_units, f=f, nodes=nodes, be=be, bf=bf, is_max=is_max, ordered=order is not None
+    )
     return pl.pallas_call(
         kernel,
         grid=(cdiv(num_units, nodes), cdiv(f, bf)),
@@ -191,7 +196,28 @@ def _packed_call(starts, ends, indices, x, num_units, out_dtype, nodes, be, bf, 
         interpret=interpret,
         compiler_params=P.params(warps),
         name=f"gnn_aggregate_{'max' if is_max else 'min'}_x{nodes}",
-    )(starts, ends, indices, x)
+    )(*(starts, ends) + (() if order is None else (order,)) + (indices, x))
+
+
+@functools.lru_cache(maxsize=32)
+def _host_order(g: Graph) -> np.ndarray:
+    """A static graph's nodes by main-unit length, longest first (stable), computed once per graph."""
+    return np.argsort(g.indptr[:-1].astype(np.int64) - g.schedule.main_end, kind="stable").astype(np.int32)
+
+
+def length_order(g: Graph | DynamicGraph) -> jax.Array:
+    """Nodes sorted by the length of their main unit, longest first (ties by id).
+
+    The packed kernel takes nodes in this order: each program's nodes then have about the same
+    number of in-edges, so few of its ``(G, be)`` tile rows are masked (about 87% of them busy on a
+    power-law graph of mean in-degree 32, against 45% for ``G = 4`` in id order), and the longest
+    programs start first. A :class:`Graph`'s order is a constant; a :class:`DynamicGraph`'s is one
+    sort of ``num_nodes`` keys per call.
+    """
+    if isinstance(g, Graph):
+        return jnp.asarray(_host_order(g))
+    starts, ends = jnp.asarray(g.indptr[:-1]), jnp.asarray(g.schedule.main_end)
+    return jnp.argsort(starts - ends, stable=True).astype(jnp.int32)
 
 
 def segment_extreme(
@@ -202,12 +228,15 @@ def segment_extreme(
     with_arg: bool = True,
     be: int | None = None,
     nodes_per_program: int | None = None,
+    sort_by_degree: bool = True,
 ):
     """``x (N, F)`` -> (values ``(N, F)``, CSR position of the arg-max/min or -1; or None without ``with_arg``).
 
     ``nodes_per_program``: light nodes per program, a power of two; ``None`` picks
     :func:`default_nodes_per_program` of the graph's mean in-degree (``edge_capacity / num_nodes``),
     1 is the one-node kernel. ``be``: edges per step (default: per kernel, see :func:`packed_tiles`).
+    ``sort_by_degree``: the packed kernel groups nodes in :func:`length_order` (``False``: in id
+    order, for comparison). Results never depend on these.
     """
     interpret = _dispatch.pallas_mode()
     P.check_dtype(x)
@@ -221,27 +250,30 @@ def segment_extreme(
         be = be or max(16, min(64, 2048 // bf))  # 16 edges for F >= 128: best measured on the H200
         xp = P.pad_last(x, fp)
 
-        def run(s, e, dtype, arg):
+        def run(s, e, dtype, arg, order):  # (one node per program: always in id order)
             return _call(s, e, indices, xp, s.shape[0], dtype, be, bf, is_max, interpret, arg)
     else:
         be, bf, warps = packed_tiles(nodes, f, be)
 
-        def run(s, e, dtype, arg):
-            return _packed_call(s, e, indices, x, s.shape[0], dtype, nodes, be, bf, warps, is_max, interpret, arg)
+        def run(s, e, dtype, arg, order):
+            return _packed_call(
+                s, e, order, indices, x, s.shape[0], dtype, nodes, be, bf, warps, is_max, interpret, arg
+            )
 
     (s0, e0, _), extra = P.units(g)
-    res = run(s0, e0, x.dtype, with_arg)
+    # the main units in length order; the extra units (all one chunk long but each node's last) in id order
+    res = run(s0, e0, x.dtype, with_arg, length_order(g) if sort_by_degree and nodes > 1 else None)
     out, arg = (res[0], res[1]) if with_arg else (res[0], None)
     red = jax.ops.segment_max if is_max else jax.ops.segment_min
     if extra is not None and not with_arg:
         s1, e1, _ = extra
-        (v1,) = run(s1, e1, jnp.float32, False)
+        (v1,) = run(s1, e1, jnp.float32, False, None)
         heavy, seg, nh = P.heavy_arrays(g)
         best = red(jnp.concatenate([out[heavy].astype(jnp.float32), v1]), jnp.concatenate([jnp.arange(nh), seg]), nh)
         return out.at[heavy].set(best.astype(out.dtype), unique_indices=True, mode="drop")[:, :f], None
     if extra is not None:
         s1, e1, _ = extra
-        v1, a1 = run(s1, e1, jnp.float32, True)
+        v1, a1 = run(s1, e1, jnp.float32, True, None)
         heavy, seg, nh = P.heavy_arrays(g)
         vals = jnp.concatenate([out[heavy].astype(jnp.float32), v1])
         args = jnp.concatenate([arg[heavy], a1])
