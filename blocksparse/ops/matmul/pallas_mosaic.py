@@ -534,6 +534,9 @@ MEASURED_SPEEDUP = {
 #: Mosaic goes first only where it measured at least this much faster: a tie stays with Triton,
 #: the kernel that also serves the backward's sdd and every other op.
 PREFER_MARGIN = 1.05
+#: Below this many columns nothing was measured, and Mosaic's tiles (>= 64 columns) would pad a
+#: narrow x more than Triton's (>= 16): Triton stays first.
+PREFER_MIN_N = 128
 
 
 def _nearest(value: float, measured) -> float:
@@ -560,12 +563,13 @@ def prefers(pattern: BlockPattern, n: int, w_dtype, x_dtype) -> bool:
 
     Static facts only (evaluated at trace time, never timed): the default device is a Hopper GPU,
     ``W`` and ``x`` share one half dtype (a mix would be promoted to float32, which the kernel
-    refuses), square blocks of 64 or 128 (the measured ones), and :func:`measured_speedup` of the
-    cell nearest to ``(b, n, density)`` is at least :data:`PREFER_MARGIN`. float16 is taken to
-    behave as bfloat16 (the same wgmma rate; only bfloat16 was measured).
+    refuses), square blocks of 64 or 128 (the measured ones), ``n >= PREFER_MIN_N``, and
+    :func:`measured_speedup` of the cell nearest to ``(b, n, density)`` is at least
+    :data:`PREFER_MARGIN`. float16 is taken to behave as bfloat16 (the same wgmma rate; only
+    bfloat16 was measured).
     """
     bh, bw = pattern.block_size
-    if bh != bw or bh not in SUPPORTED_BLOCKS or pattern.nnz_blocks == 0 or n <= 0:
+    if bh != bw or bh not in SUPPORTED_BLOCKS or pattern.nnz_blocks == 0 or n < PREFER_MIN_N:
         return False
     if jnp.dtype(w_dtype) != jnp.dtype(x_dtype) or jnp.dtype(w_dtype) not in _DTYPES:
         return False
