@@ -1,0 +1,167 @@
+"""The paper's graphs: ``generators.paper_graph`` (sizes, degree skew, locality) and benchmarks/bench_gnn_graphs.py."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import blocksparse.gnn as gnn
+from blocksparse.bench.gnn import references
+from blocksparse.gnn.generators import PAPER_GRAPH_SPECS, paper_graph, paper_graph_edges
+from blocksparse.testing.graphs import graphs
+
+ROOT = Path(__file__).resolve().parent.parent
+SOCIAL = [k for k, v in PAPER_GRAPH_SPECS.items() if not v.get("grid")]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_gnn_graphs", ROOT / "benchmarks" / "bench_gnn_graphs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_real_sizes_are_the_published_ones():
+    want = {  # (nodes, directed edges as a Graph stores them)
+        "ogbn-arxiv": (169_343, 1_166_243),
+        "ogbn-products": (2_449_029, 123_718_280),
+        "pokec": (1_632_803, 30_622_564),
+        "twitch-views": (168_114, 13_595_114),
+        "city-roads-L": (142_257, 463_710),
+    }
+    got = {k: (v["nodes"], v["edges"] * (2 if v["symmetric"] else 1)) for k, v in PAPER_GRAPH_SPECS.items()}
+    assert got == want
+
+
+@given(name=st.sampled_from(sorted(PAPER_GRAPH_SPECS)), scale=st.floats(2e-3, 2e-2), seed=st.integers(0, 2**31))
+@settings(max_examples=12, deadline=None)
+def test_scaled_sizes_exact_simple_and_symmetric(name, scale, seed):
+    spec = PAPER_GRAPH_SPECS[name]
+    src, dst, n = paper_graph_edges(name, scale=scale, seed=seed)
+    m = round(spec["edges"] * scale)
+    assert n == round(spec["nodes"] * scale)
+    assert src.dtype == dst.dtype == np.int32
+    assert src.size == dst.size == (2 * m if spec["symmetric"] else m)
+    assert src.min() >= 0 and dst.min() >= 0 and max(src.max(), dst.max()) < n
+    assert not np.any(src == dst)  # no self-loops
+    keys = src.astype(np.int64) * n + dst
+    assert np.unique(keys).size == keys.size  # no repeated edges
+    if spec["symmetric"]:
+        np.testing.assert_array_equal(np.sort(keys), np.sort(dst.astype(np.int64) * n + src))
+
+
+def test_seeded():
+    a = paper_graph_edges("ogbn-arxiv", scale=0.01, seed=3)
+    b = paper_graph_edges("ogbn-arxiv", scale=0.01, seed=3)
+    c = paper_graph_edges("ogbn-arxiv", scale=0.01, seed=4)
+    for x, y in zip(a[:2], b[:2], strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert not np.array_equal(a[1], c[1])
+
+
+@pytest.mark.parametrize(("name", "max_in", "max_out"), [("ogbn-arxiv", 13_155, 500), ("twitch-views", 35_279, 35_279)])
+def test_full_size_degree_skew(name, max_in, max_out):
+    src, dst, n = paper_graph_edges(name)
+    spec = PAPER_GRAPH_SPECS[name]
+    assert (n, src.size) == (spec["nodes"], spec["edges"] * (2 if spec["symmetric"] else 1))
+    indeg, outdeg = np.bincount(dst, minlength=n), np.bincount(src, minlength=n)
+    assert abs(indeg.max() / max_in - 1) < 0.1, indeg.max()
+    assert abs(outdeg.max() / max_out - 1) < 0.1, outdeg.max()
+    assert np.median(indeg) < indeg.mean() < indeg.max() / 50  # skewed: a heavy tail, not a few big nodes
+    # ids are shuffled: the typical edge spans a third of the id range, as for random pairs
+    assert np.median(np.abs(src.astype(np.int64) - dst)) > n / 5
+
+
+def test_city_roads_is_a_local_connected_grid():
+    g = paper_graph("city-roads-L")
+    assert (g.num_nodes, g.num_edges) == (142_257, 463_710)
+    assert g.in_degree.min() == 1 and g.in_degree.max() <= 4
+    assert abs(g.in_degree.mean() - 3.26) < 0.01
+    np.testing.assert_array_equal(g.in_degree, g.out_degree)  # symmetric
+    # neighbours' ids are about one grid row (sqrt N ~ 377) apart at most: a real road network's locality
+    span = np.abs(g.src.astype(np.int64) - g.dst)
+    assert np.quantile(span, 0.99) < 2 * np.sqrt(g.num_nodes)
+    sp = pytest.importorskip("scipy.sparse")
+    from scipy.sparse.csgraph import connected_components
+
+    a = sp.coo_matrix((np.ones(g.num_edges), (g.src, g.dst)), shape=(g.num_nodes,) * 2)
+    assert connected_components(a, directed=False)[0] == 1
+    assert "synthetic" in g.name and "city-roads-L" in g.name
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match=r"Expected a graph name in \[.*'pokec'.*\]. Got 'cora'"):
+        paper_graph_edges("cora")
+    for bad in (0, 1.5, -0.1, True, "0.5"):
+        with pytest.raises(ValueError, match=r"Expected scale in \(0, 1\]. Got"):
+            paper_graph_edges("pokec", scale=bad)
+    with pytest.raises(ValueError, match=r"Expected scale large enough for a sparse graph: \d+ edges on \d+ nodes"):
+        paper_graph_edges("twitch-views", scale=1e-4)
+
+
+@given(g=graphs(max_nodes=16, max_edges=40), chunk=st.integers(1, 64), heads=st.sampled_from([1, 2]))
+@settings(max_examples=6, deadline=None)  # each example compiles its own shapes
+def test_chunked_reference_matches_segment_ops(g, chunk, heads):
+    """The benchmark's float32 reference, cut into node ranges of about ``chunk`` edges, against the
+    segment-op references of ``blocksparse.bench.gnn`` (outputs) and their gradients."""
+    bench = _bench()
+    n, d = g.num_nodes, 2
+    keys = jax.random.split(jax.random.key(chunk), 4)
+    x = jax.random.normal(keys[0], (n, heads * d))
+    xd = jax.random.normal(keys[1], (n, heads, d))
+    att = jax.random.normal(keys[2], (heads, d))
+    ct = jax.random.normal(keys[3], (n, heads, d))
+    got = bench.reference(g, x, xd, att, ct, chunk)
+    refs = references(jnp.asarray(g.src), jnp.asarray(g.dst), n)
+    xs = x.reshape(n, heads, d)
+    np.testing.assert_allclose(got["spmm"], refs["spmm_sum"](x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["max"], refs["aggregate_max"](x), rtol=1e-6)
+    np.testing.assert_allclose(got["gatv2"], refs["gatv2"](xs, xd, att), rtol=1e-5, atol=1e-5)
+    grads = jax.grad(lambda *a: jnp.sum(refs["gatv2"](*a) * ct), argnums=(0, 1, 2))(xs, xd, att)
+    for k, want in zip(("dxs", "dxd", "datt"), grads, strict=True):
+        np.testing.assert_allclose(got[k], want, rtol=1e-4, atol=1e-4, err_msg=k)
+
+
+def test_bench_small_runs_and_checks(tmp_path):
+    """``--small`` on two graphs (a grid and a skewed one): every op, implementation and order, checked."""
+    out = tmp_path / "graphs.json"
+    bench = _bench()
+    assert bench.main(["--small", "--graphs", "city-roads-L", "ogbn-arxiv", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    cells = {(r["graph"], r["order"], r["op"], r["impl"]) for r in rows}
+    assert len(rows) == len(cells) == 2 * 3 * 3 * 2  # graphs x orders x ops x (ours, jax-segment)
+    for r in rows:
+        assert "error" not in r and "skipped" not in r, r
+        assert r["ms"] > 0 and r["calls_ms"] > 0 and r["rel_err"] < 1e-4 and r["max_rel_err"] < 1e-4, r
+        assert ("gain" in r) == (r["order"] != "as generated")
+    assert {r["implementation"] for r in rows if r["impl"] == "ours"} == {"spmm: xla", "aggregate: xla",
+                                                                          "gatv2: xla, gatv2_bwd: xla"}  # fmt: skip
+    for name in ("city-roads-L", "ogbn-arxiv"):
+        host = data["graphs"][name]
+        assert host["edges"] > 0 and host["generate_s"] >= 0 and "reorder_rcm_s" in host
+    assert data["meta"]["small"] is True
+
+
+def test_bench_skips_rcm_above_the_limit(tmp_path):
+    out = tmp_path / "graphs.json"
+    bench = _bench()
+    argv = ["--small", "--graphs", "pokec", "--ops", "spmm_sum", "--rcm-max-edges", "100", "--json", str(out)]
+    assert bench.main(argv) == 0
+    data = json.loads(out.read_text())
+    assert {r["order"] for r in data["rows"]} == {"as generated", "degree"}
+    assert "--rcm-max-edges" in data["graphs"]["pokec"]["rcm_skipped"]
+    # a reordered graph's result is mapped back and checked like the others
+    assert all(r["rel_err"] < 1e-4 for r in data["rows"])
+
+
+def test_paper_graph_is_a_graph():
+    g = paper_graph("pokec", scale=0.001, seed=1, heavy_quantile=0.9)
+    assert isinstance(g, gnn.Graph) and g.heavy_quantile == 0.9
+    assert g.name == "synthetic degree-matched like pokec"
