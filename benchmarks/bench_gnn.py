@@ -1,7 +1,8 @@
 # ruff: noqa: B023 - record() calls each closure immediately, inside the loop iteration
 """Benchmark the GNN ops against JAX segment ops, torch and PyG, in one process.
 
-    python benchmarks/bench_gnn.py [--nodes N --edges E --feat F] [--json out.json] [--small]
+    python benchmarks/bench_gnn.py [--nodes N --edges E --feat F] [--dtype bfloat16] [--ops max ...]
+        [--nodes-per-program 1 2 4 8] [--edges-per-step 8 16] [--json out.json] [--small]
 
 JAX is timed with the library's one helper, ``blocksparse.bench.Timer`` (as ``blocksparse bench``
 is): ``ms`` is ``Timer.loop``, the median device time per call of ``--iters`` calls inside one
@@ -15,6 +16,16 @@ Every forward of ours is first checked against the JAX segment-op reference of
 ``blocksparse.bench.gnn`` (``err``); a failed check or a failing JAX row makes the exit status 1
 (a peer that is missing or fails is only recorded). torch and PyG are imported only when asked for
 and present. The library's own suite is ``blocksparse bench --suite gnn --full``.
+
+``--dtype bfloat16`` runs every op, ours and the peers', on bfloat16 features (accumulation in
+float32 inside our kernels; half the bytes gathered); a peer without bfloat16 support fails its row
+and is recorded. Rows carry ``dtype``; SpMM and max rows carry ``gather_gbps``, the bytes of the
+gathered source rows (``E x F x itemsize``) per second. ``--nodes-per-program`` sweeps the max
+kernel's light nodes per program (``bs-pallas-npp{G}``: forward and forward+backward through
+``bs.gnn.aggregate``; for ``G > 1`` also ``-idorder``, nodes grouped in id order instead of
+longest-first, forward only); ``--edges-per-step`` adds forward rows of each packed ``G`` at
+those edge-tile lengths (``bs-pallas-npp{G}-be{be}``). Every swept variant is first checked
+against the reference.
 """
 
 from __future__ import annotations
@@ -38,6 +49,8 @@ from blocksparse.bench.gnn import references  # noqa: E402
 ROWS: list[dict] = []
 JSON_PATH = None
 LAST: dict = {}  # extra metrics of the last jax_time call
+COMMON: dict = {}  # keys of every row of this run (dtype)
+GATHER_BYTES: dict = {}  # op -> bytes of source rows gathered per call (spmm_sum, max)
 
 
 def jax_time(fn, *args, iters=20, warmup=3):
@@ -78,61 +91,79 @@ def record(op, impl, mode, fn, **kw):
         ms, mem = fn()
     except Exception as e:  # noqa: BLE001 - a failing peer must not stop the run
         traceback.print_exc(limit=2)
-        ROWS.append(dict(op=op, impl=impl, mode=mode, error=f"{type(e).__name__}: {str(e)[:200]}", **kw))
+        ROWS.append(dict(op=op, impl=impl, mode=mode, error=f"{type(e).__name__}: {str(e)[:200]}", **COMMON, **kw))
         print(f"{op:18s} {impl:26s} {mode:8s} FAILED {type(e).__name__}", flush=True)
         return
-    ROWS.append(dict(op=op, impl=impl, mode=mode, ms=ms, mem_bytes=mem, **LAST, **kw))
+    row = dict(op=op, impl=impl, mode=mode, ms=ms, mem_bytes=mem, **LAST, **COMMON, **kw)
+    if mode == "fwd" and op in GATHER_BYTES:
+        row["gather_gbps"] = GATHER_BYTES[op] / (ms * 1e-3) / 1e9
+    ROWS.append(row)
     if JSON_PATH:
         with open(JSON_PATH, "w") as f:
             json.dump(dict(rows=ROWS), f, indent=1)
     m = f"{mem / 2**30:8.3f} GiB" if mem is not None else ""
-    print(f"{op:18s} {impl:26s} {mode:8s} {ms:9.3f} ms {m}", flush=True)
+    bw = f"{row['gather_gbps']:8.4g} GB/s" if "gather_gbps" in row else ""
+    print(f"{op:18s} {impl:26s} {mode:8s} {ms:9.3f} ms {m} {bw}", flush=True)
 
 
-def bench_jax(g, x, feat, heads, iters, impls, do_reorder, sweep=False):
+OPS = ("spmm_sum", "max", "gatv2", "transformer")
+
+
+def bench_jax(g, x, feat, heads, iters, impls, do_reorder, sweep=False, ops=OPS, npp=(), bes=()):
     key = jax.random.key(0)
     n = g.num_nodes
-    ct = jax.random.normal(key, (n, feat))
+    dt = x.dtype
+    ct = jax.random.normal(key, (n, feat)).astype(dt)
 
     def grad_of(f):
-        return jax.value_and_grad(lambda x: jnp.sum(f(x) * ct))
+        return jax.value_and_grad(lambda x: jnp.sum((f(x) * ct).astype(jnp.float32)))
 
-    check(g, x, feat, heads, impls)
+    check(g, x, feat, heads, impls, ops)
     for impl in impls:
-        sp = lambda x, impl=impl: gnn.spmm(g, x, implementation=impl)
-        record("spmm_sum", f"bs-{impl}", "fwd", lambda: jax_time(sp, x, iters=iters))
-        record("spmm_sum", f"bs-{impl}", "fwd+bwd", lambda: jax_time(grad_of(sp), x, iters=iters))
-        mx = lambda x, impl=impl: gnn.aggregate(g, x, "max", implementation=impl)
-        record("max", f"bs-{impl}", "fwd", lambda: jax_time(mx, x, iters=iters))
-        record("max", f"bs-{impl}", "fwd+bwd", lambda: jax_time(grad_of(mx), x, iters=iters))
+        if "spmm_sum" in ops:
+            sp = lambda x, impl=impl: gnn.spmm(g, x, implementation=impl)
+            record("spmm_sum", f"bs-{impl}", "fwd", lambda: jax_time(sp, x, iters=iters))
+            record("spmm_sum", f"bs-{impl}", "fwd+bwd", lambda: jax_time(grad_of(sp), x, iters=iters))
+        if "max" in ops:
+            mx = lambda x, impl=impl: gnn.aggregate(g, x, "max", implementation=impl)
+            record("max", f"bs-{impl}", "fwd", lambda: jax_time(mx, x, iters=iters))
+            record("max", f"bs-{impl}", "fwd+bwd", lambda: jax_time(grad_of(mx), x, iters=iters))
     # raw segment ops (the plain-JAX baseline)
     src_s, dst_s = jnp.asarray(g.indices), jnp.asarray(g.dst_sorted)
     src_u, dst_u = jnp.asarray(g.src), jnp.asarray(g.dst)
-    record(
-        "spmm_sum",
-        "jax-segment_sum-sorted",
-        "fwd",
-        lambda: jax_time(lambda x: jax.ops.segment_sum(x[src_s], dst_s, n, indices_are_sorted=True), x, iters=iters),
-    )
-    record(
-        "spmm_sum",
-        "jax-segment_sum-unsorted",
-        "fwd",
-        lambda: jax_time(lambda x: jax.ops.segment_sum(x[src_u], dst_u, n), x, iters=iters),
-    )
-    record(
-        "max",
-        "jax-segment_max-sorted",
-        "fwd",
-        lambda: jax_time(lambda x: jax.ops.segment_max(x[src_s], dst_s, n, indices_are_sorted=True), x, iters=iters),
-    )
-    if jax.default_backend() == "gpu":
+    if "spmm_sum" in ops:
+        record(
+            "spmm_sum",
+            "jax-segment_sum-sorted",
+            "fwd",
+            lambda: jax_time(
+                lambda x: jax.ops.segment_sum(x[src_s], dst_s, n, indices_are_sorted=True), x, iters=iters
+            ),
+        )
+        record(
+            "spmm_sum",
+            "jax-segment_sum-unsorted",
+            "fwd",
+            lambda: jax_time(lambda x: jax.ops.segment_sum(x[src_u], dst_u, n), x, iters=iters),
+        )
+    if "max" in ops:
+        record(
+            "max",
+            "jax-segment_max-sorted",
+            "fwd",
+            lambda: jax_time(
+                lambda x: jax.ops.segment_max(x[src_s], dst_s, n, indices_are_sorted=True), x, iters=iters
+            ),
+        )
+    if "spmm_sum" in ops and jax.default_backend() == "gpu":
 
         def cusparse():
             from jax.experimental import sparse
 
             jax.config.update("jax_bcoo_cusparse_lowering", True)
-            m = sparse.BCSR((jnp.ones(g.num_edges), jnp.asarray(g.indices), jnp.asarray(g.indptr)), shape=(n, n))
+            m = sparse.BCSR(
+                (jnp.ones(g.num_edges, dt), jnp.asarray(g.indices), jnp.asarray(g.indptr)), shape=(n, n)
+            )
             return jax_time(lambda x: m @ x, x, iters=iters)
 
         record("spmm_sum", "jax-BCSR-cusparse", "fwd", cusparse)
@@ -141,9 +172,9 @@ def bench_jax(g, x, feat, heads, iters, impls, do_reorder, sweep=False):
     for h in heads:
         d = feat // h
         ks = jax.random.split(jax.random.key(h), 6)
-        w1, w2, w3 = (jax.random.normal(k, (feat, feat)) / feat**0.5 for k in ks[:3])
-        att = jax.random.normal(ks[3], (h, d))
-        cth = jax.random.normal(ks[4], (n, h, d))
+        w1, w2, w3 = ((jax.random.normal(k, (feat, feat)) / feat**0.5).astype(dt) for k in ks[:3])
+        att = jax.random.normal(ks[3], (h, d)).astype(dt)
+        cth = jax.random.normal(ks[4], (n, h, d)).astype(dt)
         for impl in impls:
 
             def gat(x, w1, w2, att, impl=impl, h=h, d=d):
@@ -153,30 +184,44 @@ def bench_jax(g, x, feat, heads, iters, impls, do_reorder, sweep=False):
                 q, k, v = ((x @ w).reshape(n, h, d) for w in (w1, w2, w3))
                 return gnn.graph_attention(g, q, k, v, implementation=impl)
 
-            gg = jax.value_and_grad(lambda *a, f=gat: jnp.sum(f(*a) * cth), argnums=(0, 1, 2, 3))
-            tg = jax.value_and_grad(lambda *a, f=tr: jnp.sum(f(*a) * cth), argnums=(0, 1, 2, 3))
-            record("gatv2", f"bs-{impl}", "fwd", lambda: jax_time(gat, x, w1, w2, att, iters=iters), heads=h)
-            record("gatv2", f"bs-{impl}", "fwd+bwd", lambda: jax_time(gg, x, w1, w2, att, iters=iters), heads=h)
-            record("transformer", f"bs-{impl}", "fwd", lambda: jax_time(tr, x, w1, w2, w3, iters=iters), heads=h)
-            record("transformer", f"bs-{impl}", "fwd+bwd", lambda: jax_time(tg, x, w1, w2, w3, iters=iters), heads=h)
+            loss = lambda f: lambda *a: jnp.sum((f(*a) * cth).astype(jnp.float32))
+            gg = jax.value_and_grad(loss(gat), argnums=(0, 1, 2, 3))
+            tg = jax.value_and_grad(loss(tr), argnums=(0, 1, 2, 3))
+            if "gatv2" in ops:
+                record("gatv2", f"bs-{impl}", "fwd", lambda: jax_time(gat, x, w1, w2, att, iters=iters), heads=h)
+                record("gatv2", f"bs-{impl}", "fwd+bwd", lambda: jax_time(gg, x, w1, w2, att, iters=iters), heads=h)
+            if "transformer" in ops:
+                record("transformer", f"bs-{impl}", "fwd", lambda: jax_time(tr, x, w1, w2, w3, iters=iters), heads=h)
+                record(
+                    "transformer", f"bs-{impl}", "fwd+bwd", lambda: jax_time(tg, x, w1, w2, w3, iters=iters), heads=h
+                )
 
     if sweep and "pallas" in impls:
         from blocksparse.ops.gnn_aggregate.pallas_triton import segment_extreme
         from blocksparse.ops.gnn_spmm.pallas_triton import csr_sum
 
         for be in (16, 32, 64):
-            record(
-                "spmm_sum",
-                f"bs-pallas-be{be}",
-                "fwd",
-                lambda be=be: jax_time(lambda x: csr_sum(g, None, x, be=be), x, iters=iters),
-            )
-            record(
-                "max",
-                f"bs-pallas-be{be}",
-                "fwd",
-                lambda be=be: jax_time(lambda x: segment_extreme(g, x, True, with_arg=False, be=be)[0], x, iters=iters),
-            )
+            if "spmm_sum" in ops:
+                record(
+                    "spmm_sum",
+                    f"bs-pallas-be{be}",
+                    "fwd",
+                    lambda be=be: jax_time(lambda x: csr_sum(g, None, x, be=be), x, iters=iters),
+                )
+            if "max" in ops:  # the one-node-per-program kernel (see --nodes-per-program for the packed one)
+                record(
+                    "max",
+                    f"bs-pallas-be{be}",
+                    "fwd",
+                    lambda be=be: jax_time(
+                        lambda x: segment_extreme(g, x, True, with_arg=False, be=be, nodes_per_program=1)[0],
+                        x,
+                        iters=iters,
+                    ),
+                )
+
+    if npp and "pallas" in impls:
+        sweep_nodes_per_program(g, x, npp, bes, iters, grad_of)
 
     if do_reorder:
         for method in ("rcm", "degree"):
@@ -185,90 +230,139 @@ def bench_jax(g, x, feat, heads, iters, impls, do_reorder, sweep=False):
             print(f"reorder {method}: {time.perf_counter() - t:.1f} s", flush=True)
             x2 = x[jnp.asarray(perm)]
             impl = impls[0]
-            record(
-                "spmm_sum",
-                f"bs-{impl}+{method}",
-                "fwd",
-                lambda: jax_time(lambda x: gnn.spmm(g2, x, implementation=impl), x2, iters=iters),
-            )
-            record(
-                "max",
-                f"bs-{impl}+{method}",
-                "fwd",
-                lambda: jax_time(lambda x: gnn.aggregate(g2, x, implementation=impl), x2, iters=iters),
-            )
-            d = feat // 8
-            xh = x2.reshape(n, 8, d)
-            record(
-                "gatv2",
-                f"bs-{impl}+{method}",
-                "fwd",
-                lambda: jax_time(lambda a: gnn.gatv2(g2, a, a, jnp.ones((8, d)), implementation=impl), xh, iters=iters),
-                heads=8,
-            )
+            if "spmm_sum" in ops:
+                record(
+                    "spmm_sum",
+                    f"bs-{impl}+{method}",
+                    "fwd",
+                    lambda: jax_time(lambda x: gnn.spmm(g2, x, implementation=impl), x2, iters=iters),
+                )
+            if "max" in ops:
+                record(
+                    "max",
+                    f"bs-{impl}+{method}",
+                    "fwd",
+                    lambda: jax_time(lambda x: gnn.aggregate(g2, x, implementation=impl), x2, iters=iters),
+                )
+            if "gatv2" in ops:
+                d = feat // 8
+                xh = x2.reshape(n, 8, d)
+                record(
+                    "gatv2",
+                    f"bs-{impl}+{method}",
+                    "fwd",
+                    lambda: jax_time(
+                        lambda a: gnn.gatv2(g2, a, a, jnp.ones((8, d), dt), implementation=impl), xh, iters=iters
+                    ),
+                    heads=8,
+                )
 
 
-def check(g, x, feat, heads, impls):
-    """Each op of ours, forward, against the JAX segment-op reference; a mismatch is a failed row."""
+def sweep_nodes_per_program(g, x, npp, bes, iters, grad_of):
+    """The max kernel at each ``nodes_per_program`` (and edge-tile length): checked, then timed."""
+    from blocksparse.ops.gnn_aggregate.pallas_triton import one_node_tiles, packed_tiles, segment_extreme
+
+    want = jax.jit(lambda x: gnn.aggregate(g, x, "max", implementation="xla"))(x)
+    f = x.shape[1]
+    for nodes in npp:
+        variants = [(f"bs-pallas-npp{nodes}", dict(), True)]
+        if nodes > 1:
+            variants.append((f"bs-pallas-npp{nodes}-idorder", dict(sort_by_degree=False), False))
+            variants += [(f"bs-pallas-npp{nodes}-be{be}", dict(be=be), False) for be in bes]
+        for impl, kw, with_bwd in variants:
+            be = kw.get("be") or (packed_tiles(nodes, f)[0] if nodes > 1 else one_node_tiles(f)[0])
+            meta = dict(nodes_per_program=nodes, be=be, sort_by_degree=kw.get("sort_by_degree", nodes > 1))
+
+            def fwd(x, nodes=nodes, kw=kw):
+                return segment_extreme(g, x, True, with_arg=False, nodes_per_program=nodes, **kw)[0]
+
+            try:
+                err = check_close(jax.jit(fwd)(x), want, dtype=x.dtype, what=f"max ({impl})")
+            except CellFailed as e:
+                ROWS.append(dict(op="max", impl=impl, mode="check", error=str(e), **COMMON, **meta))
+                print(f"{'max':18s} {impl:26s} check    FAILED {e}", flush=True)
+                continue
+            ROWS.append(dict(op="max", impl=impl, mode="check", err=err, **COMMON, **meta))
+            record("max", impl, "fwd", lambda fwd=fwd: jax_time(fwd, x, iters=iters), **meta)
+            if with_bwd:
+
+                def api(x, nodes=nodes):
+                    return gnn.aggregate(g, x, "max", implementation="pallas", nodes_per_program=nodes)
+
+                record("max", impl, "fwd+bwd", lambda api=api: jax_time(grad_of(api), x, iters=iters), **meta)
+
+
+def check(g, x, feat, heads, impls, ops=OPS):
+    """Each op of ours, forward, against the JAX segment-op reference; a mismatch is a failed row.
+
+    The reference runs on float32 copies of the inputs; the tolerance is that of ``x``'s dtype.
+    """
     n = g.num_nodes
     refs = references(jnp.asarray(g.src), jnp.asarray(g.dst), n)
+    x32 = x.astype(jnp.float32)
     for impl in impls:
-        cases = [("spmm_sum", lambda: gnn.spmm(g, x, implementation=impl), lambda: refs["spmm_sum"](x)),
-                 ("max", lambda: gnn.aggregate(g, x, implementation=impl), lambda: refs["aggregate_max"](x))]
+        cases = [("spmm_sum", lambda: gnn.spmm(g, x, implementation=impl), lambda: refs["spmm_sum"](x32)),
+                 ("max", lambda: gnn.aggregate(g, x, implementation=impl), lambda: refs["aggregate_max"](x32))]
         for h in heads:
-            xh = x.reshape(n, h, feat // h)
+            xh, xh32 = x.reshape(n, h, feat // h), x32.reshape(n, h, feat // h)
             att = jnp.ones((h, feat // h)) / feat
-            cases.append((f"gatv2 H={h}", lambda xh=xh, att=att: gnn.gatv2(g, xh, xh, att, implementation=impl),
-                          lambda xh=xh, att=att: refs["gatv2"](xh, xh, att)))
+            cases.append((f"gatv2 H={h}",
+                          lambda xh=xh, att=att: gnn.gatv2(g, xh, xh, att.astype(x.dtype), implementation=impl),
+                          lambda xh=xh32, att=att: refs["gatv2"](xh, xh, att)))
             cases.append((f"transformer H={h}", lambda xh=xh: gnn.graph_attention(g, xh, xh, xh, implementation=impl),
-                          lambda xh=xh: refs["graph_attention"](xh, xh, xh)))  # fmt: skip
+                          lambda xh=xh32: refs["graph_attention"](xh, xh, xh)))  # fmt: skip
         for name, ours, ref in cases:
+            if name.split(" ")[0] not in ops:
+                continue
             try:
                 with jax.default_matmul_precision("highest"):
                     want = jax.jit(ref)()
-                err = check_close(jax.jit(ours)(), want, dtype=jnp.float32, what=f"{name} ({impl})")
+                err = check_close(jax.jit(ours)(), want, dtype=x.dtype, what=f"{name} ({impl})")
             except CellFailed as e:
-                ROWS.append(dict(op=name, impl=f"bs-{impl}", mode="check", error=str(e)))
+                ROWS.append(dict(op=name, impl=f"bs-{impl}", mode="check", error=str(e), **COMMON))
                 print(f"{name:18s} bs-{impl:23s} check    FAILED {e}", flush=True)
                 continue
-            ROWS.append(dict(op=name, impl=f"bs-{impl}", mode="check", err=err))
+            ROWS.append(dict(op=name, impl=f"bs-{impl}", mode="check", err=err, **COMMON))
             print(f"{name:18s} bs-{impl:23s} check    rel err {err:.2g}", flush=True)
 
 
-def bench_torch(g, x_np, feat, heads, iters):
+def bench_torch(g, x_np, feat, heads, iters, dtype="float32", ops=OPS):
     import torch
 
     dev = "cuda"
+    tdt = getattr(torch, dtype)
     n = g.num_nodes
-    x = torch.tensor(x_np, device=dev)
-    ct = torch.randn(n, feat, device=dev)
+    x = torch.tensor(x_np, device=dev).to(tdt)
+    ct = torch.randn(n, feat, device=dev, dtype=tdt)
     src = torch.tensor(g.src, device=dev, dtype=torch.long)
     dst = torch.tensor(g.dst, device=dev, dtype=torch.long)
     A = torch.sparse_csr_tensor(
         torch.tensor(g.indptr, device=dev, dtype=torch.int64),
         torch.tensor(g.indices, device=dev, dtype=torch.int64),
-        torch.ones(g.num_edges, device=dev),
+        torch.ones(g.num_edges, device=dev, dtype=tdt),
         size=(n, n),
     )
-    record("spmm_sum", "torch-CSR-cusparse", "fwd", lambda: torch_time(lambda: torch.sparse.mm(A, x), iters))
+    if "spmm_sum" in ops:
+        record("spmm_sum", "torch-CSR-cusparse", "fwd", lambda: torch_time(lambda: torch.sparse.mm(A, x), iters))
 
-    def index_add():
-        return torch.zeros_like(x).index_add_(0, dst, x[src])
+        def index_add():
+            return torch.zeros_like(x).index_add_(0, dst, x[src])
 
-    record("spmm_sum", "torch-index_add", "fwd", lambda: torch_time(index_add, iters))
+        record("spmm_sum", "torch-index_add", "fwd", lambda: torch_time(index_add, iters))
     idx = dst[:, None].expand(-1, feat)
 
     def scatter_max():
         return torch.zeros_like(x).scatter_reduce_(0, idx, x[src], "amax", include_self=False)
 
-    record("max", "torch-scatter_reduce", "fwd", lambda: torch_time(scatter_max, iters))
     xr = x.clone().requires_grad_(True)
 
     def scatter_max_bwd():
         y = torch.zeros_like(xr).scatter_reduce(0, idx, xr[src], "amax", include_self=False)
         y.backward(ct)
 
-    record("max", "torch-scatter_reduce", "fwd+bwd", lambda: torch_time(scatter_max_bwd, iters))
+    if "max" in ops:
+        record("max", "torch-scatter_reduce", "fwd", lambda: torch_time(scatter_max, iters))
+        record("max", "torch-scatter_reduce", "fwd+bwd", lambda: torch_time(scatter_max_bwd, iters))
     try:
         from torch_geometric.nn import GATv2Conv, TransformerConv
         from torch_geometric.utils import scatter
@@ -276,15 +370,19 @@ def bench_torch(g, x_np, feat, heads, iters):
         print("PyG unavailable:", e)
         return
     ei = torch.stack([src, dst])
-    record("max", "pyg-scatter", "fwd", lambda: torch_time(lambda: scatter(x[src], dst, 0, n, reduce="max"), iters))
+    if "max" in ops:
+        pyg_max = lambda: scatter(x[src], dst, 0, n, reduce="max")
+        record("max", "pyg-scatter", "fwd", lambda: torch_time(pyg_max, iters))
     for h in heads:
         d = feat // h
-        cth = torch.randn(n, h * d, device=dev)
+        cth = torch.randn(n, h * d, device=dev, dtype=tdt)
         for name, layer in (
             ("gatv2", GATv2Conv(feat, d, heads=h, add_self_loops=False, share_weights=False)),
             ("transformer", TransformerConv(feat, d, heads=h, root_weight=False)),
         ):
-            layer = layer.to(dev)
+            if name not in ops:
+                continue
+            layer = layer.to(dev, tdt)
 
             def fwd(layer=layer):
                 with torch.no_grad():
@@ -300,14 +398,16 @@ def bench_torch(g, x_np, feat, heads, iters):
 
 
 def table():
-    print("\n| op | heads | implementation | mode | time (ms) | extra peak memory (GiB) |")
-    print("|---|---|---|---|---|---|")
+    print(f"\n{COMMON.get('dtype', 'float32')} features")
+    print("| op | heads | implementation | mode | time (ms) | extra peak memory (GiB) | gather GB/s |")
+    print("|---|---|---|---|---|---|---|")
     for r in ROWS:
         if r["mode"] == "check":
             continue
         t = f"{r['ms']:.3f}" if "ms" in r else "failed"
         m = f"{r['mem_bytes'] / 2**30:.3f}" if r.get("mem_bytes") is not None else ""
-        print(f"| {r['op']} | {r.get('heads', '')} | {r['impl']} | {r['mode']} | {t} | {m} |")
+        bw = f"{r['gather_gbps']:.4g}" if "gather_gbps" in r else ""
+        print(f"| {r['op']} | {r.get('heads', '')} | {r['impl']} | {r['mode']} | {t} | {m} | {bw} |")
 
 
 def main(argv=None):
@@ -322,10 +422,17 @@ def main(argv=None):
     p.add_argument("--reorder", action="store_true")
     p.add_argument("--sweep", action="store_true", help="edge-block sizes of the SpMM / max kernels")
     p.add_argument("--small", action="store_true", help="tiny graph, XLA only (CPU smoke test)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="features' dtype (all rows)")
+    p.add_argument("--ops", nargs="*", choices=OPS, default=list(OPS), help="ops to run (default: all)")
+    p.add_argument(
+        "--nodes-per-program", type=int, nargs="*", default=[], help="max kernel sweep, e.g. 1 2 4 8 16 (Pallas)"
+    )
+    p.add_argument("--edges-per-step", type=int, nargs="*", default=[], help="with --nodes-per-program: be values")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     global JSON_PATH
     JSON_PATH = a.json
+    COMMON["dtype"] = a.dtype
     if a.small:
         a.nodes, a.edges, a.iters, a.no_torch = 2048, 32768, 3, True
     impls = a.impls or (["pallas", "xla"] if jax.default_backend() == "gpu" else ["xla"])
@@ -336,16 +443,19 @@ def main(argv=None):
         f"extra units {g.schedule.num_extra}; device {jax.devices()[0].device_kind}",
         flush=True,
     )
+    gathered = g.num_edges * a.feat * jnp.dtype(a.dtype).itemsize
+    GATHER_BYTES.update(spmm_sum=gathered, max=gathered)
     x_np = np.random.default_rng(0).standard_normal((a.nodes, a.feat)).astype(np.float32)
-    x = jnp.asarray(x_np)
-    bench_jax(g, x, a.feat, a.heads, a.iters, impls, a.reorder, a.sweep)
+    x = jnp.asarray(x_np).astype(a.dtype)
+    bench_jax(g, x, a.feat, a.heads, a.iters, impls, a.reorder, a.sweep, a.ops, a.nodes_per_program, a.edges_per_step)
     if not a.no_torch:
-        bench_torch(g, x_np, a.feat, a.heads, a.iters)
+        bench_torch(g, x_np, a.feat, a.heads, a.iters, a.dtype, a.ops)
     meta = dict(
         graph=repr(g),
         nodes=a.nodes,
         edges=a.edges,
         feat=a.feat,
+        dtype=a.dtype,
         device=jax.devices()[0].device_kind,
         jax=jax.__version__,
     )

@@ -119,6 +119,12 @@ def check_nodes_per_program(nodes_per_program) -> None:
         )
 
 
+def one_node_tiles(f: int, be: int | None = None) -> tuple[int, int]:
+    """(edges per step ``be``, features per program ``bf``) of the one-node kernel (``x`` padded to a power of two)."""
+    bf = min(next_power_of_2(f, 16), 128)
+    return be or max(16, min(64, 2048 // bf)), bf  # 16 edges for F >= 128: best measured on the H200
+
+
 def packed_tiles(nodes: int, f: int, be: int | None = None) -> tuple[int, int, int]:
     """(edges per step ``be``, features per program ``bf``, warps) of the packed kernel for ``nodes`` per program."""
     bf = min(next_power_of_2(f, 16), 128)
@@ -245,10 +251,8 @@ def segment_extreme(
     nodes = nodes_per_program or default_nodes_per_program(g.edge_capacity / max(n, 1))
     indices = jnp.asarray(g.indices)
     if nodes == 1:
-        fp = next_power_of_2(f, 16)
-        bf = min(fp, 128)
-        be = be or max(16, min(64, 2048 // bf))  # 16 edges for F >= 128: best measured on the H200
-        xp = P.pad_last(x, fp)
+        be, bf = one_node_tiles(f, be)
+        xp = P.pad_last(x, next_power_of_2(f, 16))
 
         def run(s, e, dtype, arg, order):  # (one node per program: always in id order)
             return _call(s, e, indices, xp, s.shape[0], dtype, be, bf, is_max, interpret, arg)

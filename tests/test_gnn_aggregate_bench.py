@@ -1,0 +1,54 @@
+"""benchmarks/bench_gnn.py on the CPU: the dtype option, the op filter and the max kernel's nodes-per-program sweep."""
+
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+import blocksparse.gnn as gnn
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_gnn_script", ROOT / "benchmarks" / "bench_gnn.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # fresh module state (ROWS) per test
+    return mod
+
+
+def _run(bench, tmp_path, *args):
+    out = tmp_path / "gnn.json"
+    tiny = ["--nodes", "64", "--edges", "512", "--feat", "16", "--iters", "1", "--no-torch", "--heads"]
+    assert bench.main([*tiny, *args, "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_bfloat16_rows_on_xla(bench, tmp_path):
+    res = _run(bench, tmp_path, "--impls", "xla", "--dtype", "bfloat16", "--ops", "max", "spmm_sum")
+    assert res["meta"]["dtype"] == "bfloat16"
+    rows = res["rows"]
+    assert {r["op"] for r in rows} == {"max", "spmm_sum"} and all(r["dtype"] == "bfloat16" for r in rows)
+    checks = [r for r in rows if r["mode"] == "check"]
+    assert len(checks) == 2 and all(r["err"] < 0.05 for r in checks)  # bf16 against the float32 reference
+    timed = [r for r in rows if r["mode"] == "fwd"]
+    assert {r["impl"] for r in timed} >= {"bs-xla", "jax-segment_max-sorted", "jax-segment_sum-sorted"}
+    assert all(r["gather_gbps"] > 0 and r["ms"] > 0 for r in timed)
+
+
+def test_nodes_per_program_sweep_in_interpret_mode(bench, tmp_path):
+    with gnn.interpret():
+        res = _run(bench, tmp_path, "--impls", "pallas", "--ops", "max", "--nodes-per-program", "1", "4",
+                   "--edges-per-step", "8")  # fmt: skip
+    rows = [r for r in res["rows"] if r["impl"].startswith("bs-pallas-npp")]
+    got = {(r["impl"], r["mode"]) for r in rows}
+    assert got == {
+        *((f"bs-pallas-npp{g}", m) for g in (1, 4) for m in ("check", "fwd", "fwd+bwd")),
+        *((f"bs-pallas-npp4-{v}", m) for v in ("idorder", "be8") for m in ("check", "fwd")),
+    }
+    assert all(r["err"] == 0.0 for r in rows if r["mode"] == "check")  # max is exact
+    by = {(r["impl"], r["mode"]): r for r in rows}
+    assert by["bs-pallas-npp4-be8", "fwd"]["be"] == 8 and by["bs-pallas-npp4-idorder", "fwd"]["sort_by_degree"] is False
+    assert by["bs-pallas-npp1", "fwd"]["nodes_per_program"] == 1 and by["bs-pallas-npp1", "fwd"]["be"] == 64
