@@ -21,6 +21,7 @@ The kernels track NaN themselves because the Triton lowering's max / min drop Na
 from __future__ import annotations
 
 import functools
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -99,7 +100,8 @@ def default_nodes_per_program(mean_degree: float) -> int:
     """The default number of light nodes per program: about 128 in-edges per program.
 
     The largest power of two ``G <= 128 / mean_degree``, in ``[1, 16]``: 4 at a mean in-degree of
-    32, 16 below 16, and 1 (the one-node kernel) from 128 up, where one node already fills a program.
+    32, 16 at 8 or less, and 1 (the one-node kernel) above 64, where one node already fills a program.
+    Programs group nodes of about equal length (:func:`length_order`), so ``G`` costs few idle rows.
     """
     g = 1
     while g < 16 and 2 * g * max(mean_degree, 1.0) <= _EDGES_PER_PROGRAM:
@@ -205,10 +207,16 @@ def _packed_call(
     )(*(starts, ends) + (() if order is None else (order,)) + (indices, x))
 
 
-@functools.lru_cache(maxsize=32)
+_HOST_ORDERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Graph -> its length order, while it lives
+
+
 def _host_order(g: Graph) -> np.ndarray:
     """A static graph's nodes by main-unit length, longest first (stable), computed once per graph."""
-    return np.argsort(g.indptr[:-1].astype(np.int64) - g.schedule.main_end, kind="stable").astype(np.int32)
+    order = _HOST_ORDERS.get(g)
+    if order is None:
+        order = np.argsort(g.indptr[:-1].astype(np.int64) - g.schedule.main_end, kind="stable").astype(np.int32)
+        _HOST_ORDERS[g] = order
+    return order
 
 
 def length_order(g: Graph | DynamicGraph) -> jax.Array:
