@@ -22,8 +22,9 @@ float32 inside our kernels; half the bytes gathered); a peer without bfloat16 su
 and is recorded. Rows carry ``dtype``; SpMM and max rows carry ``gather_gbps``, the bytes of the
 gathered source rows (``E x F x itemsize``) per second. ``--nodes-per-program`` sweeps the max
 kernel's light nodes per program (``bs-pallas-npp{G}``: forward and forward+backward through
-``bs.gnn.aggregate``; for ``G > 1`` also ``-idorder``, nodes grouped in id order instead of
-longest-first, forward only); ``--edges-per-step`` adds forward rows of each packed ``G`` at
+``bs.gnn.aggregate``; for ``G > 1`` also, forward only, ``-idorder``: nodes grouped in id order
+instead of longest-first, and ``-prefetch``: next step's edge ids loaded before this step's
+gather); ``--edges-per-step`` adds forward rows of each packed ``G`` at
 those edge-tile lengths (``bs-pallas-npp{G}-be{be}``). Every swept variant is first checked
 against the reference.
 """
@@ -268,10 +269,12 @@ def sweep_nodes_per_program(g, x, npp, bes, iters, grad_of):
         variants = [(f"bs-pallas-npp{nodes}", dict(), True)]
         if nodes > 1:
             variants.append((f"bs-pallas-npp{nodes}-idorder", dict(sort_by_degree=False), False))
+            variants.append((f"bs-pallas-npp{nodes}-prefetch", dict(prefetch=True), False))
             variants += [(f"bs-pallas-npp{nodes}-be{be}", dict(be=be), False) for be in bes]
         for impl, kw, with_bwd in variants:
             be = kw.get("be") or (packed_tiles(nodes, f)[0] if nodes > 1 else one_node_tiles(f)[0])
             meta = dict(nodes_per_program=nodes, be=be, sort_by_degree=kw.get("sort_by_degree", nodes > 1))
+            meta.update(prefetch=kw.get("prefetch", False))
 
             def fwd(x, nodes=nodes, kw=kw):
                 return segment_extreme(g, x, True, with_arg=False, nodes_per_program=nodes, **kw)[0]

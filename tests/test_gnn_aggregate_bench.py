@@ -46,9 +46,10 @@ def test_nodes_per_program_sweep_in_interpret_mode(bench, tmp_path):
     got = {(r["impl"], r["mode"]) for r in rows}
     assert got == {
         *((f"bs-pallas-npp{g}", m) for g in (1, 4) for m in ("check", "fwd", "fwd+bwd")),
-        *((f"bs-pallas-npp4-{v}", m) for v in ("idorder", "be8") for m in ("check", "fwd")),
+        *((f"bs-pallas-npp4-{v}", m) for v in ("idorder", "prefetch", "be8") for m in ("check", "fwd")),
     }
     assert all(r["err"] == 0.0 for r in rows if r["mode"] == "check")  # max is exact
     by = {(r["impl"], r["mode"]): r for r in rows}
     assert by["bs-pallas-npp4-be8", "fwd"]["be"] == 8 and by["bs-pallas-npp4-idorder", "fwd"]["sort_by_degree"] is False
+    assert by["bs-pallas-npp4-prefetch", "fwd"]["prefetch"] is True
     assert by["bs-pallas-npp1", "fwd"]["nodes_per_program"] == 1 and by["bs-pallas-npp1", "fwd"]["be"] == 64

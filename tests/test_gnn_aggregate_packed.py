@@ -34,12 +34,13 @@ def _ties(n, f, seed=0, dtype=jnp.float32):
     return jnp.asarray(np.random.default_rng(seed).integers(-2, 3, (n, f)), dtype)
 
 
-def _check_kernel(g, x, reduce, nodes, sort=True):
+def _check_kernel(g, x, reduce, nodes, sort=True, prefetch=False):
     """Values (with and without the arg) and arg positions of ``nodes`` per program == the reference."""
     is_max = reduce == "max"
     want, want_arg = R.segment_extreme(g, x, is_max)
-    got, arg = K.segment_extreme(g, x, is_max, nodes_per_program=nodes, sort_by_degree=sort)
-    only, none = K.segment_extreme(g, x, is_max, with_arg=False, nodes_per_program=nodes, sort_by_degree=sort)
+    kw = dict(nodes_per_program=nodes, sort_by_degree=sort, prefetch=prefetch)
+    got, arg = K.segment_extreme(g, x, is_max, **kw)
+    only, none = K.segment_extreme(g, x, is_max, with_arg=False, **kw)
     assert got.dtype == x.dtype and only.dtype == x.dtype and none is None
     what = f"{reduce}, nodes_per_program={nodes}"
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32), err_msg=what)
@@ -60,14 +61,18 @@ def _check_api(g, x, reduce, nodes, ct):
 
 
 @given(
-    graphs(max_nodes=40, max_edges=200), st.sampled_from(["max", "min"]), st.sampled_from(PACKED), st.booleans()
+    graphs(max_nodes=40, max_edges=200),
+    st.sampled_from(["max", "min"]),
+    st.sampled_from(PACKED),
+    st.booleans(),
+    st.booleans(),
 )
 @settings(max_examples=3)
-def test_packed_matches_reference_on_random_graphs(g, reduce, nodes, sort):
+def test_packed_matches_reference_on_random_graphs(g, reduce, nodes, sort, prefetch):
     # isolated nodes, self-loops, multi-edges and a hub split into chunks (extra units, packed alike)
     with gnn.interpret():
         x = _ties(g.num_nodes, 5)
-        _check_kernel(g, x, reduce, nodes, sort)
+        _check_kernel(g, x, reduce, nodes, sort, prefetch)
         _check_api(g, x, reduce, nodes, _ties(g.num_nodes, 5, seed=1) + 0.25)
 
 
@@ -81,7 +86,7 @@ def test_packed_nan_inf_ties_and_isolated_nodes(interp):
     x = x.at[src[13], 7].set(jnp.nan)  # a NaN in the same column as infinities
     ct = jnp.asarray(rng.standard_normal((n, 20)), jnp.float32)
     for reduce, nodes in (("max", 4), ("min", 32)):
-        _check_kernel(g, x, reduce, nodes)
+        _check_kernel(g, x, reduce, nodes, prefetch=nodes == 4)
         _check_api(g, x, reduce, nodes, ct)
         y = gnn.aggregate(g, x, reduce, implementation="pallas", nodes_per_program=nodes)
         np.testing.assert_array_equal(y[n - 3 :], 0.0)  # isolated nodes give 0
@@ -96,7 +101,7 @@ def test_packed_one_node_with_every_edge(interp):
         g = gnn.Graph.from_edges(src, np.full(e, 4), n, heavy_quantile=q)
         assert (g.schedule.num_extra > 0) == (q == 0.0)
         x = _ties(n, 16, seed=6)
-        _check_kernel(g, x, "max", 32)
+        _check_kernel(g, x, "max", 32, prefetch=True)
         _check_api(g, x, "min", 4, _ties(n, 16, seed=7) + 0.5)
 
 
@@ -203,11 +208,12 @@ def test_every_packed_variant_lowers_to_triton(monkeypatch):
             for a in (x, xb):
                 f = lambda a, nodes=nodes: gnn.aggregate(g, a, "min", implementation="pallas", nodes_per_program=nodes)
                 outs += [f(a), jax.vjp(f, a)[1](a)]
-        return outs + list(K.segment_extreme(g, x, True, nodes_per_program=4, sort_by_degree=False))
+        outs += K.segment_extreme(g, x, True, nodes_per_program=4, sort_by_degree=False)
+        return outs + list(K.segment_extreme(g, x, True, with_arg=False, nodes_per_program=8, prefetch=True)[:1])
 
     txt = _lower_for_cuda(everything, jnp.ones((40, 200)), jnp.ones((40, 20), jnp.bfloat16))
     assert txt.count("gnn_aggregate_min_x32") >= 4 and txt.count("gnn_aggregate_max_x4") >= 2
-    assert txt.count("__gpu$xla.gpu.triton") >= 26
+    assert txt.count("gnn_aggregate_max_x8") >= 2 and txt.count("__gpu$xla.gpu.triton") >= 28
 
 
 # ------------------------------------------------------------------------------- real GPU
@@ -226,6 +232,8 @@ def test_gpu_packed_matches_reference(dtype):
         y0, v0 = f(x, "xla")
         for nodes in (1, 2, 4, 8, 16, 32, None):
             _check_kernel(g, x, reduce, nodes)
+            if nodes in (4, 8):
+                _check_kernel(g, x, reduce, nodes, sort=False, prefetch=True)
             y, v = f(x, "pallas", nodes)
             np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(y0, np.float32))
             np.testing.assert_array_equal(np.asarray(v(ct)[0], np.float32), np.asarray(v0(ct)[0], np.float32))

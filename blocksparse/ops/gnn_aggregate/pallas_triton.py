@@ -136,7 +136,9 @@ def packed_tiles(nodes: int, f: int, be: int | None = None) -> tuple[int, int, i
     return be, bf, 4 if nodes * be * bf <= _TILE else 8
 
 
-def _packed_kernel(*refs, num_units: int, f: int, nodes: int, be: int, bf: int, is_max: bool, ordered: bool):
+def _packed_kernel(
+    *refs, num_units: int, f: int, nodes: int, be: int, bf: int, is_max: bool, ordered: bool, prefetch: bool
+):
     if ordered:
         starts_ref, ends_ref, order_ref, indices_ref, x_ref, o_ref, *a_ref = refs
     else:
@@ -149,23 +151,39 @@ def _packed_kernel(*refs, num_units: int, f: int, nodes: int, be: int, bf: int, 
     red, pick = (jnp.max, jnp.maximum) if is_max else (jnp.min, jnp.minimum)
     shape = (nodes, be, bf)
 
-    def tile(c):
+    def ids(c):
         pos, m = P.edge_tiles(start, c, end, be)
-        idx = P.load_at(indices_ref, pos, m)
+        return P.load_at(indices_ref, pos, m)
+
+    def tile(c, idx):
+        """Step ``c``'s rows; ``idx``: its edge ids, loaded in the step before with ``prefetch``, else now."""
+        pos, m = P.edge_tiles(start, c, end, be)
+        idx = P.load_at(indices_ref, pos, m) if idx is None else idx
         m3 = jnp.broadcast_to(m[:, :, None], shape) & jnp.broadcast_to(colmask[None, None, :], shape)
         # masked-out entries read the identity, so they never win (a real +-inf ties with it: see `hit`)
         return pos, m3, P.gather_tiles(x_ref, idx, cols, m3, ident)
 
-    def values(c, carry):
+    def step(body):
+        """``body(c, carry, rows...)`` as a loop body; with ``prefetch`` the next step's ids ride in the carry,
+        loaded before this step's gather so the two loads overlap."""
+        if not prefetch:
+            return lambda c, carry: body(c, carry, *tile(c, None))
+
+        def run(c, carry):
+            *carry, idx = carry
+            nxt = ids(c + 1)
+            return (*body(c, tuple(carry), *tile(c, idx)), nxt)
+
+        return run
+
+    def values(c, carry, pos, m3, rows):
         best, nan = carry
-        _, _, rows = tile(c)
         # NaN is tracked apart: the Triton lowering's max / min drop NaN operands (the interpreter's keep them)
         nan = jnp.maximum(nan, jnp.max(jnp.where(jnp.isnan(rows), 1, 0), axis=1))
         return pick(best, red(rows, axis=1)), nan
 
-    def with_args(c, carry):  # as _kernel's body, per node (axis 1 is the edge axis)
+    def with_args(c, carry, pos, m3, rows):  # as _kernel's body, per node (axis 1 is the edge axis)
         best, arg = carry
-        pos, m3, rows = tile(c)
         nan = jnp.isnan(rows)  # masked-out entries hold the identity, never NaN
         cnan = jnp.max(jnp.where(nan, 1, 0), axis=1) > 0
         cbest = jnp.where(cnan, jnp.nan, red(rows, axis=1))
@@ -179,24 +197,30 @@ def _packed_kernel(*refs, num_units: int, f: int, nodes: int, be: int, bf: int, 
     steps = jnp.max(P.num_chunks(start, end, be))  # the group's longest edge range
     out_mask = jnp.broadcast_to(live[:, None], (nodes, bf)) & jnp.broadcast_to(colmask[None, :], (nodes, bf))
     best0 = jnp.full((nodes, bf), ident, jnp.float32)
+    first = (ids(0),) if prefetch else ()
+
+    def loop(body, init):
+        return lax.fori_loop(0, steps, step(body), (*init, *first))[:2]
+
     if a_ref:  # only when differentiating: the backward routes gradients through it
-        best, arg = lax.fori_loop(0, steps, with_args, (best0, jnp.full((nodes, bf), -1, jnp.int32)))
+        best, arg = loop(with_args, (best0, jnp.full((nodes, bf), -1, jnp.int32)))
         P.store_rows(o_ref, units, cols, jnp.where(arg >= 0, best, 0.0), out_mask)
         P.store_rows(a_ref[0], units, cols, arg, out_mask)
     else:
-        best, nan = lax.fori_loop(0, steps, values, (best0, jnp.zeros((nodes, bf), jnp.int32)))
+        best, nan = loop(values, (best0, jnp.zeros((nodes, bf), jnp.int32)))
         has = jnp.broadcast_to((end > start)[:, None], (nodes, bf))
         P.store_rows(o_ref, units, cols, jnp.where(nan > 0, jnp.nan, jnp.where(has, best, 0.0)), out_mask)
 
 
 def _packed_call(
-    starts, ends, order, indices, x, num_units, out_dtype, nodes, be, bf, warps, is_max, interpret, with_arg
+    starts, ends, order, indices, x, num_units, out_dtype, nodes, be, bf, warps, is_max, interpret, with_arg, prefetch
 ):
     f = x.shape[1]
     shapes = [jax.ShapeDtypeStruct((num_units, f), out_dtype), jax.ShapeDtypeStruct((num_units, f), jnp.int32)]
     kernel = functools.partial(
-        _packed_kernel, num_units=num_units, f=f, nodes=nodes, be=be, bf=bf, is_max=is_max, ordered=order is not None
-    )
+        _packed_kernel, num_units=num_units, f=f, nodes=nodes, be=be, bf=bf, is_max=is_max,
+        ordered=order is not None, prefetch=prefetch,
+    )  # fmt: skip
     return pl.pallas_call(
         kernel,
         grid=(cdiv(num_units, nodes), cdiv(f, bf)),
@@ -243,6 +267,7 @@ def segment_extreme(
     be: int | None = None,
     nodes_per_program: int | None = None,
     sort_by_degree: bool = True,
+    prefetch: bool = False,
 ):
     """``x (N, F)`` -> (values ``(N, F)``, CSR position of the arg-max/min or -1; or None without ``with_arg``).
 
@@ -250,7 +275,9 @@ def segment_extreme(
     :func:`default_nodes_per_program` of the graph's mean in-degree (``edge_capacity / num_nodes``),
     1 is the one-node kernel. ``be``: edges per step (default: per kernel, see :func:`packed_tiles`).
     ``sort_by_degree``: the packed kernel groups nodes in :func:`length_order` (``False``: in id
-    order, for comparison). Results never depend on these.
+    order, for comparison). ``prefetch``: the packed kernel loads step ``c + 1``'s edge ids before
+    gathering step ``c``'s rows (one dependent memory round trip per step instead of two). Results
+    never depend on these.
     """
     interpret = _dispatch.pallas_mode()
     P.check_dtype(x)
@@ -269,7 +296,7 @@ def segment_extreme(
 
         def run(s, e, dtype, arg, order):
             return _packed_call(
-                s, e, order, indices, x, s.shape[0], dtype, nodes, be, bf, warps, is_max, interpret, arg
+                s, e, order, indices, x, s.shape[0], dtype, nodes, be, bf, warps, is_max, interpret, arg, prefetch
             )
 
     (s0, e0, _), extra = P.units(g)
