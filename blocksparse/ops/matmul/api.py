@@ -15,8 +15,9 @@ coordinates): the Pallas backend builds its work list inside ``jit`` with
 :func:`.lowering.redistribute`, so the transposed product needs no cached transpose.
 
 ``implementation`` is ``None``, a name or a sequence of names; the first backend that does not
-raise ``NotImplementedError`` wins. ``None`` means ``("pallas", "xla")``: the Pallas kernel where
-it can run, else the pure-JAX reference.
+raise ``NotImplementedError`` wins. ``None`` means ``("pallas", "xla")``: the Pallas (Triton) kernel
+where it can run, else the pure-JAX reference; on a Hopper GPU ``("mosaic", "pallas", "xla")`` for a
+static ``W @ x`` where the Mosaic GPU kernel measured faster (:func:`.pallas_mosaic.prefers`).
 """
 
 from __future__ import annotations
@@ -358,8 +359,9 @@ def matmul(
             ``"gelu_tanh"``, ``"silu"``, ``"tanh"`` or ``"sigmoid"``. Bias, activation and the cast to
             the output dtype run on the float32 accumulator inside the kernel (one store of the
             output, no extra pass over it); the gradients are those of the unfused expression.
-        implementation: ``None`` (fastest available, falling back to pure JAX), ``"pallas"``,
-            ``"xla"``, or a sequence tried in order.
+        implementation: ``None`` (fastest available, falling back to pure JAX), ``"pallas"``
+            (Triton), ``"mosaic"`` (the Hopper kernel for a static ``W @ x``; first by default on a
+            Hopper GPU where it measured faster), ``"xla"``, or a sequence tried in order.
         precision: as for ``jnp.dot``: ``None`` (``jax.default_matmul_precision`` if set, else the
             backend default: TF32 tensor-core dots for float32 on a GPU), a ``jax.lax.Precision``
             or its name. ``"highest"`` gives float32 accuracy for float32 inputs on every backend.
