@@ -160,6 +160,16 @@ def test_packed_dynamic_graph_under_jit(interp):
             np.testing.assert_allclose(dwant, O.extreme_grad(src, dst, n, x, ct, "max"), rtol=1e-6, atol=1e-6)
 
 
+def test_packed_vmap(interp):
+    g = gnn.power_law(50, 400, seed=1)
+    xb = jax.random.normal(jax.random.key(0), (3, 50, 8))
+    f = lambda x, impl: gnn.aggregate(g, x, implementation=impl, nodes_per_program=4)
+    yb, gb = jax.vmap(jax.value_and_grad(lambda x: f(x, "pallas").sum()))(xb)
+    ya, ga = jax.vmap(jax.value_and_grad(lambda x: f(x, "xla").sum()))(xb)
+    np.testing.assert_array_equal(yb, ya)
+    np.testing.assert_array_equal(gb, ga)
+
+
 def test_length_order():
     g = gnn.power_law(300, 4000, seed=3, heavy_quantile=0.9)
     lens = g.schedule.main_end - g.indptr[:-1]
