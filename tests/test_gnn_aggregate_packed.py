@@ -182,7 +182,7 @@ def test_length_order():
 
 def test_default_rule_and_bad_knob():
     assert [K.default_nodes_per_program(d) for d in (0.0, 4, 8, 16, 32, 33, 64, 65, 128, 1000)] == [
-        16, 16, 16, 8, 4, 2, 2, 1, 1, 1
+        16, 16, 8, 4, 2, 1, 1, 1, 1, 1
     ]  # fmt: skip
     for nodes in (1, 2, 4, 8, 16, 32):
         be, bf, warps = K.packed_tiles(nodes, 128)
