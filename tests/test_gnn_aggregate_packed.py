@@ -246,4 +246,7 @@ def test_gpu_packed_matches_reference(dtype):
                 _check_kernel(g, x, reduce, nodes, sort=False, prefetch=True)
             y, v = f(x, "pallas", nodes)
             np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(y0, np.float32))
-            np.testing.assert_array_equal(np.asarray(v(ct)[0], np.float32), np.asarray(v0(ct)[0], np.float32))
+            # the same arg per node (the forward is exact); the gradient sums them with a scatter-add whose
+            # order a GPU does not fix, so it agrees to rounding
+            tol = dict(rtol=1e-5, atol=1e-5) if dtype == jnp.float32 else dict(rtol=2e-2, atol=2e-2)
+            np.testing.assert_allclose(np.asarray(v(ct)[0], np.float32), np.asarray(v0(ct)[0], np.float32), **tol)
