@@ -39,6 +39,18 @@ def test_real_sizes_are_the_published_ones():
     }
     got = {k: (v["nodes"], v["edges"] * (2 if v["symmetric"] else 1)) for k, v in PAPER_GRAPH_SPECS.items()}
     assert got == want
+    # the older table of synthetic()'s sizes is derived from the specs: one source of truth
+    assert gnn.PAPER_GRAPHS == {**want, "baseline": (262_144, 8_388_608)}
+
+
+def test_exported_from_bs_gnn():
+    assert (gnn.paper_graph, gnn.paper_graph_edges, gnn.PAPER_GRAPH_SPECS) == (
+        paper_graph, paper_graph_edges, PAPER_GRAPH_SPECS
+    )
+    assert {"paper_graph", "paper_graph_edges", "PAPER_GRAPH_SPECS", "PAPER_GRAPHS"} <= set(gnn.__all__)
+    # synthetic() takes the same city-roads-L size as paper_graph (the directed count), scaled down
+    g = gnn.synthetic("city-roads-L", scale=0.01)
+    assert (g.num_nodes, g.num_edges) == (1422, 4637) and "synthetic" in g.name
 
 
 @given(name=st.sampled_from(sorted(PAPER_GRAPH_SPECS)), scale=st.floats(2e-3, 2e-2), seed=st.integers(0, 2**31))

@@ -17,13 +17,14 @@ from ..ops.gnn_attention import gatv2, graph_attention
 from ..ops.gnn_spmm import spmm
 from ._dynamic import DynamicGraph, batch, readout
 from ._graph import Graph
-from .generators import PAPER_GRAPHS, power_law, rmat, synthetic
+from .generators import PAPER_GRAPH_SPECS, PAPER_GRAPHS, paper_graph, paper_graph_edges, power_law, rmat, synthetic
 from .layers import GATv2Conv, GCNConv, TransformerConv
 from .reorder import reorder
 from .sharded import GraphShardPlan, ShardedGraph, plan_graph, shard_graph
 
 __all__ = [
     "PAPER_GRAPHS",
+    "PAPER_GRAPH_SPECS",
     "GATv2Conv",
     "GCNConv",
     "TransformerConv",
@@ -36,6 +37,8 @@ __all__ = [
     "gatv2",
     "graph_attention",
     "interpret",
+    "paper_graph",
+    "paper_graph_edges",
     "plan_graph",
     "power_law",
     "readout",

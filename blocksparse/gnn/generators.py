@@ -1,8 +1,10 @@
-"""Synthetic graphs for tests and benchmarks (no downloads): power-law and R-MAT.
+"""Synthetic graphs for tests and benchmarks (no downloads): power-law, R-MAT, and the paper's graphs.
 
 Every generated graph is *labelled synthetic* in its ``name`` (e.g.
-``"synthetic power-law like ogbn-arxiv"``): only the node and edge counts match the named
-dataset, not its structure.
+``"synthetic power-law like ogbn-arxiv"``). :func:`synthetic` matches only a dataset's node and
+edge counts (:data:`PAPER_GRAPHS`); :func:`paper_graph` also its degree skew (and, for
+city-roads-L, its locality), from the targets in :data:`PAPER_GRAPH_SPECS`, of which
+:data:`PAPER_GRAPHS` is derived.
 """
 
 from __future__ import annotations
@@ -25,14 +27,30 @@ __all__ = [
     "synthetic",
 ]
 
-# (num_nodes, num_edges) of the graphs of Fomina et al., and "baseline": the benchmark graph of
-# docs/benchmarks.md ("GNN operations").
+# -- the paper's graphs: one table of targets, the sizes derived from it ------------------------
+#: The graphs of Fomina et al. as :func:`paper_graph` generates them: node count, edge count
+#: (undirected pairs for a ``symmetric`` graph, each stored in both directions, else directed
+#: edges), and the degree targets the power-law exponents are solved for: ``max_degree``, the
+#: largest in-degree (of a symmetric graph, degree) of the real dataset, and ``max_out_degree``,
+#: the largest out-degree of a directed one. The maxima are the datasets' reported statistics as
+#: we know them (approximate), except arxiv's out-degree target, an assumption (its reference
+#: lists are short). ``city-roads-L`` is a road network (degrees 1 to 5, planar) and is generated
+#: as a grid instead.
+PAPER_GRAPH_SPECS: dict[str, dict] = {
+    "ogbn-arxiv": dict(nodes=169_343, edges=1_166_243, symmetric=False, max_degree=13_155, max_out_degree=500,
+                       hubs_shared=False),
+    "ogbn-products": dict(nodes=2_449_029, edges=61_859_140, symmetric=True, max_degree=17_481),
+    "pokec": dict(nodes=1_632_803, edges=30_622_564, symmetric=False, max_degree=13_733, max_out_degree=8_763,
+                  hubs_shared=True),
+    "twitch-views": dict(nodes=168_114, edges=6_797_557, symmetric=True, max_degree=35_279),
+    "city-roads-L": dict(nodes=142_257, edges=231_855, symmetric=True, max_degree=5, grid=True),
+}  # fmt: skip
+
+#: ``(num_nodes, num_edges)`` of each graph of :data:`PAPER_GRAPH_SPECS` as a :class:`Graph` stores
+#: it (a symmetric graph's undirected edges counted in both directions), the sizes :func:`synthetic`
+#: uses; and ``"baseline"``, the 262,144-node benchmark graph of docs/benchmarks.md ("GNN operations").
 PAPER_GRAPHS: dict[str, tuple[int, int]] = {
-    "ogbn-arxiv": (169_343, 1_166_243),
-    "ogbn-products": (2_449_029, 123_718_280),
-    "pokec": (1_632_803, 30_622_564),
-    "twitch-views": (168_114, 13_595_114),
-    "city-roads-L": (142_257, 279_061),
+    **{k: (v["nodes"], v["edges"] * (2 if v["symmetric"] else 1)) for k, v in PAPER_GRAPH_SPECS.items()},
     "baseline": (262_144, 8_388_608),
 }
 
@@ -120,25 +138,6 @@ def _check_counts(num_nodes, num_edges):
 
 
 # -- degree-matched stand-ins for the paper's graphs ------------------------------------------------
-#: The graphs of Fomina et al. as :func:`paper_graph` generates them: node count, edge count
-#: (undirected pairs for a ``symmetric`` graph, each stored in both directions, else directed
-#: edges), and the degree targets the power-law exponents are solved for: ``max_degree``, the
-#: largest in-degree (of a symmetric graph, degree) of the real dataset, and ``max_out_degree``,
-#: the largest out-degree of a directed one. The maxima are the datasets' reported statistics as
-#: we know them (approximate), except arxiv's out-degree target, an assumption (its reference
-#: lists are short). ``city-roads-L`` is a road network (degrees 1 to 5, planar) and is generated
-#: as a grid instead.
-PAPER_GRAPH_SPECS: dict[str, dict] = {
-    "ogbn-arxiv": dict(nodes=169_343, edges=1_166_243, symmetric=False, max_degree=13_155, max_out_degree=500,
-                       hubs_shared=False),
-    "ogbn-products": dict(nodes=2_449_029, edges=61_859_140, symmetric=True, max_degree=17_481),
-    "pokec": dict(nodes=1_632_803, edges=30_622_564, symmetric=False, max_degree=13_733, max_out_degree=8_763,
-                  hubs_shared=True),
-    "twitch-views": dict(nodes=168_114, edges=6_797_557, symmetric=True, max_degree=35_279),
-    "city-roads-L": dict(nodes=142_257, edges=231_855, symmetric=True, max_degree=5, grid=True),
-}  # fmt: skip
-
-
 def paper_graph_edges(name: str, *, scale: float = 1.0, seed: int = 0) -> tuple[np.ndarray, np.ndarray, int]:
     """Edges of a synthetic graph with the size and degree skew of one of the paper's graphs.
 
