@@ -1,0 +1,377 @@
+"""Pallas Mosaic GPU (Hopper: TMA + wgmma) kernel for the static ``dds`` product ``y = x @ W``.
+
+The inference case of a sparse linear layer: ``x (tokens, hidden) @ W (hidden, out)`` with ``W``
+block-sparse and static, e.g. 32768 x 384 @ 384 x 1536 in bf16, with the fused epilogue (a bias
+along the output columns, an activation, the cast). It is the twin of the ``dsd`` kernel of
+:mod:`.pallas_mosaic` (whose helpers it imports) and consumes the same work list
+(:class:`~.lowering.RowSplitSchedule`), built by :func:`~.lowering.lower` with ``op="dds"``: the
+units walk the block *columns* of ``W`` through its cached transpose (``block_col`` is then the
+block row of ``W``, i.e. the block of ``x``'s columns; ``block_id`` points into the original
+``data``, so no transposed copy of the values is made).
+
+Not registered as a backend (it has not run on a GPU yet): call :func:`dds` directly.
+
+The kernel
+----------
+One program (CTA, one warpgroup of 128 threads) per ``(unit u, row tile t)`` of ``tm`` rows of
+``x``; units are issued fastest (every unit of row tile 0, then of tile 1, ...), so a row tile of
+``x`` stays in L2 while the blocks of ``W`` stream. It reads ``start, len, dest`` of its unit from
+the schedule arrays, then loops ``len`` times over the unit's blocks:
+
+- TMA copies bring the ``tm x bh`` slab of ``x`` at the block's row of ``W`` (columns
+  ``[r bh, (r + 1) bh)`` of ``x``) and block ``block_id[j]`` of ``W`` (``bh x bw``) into shared
+  memory, swizzled (128-byte swizzle, ``8 x 64`` tiles). ``stages`` (default 3, or 2 where 3 do
+  not fit in 227 KiB) copies are in flight: step ``i`` waits for stage ``i % stages``, issues the
+  wgmma, waits until at most one wgmma is pending and refills the stage of step ``i - 1`` with step
+  ``i + stages - 1``.
+- ``plgpu.wgmma(acc, x_slab, w_block)`` accumulates ``(tm, bw)`` in float32 registers
+  (``tm * bw <= 128 * 128``). Both operands are in their natural layout: ``x``'s slab is the
+  ``(M, K)`` operand and ``W``'s block the ``(K, N)`` one, so no transposed operand is needed.
+- The accumulator goes through shared memory and a TMA store to ``y[m0 : m0 + tm, dest bw : (dest
+  + 1) bw]`` (in the output dtype) when ``dest >= 0``, or to the float32 partials buffer (slot
+  ``-1 - dest``, rows ``[slot m_pad, (slot + 1) m_pad)``) for a piece of a split block column. An
+  empty block column is a unit of length 0: it stores zeros (or ``activation(bias)``).
+- Fused epilogue (``epi``, :mod:`.epilogue`): a tile written directly gets ``activation(acc +
+  bias)`` on the float32 accumulator before the cast; the tile's bias slice (float32) is copied to
+  shared memory by TMA when the program starts and read in the accumulator's layout.
+
+Split block columns are then summed in XLA (a segment sum over the slots and a scatter into those
+columns only); with an epilogue they get it there, once, after the sum. ``x`` is zero-padded to a
+multiple of ``tm`` rows.
+
+Supported: block sides ``bh, bw`` in {64, 128} (square blocks are the case measured; rectangular
+ones take the same code); float16 / bfloat16 operands of one dtype (a mix promotes to float32,
+refused), float32 accumulation, output in float16, bfloat16 or float32; bias along the output
+columns (``bias_axis=1``, the usual ``x @ W + b``) or along the rows; every activation of
+:mod:`.epilogue`. Anything else raises ``NotImplementedError`` naming what was expected and got.
+
+What is verified
+----------------
+On the CPU (``tests/test_pallas_mosaic_dds.py``): the kernel lowers for CUDA (the Pallas -> Mosaic
+GPU lowering checks the wgmma shapes and layouts, the swizzle transforms and the shared memory
+budget) and runs in Pallas' GPU interpreter, where it matches a float64 oracle (schedule reads, TMA
+slices, stage indices, empty block columns, partials, the epilogue). The interpreter completes
+copies when issued and runs wgmma synchronously, so a missing wait would go unnoticed there: the
+``gpu``-marked tests are the check on a Hopper GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from ..._pattern import BlockPattern
+from ..._util import cdiv
+from .. import _dispatch
+from . import epilogue as _epilogue
+from .lowering import GpuLowering, RowSplitSchedule, lower
+from .pallas_mosaic import _DTYPES, _MAX_ACC, _OUT_DTYPES, _SMEM_BYTES, _SWIZZLE, SUPPORTED_BLOCKS, hopper_problem
+
+__all__ = ["DdsConfig", "DdsPlan", "SUPPORTED_BLOCKS", "TILES", "dds", "hopper_problem", "plan"]
+
+#: Rows of ``x`` per program.
+TILES = (64, 128, 256)
+#: Shared memory of a fused bias slice (float32, at most max(tm, bw) = 256 values).
+_BIAS_SMEM = 4 * max(TILES)
+
+
+@dataclasses.dataclass(frozen=True)
+class DdsConfig:
+    """Tiles of the Mosaic ``dds`` kernel (``None``: chosen per problem).
+
+    Attributes:
+        tm: rows of ``x`` per program, in :data:`TILES`, with ``tm * bw <= 128 * 128``.
+        stages: shared-memory pipeline depth (>= 2; default: 3, or 2 where 3 do not fit).
+        max_len: force the schedule's cap on blocks per program (longer block columns are split
+            into float32 partials).
+    """
+
+    tm: int | None = None
+    stages: int | None = None
+    max_len: int | None = None
+
+    def __post_init__(self):
+        if self.tm is not None and self.tm not in TILES:
+            raise ValueError(f"Expected tm in {TILES}. Got {self.tm}.")
+        if self.stages is not None and self.stages < 2:  # one stage would wait before its first copy
+            raise ValueError(f"Expected stages >= 2. Got {self.stages}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class DdsPlan:
+    """Everything the host prepares for one ``dds`` call (see :func:`plan`).
+
+    Attributes:
+        tm: rows of ``x`` per program.
+        tiles: row tiles (``m_pad // tm``); the grid is ``(sched.num_units, tiles)``.
+        m_pad: the rows of ``x`` rounded up to a multiple of ``tm``.
+        stages: shared-memory pipeline depth.
+        sched: the work list (units are block columns of ``W``).
+    """
+
+    tm: int
+    tiles: int
+    m_pad: int
+    stages: int
+    sched: RowSplitSchedule
+
+    def smem_bytes(self, bh: int, bw: int, itemsize: int) -> int:
+        """Shared memory of the pipeline (the output staging buffer reuses it afterwards)."""
+        return self.stages * (self.tm * bh + bh * bw) * itemsize
+
+
+def _default_tm(bw: int, m: int, units: int) -> int:
+    """128 rows (a 128 x 128 wgmma tile for b = 128), 64 where that leaves the 132 SMs without a program each."""
+    if m <= 64 or units * cdiv(m, 128) < 132:
+        return 64
+    return 128
+
+
+def plan(
+    pattern: BlockPattern, m: int, itemsize: int = 2, config: DdsConfig | None = None, extra_smem: int = 0
+) -> DdsPlan:
+    """The host-side preparation of ``x @ W`` for ``x`` of ``m`` rows (NumPy; the schedule is cached).
+
+    ``itemsize``: bytes of an operand element; ``extra_smem``: bytes of shared memory the kernel holds
+    besides the pipeline (the bias slice). Raises ``NotImplementedError`` if the kernel cannot take
+    these blocks or tiles.
+    """
+    cfg = config or DdsConfig()
+    bh, bw = pattern.block_size
+    if bh not in SUPPORTED_BLOCKS or bw not in SUPPORTED_BLOCKS:
+        raise NotImplementedError(
+            f"requires block sides in {SUPPORTED_BLOCKS} (wgmma tiles of a 128-byte swizzle) (got ({bh}, {bw}))"
+        )
+    tm = cfg.tm or _default_tm(bw, m, pattern.grid[1])
+    if tm * bw > _MAX_ACC:
+        raise NotImplementedError(
+            f"requires tm * bw <= {_MAX_ACC} (a float32 accumulator in one warpgroup's registers) (got {tm} * {bw})"
+        )
+    per_stage = (tm * bh + bh * bw) * itemsize
+    fit = (_SMEM_BYTES - extra_smem) // per_stage
+    stages = cfg.stages or min(3, fit)
+    if stages > fit or stages < 2:
+        raise NotImplementedError(
+            f"requires stages * {per_stage} bytes <= {_SMEM_BYTES - extra_smem} of shared memory (got stages={stages})"
+        )
+    tiles = max(cdiv(m, tm), 1)
+    sched = lower(pattern, GpuLowering(op="dds", tiles=tiles, max_len=cfg.max_len))
+    return DdsPlan(tm=tm, tiles=tiles, m_pad=tiles * tm, stages=stages, sched=sched)
+
+
+def _dds_kernel(start_g, len_g, dest_g, row_g, id_g, w_g, x_g, *refs, bh, bw, tm, m_pad, stages, epi=None):
+    """Program ``(u, t)``: rows ``[t * tm, (t + 1) * tm)`` of ``x`` times unit ``u`` (a block column of W).
+
+    ``refs``: ``(bias_g,)`` when ``epi`` has a bias, then ``y_g, p_g``.
+    """
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    bias_g, (y_g, p_g) = (refs[0], refs[1:]) if epi is not None and epi.bias else (None, refs)
+    u = lax.axis_index("u")
+    m0 = pl.multiple_of(lax.axis_index("t") * tm, tm)
+    start = start_g[u]
+    length = len_g[u]
+    dest = dest_g[u]
+    dtype = w_g.dtype
+    swizzle_elems = _SWIZZLE // jnp.dtype(dtype).itemsize
+    transforms = (plgpu.TilingTransform((8, swizzle_elems)), plgpu.SwizzleTransform(_SWIZZLE))
+
+    def accumulate(acc_ref):
+        def pipeline(x_smem, w_smem, x_bar, w_bar):
+            def fetch(i):  # step i's slab and block into stage i % stages
+                slot = lax.rem(i, stages)
+                j = start + i
+                r = row_g[j]  # block row of W = block of x's columns
+                d = id_g[j]
+                plgpu.copy_gmem_to_smem(x_g.at[pl.ds(m0, tm), pl.ds(r * bh, bh)], x_smem.at[slot], x_bar.at[slot])
+                plgpu.copy_gmem_to_smem(w_g.at[pl.ds(d * bh, bh), :], w_smem.at[slot], w_bar.at[slot])
+
+            for i in range(stages - 1):  # prologue: fill all stages but one
+                pl.when(i < length)(functools.partial(fetch, i))
+
+            def step(i, carry):
+                slot = lax.rem(i, stages)
+                plgpu.barrier_wait(x_bar.at[slot])
+                plgpu.barrier_wait(w_bar.at[slot])
+                plgpu.wgmma(acc_ref, x_smem.at[slot], w_smem.at[slot])
+                plgpu.wgmma_wait(1)  # step i - 1's wgmma is done: its stage can be refilled
+                nxt = i + stages - 1
+                pl.when(nxt < length)(lambda: fetch(nxt))
+                return carry
+
+            lax.fori_loop(0, length, step, None)
+            plgpu.wgmma_wait(0)
+
+        pl.run_scoped(
+            pipeline,
+            plgpu.SMEM((stages, tm, bh), dtype, transforms=transforms),
+            plgpu.SMEM((stages, bh, bw), dtype, transforms=transforms),
+            plgpu.Barrier(num_barriers=stages),
+            plgpu.Barrier(num_barriers=stages),
+        )
+        return acc_ref[...]
+
+    def store(out_g, value, row0, col0):
+        def scope(o_smem):
+            o_smem[...] = value.astype(o_smem.dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(o_smem, out_g.at[pl.ds(row0, tm), pl.ds(col0, bw)])
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+        pl.run_scoped(scope, plgpu.SMEM((tm, bw), out_g.dtype))
+
+    def run(bias_smem=None, bias_bar=None):
+        if bias_g is not None:  # this tile's bias slice: its copy overlaps the whole main loop
+            piece = pl.ds(jnp.maximum(dest, 0) * bw, bw) if epi.bias_axis == 1 else pl.ds(m0, tm)
+            plgpu.copy_gmem_to_smem(bias_g.at[piece], bias_smem, bias_bar.at[0])
+        acc = pl.run_scoped(accumulate, plgpu.ACC((tm, bw), jnp.float32))  # zero-initialised: empty units write 0
+
+        def store_direct():
+            out = acc
+            if epi is not None:  # bias and activation on the float32 accumulator, then the one cast
+                bias = None
+                if bias_g is not None:
+                    plgpu.barrier_wait(bias_bar.at[0])
+                    axis = epi.bias_axis
+                    b = plgpu.load(bias_smem, layout=plgpu.Layout.WGMMA.reduce(1 - axis))
+                    bias = lax.broadcast_in_dim(b, (tm, bw), (axis,))
+                out = _epilogue.apply(out, bias, epi.activation)
+            store(y_g, out, m0, dest * bw)
+
+        def store_partial():  # a piece of a split column: the epilogue runs after the pieces are summed
+            if bias_g is not None:
+                plgpu.barrier_wait(bias_bar.at[0])  # every issued copy is waited for before the kernel exits
+            store(p_g, acc, (-1 - dest) * m_pad + m0, 0)
+
+        pl.when(dest >= 0)(store_direct)
+        pl.when(dest < 0)(store_partial)
+
+    if bias_g is None:
+        run()
+    else:
+        size = bw if epi.bias_axis == 1 else tm
+        pl.run_scoped(run, plgpu.SMEM((size,), jnp.float32), plgpu.Barrier(num_barriers=1))
+
+
+def _launch(p: DdsPlan, n: int, data, xp, out_dtype, *, interpret, epi=None, bias=()):
+    """Run the kernel: ``(y (m_pad, n) in out_dtype, partials (S * m_pad, bw) float32)``.
+
+    ``epi``: an :class:`~.epilogue.Epilogue` for the directly written tiles; ``bias``: ``()`` or
+    ``(float32 bias of n values, or m_pad for bias_axis=0,)``.
+    """
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    _, bh, bw = data.shape
+    s = p.sched
+    body = functools.partial(_dds_kernel, bh=bh, bw=bw, tm=p.tm, m_pad=p.m_pad, stages=p.stages, epi=epi)
+    kernel = plgpu.kernel(
+        body,
+        out_type=(
+            jax.ShapeDtypeStruct((p.m_pad, n), out_dtype),
+            jax.ShapeDtypeStruct((max(s.num_partials, 1) * p.m_pad, bw), jnp.float32),
+        ),
+        grid=(s.num_units, p.tiles),
+        grid_names=("u", "t"),
+        kernel_name=f"bs_mgpu_dds_{bh}x{bw}_tm{p.tm}" + ("_epi" if epi is not None else ""),
+        interpret=plgpu.InterpretGPUParams() if interpret is True else interpret,
+    )
+    return kernel(
+        jnp.asarray(s.unit_start),
+        jnp.asarray(s.unit_len),
+        jnp.asarray(s.unit_dest),
+        jnp.asarray(s.block_col),
+        jnp.asarray(s.block_id),
+        data.reshape(-1, bw),
+        xp,
+        *bias,
+    )
+
+
+def _combine(y, partials, p: DdsPlan, bw: int, epi, bias):
+    """Sum the float32 partial tiles into the split block columns of ``y`` (XLA), with the epilogue there."""
+    sched = p.sched
+    if sched.num_partials == 0:
+        return y
+    r = sched.split_rows.shape[0]  # the split block columns of W (output block columns)
+    parts = partials.reshape(sched.num_partials, p.m_pad, bw)
+    sums = jax.ops.segment_sum(parts, sched.partial_seg, num_segments=r)  # (r, m_pad, bw) float32
+    if epi is not None:
+        b = None
+        if bias:
+            b = bias[0].reshape(-1, bw)[sched.split_rows][:, None, :] if epi.bias_axis == 1 else bias[0][None, :, None]
+        sums = _epilogue.apply(sums, b, epi.activation)
+    y3 = y.reshape(p.m_pad, -1, bw)
+    return y3.at[:, sched.split_rows].set(sums.transpose(1, 0, 2).astype(y.dtype)).reshape(y.shape)
+
+
+def dds(
+    pattern: BlockPattern,
+    data,
+    x,
+    out_dtype=None,
+    epi: _epilogue.Epilogue | None = None,
+    bias=None,
+    *,
+    config: DdsConfig | None = None,
+    interpret=None,
+) -> jax.Array:
+    """``x @ W`` with the Mosaic GPU kernel (no hardware check: :func:`hopper_problem` says why it cannot run).
+
+    Arguments:
+        pattern: W's block pattern (``(k, n)``), blocks in :data:`SUPPORTED_BLOCKS`.
+        data: W's blocks ``(nnz, bh, bw)``; x: ``(m, k)``; both float16 or bfloat16 (promoted to one).
+        out_dtype: the result dtype (default: the operands'); float16, bfloat16 or float32.
+        epi: an optional :class:`~.epilogue.Epilogue` (bias, activation) applied to the float32
+            accumulator before the one store of each output tile.
+        bias: the epilogue's bias: ``(n,)`` for ``bias_axis=1`` (along the output columns), ``(m,)``
+            for ``bias_axis=0``.
+        config: a :class:`DdsConfig`.
+        interpret: run in Pallas' GPU interpreter on the CPU (default: ``blocksparse.interpret()``); a
+            ``plgpu.InterpretGPUParams`` passes its options (e.g. ``detect_races=True``).
+
+    Returns:
+        ``(m, n)`` in ``out_dtype``.
+    """
+    k, n = pattern.shape
+    bh, bw = pattern.block_size
+    if tuple(data.shape) != (pattern.nnz_blocks, bh, bw):
+        raise ValueError(f"Expected data of shape {(pattern.nnz_blocks, bh, bw)}. Got {tuple(data.shape)}.")
+    if x.ndim != 2 or x.shape[1] != k:
+        raise ValueError(f"Expected x of shape (m, {k}). Got {tuple(x.shape)}.")
+    dt = jnp.result_type(data.dtype, x.dtype)
+    if jnp.dtype(dt) not in _DTYPES:
+        raise NotImplementedError(
+            f"requires float16 or bfloat16 operands of one dtype (got {jnp.dtype(data.dtype)}, {jnp.dtype(x.dtype)})"
+        )
+    out_dtype = jnp.dtype(out_dtype or dt)
+    if out_dtype not in _OUT_DTYPES:
+        raise NotImplementedError(f"requires a float16, bfloat16 or float32 output (got {out_dtype})")
+    m = x.shape[0]
+    with_bias = epi is not None and epi.bias
+    if with_bias != (bias is not None):
+        raise ValueError(f"Expected a bias array exactly when the epilogue has a bias ({epi}). Got {bias is not None}.")
+    if with_bias and tuple(bias.shape) != ((n,) if epi.bias_axis == 1 else (m,)):
+        want = (n,) if epi.bias_axis == 1 else (m,)
+        raise ValueError(f"Expected a bias of shape {want} (bias_axis={epi.bias_axis}). Got {tuple(bias.shape)}.")
+    p = plan(pattern, m, jnp.dtype(dt).itemsize, config, _BIAS_SMEM if with_bias else 0)
+    if m == 0:
+        return jnp.zeros((m, n), out_dtype)
+    if pattern.nnz_blocks == 0:
+        return _epilogue.reference(jnp.zeros((m, n), jnp.float32), bias, epi, out_dtype)
+    if interpret is None:
+        interpret = _dispatch.interpreting()
+    xp = x.astype(dt)
+    if p.m_pad != m:
+        xp = jnp.pad(xp, ((0, p.m_pad - m), (0, 0)))
+    b = ()
+    if with_bias:  # float32; along rows padded like x, so every tile's TMA copy stays inside the array
+        b32 = bias.astype(jnp.float32)
+        b = (b32 if epi.bias_axis == 1 else jnp.pad(b32, (0, p.m_pad - m)),)
+    y, partials = _launch(p, n, data.astype(dt), xp, out_dtype, interpret=interpret, epi=epi, bias=b)
+    y = _combine(y, partials, p, bw, epi, b)
+    return y[:m] if p.m_pad != m else y

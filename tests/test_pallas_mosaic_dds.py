@@ -1,0 +1,370 @@
+"""The Mosaic GPU (Hopper) dds kernel ``x @ W``: host preparation, CUDA lowering and the GPU interpreter on
+the CPU; the real kernel on a Hopper GPU (``gpu`` mark) against the float64 oracle at real sizes."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import blocksparse as bs
+from blocksparse.ops.matmul import epilogue
+from blocksparse.ops.matmul import pallas_mosaic_dds as pmd
+from blocksparse.testing import strategies as bst
+from blocksparse.testing.oracles import assert_close, to_dense64
+
+HALF = (jnp.bfloat16, jnp.float16)
+KINDS = ("random", "empty", "full_row", "full_col", "empty_rows", "single", "diagonal")
+
+
+def _mask(kind: str, gk: int, gn: int, rng) -> np.ndarray:
+    """W's block mask (``gk`` block rows: the contracted dimension; ``gn`` block columns: the output's)."""
+    mask = np.zeros((gk, gn), bool)
+    if kind == "empty_cols":  # every other block column empty (programs that only write zeros)
+        mask = rng.random((gk, gn)) < 0.6
+        mask[:, ::2] = False
+        mask[0, 1] = True
+    elif kind == "full_col":  # one full block column (the longest unit, split by a small max_len)
+        mask[:, gn - 1] = True
+        mask[0, 0] = True
+    elif kind == "full_row":  # one full block row: every block column has one block
+        mask[gk // 2] = True
+    elif kind == "single":
+        mask[gk - 1, 0] = True
+    elif kind == "random":
+        mask = rng.random((gk, gn)) < 0.5
+    elif kind != "empty":
+        raise ValueError(kind)
+    return mask
+
+
+def _oracle(pattern, data, x):
+    """float64 ``x @ W`` and the bound on its magnitude ``|x| @ |W|``."""
+    wd = to_dense64(bs.BlockSparseMatrix(pattern, data))
+    xd = np.asarray(jnp.asarray(x, jnp.float32), np.float64)
+    return xd @ wd, np.abs(xd) @ np.abs(wd)
+
+
+def _problem(kind, block, dtype, shape=(256, 384), m=200, seed=0):
+    """W ``shape`` (k, n) of ``kind``, x ``(m, k)``; ``m`` is not a multiple of the row tile (padding)."""
+    rng = np.random.default_rng(seed)
+    (k, n), (bh, bw) = shape, block
+    pattern = bs.BlockPattern.from_mask(_mask(kind, k // bh, n // bw, rng), block)
+    data = jnp.asarray(rng.standard_normal((pattern.nnz_blocks, bh, bw)), dtype)
+    x = jnp.asarray(rng.standard_normal((m, k)), dtype)
+    return (pattern, data, x, *_oracle(pattern, data, x))
+
+
+def _epilogue_oracle(want, scale, bias, axis, activation):
+    """float64 product + bias, then the activation (in float32, the kernels' precision); its scale."""
+    b = np.asarray(bias, np.float64)
+    b = b[None, :] if axis == 1 else b[:, None]
+    z = want + b
+    y = z if activation is None else np.asarray(epilogue.ACTIVATIONS[activation](jnp.asarray(z, jnp.float32)))
+    return y, 1.2 * (scale + np.abs(b))  # the activations' slopes are below 1.2
+
+
+def _run_schedule(p: pmd.DdsPlan, pattern, data, x) -> np.ndarray:
+    """The kernel's contract in NumPy: each (unit, row tile) program's sum, stored directly or as a partial."""
+    s, (bh, bw) = p.sched, pattern.block_size
+    m, (_, n) = x.shape[0], pattern.shape
+    xp = np.zeros((p.m_pad, x.shape[1]))
+    xp[:m] = x
+    y = np.full((p.m_pad, n), np.nan)  # columns no program writes stay NaN
+    parts = np.zeros((max(s.num_partials, 1), p.m_pad, bw))
+    for start, length, dest in zip(s.unit_start, s.unit_len, s.unit_dest, strict=True):
+        for t in range(p.tiles):
+            rows = slice(t * p.tm, (t + 1) * p.tm)
+            acc = np.zeros((p.tm, bw))
+            for j in range(start, start + length):
+                r = s.block_col[j]
+                acc += xp[rows, r * bh : (r + 1) * bh] @ data[s.block_id[j]]
+            if dest >= 0:
+                y[rows, dest * bw : (dest + 1) * bw] = acc
+            else:
+                parts[-1 - dest, rows] = acc
+    for slot, seg in enumerate(s.partial_seg):
+        c = s.split_rows[seg]
+        cols = slice(c * bw, (c + 1) * bw)
+        y[:, cols] = np.where(np.isnan(y[:, cols]), 0.0, y[:, cols]) + parts[slot]
+    return y[:m]
+
+
+# ----------------------------------------------------------------------------- host preparation
+@settings(max_examples=25, deadline=None)
+@given(
+    block=st.sampled_from([(64, 64), (128, 128), (64, 128), (128, 64)]),
+    pattern_seed=st.data(),
+    m=st.integers(1, 600),
+    tm=st.sampled_from([None, 64, 128]),
+    max_len=st.one_of(st.none(), st.integers(1, 3)),
+    seed=st.integers(0, 2**16),
+)
+def test_plan_schedule_computes_x_at_w(block, pattern_seed, m, tm, max_len, seed):
+    """The plan's work list run as the kernel runs it (NumPy, float64) covers every output column once: x @ W."""
+    pattern = pattern_seed.draw(bst.block_patterns(block_size=block, max_blocks=5, kinds=KINDS))
+    p = pmd.plan(pattern, m, 2, pmd.DdsConfig(tm=tm, max_len=max_len))
+    p.sched.check()
+    assert p.sched.num_rows == pattern.grid[1]  # units walk W's block columns
+    assert p.m_pad % p.tm == 0 and p.m_pad - p.tm < m <= p.m_pad and p.tiles == p.m_pad // p.tm
+    assert p.tm * block[1] <= 128 * 128 and 2 <= p.stages <= 3
+    assert p.smem_bytes(*block, 2) <= 227 * 1024
+    rng = np.random.default_rng(seed)
+    data = rng.standard_normal((pattern.nnz_blocks, *block)).astype(np.float32).astype(np.float64)  # as to_dense64 sees
+    x = rng.standard_normal((m, pattern.shape[0]))
+    want = x @ to_dense64(bs.BlockSparseMatrix(pattern, data))
+    np.testing.assert_allclose(_run_schedule(p, pattern, data, x), want, rtol=1e-10, atol=1e-10)
+
+
+def test_plan_tiles_and_stages():
+    """The users' shape (32768 x 384 @ 384 x 1536): 128-row tiles, 3 stages; small m: 64 rows."""
+    for b in (64, 128):
+        pattern = bs.BlockPattern.random(0, (384, 1536), (b, b), 1 / 4)
+        p = pmd.plan(pattern, 32768)
+        assert (p.tm, p.tiles, p.m_pad, p.stages) == (128, 256, 32768, 3)
+        assert p.smem_bytes(b, b, 2) == 3 * (128 * b + b * b) * 2
+        assert p.sched.num_units >= pattern.grid[1]  # one unit per block column at least (empty ones too)
+        assert pmd.plan(pattern, 100).tm == 64
+    wide = pmd.plan(bs.BlockPattern.random(0, (512, 512), (64, 64), 0.5), 4096, config=pmd.DdsConfig(tm=256))
+    assert (wide.tm, wide.stages) == (256, 3)  # 3 x 40 KiB
+    deep = pmd.plan(bs.BlockPattern.random(0, (512, 512), (64, 64), 0.5), 4096, config=pmd.DdsConfig(stages=5))
+    assert deep.stages == 5  # 5 x 24 KiB
+
+
+def test_refuses_what_the_kernel_cannot_take():
+    """NotImplementedError names what the kernel takes and what it got; bad configs are ValueErrors."""
+    x = jnp.ones((64, 256), jnp.bfloat16)
+    W = bs.random(jax.random.key(0), (256, 256), 32, 0.5, jnp.bfloat16)
+    with pytest.raises(NotImplementedError, match=r"block sides in \(64, 128\).*got \(32, 32\)"):
+        pmd.dds(W.pattern, W.data, x)
+    W = bs.random(jax.random.key(0), (256, 256), (64, 32), 0.5, jnp.bfloat16)
+    with pytest.raises(NotImplementedError, match=r"block sides in \(64, 128\).*got \(64, 32\)"):
+        pmd.dds(W.pattern, W.data, x)
+    W = bs.random(jax.random.key(0), (256, 256), 64, 0.5, jnp.float32)
+    with pytest.raises(NotImplementedError, match="float16 or bfloat16 operands.*got float32, float32"):
+        pmd.dds(W.pattern, W.data, x.astype(jnp.float32))
+    with pytest.raises(NotImplementedError, match="float16 or bfloat16 operands.*got float16, bfloat16"):
+        pmd.dds(W.pattern, W.data.astype(jnp.float16), x)  # a mix promotes to float32
+    W = W.with_data(W.data.astype(jnp.bfloat16))
+    with pytest.raises(NotImplementedError, match=r"float16, bfloat16 or float32 output \(got int32\)"):
+        pmd.dds(W.pattern, W.data, x, jnp.int32)
+    W = bs.random(jax.random.key(0), (256, 256), 128, 0.5, jnp.bfloat16)
+    with pytest.raises(NotImplementedError, match=r"tm \* bw <= 16384.*got 256 \* 128"):
+        pmd.dds(W.pattern, W.data, x, config=pmd.DdsConfig(tm=256))
+    with pytest.raises(NotImplementedError, match=r"shared memory.*got stages=4"):
+        pmd.plan(W.pattern, 4096, config=pmd.DdsConfig(tm=128, stages=4))  # 4 x 64 KiB
+    with pytest.raises(ValueError, match=r"Expected tm in \(64, 128, 256\). Got 96."):
+        pmd.DdsConfig(tm=96)
+    with pytest.raises(ValueError, match="Expected stages >= 2. Got 1."):
+        pmd.DdsConfig(stages=1)
+
+
+def test_bad_shapes_raise_with_expected_and_actual():
+    pattern, data, x, _, _ = _problem("random", (64, 64), jnp.bfloat16, m=8)
+    with pytest.raises(ValueError, match=r"Expected x of shape \(m, 256\). Got \(8, 384\)."):
+        pmd.dds(pattern, data, jnp.zeros((8, 384), jnp.bfloat16))
+    with pytest.raises(ValueError, match=r"Expected data of shape \(\d+, 64, 64\). Got \(1, 64, 64\)."):
+        pmd.dds(pattern, data[:1], x)
+    with pytest.raises(ValueError, match=r"Expected a bias of shape \(384,\) \(bias_axis=1\). Got \(8,\)."):
+        pmd.dds(pattern, data, x, epi=epilogue.Epilogue(None, True, 1), bias=jnp.zeros(8))
+    with pytest.raises(ValueError, match=r"Expected a bias of shape \(8,\) \(bias_axis=0\). Got \(384,\)."):
+        pmd.dds(pattern, data, x, epi=epilogue.Epilogue(None, True, 0), bias=jnp.zeros(384))
+    with pytest.raises(ValueError, match="Expected a bias array exactly when the epilogue has a bias"):
+        pmd.dds(pattern, data, x, epi=epilogue.Epilogue("relu"), bias=jnp.zeros(384))
+
+
+def test_no_launch_for_empty_operands():
+    """No rows of x, or no blocks in W: zeros (or the epilogue of zeros), without a kernel."""
+    pattern, data, x, _, _ = _problem("empty", (64, 64), jnp.bfloat16, m=8)
+    assert pattern.nnz_blocks == 0
+    y = pmd.dds(pattern, data, x, interpret=False)
+    assert y.shape == (8, 384) and y.dtype == jnp.bfloat16 and not np.asarray(y, np.float32).any()
+    bias = jnp.linspace(-1.0, 1.0, 384, dtype=jnp.float32)
+    y = pmd.dds(pattern, data, x, jnp.float32, epilogue.Epilogue("relu", True, 1), bias, interpret=False)
+    np.testing.assert_array_equal(np.asarray(y), np.broadcast_to(np.maximum(np.asarray(bias), 0), (8, 384)))
+    pattern, data, _, _, _ = _problem("random", (64, 64), jnp.bfloat16)
+    assert pmd.dds(pattern, data, jnp.zeros((0, 256), jnp.bfloat16), interpret=False).shape == (0, 384)
+
+
+# ----------------------------------------------------------------------------- lowering for CUDA
+def _lower(pattern, data, x, out_dtype=None, epi=None, bias=(), config=None) -> str:
+    """The CUDA lowering's text of ``dds`` (``bias``: ``()`` or ``(array,)``)."""
+    fn = jax.jit(lambda d, x, *b: pmd.dds(pattern, d, x, out_dtype, epi, *b, config=config, interpret=False))
+    return fn.trace(data, x, *bias).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize(
+    "block,dtype,tm,out_dtype",
+    [((64, 64), jnp.bfloat16, None, None), ((128, 128), jnp.float16, None, None), ((64, 64), jnp.bfloat16, 256, None),
+     ((128, 128), jnp.bfloat16, 64, jnp.float32), ((64, 128), jnp.float16, 128, None)],
+)  # fmt: skip
+def test_kernel_lowers_for_cuda(block, dtype, tm, out_dtype):
+    """The Pallas -> Mosaic GPU lowering (wgmma shapes and layouts, swizzles, the shared memory budget) at the
+    users' shape, with max_len=1 so that split block columns (partials) are lowered too."""
+    pattern, data, x, _, _ = _problem("random", block, dtype, shape=(384, 1536), m=4096)
+    cfg = pmd.DdsConfig(tm=tm, max_len=1)
+    txt = _lower(pattern, data, x, out_dtype, config=cfg)
+    p = pmd.plan(pattern, 4096, 2, cfg)
+    assert p.sched.num_partials > 0
+    assert f"bs_mgpu_dds_{block[0]}x{block[1]}_tm{p.tm}" in txt and "mosaic_gpu" in txt
+
+
+def test_lowering_checks_the_shared_memory_budget_the_plan_uses():
+    """The largest stages the plan allows for b = 128 (3 x 64 KiB) lower; a fourth stage does not."""
+    pattern, data, x, _, _ = _problem("random", (128, 128), jnp.bfloat16, shape=(512, 512), m=512)
+    p = pmd.plan(pattern, 512, config=pmd.DdsConfig(tm=128))
+    assert p.smem_bytes(128, 128, 2) == 3 * 64 * 1024
+    assert "bs_mgpu_dds_128x128_tm128" in _lower(pattern, data, x, config=pmd.DdsConfig(tm=128))
+    p4 = pmd.DdsPlan(p.tm, p.tiles, p.m_pad, 4, p.sched)
+    fn = jax.jit(lambda d, x: pmd._launch(p4, 512, d, x, jnp.bfloat16, interpret=False))
+    with pytest.raises(ValueError, match="exceeds available shared memory"):
+        fn.trace(data, x).lower(lowering_platforms=("cuda",))
+
+
+@pytest.mark.parametrize("activation", [None, *epilogue.ACTIVATIONS])
+def test_fused_epilogue_lowers_for_cuda(activation):
+    """Every activation, both bias axes and no bias go through the lowering (the bias broadcast's layouts)."""
+    block = (128, 128) if activation in ("gelu", "silu") else (64, 64)
+    pattern, data, x, _, _ = _problem("random", block, jnp.bfloat16, shape=(384, 1536), m=1000)
+    cfg = pmd.DdsConfig(max_len=1)
+    for axis in (0, 1):
+        bias = jnp.zeros(1536 if axis == 1 else 1000, jnp.float32)
+        txt = _lower(pattern, data, x, jnp.bfloat16, epilogue.Epilogue(activation, True, axis), (bias,), cfg)
+        assert re.search(rf"bs_mgpu_dds_{block[0]}x{block[1]}_tm\d+_epi", txt)
+    assert "_epi" in _lower(pattern, data, x, epi=epilogue.Epilogue(activation))  # no bias operand
+
+
+# ----------------------------------------------------------------------------- GPU interpreter
+@pytest.mark.parametrize(
+    "kind,block,dtype,max_len",
+    [("empty_cols", (64, 64), jnp.bfloat16, None), ("full_col", (128, 128), jnp.float16, 1),
+     ("full_col", (64, 64), jnp.bfloat16, 2), ("full_row", (64, 64), jnp.float16, None),
+     ("single", (128, 128), jnp.bfloat16, None), ("random", (64, 128), jnp.bfloat16, None)],
+)  # fmt: skip
+def test_interpreter_matches_oracle(kind, block, dtype, max_len):
+    """The kernel itself (TMA copies, barriers, the pipeline, empty block columns, partial slots) in Pallas'
+    GPU interpreter against the float64 oracle; x has 200 rows (padded to the row tile)."""
+    pattern, data, x, want, scale = _problem(kind, block, dtype)
+    cfg = pmd.DdsConfig(max_len=max_len)
+    if kind == "full_col":  # the full column is split into partials
+        assert pmd.plan(pattern, 200, config=cfg).sched.num_partials >= 2
+    y = pmd.dds(pattern, data, x, config=cfg, interpret=True)
+    assert y.dtype == dtype and y.shape == (200, 384)
+    assert_close(y, want, scale, dtype)
+
+
+def test_interpreter_wide_tiles_two_stages_and_float32_output():
+    """tm = 256 with b = 64 (the 256 x 64 accumulator), a 2-stage pipeline and a float32 store."""
+    pattern, data, x, want, scale = _problem("full_col", (64, 64), jnp.bfloat16, m=300)
+    cfg = pmd.DdsConfig(tm=256, stages=2, max_len=3)
+    y = pmd.dds(pattern, data, x, jnp.float32, config=cfg, interpret=True)
+    assert y.dtype == jnp.float32
+    assert_close(y, want, scale, jnp.bfloat16)
+
+
+@pytest.mark.parametrize(
+    "kind,block,dtype,out_dtype,activation,axis,max_len",
+    [("full_col", (64, 64), jnp.bfloat16, None, "gelu", 1, 2),  # split columns: the epilogue after the sum
+     ("empty_cols", (128, 128), jnp.float16, jnp.float32, "silu", 1, None),  # empty columns: act(bias)
+     ("random", (64, 64), jnp.bfloat16, None, "relu", 0, 2),  # bias along the rows of x
+     ("empty", (64, 64), jnp.float16, None, "sigmoid", 1, None)],  # no blocks: no launch
+)  # fmt: skip
+def test_interpreter_fused_epilogue_matches_oracle(kind, block, dtype, out_dtype, activation, axis, max_len):
+    pattern, data, x, want, scale = _problem(kind, block, dtype)
+    bias = jnp.asarray(np.random.default_rng(1).standard_normal(384 if axis == 1 else 200), jnp.float32)
+    epi = epilogue.Epilogue(activation, True, axis)
+    y = pmd.dds(pattern, data, x, out_dtype, epi, bias, config=pmd.DdsConfig(max_len=max_len), interpret=True)
+    assert y.dtype == (out_dtype or dtype)
+    assert_close(y, *_epilogue_oracle(want, scale, bias, axis, activation), out_dtype or dtype)
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    b=st.sampled_from([64, 128]),
+    dtype=st.sampled_from(HALF),
+    activation=st.sampled_from([None, "none", "gelu_tanh", "tanh"]),
+    data=st.data(),
+    seed=st.integers(0, 2**16),
+)
+def test_interpreter_on_strategy_patterns(b, dtype, activation, data, seed):
+    """The strategies' patterns (empty block rows and columns, one full row or column, a single block, the
+    diagonal, ...) in the interpreter; with an epilogue (bias along the output columns) or none."""
+    pattern = data.draw(bst.block_patterns(block_size=(b, b), shape=(256, 384), kinds=KINDS), label="W")
+    rng = np.random.default_rng(seed)
+    w = jnp.asarray(rng.standard_normal((pattern.nnz_blocks, b, b)), dtype)
+    x = jnp.asarray(rng.standard_normal((72, 256)), dtype)
+    want, scale = _oracle(pattern, w, x)
+    cfg = pmd.DdsConfig(max_len=2)
+    if activation is None:
+        assert_close(pmd.dds(pattern, w, x, config=cfg, interpret=True), want, scale, dtype)
+        return
+    act = None if activation == "none" else activation
+    bias = jnp.asarray(rng.standard_normal(384), dtype)
+    y = pmd.dds(pattern, w, x, None, epilogue.Epilogue(act, True, 1), bias, config=cfg, interpret=True)
+    assert_close(y, *_epilogue_oracle(want, scale, bias.astype(jnp.float32), 1, act), dtype)
+
+
+def test_interpret_default_follows_blocksparse_interpret():
+    """interpret=None reads blocksparse.interpret() (how CI runs the kernels on the CPU)."""
+    pattern, data, x, want, scale = _problem("single", (64, 64), jnp.bfloat16, m=64)
+    with bs.interpret():
+        y = jax.jit(lambda d, x: pmd.dds(pattern, d, x))(data, x)
+    assert_close(y, want, scale, jnp.bfloat16)
+
+
+# ----------------------------------------------------------------------------- real Hopper GPU
+def _hopper():
+    why = pmd.hopper_problem()
+    if why is not None:
+        pytest.skip(why)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b", [64, 128])
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("d", [4, 8])
+def test_gpu_users_shape_matches_oracle(b, dtype, d):
+    """4096 x 384 @ 384 x 1536 at density 1/d (the default plan, and forced tiles, depth and split columns),
+    plain and fused (bias along the output columns, gelu), against the float64 oracle; Triton agrees."""
+    _hopper()
+    W = bs.random(jax.random.key(b + d), (384, 1536), b, 1 / d, dtype)
+    x = jax.random.normal(jax.random.key(1), (4096, 384), dtype)
+    want, scale = _oracle(W.pattern, W.data, x)
+    deepest = pmd.DdsConfig(tm=256, stages=4, max_len=2) if b == 64 else pmd.DdsConfig(tm=128, stages=3, max_len=2)
+    for cfg in (None, pmd.DdsConfig(tm=64, stages=2, max_len=1), deepest):
+        y = jax.jit(lambda w, x, cfg=cfg: pmd.dds(W.pattern, w, x, config=cfg))(W.data, x)
+        assert_close(y, want, scale, dtype, what=f"b={b} d=1/{d} {jnp.dtype(dtype).name} {cfg}")
+    bias = jax.random.normal(jax.random.key(2), (1536,), jnp.float32)
+    epi = epilogue.Epilogue("gelu", True, 1)
+    y = jax.jit(lambda w, x, c: pmd.dds(W.pattern, w, x, None, epi, c))(W.data, x, bias)
+    assert_close(y, *_epilogue_oracle(want, scale, bias, 1, "gelu"), dtype, what="fused")
+    triton = jax.jit(lambda x, W: bs.matmul(x, W, bias=bias, activation="gelu", implementation="pallas"))(x, W)
+    np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(triton, np.float32), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b", [64, 128])
+@pytest.mark.parametrize("dtype", HALF)
+@settings(max_examples=4, deadline=None)
+@given(data=st.data(), seed=st.integers(0, 2**16))
+def test_gpu_strategy_patterns(b, dtype, data, seed):
+    """The strategies' patterns on a Hopper GPU, default plan and max_len=3 (partials), plain and fused."""
+    _hopper()
+    pattern = data.draw(bst.block_patterns(block_size=(b, b), shape=(1024, 2048), kinds=KINDS))
+    rng = np.random.default_rng(seed)
+    w = jnp.asarray(rng.standard_normal((pattern.nnz_blocks, b, b)), dtype)
+    x = jnp.asarray(rng.standard_normal((1000, 1024)), dtype)
+    want, scale = _oracle(pattern, w, x)
+    for cfg in (None, pmd.DdsConfig(max_len=3)):
+        y = jax.jit(lambda w, x, cfg=cfg: pmd.dds(pattern, w, x, config=cfg))(w, x)
+        assert_close(y, want, scale, dtype, what=f"{cfg}")
+    bias = jnp.asarray(rng.standard_normal(1000), jnp.float32)  # along the rows of x
+    epi = epilogue.Epilogue("silu", True, 0)
+    y = jax.jit(lambda w, x, c: pmd.dds(pattern, w, x, jnp.float32, epi, c, config=pmd.DdsConfig(max_len=3)))(
+        w, x, bias)  # fmt: skip
+    assert_close(y, *_epilogue_oracle(want, scale, bias, 0, "silu"), dtype)
