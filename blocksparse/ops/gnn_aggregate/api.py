@@ -91,8 +91,8 @@ def aggregate(
             sequence tried in order.
         nodes_per_program: a tuning knob of the Pallas kernel (the XLA implementation ignores it):
             how many light nodes one program reduces together, a power of two up to 32; ``1`` is
-            one node per program. ``None`` (default): about 128 in-edges per program from the
-            graph's mean in-degree (4 nodes at a mean in-degree of 32; see
+            one node per program. ``None`` (default): about 64 in-edges per program from the
+            graph's mean in-degree (2 nodes at a mean in-degree of 32; see
             ``blocksparse.ops.gnn_aggregate.pallas_triton.default_nodes_per_program``). Results
             are the same for every value.
 
