@@ -6,9 +6,9 @@ bf16 or fp16, float32 accumulation) one random pattern is timed in one process:
 - ``dense``: ``jnp.dot(x, W_dense)`` (cuBLAS through XLA);
 - ``triton``: ``bs.matmul(x, W, implementation="pallas")`` (the Pallas Triton ``dds`` kernel);
 - ``mosaic``: ``blocksparse.ops.matmul.pallas_mosaic_dds.dds`` with its default plan, then each forced
-  variant of ``--tm`` x ``--stages`` (a :class:`~blocksparse.ops.matmul.pallas_mosaic_dds.DdsConfig`),
-  recorded under ``variants``; a variant the plan refuses (shared memory, registers) records the reason
-  and is not a failure.
+  variant of ``--tm`` x ``--stages`` x ``--grid-order`` (a ``pallas_mosaic_dds.DdsConfig``), recorded
+  under ``variants``; a variant the plan refuses (shared memory, registers) records the reason and is
+  not a failure.
 
 With ``--epilogue ACT`` every kernel runs with a bias along the output columns and the activation
 ``ACT`` (the sparse ones fused: ``bs.matmul(..., bias=, activation=)`` and ``dds(..., epi, bias)``;
@@ -26,6 +26,8 @@ Usage (the brief's grid: x 32768 x 384 @ W 384 x 1536 and 8192^3, b = 64, 128, d
     python3 benchmarks/bench_mosaic_dds.py --epilogue gelu --json $OUT/mosaic_dds_gelu.json
     python3 benchmarks/bench_mosaic_dds.py --shape 32768 384 1536 --tm 64 128 256 --stages 2 3 4 \\
         --json $OUT/mosaic_dds_tiles.json
+    python3 benchmarks/bench_mosaic_dds.py --shape 8192 8192 8192 --grid-order units tiles \\
+        --json $OUT/mosaic_dds_order.json
 
 ``--interpret`` runs every kernel in Pallas' interpreter (the CPU; tiny shapes only, to check the script).
 """
@@ -107,7 +109,7 @@ def bench_cell(m: int, k: int, n: int, b: int, d: int, dtype, timer: Timer, conf
             row[f"speedup_vs_{name}"] = row[f"{name}_ms"] / row["mosaic_ms"]
     row["variants"] = []
     for cfg in configs:
-        v = {"tm": cfg.tm, "stages": cfg.stages, "max_len": cfg.max_len}
+        v = {"tm": cfg.tm, "stages": cfg.stages, "max_len": cfg.max_len, "grid_order": cfg.grid_order}
         try:
             pv = pmd.plan(W.pattern, m, jnp.dtype(dtype).itemsize, cfg)
             v.update(tm=pv.tm, stages=pv.stages, partials=pv.sched.num_partials)
@@ -143,7 +145,8 @@ def _table(rows) -> str:
                 out.append(f"    {k}: {v}")
         for v in r.get("variants", ()):
             ms = f"{v['mosaic_ms']:.3f} ms, {v['speedup_vs_triton']:.2f}x Triton" if "speedup_vs_triton" in v else ""
-            out.append(f"    variant tm={v['tm']} stages={v['stages']} max_len={v['max_len']}: {ms}"
+            out.append(f"    variant tm={v['tm']} stages={v['stages']} max_len={v['max_len']} "
+                       f"{v['grid_order']} first: {ms}"
                        + (f" {v['mosaic_error']}" if "mosaic_error" in v else ""))  # fmt: skip
     return "\n".join(out)
 
@@ -158,6 +161,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tm", type=int, nargs="+", default=None, help="Mosaic variants: force these row tiles")
     ap.add_argument("--stages", type=int, nargs="+", default=None, help="Mosaic variants: force these depths")
     ap.add_argument("--max-len", type=int, default=None, help="Mosaic variants: force the cap on blocks per program")
+    ap.add_argument("--grid-order", nargs="+", default=None, choices=["units", "tiles"],
+                    help="Mosaic variants: launch W's block columns (units) or x's row tiles fastest")  # fmt: skip
     ap.add_argument("--epilogue", default=None, choices=sorted(epilogue.ACTIVATIONS),
                     help="a bias along the output columns and this activation, fused in the kernels")  # fmt: skip
     ap.add_argument("--iters", type=int, default=20)
@@ -171,9 +176,10 @@ def main(argv=None) -> int:
         print(f"bench_mosaic_dds: the Mosaic kernel needs a Hopper GPU: {why}", file=sys.stderr)
         return 2
     configs = []
-    if args.tm or args.stages or args.max_len:
-        for tm, stages in itertools.product(args.tm or [None], args.stages or [None]):
-            configs.append(pmd.DdsConfig(tm=tm, stages=stages, max_len=args.max_len))
+    if args.tm or args.stages or args.max_len or args.grid_order:
+        orders = args.grid_order or ["units"]
+        for tm, stages, order in itertools.product(args.tm or [None], args.stages or [None], orders):
+            configs.append(pmd.DdsConfig(tm=tm, stages=stages, max_len=args.max_len, grid_order=order))
     dtype = jnp.dtype(args.dtype)
     timer = Timer(iters=args.iters, trials=args.trials)
     dev = jax.devices()[0]

@@ -134,34 +134,43 @@ def test_plan_tiles_and_stages():
     assert (wide.tm, wide.stages) == (256, 3)  # 3 x 40 KiB
     deep = pmd.plan(bs.BlockPattern.random(0, (512, 512), (64, 64), 0.5), 4096, config=pmd.DdsConfig(stages=5))
     assert deep.stages == 5  # 5 x 24 KiB
+    # Mosaic GPU launches the last grid dimension fastest: units (W's block columns) by default
+    assert deep.grid == ((32, deep.sched.num_units), ("t", "u"))
+    tiles_first = pmd.plan(deep_pattern := bs.BlockPattern.random(0, (512, 512), (64, 64), 0.5), 4096,
+                           config=pmd.DdsConfig(grid_order="tiles"))  # fmt: skip
+    assert tiles_first.grid == ((pmd.plan(deep_pattern, 4096).sched.num_units, 32), ("u", "t"))
 
 
 def test_refuses_what_the_kernel_cannot_take():
     """NotImplementedError names what the kernel takes and what it got; bad configs are ValueErrors."""
+
+    def matrix(block, dtype=jnp.bfloat16):
+        pattern = bs.BlockPattern.random(0, (256, 256), block, 0.5)
+        return pattern, jnp.zeros((pattern.nnz_blocks, *pattern.block_size), dtype)
+
     x = jnp.ones((64, 256), jnp.bfloat16)
-    W = bs.random(jax.random.key(0), (256, 256), 32, 0.5, jnp.bfloat16)
     with pytest.raises(NotImplementedError, match=r"block sides in \(64, 128\).*got \(32, 32\)"):
-        pmd.dds(W.pattern, W.data, x)
-    W = bs.random(jax.random.key(0), (256, 256), (64, 32), 0.5, jnp.bfloat16)
+        pmd.dds(*matrix((32, 32)), x)
     with pytest.raises(NotImplementedError, match=r"block sides in \(64, 128\).*got \(64, 32\)"):
-        pmd.dds(W.pattern, W.data, x)
-    W = bs.random(jax.random.key(0), (256, 256), 64, 0.5, jnp.float32)
+        pmd.dds(*matrix((64, 32)), x)
+    pattern, data = matrix((64, 64), jnp.float32)
     with pytest.raises(NotImplementedError, match="float16 or bfloat16 operands.*got float32, float32"):
-        pmd.dds(W.pattern, W.data, x.astype(jnp.float32))
+        pmd.dds(pattern, data, x.astype(jnp.float32))
     with pytest.raises(NotImplementedError, match="float16 or bfloat16 operands.*got float16, bfloat16"):
-        pmd.dds(W.pattern, W.data.astype(jnp.float16), x)  # a mix promotes to float32
-    W = W.with_data(W.data.astype(jnp.bfloat16))
+        pmd.dds(pattern, data.astype(jnp.float16), x)  # a mix promotes to float32
     with pytest.raises(NotImplementedError, match=r"float16, bfloat16 or float32 output \(got int32\)"):
-        pmd.dds(W.pattern, W.data, x, jnp.int32)
-    W = bs.random(jax.random.key(0), (256, 256), 128, 0.5, jnp.bfloat16)
+        pmd.dds(pattern, data.astype(jnp.bfloat16), x, jnp.int32)
+    pattern, data = matrix((128, 128))
     with pytest.raises(NotImplementedError, match=r"tm \* bw <= 16384.*got 256 \* 128"):
-        pmd.dds(W.pattern, W.data, x, config=pmd.DdsConfig(tm=256))
+        pmd.dds(pattern, data, x, config=pmd.DdsConfig(tm=256))
     with pytest.raises(NotImplementedError, match=r"shared memory.*got stages=4"):
-        pmd.plan(W.pattern, 4096, config=pmd.DdsConfig(tm=128, stages=4))  # 4 x 64 KiB
+        pmd.plan(pattern, 4096, config=pmd.DdsConfig(tm=128, stages=4))  # 4 x 64 KiB
     with pytest.raises(ValueError, match=r"Expected tm in \(64, 128, 256\). Got 96."):
         pmd.DdsConfig(tm=96)
     with pytest.raises(ValueError, match="Expected stages >= 2. Got 1."):
         pmd.DdsConfig(stages=1)
+    with pytest.raises(ValueError, match="Expected grid_order 'units' or 'tiles'. Got 'rows'."):
+        pmd.DdsConfig(grid_order="rows")
 
 
 def test_bad_shapes_raise_with_expected_and_actual():
@@ -199,19 +208,21 @@ def _lower(pattern, data, x, out_dtype=None, epi=None, bias=(), config=None) -> 
 
 
 @pytest.mark.parametrize(
-    "block,dtype,tm,out_dtype",
-    [((64, 64), jnp.bfloat16, None, None), ((128, 128), jnp.float16, None, None), ((64, 64), jnp.bfloat16, 256, None),
-     ((128, 128), jnp.bfloat16, 64, jnp.float32), ((64, 128), jnp.float16, 128, None)],
+    "block,dtype,tm,out_dtype,order",
+    [((64, 64), jnp.bfloat16, None, None, "units"), ((128, 128), jnp.float16, None, None, "units"),
+     ((64, 64), jnp.bfloat16, 256, None, "units"), ((128, 128), jnp.bfloat16, 64, jnp.float32, "tiles"),
+     ((64, 128), jnp.float16, 128, None, "units")],
 )  # fmt: skip
-def test_kernel_lowers_for_cuda(block, dtype, tm, out_dtype):
+def test_kernel_lowers_for_cuda(block, dtype, tm, out_dtype, order):
     """The Pallas -> Mosaic GPU lowering (wgmma shapes and layouts, swizzles, the shared memory budget) at the
     users' shape, with max_len=1 so that split block columns (partials) are lowered too."""
     pattern, data, x, _, _ = _problem("random", block, dtype, shape=(384, 1536), m=4096)
-    cfg = pmd.DdsConfig(tm=tm, max_len=1)
+    cfg = pmd.DdsConfig(tm=tm, max_len=1, grid_order=order)
     txt = _lower(pattern, data, x, out_dtype, config=cfg)
     p = pmd.plan(pattern, 4096, 2, cfg)
     assert p.sched.num_partials > 0
-    assert f"bs_mgpu_dds_{block[0]}x{block[1]}_tm{p.tm}" in txt and "mosaic_gpu" in txt
+    name = f"bs_mgpu_dds_{block[0]}x{block[1]}_tm{p.tm}" + ("_tiles_fastest" if order == "tiles" else "")
+    assert name in txt and "mosaic_gpu" in txt
 
 
 def test_lowering_checks_the_shared_memory_budget_the_plan_uses():
@@ -259,9 +270,9 @@ def test_interpreter_matches_oracle(kind, block, dtype, max_len):
 
 
 def test_interpreter_wide_tiles_two_stages_and_float32_output():
-    """tm = 256 with b = 64 (the 256 x 64 accumulator), a 2-stage pipeline and a float32 store."""
+    """tm = 256 with b = 64 (the 256 x 64 accumulator), a 2-stage pipeline, a float32 store, row tiles fastest."""
     pattern, data, x, want, scale = _problem("full_col", (64, 64), jnp.bfloat16, m=300)
-    cfg = pmd.DdsConfig(tm=256, stages=2, max_len=3)
+    cfg = pmd.DdsConfig(tm=256, stages=2, max_len=3, grid_order="tiles")
     y = pmd.dds(pattern, data, x, jnp.float32, config=cfg, interpret=True)
     assert y.dtype == jnp.float32
     assert_close(y, want, scale, jnp.bfloat16)
@@ -307,6 +318,23 @@ def test_interpreter_on_strategy_patterns(b, dtype, activation, data, seed):
     bias = jnp.asarray(rng.standard_normal(384), dtype)
     y = pmd.dds(pattern, w, x, None, epilogue.Epilogue(act, True, 1), bias, config=cfg, interpret=True)
     assert_close(y, *_epilogue_oracle(want, scale, bias.astype(jnp.float32), 1, act), dtype)
+
+
+def test_interpreter_finds_no_races():
+    """The interpreter's race detector (TMA engines as threads with vector clocks) on the pipeline, the partials
+    and the fused bias copy: every shared-memory access is ordered by a barrier or a wait."""
+    try:
+        from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
+    except ImportError:  # a private module: its place may change between jax versions
+        pytest.skip("jax's GPU interpreter keeps its race detector elsewhere in this version")
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    pattern, data, x, want, scale = _problem("full_col", (64, 64), jnp.bfloat16, shape=(256, 256), m=100)
+    bias = jnp.ones(256, jnp.float32)
+    y = pmd.dds(pattern, data, x, None, epilogue.Epilogue("relu", True, 1), bias, config=pmd.DdsConfig(max_len=2),
+                interpret=plgpu.InterpretGPUParams(detect_races=True))  # fmt: skip
+    assert_close(y, *_epilogue_oracle(want, scale, bias, 1, "relu"), jnp.bfloat16)
+    assert gpu_callbacks.get_races().races_found is False
 
 
 def test_interpret_default_follows_blocksparse_interpret():

@@ -15,8 +15,11 @@ The kernel
 ----------
 One program (CTA, one warpgroup of 128 threads) per ``(unit u, row tile t)`` of ``tm`` rows of
 ``x``; units are issued fastest (every unit of row tile 0, then of tile 1, ...), so a row tile of
-``x`` stays in L2 while the blocks of ``W`` stream. It reads ``start, len, dest`` of its unit from
-the schedule arrays, then loops ``len`` times over the unit's blocks:
+``x`` stays in L2 while the blocks of ``W`` stream, as the schedule's balance rule assumes. Mosaic
+GPU launches the *last* grid dimension fastest (it reverses the grid onto CUDA's ``x, y, z``), so the
+grid is ``(tiles, units)``; ``DdsConfig(grid_order="tiles")`` swaps it (one block column of ``W``
+against every row tile of ``x``: fewer reads of ``W``, many more of ``x``). It reads ``start, len,
+dest`` of its unit from the schedule arrays, then loops ``len`` times over the unit's blocks:
 
 - TMA copies bring the ``tm x bh`` slab of ``x`` at the block's row of ``W`` (columns
   ``[r bh, (r + 1) bh)`` of ``x``) and block ``block_id[j]`` of ``W`` (``bh x bw``) into shared
@@ -89,17 +92,23 @@ class DdsConfig:
         stages: shared-memory pipeline depth (>= 2; default: 3, or 2 where 3 do not fit).
         max_len: force the schedule's cap on blocks per program (longer block columns are split
             into float32 partials).
+        grid_order: which programs are launched fastest: ``"units"`` (every block column of ``W``
+            for one row tile of ``x``, then the next tile) or ``"tiles"`` (every row tile for one
+            block column).
     """
 
     tm: int | None = None
     stages: int | None = None
     max_len: int | None = None
+    grid_order: str = "units"
 
     def __post_init__(self):
         if self.tm is not None and self.tm not in TILES:
             raise ValueError(f"Expected tm in {TILES}. Got {self.tm}.")
         if self.stages is not None and self.stages < 2:  # one stage would wait before its first copy
             raise ValueError(f"Expected stages >= 2. Got {self.stages}.")
+        if self.grid_order not in ("units", "tiles"):
+            raise ValueError(f"Expected grid_order 'units' or 'tiles'. Got {self.grid_order!r}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,10 +117,11 @@ class DdsPlan:
 
     Attributes:
         tm: rows of ``x`` per program.
-        tiles: row tiles (``m_pad // tm``); the grid is ``(sched.num_units, tiles)``.
+        tiles: row tiles (``m_pad // tm``); the grid holds ``sched.num_units * tiles`` programs.
         m_pad: the rows of ``x`` rounded up to a multiple of ``tm``.
         stages: shared-memory pipeline depth.
         sched: the work list (units are block columns of ``W``).
+        grid_order: ``"units"`` or ``"tiles"``: which launch fastest (see :class:`DdsConfig`).
     """
 
     tm: int
@@ -119,6 +129,14 @@ class DdsPlan:
     m_pad: int
     stages: int
     sched: RowSplitSchedule
+    grid_order: str = "units"
+
+    @property
+    def grid(self) -> tuple[tuple[int, int], tuple[str, str]]:
+        """The kernel's grid and its axis names: Mosaic GPU launches the last dimension fastest."""
+        if self.grid_order == "units":
+            return (self.tiles, self.sched.num_units), ("t", "u")
+        return (self.sched.num_units, self.tiles), ("u", "t")
 
     def smem_bytes(self, bh: int, bw: int, itemsize: int) -> int:
         """Shared memory of the pipeline (the output staging buffer reuses it afterwards)."""
@@ -161,7 +179,7 @@ def plan(
         )
     tiles = max(cdiv(m, tm), 1)
     sched = lower(pattern, GpuLowering(op="dds", tiles=tiles, max_len=cfg.max_len))
-    return DdsPlan(tm=tm, tiles=tiles, m_pad=tiles * tm, stages=stages, sched=sched)
+    return DdsPlan(tm=tm, tiles=tiles, m_pad=tiles * tm, stages=stages, sched=sched, grid_order=cfg.grid_order)
 
 
 def _dds_kernel(start_g, len_g, dest_g, row_g, id_g, w_g, x_g, *refs, bh, bw, tm, m_pad, stages, epi=None):
@@ -268,6 +286,7 @@ def _launch(p: DdsPlan, n: int, data, xp, out_dtype, *, interpret, epi=None, bia
 
     _, bh, bw = data.shape
     s = p.sched
+    name = f"bs_mgpu_dds_{bh}x{bw}_tm{p.tm}" + ("_epi" if epi is not None else "")
     body = functools.partial(_dds_kernel, bh=bh, bw=bw, tm=p.tm, m_pad=p.m_pad, stages=p.stages, epi=epi)
     kernel = plgpu.kernel(
         body,
@@ -275,9 +294,9 @@ def _launch(p: DdsPlan, n: int, data, xp, out_dtype, *, interpret, epi=None, bia
             jax.ShapeDtypeStruct((p.m_pad, n), out_dtype),
             jax.ShapeDtypeStruct((max(s.num_partials, 1) * p.m_pad, bw), jnp.float32),
         ),
-        grid=(s.num_units, p.tiles),
-        grid_names=("u", "t"),
-        kernel_name=f"bs_mgpu_dds_{bh}x{bw}_tm{p.tm}" + ("_epi" if epi is not None else ""),
+        grid=p.grid[0],
+        grid_names=p.grid[1],
+        kernel_name=name + ("_tiles_fastest" if p.grid_order == "tiles" else ""),
         interpret=plgpu.InterpretGPUParams() if interpret is True else interpret,
     )
     return kernel(
