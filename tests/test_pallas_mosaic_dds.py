@@ -254,7 +254,7 @@ def test_fused_epilogue_lowers_for_cuda(activation):
 @pytest.mark.parametrize(
     "kind,block,dtype,max_len",
     [("empty_cols", (64, 64), jnp.bfloat16, None), ("full_col", (128, 128), jnp.float16, 1),
-     ("full_col", (64, 64), jnp.bfloat16, 2), ("full_row", (64, 64), jnp.float16, None),
+     ("full_row", (64, 64), jnp.float16, None),
      ("single", (128, 128), jnp.bfloat16, None), ("random", (64, 128), jnp.bfloat16, None)],
 )  # fmt: skip
 def test_interpreter_matches_oracle(kind, block, dtype, max_len):
@@ -294,7 +294,7 @@ def test_interpreter_fused_epilogue_matches_oracle(kind, block, dtype, out_dtype
     assert_close(y, *_epilogue_oracle(want, scale, bias, axis, activation), out_dtype or dtype)
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=5, deadline=None)
 @given(
     b=st.sampled_from([64, 128]),
     dtype=st.sampled_from(HALF),
@@ -343,6 +343,45 @@ def test_interpret_default_follows_blocksparse_interpret():
     with bs.interpret():
         y = jax.jit(lambda d, x: pmd.dds(pattern, d, x))(data, x)
     assert_close(y, want, scale, jnp.bfloat16)
+
+
+def _proposed_backend_dds(self, s, x, data):
+    """The two methods MosaicBackend would need to serve ``x @ W`` with this kernel (not wired in yet)."""
+    return pmd.dds(s.pattern, data, x, s.out_dtype, interpret=self._interpret())
+
+
+def _proposed_backend_dds_fused(self, s, x, data, bias):
+    return pmd.dds(s.pattern, data, x, s.out_dtype, s.epilogue, bias, interpret=self._interpret())
+
+
+def test_wiring_into_the_backend_runs_forward_fused_and_gradients(monkeypatch):
+    """With the two proposed methods patched into MosaicBackend (this test only: the kernel is not registered
+    before it has run on a GPU), bs.matmul(x, W, implementation=("mosaic", "xla")) runs the kernel for the
+    forward, the fused forward and the x-gradient (a dds on the transposed pattern); the sdd of the
+    W-gradient falls through to XLA."""
+    from blocksparse.ops.matmul import pallas_mosaic
+
+    monkeypatch.setattr(pallas_mosaic.MosaicBackend, "dds", _proposed_backend_dds)
+    monkeypatch.setattr(pallas_mosaic.MosaicBackend, "dds_fused", _proposed_backend_dds_fused)
+    pattern, data, x, want, scale = _problem("empty_cols", (64, 64), jnp.bfloat16, shape=(256, 256), m=2 * 24)
+    W = bs.BlockSparseMatrix(pattern, data)
+    x3 = x.reshape(2, 24, 256)  # batch dimensions are folded into the rows
+    bias = jnp.linspace(-1.0, 1.0, 256, dtype=jnp.bfloat16)
+    impl = ("mosaic", "xla")
+    with bs.interpret(), bs.dispatch_log() as log:
+        y = bs.matmul(x3, W, implementation=impl)
+        f = bs.matmul(x3, W, bias=bias, activation="tanh", implementation=impl)
+        g = jax.grad(lambda x, W: bs.matmul(x, W, implementation=impl).astype(jnp.float32).sum(), (0, 1))(x3, W)
+    assert log == [("dds", "mosaic"), ("dds+epilogue", "mosaic"), ("dds", "mosaic"), ("dds", "mosaic"), ("sdd", "xla")]
+    assert_close(y.reshape(48, 256), want, scale, jnp.bfloat16)
+    want_f, scale_f = _epilogue_oracle(want, scale, bias.astype(jnp.float32), 1, "tanh")
+    assert_close(f.reshape(48, 256), want_f, scale_f, jnp.bfloat16)
+    wd = to_dense64(W)  # d(sum x @ W)/dx = 1 @ W^T: every row is W's row sums
+    assert_close(g[0].reshape(48, 256), np.broadcast_to(wd.sum(1), (48, 256)),
+                 np.broadcast_to(np.abs(wd).sum(1), (48, 256)), jnp.bfloat16)  # fmt: skip
+    ref = jax.grad(lambda W: bs.matmul(x3, W, implementation="xla").astype(jnp.float32).sum())(W)
+    got_dw, want_dw = np.asarray(g[1].data, np.float32), np.asarray(ref.data, np.float32)
+    np.testing.assert_allclose(got_dw, want_dw, rtol=2e-2, atol=0.05)
 
 
 def test_benchmark_script_runs_in_the_interpreter(tmp_path):
