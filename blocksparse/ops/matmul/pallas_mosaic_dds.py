@@ -143,8 +143,9 @@ class DdsPlan:
         return self.stages * (self.tm * bh + bh * bw) * itemsize
 
 
-def _default_tm(bw: int, m: int, units: int) -> int:
-    """128 rows (a 128 x 128 wgmma tile for b = 128), 64 where that leaves the 132 SMs without a program each."""
+def _default_tm(m: int, units: int) -> int:
+    """128 rows (a 128 x 128 wgmma tile for b = 128), 64 where that leaves the 132 SMs without a program each
+    (not measured yet: ``benchmarks/bench_mosaic_dds.py --tm`` sweeps it)."""
     if m <= 64 or units * cdiv(m, 128) < 132:
         return 64
     return 128
@@ -165,7 +166,7 @@ def plan(
         raise NotImplementedError(
             f"requires block sides in {SUPPORTED_BLOCKS} (wgmma tiles of a 128-byte swizzle) (got ({bh}, {bw}))"
         )
-    tm = cfg.tm or _default_tm(bw, m, pattern.grid[1])
+    tm = cfg.tm or _default_tm(m, pattern.grid[1])
     if tm * bw > _MAX_ACC:
         raise NotImplementedError(
             f"requires tm * bw <= {_MAX_ACC} (a float32 accumulator in one warpgroup's registers) (got {tm} * {bw})"
