@@ -218,3 +218,5 @@ def test_spmm_into_adds_init_in_the_kernel(dynamic):
         np.testing.assert_allclose(dx, gnn.spmm(g.T, ct, implementation="xla"), rtol=1e-5, atol=1e-4)
     with pytest.raises(ValueError, match=r"init of shape \(300, 24\)"):
         spmm_into(g, x, init[:, :3])
+    with pytest.raises(ValueError, match=r"edge_weight of shape \(4000,\)"):
+        spmm_into(g, x, init, jnp.ones(3999))

@@ -96,6 +96,8 @@ def accumulate(
     if g.edge_capacity == 0 or g.num_nodes == 0 or x.shape[1] == 0:
         return inits[0] if inits else jnp.zeros_like(x)
     weights = () if edge_weight is None else (jnp.asarray(edge_weight),)
+    if weights and weights[0].shape != (g.edge_capacity,):
+        raise ValueError(f"Expected edge_weight of shape ({g.edge_capacity},). Got {weights[0].shape}.")
     return _spmm(s, g, x, *inits, *weights)
 
 
