@@ -89,11 +89,61 @@ def plot_gnn(path: str, out: str) -> str:
     return dest
 
 
+def plot_mosaic(path: str, out: str) -> str:
+    """Time relative to dense `jnp.dot` against density, Triton and Mosaic kernels, per block size and n."""
+    rows = json.load(open(path))["rows"]
+    ns = sorted({r["n"] for r in rows}, reverse=True)
+    fig, axes = plt.subplots(1, len(ns), figsize=(5.5 * len(ns), 4), squeeze=False)
+    for ax, n in zip(axes[0], ns, strict=True):
+        for b in sorted({r["b"] for r in rows if r["n"] == n}):
+            cell = sorted((r for r in rows if r["n"] == n and r["b"] == b), key=lambda r: -r["density"])
+            ds = [r["density"] for r in cell]
+            (line,) = ax.plot(ds, [r["mosaic_ms"] / r["dense_ms"] for r in cell], "o-", label=f"Mosaic b={b}")
+            ax.plot(ds, [r["triton_ms"] / r["dense_ms"] for r in cell], "x:", color=line.get_color(),
+                    label=f"Triton b={b}")  # fmt: skip
+        ax.plot(ds, ds, "k--", lw=0.8, label="ideal (= density)")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.invert_xaxis()
+        ax.set_xlabel("density")
+        ax.set_ylabel("time / dense jnp.dot time")
+        ax.set_title(f"8192 x 8192 @ 8192 x {n}, bf16, H200")
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    dest = os.path.join(out, "mosaic_vs_triton.png")
+    fig.savefig(dest, dpi=110)
+    return dest
+
+
+def plot_sharded_gnn(path: str, out: str) -> str:
+    """One GPU against two (the plan's choice, and its work without the collective), per op."""
+    rows = json.load(open(path))["rows"]
+    ops = ["spmm_sum", "aggregate_max"]
+    series = [("1dev_dynamic", "one GPU"), ("sharded_auto", "two GPUs"), ("local_only", "two GPUs, no collective")]
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    width = 0.8 / len(series)
+    for k, (name, label) in enumerate(series):
+        ms = [next((r["loop_ms"] for r in rows if r.get("name") == name and r.get("op") == op), float("nan"))
+              for op in ops]  # fmt: skip
+        ax.bar([i + (k - 1) * width for i in range(len(ops))], ms, width, label=label)
+    ax.set_xticks(range(len(ops)), ["SpMM (sum)", "max aggregation"])
+    ax.set_ylabel("ms (device time in a jitted loop)")
+    ax.set_title("N=1,048,576 E=33,554,432 F=128 fp32, H200")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    dest = os.path.join(out, "sharded_gnn.png")
+    fig.savefig(dest, dpi=110)
+    return dest
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", nargs="+", default=None, help="`blocksparse bench --json` files, merged")
     ap.add_argument("--matmul", default="benchmarks/results/matmul_h200_run4.json")
     ap.add_argument("--gnn", default="benchmarks/results/gnn_h200_run2.json")
+    ap.add_argument("--mosaic", default="benchmarks/results/mosaic_h200_run3.json")
+    ap.add_argument("--sharded-gnn", default="benchmarks/results/sharded_gnn_h200x2_run4.json")
     ap.add_argument("--out", default="docs/img")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -105,7 +155,8 @@ def main(argv=None):
         merged = {"meta": docs[0].get("meta", {}), "results": [r for d in docs for r in d.get("results", [])]}
         dests = _report.plot(merged, args.out)
     else:
-        dests = [plot_matmul(args.matmul, args.out), plot_gnn(args.gnn, args.out)]
+        dests = [plot_matmul(args.matmul, args.out), plot_gnn(args.gnn, args.out),
+                 plot_mosaic(args.mosaic, args.out), plot_sharded_gnn(args.sharded_gnn, args.out)]  # fmt: skip
     for dest in dests:
         print(dest)
 
