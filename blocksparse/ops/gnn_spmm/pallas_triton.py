@@ -5,6 +5,13 @@ source rows and accumulates in float32. Heavy nodes' remaining chunks run as ext
 partial rows are summed per node afterwards (see :class:`blocksparse.gnn._graph.Schedule`). With
 ``init`` the main programs add its row to theirs (``out = init + A x`` in one pass, the output written
 over ``init``'s buffer): a product over a graph split in parts sums them without a separate add.
+
+With ``nodes_per_program=G > 1`` a packed kernel takes ``G`` light nodes per program instead (in
+:func:`~blocksparse.ops.gnn_aggregate.pallas_triton.length_order`, longest first, so a program's nodes
+have about as many in-edges): each step gathers a ``(G, be)`` tile of edges, each row masked to its
+own node's range, and sums the ``(G, be, bf)`` rows into a ``(G, bf)`` float32 accumulator. Fewer,
+fuller programs for graphs of small mean in-degree, where one program per node pays mostly its launch.
+Heavy nodes' extra chunks run packed alike (in id order) and are folded in as with one node per program.
 """
 
 from __future__ import annotations
@@ -13,14 +20,19 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ..._util import next_power_of_2
+from ..._util import cdiv, next_power_of_2
 from ...gnn._dynamic import DynamicGraph
 from ...gnn._graph import Graph
 from .. import _dispatch
 from .. import _gnn_triton as P
+from ..gnn_aggregate.pallas_triton import length_order, packed_tiles
+
+#: Light nodes per program the packed kernel takes: ``None`` / 1 is the one-node kernel.
+NODES_PER_PROGRAM = (1, 2, 4, 8, 16)
 
 
 def _kernel(starts_ref, ends_ref, indices_ref, *rest, be: int, bf: int, weighted: bool, init: bool):
@@ -67,6 +79,88 @@ def _call(starts, ends, indices, w, x, num_units, out_dtype, be, bf, interpret, 
     )(*args)
 
 
+# ---------------------------------------------------------------------------------- packed kernel
+def _packed_kernel(*refs, num_units: int, f: int, nodes: int, be: int, bf: int, flags: tuple[bool, bool, bool]):
+    ordered, weighted, init = flags
+    refs = list(refs)
+    starts_ref, ends_ref = refs.pop(0), refs.pop(0)
+    order_ref = refs.pop(0) if ordered else None
+    indices_ref = refs.pop(0)
+    w_ref = refs.pop(0) if weighted else None
+    x_ref = refs.pop(0)
+    init_ref = refs.pop(0) if init else None
+    (o_ref,) = refs
+    p, fb = pl.program_id(0), pl.program_id(1)
+    units, live, start, end = P.unit_block(starts_ref, ends_ref, order_ref, p * nodes, nodes, num_units)
+    cols = fb * bf + jnp.arange(bf, dtype=jnp.int32)
+    colmask = cols < f  # no padded copy of x: the last feature block is masked instead
+    shape = (nodes, be, bf)
+
+    def body(c, acc):
+        pos, m = P.edge_tiles(start, c, end, be)
+        idx = P.load_at(indices_ref, pos, m)
+        m3 = jnp.broadcast_to(m[:, :, None], shape) & jnp.broadcast_to(colmask[None, None, :], shape)
+        rows = P.gather_tiles(x_ref, idx, cols, m3, 0.0)
+        if weighted:
+            rows = rows * P.load_at(w_ref, pos, m).astype(jnp.float32)[:, :, None]
+        return acc + jnp.sum(rows, axis=1)
+
+    steps = jnp.max(P.num_chunks(start, end, be))  # the group's longest edge range
+    acc = lax.fori_loop(0, steps, body, jnp.zeros((nodes, bf), jnp.float32))
+    out_mask = jnp.broadcast_to(live[:, None], (nodes, bf)) & jnp.broadcast_to(colmask[None, :], (nodes, bf))
+    if init:
+        acc = acc + P.load_at(init_ref, (units[:, None], cols[None, :]), out_mask).astype(jnp.float32)
+    P.store_rows(o_ref, units, cols, acc, out_mask)
+
+
+def _packed_call(starts, ends, order, indices, w, x, num_units, out_dtype, nodes, be, bf, warps, interpret, init=None):
+    f = x.shape[1]
+    args = (starts, ends) + (() if order is None else (order,)) + (indices,) + (() if w is None else (w,)) + (x,)
+    extra = {}
+    if init is not None:  # each program reads its rows of init, then writes the same rows of the output over it
+        extra = dict(input_output_aliases={len(args): 0})
+        args = args + (init,)
+    kernel = functools.partial(
+        _packed_kernel, num_units=num_units, f=f, nodes=nodes, be=be, bf=bf,
+        flags=(order is not None, w is not None, init is not None),
+    )  # fmt: skip
+    return pl.pallas_call(
+        kernel,
+        grid=(cdiv(num_units, nodes), cdiv(f, bf)),
+        out_shape=jax.ShapeDtypeStruct((num_units, f), out_dtype),  # whole array: each program stores its rows
+        **extra,
+        interpret=interpret,
+        compiler_params=P.params(warps),
+        name=f"gnn_spmm_x{nodes}",
+    )(*args)
+
+
+def check_nodes_per_program(nodes_per_program) -> None:
+    """``None`` or one of :data:`NODES_PER_PROGRAM`; raises ``ValueError`` otherwise."""
+    g = nodes_per_program
+    if g is None:
+        return
+    ok = isinstance(g, int | np.integer) and not isinstance(g, bool) and int(g) in NODES_PER_PROGRAM
+    if not ok:
+        raise ValueError(f"Expected nodes_per_program None or one of {NODES_PER_PROGRAM}. Got {g!r}.")
+
+
+def _csr_sum_packed(g, w_csr, x, init, nodes, be, interpret):
+    n, f = x.shape
+    if g.edge_capacity == 0 or n == 0 or f == 0:  # nothing to gather (and no edge array a kernel could read)
+        return jnp.zeros_like(x) if init is None else init.astype(x.dtype)
+    be, bf, warps = packed_tiles(nodes, f, be)
+    indices = jnp.asarray(g.indices)
+    (s0, e0, _), extra = P.units(g)
+    init = None if init is None else init.astype(x.dtype)
+    out = _packed_call(s0, e0, length_order(g), indices, w_csr, x, n, x.dtype, nodes, be, bf, warps, interpret, init)
+    if extra is not None:  # extra units: one chunk each, in id order
+        s1, e1, _ = extra
+        part = _packed_call(s1, e1, None, indices, w_csr, x, s1.shape[0], jnp.float32, nodes, be, bf, warps, interpret)
+        out = P.fold_sum(g, out, part)
+    return out
+
+
 def csr_sum(
     g: Graph | DynamicGraph,
     w_csr: jax.Array | None,
@@ -74,11 +168,20 @@ def csr_sum(
     init: jax.Array | None = None,
     *,
     be: int | None = None,
+    nodes_per_program: int | None = None,
 ) -> jax.Array:
-    """``x (N, F)`` -> ``(N, F)``; ``w_csr`` (E,) in CSR order of ``g`` or None; plus ``init (N, F)`` if given."""
+    """``x (N, F)`` -> ``(N, F)``; ``w_csr`` (E,) in CSR order of ``g`` or None; plus ``init (N, F)`` if given.
+
+    ``nodes_per_program``: ``None`` or 1, one node per program (the default); 2, 4, 8 or 16, the
+    packed kernel with that many light nodes per program. ``be``: edges per step (per node with
+    the packed kernel; default: its own rule per kernel). Results never depend on either.
+    """
     interpret = _dispatch.pallas_mode()
     P.check_dtype(x)
+    check_nodes_per_program(nodes_per_program)
     n, f = x.shape
+    if nodes_per_program not in (None, 1):
+        return _csr_sum_packed(g, w_csr, x, init, int(nodes_per_program), be, interpret)
     fp = next_power_of_2(f, 16)
     bf = min(fp, 128)
     # edges per step: 16 for graphs of mean in-degree <= 32 (H200, F = 128, power-law graphs: 16 / 32 / 64
