@@ -208,6 +208,94 @@ def plan(
     return MosaicPlan(tn=tn, tiles=tiles, n_pad=tiles * tn * c, stages=stages, sched=sched, consumers=c)
 
 
+def _operand_transforms(dtype):
+    """Shared-memory layout of a wgmma operand: 8-row tiles, 128-byte swizzle."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    return (plgpu.TilingTransform((8, _SWIZZLE // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(_SWIZZLE))
+
+
+def _pipelined_wgmma(acc_ref, length, stages: int, a_src, b_src, a_tile, b_tile, dtype):
+    """``acc_ref += a_src(i) @ b_src(i)`` for ``i < length`` and the accumulator's value.
+
+    ``a_src(i)`` / ``b_src(i)``: global-memory slices of shapes ``a_tile`` / ``b_tile``, TMA-copied into
+    swizzled shared memory, ``stages`` steps in flight: step ``i`` waits for its stage, issues the
+    wgmma, waits until at most one wgmma is pending (step ``i - 1``'s stage is then free) and refills
+    that stage with step ``i + stages - 1``.
+    """
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    def pipeline(a_smem, b_smem, a_bar, b_bar):
+        def fetch(i):  # step i's operands into stage i % stages
+            slot = lax.rem(i, stages)
+            plgpu.copy_gmem_to_smem(a_src(i), a_smem.at[slot], a_bar.at[slot])
+            plgpu.copy_gmem_to_smem(b_src(i), b_smem.at[slot], b_bar.at[slot])
+
+        for i in range(stages - 1):  # prologue: fill all stages but one
+            pl.when(i < length)(functools.partial(fetch, i))
+
+        def step(i, carry):
+            slot = lax.rem(i, stages)
+            plgpu.barrier_wait(a_bar.at[slot])
+            plgpu.barrier_wait(b_bar.at[slot])
+            plgpu.wgmma(acc_ref, a_smem.at[slot], b_smem.at[slot])
+            plgpu.wgmma_wait(1)  # step i - 1's wgmma is done: its stage can be refilled
+            nxt = i + stages - 1
+            pl.when(nxt < length)(lambda: fetch(nxt))
+            return carry
+
+        lax.fori_loop(0, length, step, None)
+        plgpu.wgmma_wait(0)
+
+    transforms = _operand_transforms(dtype)
+    pl.run_scoped(
+        pipeline,
+        plgpu.SMEM((stages, *a_tile), dtype, transforms=transforms),
+        plgpu.SMEM((stages, *b_tile), dtype, transforms=transforms),
+        plgpu.Barrier(num_barriers=stages),
+        plgpu.Barrier(num_barriers=stages),
+    )
+    return acc_ref[...]
+
+
+def _store_tile(out_g, rows, cols, value):
+    """``out_g[rows, cols] = value`` (a register tile, cast to ``out_g``'s dtype) through shared memory."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    def scope(o_smem):
+        o_smem[...] = value.astype(o_smem.dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_smem, out_g.at[rows, cols])
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+    pl.run_scoped(scope, plgpu.SMEM(value.shape, out_g.dtype))
+
+
+def _apply_epilogue(acc, epi, bias_smem, bias_bar):
+    """``activation(acc + bias)`` on the float32 accumulator (``acc`` without an epilogue); the bias
+    slice, if any, is waited for in shared memory and broadcast along ``epi.bias_axis``."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    if epi is None:
+        return acc
+    bias = None
+    if bias_smem is not None:
+        plgpu.barrier_wait(bias_bar.at[0])
+        b = plgpu.load(bias_smem, layout=plgpu.Layout.WGMMA.reduce(1 - epi.bias_axis))
+        bias = lax.broadcast_in_dim(b, acc.shape, (epi.bias_axis,))
+    return _epilogue.apply(acc, bias, epi.activation)
+
+
+def _with_bias_buffer(run, bias_g, size: int):
+    """``run()``, or ``run(bias_smem, bias_bar)`` with a float32 buffer of ``size`` for the bias slice."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    if bias_g is None:
+        run()
+    else:
+        pl.run_scoped(run, plgpu.SMEM((size,), jnp.float32), plgpu.Barrier(num_barriers=1))
+
+
 def _dsd_kernel(start_g, len_g, dest_g, col_g, id_g, w_g, x_g, *refs, bh, bw, tn, stages, epi=None):
     """Program ``(u, t)``: unit ``u`` of the schedule times columns ``[t * tn, (t + 1) * tn)``.
 
@@ -221,53 +309,14 @@ def _dsd_kernel(start_g, len_g, dest_g, col_g, id_g, w_g, x_g, *refs, bh, bw, tn
     start = start_g[u]
     length = len_g[u]
     dest = dest_g[u]
-    dtype = w_g.dtype
-    swizzle_elems = _SWIZZLE // jnp.dtype(dtype).itemsize
-    transforms = (plgpu.TilingTransform((8, swizzle_elems)), plgpu.SwizzleTransform(_SWIZZLE))
 
     def accumulate(acc_ref):
-        def pipeline(w_smem, x_smem, w_bar, x_bar):
-            def fetch(i):  # step i's block and slab into stage i % stages
-                slot = lax.rem(i, stages)
-                j = start + i
-                d = id_g[j]
-                c = col_g[j]
-                plgpu.copy_gmem_to_smem(w_g.at[pl.ds(d * bh, bh), :], w_smem.at[slot], w_bar.at[slot])
-                plgpu.copy_gmem_to_smem(x_g.at[pl.ds(c * bw, bw), pl.ds(n0, tn)], x_smem.at[slot], x_bar.at[slot])
-
-            for i in range(stages - 1):  # prologue: fill all stages but one
-                pl.when(i < length)(functools.partial(fetch, i))
-
-            def step(i, carry):
-                slot = lax.rem(i, stages)
-                plgpu.barrier_wait(w_bar.at[slot])
-                plgpu.barrier_wait(x_bar.at[slot])
-                plgpu.wgmma(acc_ref, w_smem.at[slot], x_smem.at[slot])
-                plgpu.wgmma_wait(1)  # step i - 1's wgmma is done: its stage can be refilled
-                nxt = i + stages - 1
-                pl.when(nxt < length)(lambda: fetch(nxt))
-                return carry
-
-            lax.fori_loop(0, length, step, None)
-            plgpu.wgmma_wait(0)
-
-        pl.run_scoped(
-            pipeline,
-            plgpu.SMEM((stages, bh, bw), dtype, transforms=transforms),
-            plgpu.SMEM((stages, bw, tn), dtype, transforms=transforms),
-            plgpu.Barrier(num_barriers=stages),
-            plgpu.Barrier(num_barriers=stages),
-        )
-        return acc_ref[...]
-
-    def store(out_g, row, value):
-        def scope(o_smem):
-            o_smem[...] = value.astype(o_smem.dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(o_smem, out_g.at[pl.ds(row * bh, bh), pl.ds(n0, tn)])
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-
-        pl.run_scoped(scope, plgpu.SMEM((bh, tn), out_g.dtype))
+        return _pipelined_wgmma(
+            acc_ref, length, stages,
+            lambda i: w_g.at[pl.ds(id_g[start + i] * bh, bh), :],
+            lambda i: x_g.at[pl.ds(col_g[start + i] * bw, bw), pl.ds(n0, tn)],
+            (bh, bw), (bw, tn), w_g.dtype,
+        )  # fmt: skip
 
     def run(bias_smem=None, bias_bar=None):
         if bias_g is not None:  # this tile's bias slice: its copy overlaps the whole main loop
@@ -275,30 +324,18 @@ def _dsd_kernel(start_g, len_g, dest_g, col_g, id_g, w_g, x_g, *refs, bh, bw, tn
             plgpu.copy_gmem_to_smem(bias_g.at[piece], bias_smem, bias_bar.at[0])
         acc = pl.run_scoped(accumulate, plgpu.ACC((bh, tn), jnp.float32))  # zero-initialised: empty units write 0
 
-        def store_direct():
-            out = acc
-            if epi is not None:  # bias and activation on the float32 accumulator, then the one cast
-                bias = None
-                if bias_g is not None:
-                    plgpu.barrier_wait(bias_bar.at[0])
-                    axis = epi.bias_axis
-                    b = plgpu.load(bias_smem, layout=plgpu.Layout.WGMMA.reduce(1 - axis))
-                    bias = lax.broadcast_in_dim(b, (bh, tn), (axis,))
-                out = _epilogue.apply(out, bias, epi.activation)
-            store(y_g, dest, out)
+        def store_direct():  # bias and activation on the float32 accumulator, then the one cast
+            _store_tile(y_g, pl.ds(dest * bh, bh), pl.ds(n0, tn), _apply_epilogue(acc, epi, bias_smem, bias_bar))
 
         def store_partial():  # a piece of a split row: the epilogue runs after the pieces are summed
             if bias_g is not None:
                 plgpu.barrier_wait(bias_bar.at[0])  # every issued copy is waited for before the kernel exits
-            store(p_g, -1 - dest, acc)
+            _store_tile(p_g, pl.ds((-1 - dest) * bh, bh), pl.ds(n0, tn), acc)
 
         pl.when(dest >= 0)(store_direct)
         pl.when(dest < 0)(store_partial)
 
-    if bias_g is None:
-        run()
-    else:
-        pl.run_scoped(run, plgpu.SMEM((tn if epi.bias_axis == 1 else bh,), jnp.float32), plgpu.Barrier(num_barriers=1))
+    _with_bias_buffer(run, bias_g, tn if epi is not None and epi.bias_axis == 1 else bh)
 
 
 def _dsd_kernel_2wg(start_g, len_g, dest_g, col_g, id_g, w_g, x_g, y_g, p_g, *, bh, bw, tn, stages):
@@ -318,8 +355,7 @@ def _dsd_kernel_2wg(start_g, len_g, dest_g, col_g, id_g, w_g, x_g, y_g, p_g, *, 
     length = len_g[u]
     dest = dest_g[u]
     dtype = w_g.dtype
-    swizzle_elems = _SWIZZLE // jnp.dtype(dtype).itemsize
-    transforms = (plgpu.TilingTransform((8, swizzle_elems)), plgpu.SwizzleTransform(_SWIZZLE))
+    transforms = _operand_transforms(dtype)
     leader = wg == 0
 
     def body(w_smem, x_smem, w_bar, x_bar, free_bar, y_smem, p_smem):

@@ -73,7 +73,18 @@ from ..._util import cdiv
 from .. import _dispatch
 from . import epilogue as _epilogue
 from .lowering import GpuLowering, RowSplitSchedule, lower
-from .pallas_mosaic import _DTYPES, _MAX_ACC, _OUT_DTYPES, _SMEM_BYTES, _SWIZZLE, SUPPORTED_BLOCKS, hopper_problem
+from .pallas_mosaic import (
+    _DTYPES,
+    _MAX_ACC,
+    _OUT_DTYPES,
+    _SMEM_BYTES,
+    SUPPORTED_BLOCKS,
+    _apply_epilogue,
+    _pipelined_wgmma,
+    _store_tile,
+    _with_bias_buffer,
+    hopper_problem,
+)
 
 __all__ = ["DdsConfig", "DdsPlan", "SUPPORTED_BLOCKS", "TILES", "dds", "hopper_problem", "plan"]
 
@@ -196,53 +207,14 @@ def _dds_kernel(start_g, len_g, dest_g, row_g, id_g, w_g, x_g, *refs, bh, bw, tm
     start = start_g[u]
     length = len_g[u]
     dest = dest_g[u]
-    dtype = w_g.dtype
-    swizzle_elems = _SWIZZLE // jnp.dtype(dtype).itemsize
-    transforms = (plgpu.TilingTransform((8, swizzle_elems)), plgpu.SwizzleTransform(_SWIZZLE))
 
     def accumulate(acc_ref):
-        def pipeline(x_smem, w_smem, x_bar, w_bar):
-            def fetch(i):  # step i's slab and block into stage i % stages
-                slot = lax.rem(i, stages)
-                j = start + i
-                r = row_g[j]  # block row of W = block of x's columns
-                d = id_g[j]
-                plgpu.copy_gmem_to_smem(x_g.at[pl.ds(m0, tm), pl.ds(r * bh, bh)], x_smem.at[slot], x_bar.at[slot])
-                plgpu.copy_gmem_to_smem(w_g.at[pl.ds(d * bh, bh), :], w_smem.at[slot], w_bar.at[slot])
-
-            for i in range(stages - 1):  # prologue: fill all stages but one
-                pl.when(i < length)(functools.partial(fetch, i))
-
-            def step(i, carry):
-                slot = lax.rem(i, stages)
-                plgpu.barrier_wait(x_bar.at[slot])
-                plgpu.barrier_wait(w_bar.at[slot])
-                plgpu.wgmma(acc_ref, x_smem.at[slot], w_smem.at[slot])
-                plgpu.wgmma_wait(1)  # step i - 1's wgmma is done: its stage can be refilled
-                nxt = i + stages - 1
-                pl.when(nxt < length)(lambda: fetch(nxt))
-                return carry
-
-            lax.fori_loop(0, length, step, None)
-            plgpu.wgmma_wait(0)
-
-        pl.run_scoped(
-            pipeline,
-            plgpu.SMEM((stages, tm, bh), dtype, transforms=transforms),
-            plgpu.SMEM((stages, bh, bw), dtype, transforms=transforms),
-            plgpu.Barrier(num_barriers=stages),
-            plgpu.Barrier(num_barriers=stages),
-        )
-        return acc_ref[...]
-
-    def store(out_g, value, row0, col0):
-        def scope(o_smem):
-            o_smem[...] = value.astype(o_smem.dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(o_smem, out_g.at[pl.ds(row0, tm), pl.ds(col0, bw)])
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-
-        pl.run_scoped(scope, plgpu.SMEM((tm, bw), out_g.dtype))
+        return _pipelined_wgmma(
+            acc_ref, length, stages,
+            lambda i: x_g.at[pl.ds(m0, tm), pl.ds(row_g[start + i] * bh, bh)],  # block row of W = x's columns
+            lambda i: w_g.at[pl.ds(id_g[start + i] * bh, bh), :],
+            (tm, bh), (bh, bw), w_g.dtype,
+        )  # fmt: skip
 
     def run(bias_smem=None, bias_bar=None):
         if bias_g is not None:  # this tile's bias slice: its copy overlaps the whole main loop
@@ -250,31 +222,18 @@ def _dds_kernel(start_g, len_g, dest_g, row_g, id_g, w_g, x_g, *refs, bh, bw, tm
             plgpu.copy_gmem_to_smem(bias_g.at[piece], bias_smem, bias_bar.at[0])
         acc = pl.run_scoped(accumulate, plgpu.ACC((tm, bw), jnp.float32))  # zero-initialised: empty units write 0
 
-        def store_direct():
-            out = acc
-            if epi is not None:  # bias and activation on the float32 accumulator, then the one cast
-                bias = None
-                if bias_g is not None:
-                    plgpu.barrier_wait(bias_bar.at[0])
-                    axis = epi.bias_axis
-                    b = plgpu.load(bias_smem, layout=plgpu.Layout.WGMMA.reduce(1 - axis))
-                    bias = lax.broadcast_in_dim(b, (tm, bw), (axis,))
-                out = _epilogue.apply(out, bias, epi.activation)
-            store(y_g, out, m0, dest * bw)
+        def store_direct():  # bias and activation on the float32 accumulator, then the one cast
+            _store_tile(y_g, pl.ds(m0, tm), pl.ds(dest * bw, bw), _apply_epilogue(acc, epi, bias_smem, bias_bar))
 
         def store_partial():  # a piece of a split column: the epilogue runs after the pieces are summed
             if bias_g is not None:
                 plgpu.barrier_wait(bias_bar.at[0])  # every issued copy is waited for before the kernel exits
-            store(p_g, acc, (-1 - dest) * m_pad + m0, 0)
+            _store_tile(p_g, pl.ds((-1 - dest) * m_pad + m0, tm), pl.ds(0, bw), acc)
 
         pl.when(dest >= 0)(store_direct)
         pl.when(dest < 0)(store_partial)
 
-    if bias_g is None:
-        run()
-    else:
-        size = bw if epi.bias_axis == 1 else tm
-        pl.run_scoped(run, plgpu.SMEM((size,), jnp.float32), plgpu.Barrier(num_barriers=1))
+    _with_bias_buffer(run, bias_g, bw if epi is not None and epi.bias_axis == 1 else tm)
 
 
 def _launch(p: DdsPlan, n: int, data, xp, out_dtype, *, interpret, epi=None, bias=()):
