@@ -24,6 +24,19 @@ from blocksparse.bench import _report  # noqa: E402
 plt = _report.require_matplotlib()  # ImportError naming `pip install 'blocksparse[bench]'` without it
 
 
+def _time_vs_density_axes(ax, ds, n: int) -> None:
+    """The ideal line (time = density x dense), dense itself, log axes, labels and legend."""
+    ax.plot(ds, ds, "k--", lw=0.8, label="ideal (= density)")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.invert_xaxis()
+    ax.set_xlabel("density")
+    ax.set_ylabel("time / dense jnp.dot time")
+    ax.set_title(f"8192 x 8192 @ 8192 x {n}, bf16, H200")
+    ax.legend(fontsize=7, ncol=2)
+
+
 def plot_matmul(path: str, out: str) -> str:
     rows = [r for r in json.load(open(path))["rows"] if r.get("pattern", "uniform") == "uniform"]
     rows = [r for r in rows if r.get("variant", "default") == "default" and r.get("op", "dsd") == "dsd"]
@@ -37,15 +50,7 @@ def plot_matmul(path: str, out: str) -> str:
             if all("vs_torch_bsr" in r for r in cell):
                 bsr = [r["torch_bsr_ms"] / r["dense_jnp_ms"] for r in cell]
                 ax.plot(ds, bsr, "x:", color=ax.lines[-1].get_color(), alpha=0.6, label=f"torch BSR b={b}")
-        ax.plot(ds, ds, "k--", lw=0.8, label="ideal (= density)")
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log", base=2)
-        ax.invert_xaxis()
-        ax.set_xlabel("density")
-        ax.set_ylabel("time / dense jnp.dot time")
-        ax.set_title(f"8192 x 8192 @ 8192 x {n}, bf16, H200")
-        ax.legend(fontsize=7, ncol=2)
+        _time_vs_density_axes(ax, ds, n)
     fig.tight_layout()
     dest = os.path.join(out, "matmul_vs_dense.png")
     fig.savefig(dest, dpi=110)
@@ -101,15 +106,7 @@ def plot_mosaic(path: str, out: str) -> str:
             (line,) = ax.plot(ds, [r["mosaic_ms"] / r["dense_ms"] for r in cell], "o-", label=f"Mosaic b={b}")
             ax.plot(ds, [r["triton_ms"] / r["dense_ms"] for r in cell], "x:", color=line.get_color(),
                     label=f"Triton b={b}")  # fmt: skip
-        ax.plot(ds, ds, "k--", lw=0.8, label="ideal (= density)")
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log", base=2)
-        ax.invert_xaxis()
-        ax.set_xlabel("density")
-        ax.set_ylabel("time / dense jnp.dot time")
-        ax.set_title(f"8192 x 8192 @ 8192 x {n}, bf16, H200")
-        ax.legend(fontsize=7, ncol=2)
+        _time_vs_density_axes(ax, ds, n)
     fig.tight_layout()
     dest = os.path.join(out, "mosaic_vs_triton.png")
     fig.savefig(dest, dpi=110)
