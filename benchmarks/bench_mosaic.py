@@ -128,11 +128,18 @@ def _failed(row) -> bool:
     return any(k.endswith("_error") and "NotImplementedError" not in e for v in row["variants"] for k, e in v.items())
 
 
-def _table(rows) -> str:
-    cols = [("m", "{}"), ("n", "{}"), ("b", "{}"), ("density", "{:.4g}"), ("dense_ms", "{:.3f}"),
-            ("triton_ms", "{:.3f}"), ("mosaic_ms", "{:.3f}"), ("mosaic_tflops", "{:.0f}"),
-            ("speedup_vs_triton", "{:.2f}"), ("speedup_vs_dense", "{:.2f}"), ("mosaic_tn", "{}"),
-            ("mosaic_stages", "{}"), ("default", "{}")]  # fmt: skip
+COLUMNS = [("m", "{}"), ("n", "{}"), ("b", "{}"), ("density", "{:.4g}"), ("dense_ms", "{:.3f}"),
+           ("triton_ms", "{:.3f}"), ("mosaic_ms", "{:.3f}"), ("mosaic_tflops", "{:.0f}"),
+           ("speedup_vs_triton", "{:.2f}"), ("speedup_vs_dense", "{:.2f}"), ("mosaic_tn", "{}"),
+           ("mosaic_stages", "{}"), ("default", "{}")]  # fmt: skip
+
+
+def _variant_label(v) -> str:
+    return f"tn={v['tn']} stages={v['stages']} consumers={v['consumers']} max_len={v['max_len']}:"
+
+
+def _table(rows, cols=COLUMNS, variant_label=_variant_label) -> str:
+    """One line per row (``cols``: (key, format)), then its errors and its forced variants."""
     out = ["  ".join(f"{c:>17}" for c, _ in cols)]
     for r in rows:
         out.append("  ".join(f"{(f.format(r[c]) if c in r else '-'):>17}" for c, f in cols))
@@ -141,9 +148,8 @@ def _table(rows) -> str:
                 out.append(f"    {k}: {v}")
         for v in r.get("variants", ()):
             ms = f"{v['mosaic_ms']:.3f} ms, {v['speedup_vs_triton']:.2f}x Triton" if "speedup_vs_triton" in v else ""
-            out.append(f"    variant tn={v['tn']} stages={v['stages']} consumers={v['consumers']} "
-                       f"max_len={v['max_len']}: {ms}"
-                       + (f" {v['mosaic_error']}" if "mosaic_error" in v else ""))  # fmt: skip
+            error = f" {v['mosaic_error']}" if "mosaic_error" in v else ""
+            out.append(f"    variant {variant_label(v)} {ms}{error}")
     return "\n".join(out)
 
 

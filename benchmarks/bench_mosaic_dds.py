@@ -38,6 +38,7 @@ import argparse
 import contextlib
 import itertools
 import json
+import os
 import platform
 import sys
 import time
@@ -49,6 +50,9 @@ import blocksparse as bs
 from blocksparse.bench import Timer, check_close, implementation
 from blocksparse.ops.matmul import epilogue
 from blocksparse.ops.matmul import pallas_mosaic_dds as pmd
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_mosaic import _failed, _table  # noqa: E402  (the same report and failure rule as for W @ x)
 
 SHAPES = [(32768, 384, 1536), (8192, 8192, 8192)]  # (m, k, n): x (m, k) @ W (k, n)
 
@@ -125,30 +129,14 @@ def bench_cell(m: int, k: int, n: int, b: int, d: int, dtype, timer: Timer, conf
     return row
 
 
-def _failed(row) -> bool:
-    """A kernel failed to compile, run or check (a variant refused by the plan is not a failure)."""
-    if any(k.endswith("_error") for k in row):
-        return True
-    return any(k.endswith("_error") and "NotImplementedError" not in e for v in row["variants"] for k, e in v.items())
+COLUMNS = [("m", "{}"), ("k", "{}"), ("n", "{}"), ("b", "{}"), ("density", "{:.4g}"), ("dense_ms", "{:.3f}"),
+           ("triton_ms", "{:.3f}"), ("mosaic_ms", "{:.3f}"), ("mosaic_calls_ms", "{:.3f}"),
+           ("mosaic_tflops", "{:.0f}"), ("speedup_vs_triton", "{:.2f}"), ("speedup_vs_dense", "{:.2f}"),
+           ("mosaic_err", "{:.2e}"), ("mosaic_tm", "{}"), ("mosaic_stages", "{}")]  # fmt: skip
 
 
-def _table(rows) -> str:
-    cols = [("m", "{}"), ("k", "{}"), ("n", "{}"), ("b", "{}"), ("density", "{:.4g}"), ("dense_ms", "{:.3f}"),
-            ("triton_ms", "{:.3f}"), ("mosaic_ms", "{:.3f}"), ("mosaic_calls_ms", "{:.3f}"),
-            ("mosaic_tflops", "{:.0f}"), ("speedup_vs_triton", "{:.2f}"), ("speedup_vs_dense", "{:.2f}"),
-            ("mosaic_err", "{:.2e}"), ("mosaic_tm", "{}"), ("mosaic_stages", "{}")]  # fmt: skip
-    out = ["  ".join(f"{c:>17}" for c, _ in cols)]
-    for r in rows:
-        out.append("  ".join(f"{(f.format(r[c]) if c in r else '-'):>17}" for c, f in cols))
-        for k, v in r.items():
-            if k.endswith("_error"):
-                out.append(f"    {k}: {v}")
-        for v in r.get("variants", ()):
-            ms = f"{v['mosaic_ms']:.3f} ms, {v['speedup_vs_triton']:.2f}x Triton" if "speedup_vs_triton" in v else ""
-            out.append(f"    variant tm={v['tm']} stages={v['stages']} max_len={v['max_len']} "
-                       f"{v['grid_order']} first: {ms}"
-                       + (f" {v['mosaic_error']}" if "mosaic_error" in v else ""))  # fmt: skip
-    return "\n".join(out)
+def _variant_label(v) -> str:
+    return f"tm={v['tm']} stages={v['stages']} max_len={v['max_len']} {v['grid_order']} first:"
 
 
 def main(argv=None) -> int:
@@ -197,7 +185,7 @@ def main(argv=None) -> int:
             doc["rows"].append(row)
             print(json.dumps(row), flush=True)
     doc["seconds"] = time.perf_counter() - t0
-    print(_table(doc["rows"]))
+    print(_table(doc["rows"], COLUMNS, _variant_label))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
