@@ -227,7 +227,7 @@ def test_static_graph_matches_oracle():
     ea = jnp.asarray(np.random.default_rng(22).standard_normal((E, 2)), jnp.float32)
     gcn = GCNConv.init(key, IN, 6, improved=True)
     np.testing.assert_allclose(gcn(x, g, edge_weight=w), gcn_oracle(gcn, x, ei, w), **TOL)
-    # no edge weights: the coefficients come from the host (NumPy), equal to the traced formula
+    # no edge weights: a static graph behind the optimization barrier, eager and jitted, equal to the oracle
     for kw in ({}, {"improved": True}, {"add_self_loops": False}):
         conv = GCNConv.init(key, IN, 6, **kw)
         want = gcn_oracle(conv, x, ei, None)

@@ -164,27 +164,6 @@ def _edges(g):
     return g.src, g.dst, g.edge_mask
 
 
-def _gcn_coefficients_host(src: np.ndarray, dst: np.ndarray, n: int, add_self_loops: bool, improved: bool):
-    """GCN's edge coefficients and self-loop weights of a static graph without edge weights, in NumPy.
-
-    The same formula as the traced path of :class:`GCNConv` (a node's existing self-loop keeps its
-    weight, 1; other nodes get ``fill``). Computed on the host because every input is host data: in a
-    jitted step XLA would otherwise constant-fold scatters over every edge at each compilation, which
-    takes seconds on graphs of a million edges.
-    """
-    w = np.ones(src.shape, np.float64)
-    loop_w = np.zeros(n, np.float64)
-    if add_self_loops:
-        is_loop = src == dst
-        has_loop = np.zeros(n, bool)
-        has_loop[dst[is_loop]] = True
-        loop_w = np.where(has_loop, 1.0, 2.0 if improved else 1.0)
-        w[is_loop] = 0.0
-    deg = np.bincount(dst, weights=w, minlength=n)[:n] + loop_w
-    dinv = np.where(deg > 0, 1.0 / np.sqrt(np.where(deg > 0, deg, 1.0)), 0.0)
-    return (dinv[src] * w * dinv[dst]).astype(np.float32), (dinv * dinv * loop_w).astype(np.float32)
-
-
 def _segments(dst, mask, n: int):
     """Segment ids over ``n + 1`` segments: masked-out edges go to the dropped segment ``n``."""
     return dst if mask is None else jnp.where(mask, dst, n)
@@ -381,13 +360,6 @@ class GCNConv(Pytree):
         w = None if edge_weight is None else _check_edge_array("GCNConv", g, edge_weight, "edge_weight", ())
         if not self.normalize:
             out = spmm(g, h, "sum", edge_weight=w, implementation=self.implementation)
-        elif isinstance(g, Graph) and w is None:  # every input of the coefficients is host data
-            norm, self_w = _gcn_coefficients_host(np.asarray(g.src), np.asarray(g.dst), n, self.add_self_loops,
-                                                  self.improved)  # fmt: skip
-            # opaque to XLA's constant folder, which would otherwise permute them at every compilation
-            norm, self_w = jax.lax.optimization_barrier((jnp.asarray(norm, h.dtype), jnp.asarray(self_w)))
-            out = spmm(g, h, "sum", edge_weight=norm, implementation=self.implementation)
-            out = out + (self_w[:, None] * h).astype(h.dtype)
         else:
             w = jnp.ones(src.shape, jnp.float32) if w is None else w.astype(jnp.float32)
             seg = _segments(dst, mask, n)
