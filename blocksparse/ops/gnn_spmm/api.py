@@ -95,10 +95,18 @@ def accumulate(
     inits = () if init is None else (init.astype(x.dtype),)
     if g.edge_capacity == 0 or g.num_nodes == 0 or x.shape[1] == 0:
         return inits[0] if inits else jnp.zeros_like(x)
-    weights = () if edge_weight is None else (jnp.asarray(edge_weight),)
-    if weights and weights[0].shape != (g.edge_capacity,):
-        raise ValueError(f"Expected edge_weight of shape ({g.edge_capacity},). Got {weights[0].shape}.")
+    weights = () if edge_weight is None else (_checked_weight(g, edge_weight),)
     return _spmm(s, g, x, *inits, *weights)
+
+
+def _checked_weight(g, edge_weight) -> jax.Array:
+    """``edge_weight`` as an array of shape ``(edge capacity,)`` and a floating dtype, else raises."""
+    edge_weight = jnp.asarray(edge_weight)
+    if edge_weight.shape != (g.edge_capacity,):
+        raise ValueError(f"Expected edge_weight of shape ({g.edge_capacity},). Got {edge_weight.shape}.")
+    if not jnp.issubdtype(edge_weight.dtype, jnp.floating):
+        raise TypeError(f"Expected floating-point edge_weight. Got {edge_weight.dtype}.")
+    return edge_weight
 
 
 def _inv_pow(deg, p):
@@ -157,12 +165,7 @@ def spmm(
     s = SpmmStatic(_impls(implementation, x.dtype))
     weights = ()
     if edge_weight is not None:
-        edge_weight = jnp.asarray(edge_weight)
-        if edge_weight.shape != (g.edge_capacity,):
-            raise ValueError(f"Expected edge_weight of shape ({g.edge_capacity},). Got {edge_weight.shape}.")
-        if not jnp.issubdtype(edge_weight.dtype, jnp.floating):
-            raise TypeError(f"Expected floating-point edge_weight. Got {edge_weight.dtype}.")
-        weights = (edge_weight,)
+        weights = (_checked_weight(g, edge_weight),)
     valid = g.validity() if isinstance(g, DynamicGraph) else None  # NaN out (and NaN gradients) if invalid
     x = poison(valid, x)
     weights = tuple(poison(valid, w) for w in weights)
