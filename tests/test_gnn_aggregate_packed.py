@@ -199,18 +199,9 @@ def test_default_rule_and_bad_knob():
 
 
 def test_every_packed_variant_lowers_to_triton(monkeypatch):
-    from test_gnn_pallas import _lower_for_cuda
+    from test_gnn_pallas import _lower_for_cuda, lowering_graph
 
-    import blocksparse.ops._dispatch as D
-
-    if ON_GPU:
-        pytest.skip("the GPU runs the kernels for real")
-    monkeypatch.setattr(D, "pallas_mode", lambda: False)
-    rng = np.random.default_rng(0)
-    src = np.concatenate([rng.integers(0, 40, 300), rng.integers(0, 40, 300)])
-    dst = np.concatenate([rng.integers(0, 40, 300), np.full(300, 2)])
-    g = gnn.Graph.from_edges(src, dst, 40, heavy_quantile=0.5)
-    assert g.schedule.num_extra > 0
+    g = lowering_graph(monkeypatch)
 
     def everything(x, xb):
         outs = []

@@ -152,6 +152,22 @@ def _lower_for_cuda(fn, *args):
         reg.gpu_info_lib.get_gpu_info = old
 
 
+def lowering_graph(monkeypatch, n: int = 40):
+    """For CUDA-lowering tests on the CPU: real (not interpreted) kernels, and a graph of ``n`` nodes with
+    heavy nodes' extra chunks (node 2 takes 300 in-edges). Skips on a GPU, which runs the kernels for real."""
+    import blocksparse.ops._dispatch as D
+
+    if ON_GPU:
+        pytest.skip("the GPU runs the kernels for real")
+    monkeypatch.setattr(D, "pallas_mode", lambda: False)
+    rng = np.random.default_rng(0)
+    src = np.concatenate([rng.integers(0, n, 300), rng.integers(0, n, 300)])
+    dst = np.concatenate([rng.integers(0, n, 300), np.full(300, 2)])
+    g = gnn.Graph.from_edges(src, dst, n, heavy_quantile=0.5)
+    assert g.schedule.num_extra > 0
+    return g
+
+
 @pytest.mark.skipif(ON_GPU, reason="the GPU runs the kernels for real")
 def test_every_kernel_lowers_to_triton(monkeypatch):
     import blocksparse.ops._dispatch as D
