@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_pallas_mosaic import HALF, _epilogue_oracle, _hopper  # the dsd tests' helpers
 
 import blocksparse as bs
 from blocksparse.ops.matmul import epilogue
@@ -18,7 +19,6 @@ from blocksparse.ops.matmul import pallas_mosaic_dds as pmd
 from blocksparse.testing import strategies as bst
 from blocksparse.testing.oracles import assert_close, to_dense64
 
-HALF = (jnp.bfloat16, jnp.float16)
 KINDS = ("random", "empty", "full_row", "full_col", "empty_rows", "single", "diagonal")
 
 
@@ -58,15 +58,6 @@ def _problem(kind, block, dtype, shape=(256, 384), m=200, seed=0):
     data = jnp.asarray(rng.standard_normal((pattern.nnz_blocks, bh, bw)), dtype)
     x = jnp.asarray(rng.standard_normal((m, k)), dtype)
     return (pattern, data, x, *_oracle(pattern, data, x))
-
-
-def _epilogue_oracle(want, scale, bias, axis, activation):
-    """float64 product + bias, then the activation (in float32, the kernels' precision); its scale."""
-    b = np.asarray(bias, np.float64)
-    b = b[None, :] if axis == 1 else b[:, None]
-    z = want + b
-    y = z if activation is None else np.asarray(epilogue.ACTIVATIONS[activation](jnp.asarray(z, jnp.float32)))
-    return y, 1.2 * (scale + np.abs(b))  # the activations' slopes are below 1.2
 
 
 def _run_schedule(p: pmd.DdsPlan, pattern, data, x) -> np.ndarray:
@@ -408,12 +399,6 @@ def test_benchmark_script_runs_in_the_interpreter(tmp_path):
 
 
 # ----------------------------------------------------------------------------- real Hopper GPU
-def _hopper():
-    why = pmd.hopper_problem()
-    if why is not None:
-        pytest.skip(why)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("b", [64, 128])
 @pytest.mark.parametrize("dtype", HALF)
