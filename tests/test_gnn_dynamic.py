@@ -141,8 +141,11 @@ def test_every_op_matches_dense_and_numpy_oracles(edges, with_ties):
                       ("gatv2", "gatv2"), ("dot", "dot")):  # fmt: skip
         (yo, go), (yd, gd) = got[name], dense[key]
         _close(yo, yd, name)
+        # the attention gradients sum a hub's up to 300 float32 terms (weights recomputed from the lse) in
+        # another order than the dense oracle: a cancelling sum differs by a few 1e-5 (seen: 1.24e-5 at 0.0228)
+        atol = 5e-5 if name in ("gatv2", "dot") else 1e-5
         for i, (u, v) in enumerate(zip(go, gd, strict=False)):  # dx, or the three attention inputs (not dw)
-            _close(u, v, f"{name} grad {i}")
+            _close(u, v, f"{name} grad {i}", atol=atol)
     x, ct = np.asarray(a["x"], np.float64), np.asarray(a["ct"], np.float64)
     dw = np.sum(ct[dst] * x[src], -1)
     _close(got["sum_w"][1][1][:e], dw, "dw")

@@ -88,6 +88,27 @@ def test_packed_empty_graph(interp):
     np.testing.assert_array_equal(K.csr_sum(d, None, jnp.ones((6, 3)), nodes_per_program=4), 0.0)
 
 
+@pytest.mark.parametrize("nodes", [None, 4])
+def test_half_precision_heavy_node_is_rounded_once(interp, nodes):
+    # A hub split into two chunks whose partial sums nearly cancel: the first sums to 99.25 and the second
+    # to -99, exactly. Rounding the first to bfloat16 (spacing 0.5 at 99) before the second is added would
+    # give 0.0 or 0.5 instead of 0.25.
+    n, hub = 40, 0
+    dst = np.concatenate([np.arange(1, n), np.full(256, hub)])
+    src = np.concatenate([np.arange(1, n), [3], np.full(127, 1), np.full(128, 2)])
+    g = gnn.Graph.from_edges(src, dst, n, heavy_quantile=0.5)
+    assert hub in g.schedule.heavy_nodes and g.schedule.main_end[hub] - g.indptr[hub] == 128
+    # CSR by destination keeps each node's edges in input order: sources 3 and 1 in the first chunk
+    assert set(np.asarray(g.indices)[g.indptr[hub] : g.schedule.main_end[hub]]) == {1, 3}
+    x = np.zeros((n, 16), np.float32)
+    x[1], x[2], x[3] = 100 / 128, -99 / 128, 0.03125  # each exact in bfloat16
+    x = jnp.asarray(x, jnp.bfloat16)
+    want = R.csr_sum(g, None, x)
+    np.testing.assert_array_equal(np.asarray(want, np.float32)[hub], 0.25)
+    got = K.csr_sum(g, None, x, nodes_per_program=nodes)
+    np.testing.assert_array_equal(np.asarray(got, np.float32)[hub], 0.25)
+
+
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_packed_half_precision(interp, dtype):
     rng = np.random.default_rng(8)

@@ -135,7 +135,9 @@ def flat_forward(g: Graph | DynamicGraph, mode: str, xs, xd, third, heads: int, 
     sh = _Shape(heads, xs.shape[1] // heads)
     indices = jnp.asarray(g.indices)
     main, extra = P.units(g)
-    out, lse = _fwd_call(main, indices, xs, xd, third, sh, xs.dtype, mode, slope, scale, interpret)
+    # float32 where heavy nodes' partial outputs are combined afterwards: a half-precision output is rounded once
+    main_dtype = xs.dtype if extra is None else jnp.float32
+    out, lse = _fwd_call(main, indices, xs, xd, third, sh, main_dtype, mode, slope, scale, interpret)
     if extra is not None:
         o1, l1 = _fwd_call(extra, indices, xs, xd, third, sh, jnp.float32, mode, slope, scale, interpret)
         heavy, seg, nh = P.heavy_arrays(g)
@@ -146,7 +148,7 @@ def flat_forward(g: Graph | DynamicGraph, mode: str, xs, xd, third, heads: int, 
         wgt = jnp.exp(l_all - mx[s_all])
         tot = jax.ops.segment_sum(wgt, s_all, nh)
         o_h = jax.ops.segment_sum(wgt[..., None] * o_all, s_all, nh) / tot[..., None]
-        out = out.at[heavy].set(o_h.reshape(nh, -1).astype(out.dtype), unique_indices=True, mode="drop")
+        out = out.at[heavy].set(o_h.reshape(nh, -1), unique_indices=True, mode="drop").astype(xs.dtype)
         lse = lse.at[heavy].set(mx + jnp.log(tot), unique_indices=True, mode="drop")
     return out, lse
 

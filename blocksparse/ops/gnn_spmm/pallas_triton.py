@@ -145,6 +145,13 @@ def check_nodes_per_program(nodes_per_program) -> None:
         raise ValueError(f"Expected nodes_per_program None or one of {NODES_PER_PROGRAM}. Got {g!r}.")
 
 
+def _main_dtype(dtype, extra):
+    """The main units' output dtype: float32 where heavy nodes' partial sums are folded in afterwards, so
+    that a half-precision result is rounded once (as the reference's float32 segment sum is), not once per
+    partial sum."""
+    return dtype if extra is None else jnp.float32
+
+
 def _csr_sum_packed(g, w_csr, x, init, nodes, be, interpret):
     n, f = x.shape
     if g.edge_capacity == 0 or n == 0 or f == 0:  # nothing to gather (and no edge array a kernel could read)
@@ -152,13 +159,14 @@ def _csr_sum_packed(g, w_csr, x, init, nodes, be, interpret):
     be, bf, warps = packed_tiles(nodes, f, be)
     indices = jnp.asarray(g.indices)
     (s0, e0, _), extra = P.units(g)
-    init = None if init is None else init.astype(x.dtype)
-    out = _packed_call(s0, e0, length_order(g), indices, w_csr, x, n, x.dtype, nodes, be, bf, warps, interpret, init)
+    acc_dtype = _main_dtype(x.dtype, extra)
+    init = None if init is None else init.astype(x.dtype).astype(acc_dtype)
+    out = _packed_call(s0, e0, length_order(g), indices, w_csr, x, n, acc_dtype, nodes, be, bf, warps, interpret, init)
     if extra is not None:  # extra units: one chunk each, in id order
         s1, e1, _ = extra
         part = _packed_call(s1, e1, None, indices, w_csr, x, s1.shape[0], jnp.float32, nodes, be, bf, warps, interpret)
         out = P.fold_sum(g, out, part)
-    return out
+    return out.astype(x.dtype)
 
 
 def csr_sum(
@@ -191,10 +199,11 @@ def csr_sum(
     xp = P.pad_last(x, fp)
     indices = jnp.asarray(g.indices)
     (s0, e0, _), extra = P.units(g)
-    init = None if init is None else P.pad_last(init.astype(x.dtype), fp)
-    out = _call(s0, e0, indices, w_csr, xp, n, x.dtype, be, bf, interpret, init)
+    acc_dtype = _main_dtype(x.dtype, extra)
+    init = None if init is None else P.pad_last(init.astype(x.dtype).astype(acc_dtype), fp)
+    out = _call(s0, e0, indices, w_csr, xp, n, acc_dtype, be, bf, interpret, init)
     if extra is not None:
         s1, e1, _ = extra
         part = _call(s1, e1, indices, w_csr, xp, s1.shape[0], jnp.float32, be, bf, interpret)
         out = P.fold_sum(g, out, part)
-    return out[:, :f]
+    return out[:, :f].astype(x.dtype)
