@@ -104,7 +104,8 @@ def bench_cell(m: int, n: int, b: int, d: int, dtype, timer: Timer, configs, act
             row[f"speedup_vs_{name}"] = row[f"{name}_ms"] / row["mosaic_ms"]
     row["variants"] = []
     for cfg in configs:
-        v = {"tn": cfg.tn, "stages": cfg.stages, "max_len": cfg.max_len, "consumers": cfg.consumers}
+        v = {"tn": cfg.tn, "stages": cfg.stages, "max_len": cfg.max_len, "consumers": cfg.consumers,
+             "grid_order": cfg.grid_order}  # fmt: skip
         try:
             if cfg.consumers > 1 and activation is not None:
                 raise NotImplementedError("two warpgroups have no fused epilogue")
@@ -135,7 +136,8 @@ COLUMNS = [("m", "{}"), ("n", "{}"), ("b", "{}"), ("density", "{:.4g}"), ("dense
 
 
 def _variant_label(v) -> str:
-    return f"tn={v['tn']} stages={v['stages']} consumers={v['consumers']} max_len={v['max_len']}:"
+    order = f" grid_order={v['grid_order']}" if v.get("grid_order") else ""
+    return f"tn={v['tn']} stages={v['stages']} consumers={v['consumers']} max_len={v['max_len']}{order}:"
 
 
 def _table(rows, cols=COLUMNS, variant_label=_variant_label) -> str:
@@ -165,6 +167,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-len", type=int, default=None, help="Mosaic variants: force the cap on blocks per program")
     ap.add_argument("--consumers", type=int, nargs="+", default=None, choices=[1, 2],
                     help="Mosaic variants: warpgroups per program (2: two column tiles share W's copy)")  # fmt: skip
+    ap.add_argument("--grid-order", nargs="+", default=None, choices=pallas_mosaic.GRID_ORDERS,
+                    help="Mosaic variants: which programs launch fastest (column tiles or units)")  # fmt: skip
     ap.add_argument("--epilogue", default=None, choices=sorted(epilogue.ACTIVATIONS),
                     help="fuse a bias and this activation into every sparse kernel")  # fmt: skip
     ap.add_argument("--iters", type=int, default=20)
@@ -177,9 +181,14 @@ def main(argv=None) -> int:
         print(f"bench_mosaic: the Mosaic kernel needs a Hopper GPU: {why}", file=sys.stderr)
         return 2
     configs = []
-    if args.tn or args.stages or args.max_len or args.consumers:
-        for tn, stages, c in itertools.product(args.tn or [None], args.stages or [None], args.consumers or [1]):
-            configs.append(pallas_mosaic.MosaicConfig(tn=tn, stages=stages, max_len=args.max_len, consumers=c))
+    if args.tn or args.stages or args.max_len or args.consumers or args.grid_order:
+        grid = itertools.product(
+            args.tn or [None], args.stages or [None], args.consumers or [1], args.grid_order or [None]
+        )
+        for tn, stages, c, order in grid:
+            configs.append(
+                pallas_mosaic.MosaicConfig(tn=tn, stages=stages, max_len=args.max_len, consumers=c, grid_order=order)
+            )
     dtype = jnp.dtype(args.dtype)
     timer = Timer(iters=args.iters, trials=args.trials)
     dev = jax.devices()[0]

@@ -161,6 +161,21 @@ def test_interpreter_matches_oracle(kind):
         assert pallas_mosaic.plan(pattern, 200, config=cfg).sched.num_partials == 2
 
 
+@pytest.mark.parametrize("order", pallas_mosaic.GRID_ORDERS)
+def test_interpreter_both_grid_orders(order):
+    """Either launch order (units or column tiles fastest) computes the same product: split rows, several
+    column tiles, both stores."""
+    pattern, data, x, want, scale = _problem("full_row", (64, 64), jnp.bfloat16, n=200)
+    cfg = pallas_mosaic.MosaicConfig(tn=64, max_len=2, grid_order=order)
+    p = pallas_mosaic.plan(pattern, 200, config=cfg)
+    assert p.grid_order == order and sorted(p.grid[0]) == sorted((p.sched.num_units, p.tiles))
+    assert p.grid[1][-1] == ("t" if order == "tiles" else "u")  # Mosaic GPU launches the last axis fastest
+    assert_close(pallas_mosaic.dsd(pattern, data, x, config=cfg, interpret=True), want, scale, jnp.bfloat16)
+    assert pallas_mosaic.plan(pattern, 200).grid_order == pallas_mosaic.DEFAULT_GRID_ORDER
+    with pytest.raises(ValueError, match="grid_order"):
+        pallas_mosaic.MosaicConfig(grid_order="rows")
+
+
 def test_interpreter_float32_output_and_two_stages():
     pattern, data, x, want, scale = _problem("random", (64, 128), jnp.float16, n=64)
     y = pallas_mosaic.dsd(pattern, data, x, jnp.float32, config=pallas_mosaic.MosaicConfig(stages=2), interpret=True)
@@ -314,8 +329,8 @@ def test_backend_reasons():
         s = s.but(pattern=W.pattern, out_dtype=jnp.dtype(jnp.float32))
         with pytest.raises(NotImplementedError, match="float16 or bfloat16 operands.*float32"):
             b.dsd(s, W.data, jnp.ones((128, 4), jnp.float32))
-    for op in ("dds", "sdd", "dyn_dsd", "dyn_sdd", "dds_fused", "dyn_dsd_fused"):
-        with pytest.raises(NotImplementedError, match="only the static dsd"):
+    for op in ("sdd", "dyn_dsd", "dyn_sdd", "dyn_dsd_fused"):
+        with pytest.raises(NotImplementedError, match="the static dsd and dds only"):
             getattr(b, op)(s)
 
 
@@ -412,6 +427,16 @@ RULE_CASES = [
 ]
 
 
+# x @ W with W 1024 x 1024 of 128 x 128 blocks at density 1/4 (k = 1024 reads the k = 384 row: 1.07):
+# (x shape, x dtype, Mosaic first on a Hopper GPU)
+DDS_RULE_CASES = [
+    ((4096, 1024), jnp.bfloat16, True),
+    ((2, 2048, 1024), jnp.bfloat16, True),  # batch dimensions folded into the rows: m = 4096
+    ((2048, 1024), jnp.bfloat16, False),  # below PREFER_MIN_M
+    ((4096, 1024), jnp.float32, False),  # a mix promotes to float32, which the kernel refuses
+]
+
+
 @pytest.mark.parametrize("device", list(FAKE_DEVICES))
 def test_default_order_rule_on_fake_devices(monkeypatch, device):
     """implementation=None puts "mosaic" first exactly where the measured rule says, on a Hopper GPU only."""
@@ -422,7 +447,9 @@ def test_default_order_rule_on_fake_devices(monkeypatch, device):
         want = ("mosaic", "pallas", "xla") if on_hopper and device == "H200" else ("pallas", "xla")
         assert api._default_order(W, x) == want, (device, block, nnz, x_shape, x_dtype, w_dtype)
     W = _matrix((128, 128), 16)
-    assert api._default_order(np.zeros((4096, 1024), jnp.bfloat16), W) == ("pallas", "xla")  # x @ W: dds
+    for x_shape, x_dtype, on_hopper in DDS_RULE_CASES:  # x @ W: the dds rule
+        want = ("mosaic", "pallas", "xla") if on_hopper and device == "H200" else ("pallas", "xla")
+        assert api._default_order(np.zeros(x_shape, x_dtype), W) == want, (device, x_shape, x_dtype)
     zeros = jnp.zeros(16, jnp.int32)
     D = bs.DynamicBlockSparseMatrix(zeros, zeros, W.data, 16, W.shape)
     assert api._default_order(D, np.zeros((1024, 4096), jnp.bfloat16)) == ("pallas", "xla")  # dynamic
@@ -519,7 +546,7 @@ def test_gpu_fused_epilogue(b, dtype, activation):
 @pytest.mark.parametrize(
     "config",
     [dict(tn=256, stages=4), dict(tn=128, stages=3, consumers=2), dict(tn=64, consumers=2, max_len=3),
-     dict(tn=256, stages=2)],
+     dict(tn=256, stages=2), dict(grid_order="units"), dict(grid_order="tiles", max_len=3)],
 )  # fmt: skip
 def test_gpu_forced_variants(kind, config):
     """The variants bench_mosaic.py can force for b = 64 (4 stages, two consumer warpgroups, tn = 256 at

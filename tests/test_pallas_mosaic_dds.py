@@ -336,24 +336,10 @@ def test_interpret_default_follows_blocksparse_interpret():
     assert_close(y, want, scale, jnp.bfloat16)
 
 
-def _proposed_backend_dds(self, s, x, data):
-    """The two methods MosaicBackend would need to serve ``x @ W`` with this kernel (not wired in yet)."""
-    return pmd.dds(s.pattern, data, x, s.out_dtype, interpret=self._interpret())
-
-
-def _proposed_backend_dds_fused(self, s, x, data, bias):
-    return pmd.dds(s.pattern, data, x, s.out_dtype, s.epilogue, bias, interpret=self._interpret())
-
-
-def test_wiring_into_the_backend_runs_forward_fused_and_gradients(monkeypatch):
-    """With the two proposed methods patched into MosaicBackend (this test only: the kernel is not registered
-    before it has run on a GPU), bs.matmul(x, W, implementation=("mosaic", "xla")) runs the kernel for the
-    forward, the fused forward and the x-gradient (a dds on the transposed pattern); the sdd of the
-    W-gradient falls through to XLA."""
-    from blocksparse.ops.matmul import pallas_mosaic
-
-    monkeypatch.setattr(pallas_mosaic.MosaicBackend, "dds", _proposed_backend_dds)
-    monkeypatch.setattr(pallas_mosaic.MosaicBackend, "dds_fused", _proposed_backend_dds_fused)
+def test_backend_runs_forward_fused_and_gradients():
+    """bs.matmul(x, W, implementation=("mosaic", "xla")) runs this kernel for the forward, the fused
+    forward and the x-gradient (a dds on the transposed pattern); the sdd of the W-gradient falls
+    through to XLA."""
     pattern, data, x, want, scale = _problem("empty_cols", (64, 64), jnp.bfloat16, shape=(256, 256), m=2 * 24)
     W = bs.BlockSparseMatrix(pattern, data)
     x3 = x.reshape(2, 24, 256)  # batch dimensions are folded into the rows
@@ -373,6 +359,43 @@ def test_wiring_into_the_backend_runs_forward_fused_and_gradients(monkeypatch):
     ref = jax.grad(lambda W: bs.matmul(x3, W, implementation="xla").astype(jnp.float32).sum())(W)
     got_dw, want_dw = np.asarray(g[1].data, np.float32), np.asarray(ref.data, np.float32)
     np.testing.assert_allclose(got_dw, want_dw, rtol=2e-2, atol=0.05)
+
+
+def test_backend_refuses_float32_and_dispatch_falls_back():
+    """float32 operands: the kernel refuses with its reason and implementation=("mosaic", "xla") runs XLA."""
+    W = bs.random(jax.random.key(0), (128, 128), 64, 0.5, jnp.float32)
+    x = jnp.ones((64, 128), jnp.float32)
+    with bs.interpret(), bs.dispatch_log() as log:
+        y = bs.matmul(x, W, implementation=("mosaic", "xla"))
+    assert log == [("dds", "xla")]
+    np.testing.assert_allclose(np.asarray(y), np.asarray(x) @ np.asarray(W.to_dense()), rtol=1e-5)
+    with bs.interpret(), pytest.raises(NotImplementedError, match="float16 or bfloat16 operands.*float32"):
+        pmd.dds(W.pattern, W.data, x)
+
+
+def test_measured_speedup_reads_the_nearest_cell():
+    ms = pmd.measured_speedup
+    for (b, k), row in pmd.MEASURED_SPEEDUP.items():  # every measured cell reads itself
+        for d, speedup in row.items():
+            assert ms(b, k, d) == speedup
+    assert ms(128, 1773, 1 / 4) == ms(128, 384, 1 / 4) and ms(128, 1774, 1 / 4) == ms(128, 8192, 1 / 4)
+    assert ms(64, 8192, 1.0) == ms(64, 8192, 1 / 4) and ms(64, 8192, 1e-6) == ms(64, 8192, 1 / 16)
+
+
+def test_prefers_needs_a_hopper_gpu_half_operands_and_enough_rows(monkeypatch):
+    W = bs.random(jax.random.key(0), (8192, 8192), 128, 1 / 4, jnp.bfloat16)  # 1.43 on the H200
+    bf = jnp.bfloat16
+    if pmd.hopper_problem() is not None:
+        assert not pmd.prefers(W.pattern, 8192, bf, bf)  # not a Hopper GPU here
+    monkeypatch.setattr(pmd, "hopper_problem", lambda: None)
+    assert pmd.prefers(W.pattern, 8192, bf, bf)
+    assert not pmd.prefers(W.pattern, pmd.PREFER_MIN_M - 1, bf, bf)
+    assert not pmd.prefers(W.pattern, 8192, jnp.float16, bf)  # a mix promotes to float32
+    assert not pmd.prefers(W.pattern, 8192, jnp.float32, jnp.float32)
+    V = bs.random(jax.random.key(0), (384, 1536), 64, 1 / 16, jnp.bfloat16)  # k = 384, d = 1/16: slower
+    assert not pmd.prefers(V.pattern, 32768, bf, bf) and pmd.measured_speedup(64, 384, 1 / 16) < pmd.PREFER_MARGIN
+    U = bs.random(jax.random.key(0), (256, 256), 32, 1 / 4, jnp.bfloat16)
+    assert not pmd.prefers(U.pattern, 8192, bf, bf)  # b = 32: not the kernel's
 
 
 def test_benchmark_script_runs_in_the_interpreter(tmp_path):
@@ -443,3 +466,18 @@ def test_gpu_strategy_patterns(b, dtype, data, seed):
     y = jax.jit(lambda w, x, c: pmd.dds(pattern, w, x, jnp.float32, epi, c, config=pmd.DdsConfig(max_len=3)))(
         w, x, bias)  # fmt: skip
     assert_close(y, *_epilogue_oracle(want, scale, bias, 0, "silu"), dtype)
+
+
+@pytest.mark.gpu
+def test_gpu_default_order_runs_the_rule():
+    """On an H200 implementation=None runs this kernel for x @ W where the table says so (b = 128, k = 8192,
+    d = 1/4) and Triton where it does not (b = 64, k = 384, d = 1/16), forward and the x-gradient."""
+    _hopper()
+    for (k, n, b, d), want in (((8192, 2048, 128, 4), "mosaic"), ((384, 1536, 64, 16), "pallas")):
+        W = bs.random(jax.random.key(b), (k, n), b, 1 / d, jnp.bfloat16)
+        x = jax.random.normal(jax.random.key(2), (8192, k), jnp.bfloat16)
+        with bs.dispatch_log() as log:
+            y = jax.jit(bs.matmul)(x, W)
+        assert log == [("dds", want)]
+        ref = np.asarray(x, np.float64) @ to_dense64(W)
+        assert_close(y, ref, np.abs(np.asarray(x, np.float64)) @ np.abs(to_dense64(W)), jnp.bfloat16)

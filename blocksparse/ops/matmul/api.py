@@ -49,31 +49,40 @@ _BACKEND_PATHS = {
 _BACKENDS: dict[str, object] = {}
 _DEFAULT = ("pallas", "xla")
 #: Tried before ``_DEFAULT`` (``implementation=None``) for the static products ``W @ x`` their
-#: ``prefers(pattern, n, w_dtype, x_dtype)`` claims: measured faster there (see ``_default_order``).
+#: ``prefers(pattern, n, w_dtype, x_dtype)`` claims, and ``x @ W`` their
+#: ``prefers_dds(pattern, m, x_dtype, w_dtype)`` claims: measured faster there (see ``_default_order``).
 _PREFERRED = ("mosaic",)
 
 
 def _default_order(a, b) -> tuple[str, ...]:
     """The implementations ``implementation=None`` means for ``a @ b``.
 
-    ``_DEFAULT``, preceded by each backend of ``_PREFERRED`` whose ``prefers`` claims the product:
-    a static ``W @ x`` only, decided at trace time from static facts (the device, ``W``'s pattern,
-    the dtypes, ``n`` = the columns of ``x`` with batch dimensions folded in). The order holds for
-    the whole call, its backward included: the gradient w.r.t. ``x`` is a ``dsd`` on the transposed
-    pattern with the same ``n``, density and (square) blocks, and the ops a backend does not
-    implement (``sdd``, ``dds``) fall through to the next.
+    ``_DEFAULT``, preceded by each backend of ``_PREFERRED`` whose rule claims the product: a static
+    ``W @ x`` (``prefers``, with ``n`` = the columns of ``x``, batch dimensions folded in) or ``x @ W``
+    (``prefers_dds``, with ``m`` = the rows of ``x``, batch dimensions folded in), decided at trace
+    time from static facts (the device, ``W``'s pattern, the dtypes, the shape). The order holds for
+    the whole call, its backward included: the gradient w.r.t. ``x`` is the same kind of product on
+    the transposed pattern with the same ``n`` (or ``m``), density and (square) blocks, and the ops a
+    backend does not implement (``sdd``) fall through to the next.
     """
-    if not isinstance(a, BlockSparseMatrix) or isinstance(b, _SPARSE):
+    if isinstance(a, BlockSparseMatrix) and not isinstance(b, _SPARSE):
+        rule, dense, w, folded = "prefers", b, a, lambda s: 1 if len(s) == 1 else math.prod(s[:-2]) * s[-1]
+    elif isinstance(b, BlockSparseMatrix) and not isinstance(a, _SPARSE):
+        rule, dense, w, folded = "prefers_dds", a, b, lambda s: math.prod(s[:-1])
+    else:
         return _DEFAULT
     try:
-        dtype, shape = jnp.result_type(b), jnp.shape(b)
+        dtype, shape = jnp.result_type(dense), jnp.shape(dense)
     except TypeError:  # not an array: matmul raises the error
         return _DEFAULT
     if len(shape) == 0:
         return _DEFAULT
-    n = 1 if len(shape) == 1 else math.prod(shape[:-2]) * shape[-1]
-    prefers = lambda name: getattr(get_backend(name), "prefers", lambda *_: False)  # noqa: E731
-    first = tuple(name for name in _PREFERRED if prefers(name)(a.pattern, n, a.dtype, dtype))
+    size = folded(shape)
+    claims = lambda name: getattr(get_backend(name), rule, lambda *_: False)  # noqa: E731
+    if rule == "prefers":
+        first = tuple(name for name in _PREFERRED if claims(name)(w.pattern, size, w.dtype, dtype))
+    else:
+        first = tuple(name for name in _PREFERRED if claims(name)(w.pattern, size, dtype, w.dtype))
     return first + _DEFAULT
 
 

@@ -1,7 +1,8 @@
 """Pallas Mosaic GPU (Hopper: TMA + wgmma) kernel for the static ``dsd`` product ``y = W @ x``.
 
-``implementation="mosaic"`` of :func:`blocksparse.matmul`, for the static ``dsd`` only (plain or
-with the fused epilogue). It consumes the same work list as the Triton kernels
+``implementation="mosaic"`` of :func:`blocksparse.matmul` for the static ``dsd`` (plain or with the
+fused epilogue); its twin :mod:`.pallas_mosaic_dds` serves the static ``dds`` ``x @ W``. It consumes
+the same work list as the Triton kernels
 (:class:`~.lowering.RowSplitSchedule`, built by :func:`~.lowering.lower`): units of at most
 ``max_len`` blocks of one output block row. With ``implementation=None`` it goes before the Triton
 kernel where :func:`prefers` says so (a Hopper GPU, half-precision square blocks of 64 or 128, and
@@ -40,7 +41,7 @@ along columns or rows and every activation of :mod:`.epilogue`; a Hopper GPU (co
 9.x: wgmma and TMA). Everything else raises ``NotImplementedError`` with the reason (dispatch
 then falls back): other blocks, float32 or mixed operands (TF32 wgmma is possible, not written;
 this includes the ``x``-gradient of a fused call under ``jax.grad``, whose cotangent is float32),
-``dds``, ``sdd`` and dynamic patterns.
+``sdd`` and dynamic patterns (``dds`` is :mod:`.pallas_mosaic_dds`).
 
 What is verified, and what is not
 ---------------------------------
@@ -98,6 +99,10 @@ _MAX_ACC = 128 * 128
 _SWIZZLE = 128  # bytes: every operand row here is >= 128 bytes wide (>= 64 two-byte elements)
 #: Shared memory of a fused bias slice (float32, at most max(tn, bh) = 256 values).
 _BIAS_SMEM = 4 * max(_TILES)
+#: The launch orders of :class:`MosaicConfig` ``grid_order``.
+GRID_ORDERS = ("tiles", "units")
+#: The default launch order (the one every measurement in :data:`MEASURED_SPEEDUP` ran).
+DEFAULT_GRID_ORDER = "tiles"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,12 +116,17 @@ class MosaicConfig:
         consumers: warpgroups per program (1 or 2). With 2, each program computes ``2 tn``
             columns, ``tn`` per warpgroup, and W's block is copied once for both (an experiment
             for b = 64, where one warpgroup per SM leaves the tensor cores idle; no epilogue).
+        grid_order: which programs are launched fastest: ``"tiles"`` (every column tile of ``x``
+            for one unit, then the next unit: the programs running at once share W's blocks and
+            read many slabs of ``x``) or ``"units"`` (every unit for one column tile: they share
+            one ``k x tn`` slab of ``x`` in L2). ``None``: :data:`DEFAULT_GRID_ORDER`.
     """
 
     tn: int | None = None
     stages: int | None = None
     max_len: int | None = None
     consumers: int = 1
+    grid_order: str | None = None
 
     def __post_init__(self):
         if self.tn is not None and self.tn not in _TILES:
@@ -125,6 +135,8 @@ class MosaicConfig:
             raise ValueError(f"Expected stages >= 2. Got {self.stages}.")
         if self.consumers not in (1, 2):
             raise ValueError(f"Expected consumers 1 or 2. Got {self.consumers}.")
+        if self.grid_order not in (None, *GRID_ORDERS):
+            raise ValueError(f"Expected grid_order None or one of {GRID_ORDERS}. Got {self.grid_order!r}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +150,7 @@ class MosaicPlan:
         stages: shared-memory pipeline depth.
         sched: the work list.
         consumers: warpgroups per program, each on ``tn`` columns (a program covers ``consumers * tn``).
+        grid_order: ``"tiles"`` or ``"units"``: which programs launch fastest (see :class:`MosaicConfig`).
     """
 
     tn: int
@@ -146,6 +159,15 @@ class MosaicPlan:
     stages: int
     sched: RowSplitSchedule
     consumers: int = 1
+    grid_order: str = "tiles"
+
+    @property
+    def grid(self) -> tuple[tuple[int, int], tuple[str, str]]:
+        """The kernel's grid and axis names: Mosaic GPU launches the *last* dimension fastest (it reverses
+        the grid onto CUDA's ``x, y, z``)."""
+        if self.grid_order == "tiles":
+            return (self.sched.num_units, self.tiles), ("u", "t")
+        return (self.tiles, self.sched.num_units), ("t", "u")
 
     def smem_bytes(self, bh: int, bw: int, itemsize: int, out_itemsize: int | None = None) -> int:
         """Shared memory of the pipeline (one warpgroup: the output staging buffer reuses it afterwards;
@@ -205,7 +227,10 @@ def plan(
         )
     tiles = cdiv(n, tn * c)
     sched = lower(pattern, GpuLowering(op="dsd", tiles=tiles, max_len=cfg.max_len))
-    return MosaicPlan(tn=tn, tiles=tiles, n_pad=tiles * tn * c, stages=stages, sched=sched, consumers=c)
+    order = cfg.grid_order or DEFAULT_GRID_ORDER
+    return MosaicPlan(
+        tn=tn, tiles=tiles, n_pad=tiles * tn * c, stages=stages, sched=sched, consumers=c, grid_order=order
+    )
 
 
 def _operand_transforms(dtype):
@@ -438,10 +463,10 @@ def _launch(p: MosaicPlan, m: int, data, xp, out_dtype, *, interpret, epi=None, 
             jax.ShapeDtypeStruct((m, p.n_pad), out_dtype),
             jax.ShapeDtypeStruct((max(s.num_partials, 1) * bh, p.n_pad), jnp.float32),
         ),
-        grid=(s.num_units, p.tiles),
-        grid_names=("u", "t"),
+        grid=p.grid[0],
+        grid_names=p.grid[1],
         kernel_name=f"bs_mgpu_dsd_{bh}x{bw}_tn{p.tn}" + ("_epi" if epi is not None else "")
-        + ("_2wg" if p.consumers == 2 else ""),
+        + ("_2wg" if p.consumers == 2 else "") + ("_units_fastest" if p.grid_order == "units" else ""),
         interpret=plgpu.InterpretGPUParams() if interpret is True else interpret,
         **threads,
     )
@@ -617,7 +642,7 @@ def prefers(pattern: BlockPattern, n: int, w_dtype, x_dtype) -> bool:
 
 def _not_yet(op: str):
     def method(self, s, *args):
-        raise NotImplementedError(f"the Mosaic GPU backend implements only the static dsd so far (not {op})")
+        raise NotImplementedError(f"the Mosaic GPU backend implements the static dsd and dds only (not {op})")
 
     method.__name__ = op
     return method
@@ -626,9 +651,10 @@ def _not_yet(op: str):
 class MosaicBackend:
     """Backend object for :mod:`blocksparse.ops.matmul.api` (``implementation="mosaic"``).
 
-    The static ``dsd`` (``W @ x``), plain or with the fused epilogue; every other op raises
-    ``NotImplementedError`` so dispatch moves on to the next implementation. :meth:`prefers` is the
-    default order's rule (see :func:`prefers`).
+    The static ``dsd`` (``W @ x``, this module) and ``dds`` (``x @ W``, :mod:`.pallas_mosaic_dds`), plain
+    or with the fused epilogue; every other op raises ``NotImplementedError`` so dispatch moves on to
+    the next implementation. :meth:`prefers` and :meth:`prefers_dds` are the default order's rules
+    (see :func:`prefers` and :func:`.pallas_mosaic_dds.prefers`).
     """
 
     name = "mosaic"
@@ -643,15 +669,28 @@ class MosaicBackend:
     def prefers(self, pattern: BlockPattern, n: int, w_dtype, x_dtype) -> bool:
         return prefers(pattern, n, w_dtype, x_dtype)
 
+    def prefers_dds(self, pattern: BlockPattern, m: int, x_dtype, w_dtype) -> bool:
+        from . import pallas_mosaic_dds
+
+        return pallas_mosaic_dds.prefers(pattern, m, x_dtype, w_dtype)
+
     def dsd(self, s, data, x):
         return dsd(s.pattern, data, x, s.out_dtype, interpret=self._interpret())
 
     def dsd_fused(self, s, data, x, bias):
         return dsd(s.pattern, data, x, s.out_dtype, interpret=self._interpret(), epi=s.epilogue, bias=bias)
 
-    dds = _not_yet("dds")
+    def dds(self, s, x, data):
+        from . import pallas_mosaic_dds
+
+        return pallas_mosaic_dds.dds(s.pattern, data, x, s.out_dtype, interpret=self._interpret())
+
+    def dds_fused(self, s, x, data, bias):
+        from . import pallas_mosaic_dds
+
+        return pallas_mosaic_dds.dds(s.pattern, data, x, s.out_dtype, s.epilogue, bias, interpret=self._interpret())
+
     sdd = _not_yet("sdd")
     dyn_dsd = _not_yet("dyn_dsd")
     dyn_sdd = _not_yet("dyn_sdd")
-    dds_fused = _not_yet("dds_fused")
     dyn_dsd_fused = _not_yet("dyn_dsd_fused")

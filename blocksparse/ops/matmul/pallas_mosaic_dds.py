@@ -9,7 +9,10 @@ units walk the block *columns* of ``W`` through its cached transpose (``block_co
 block row of ``W``, i.e. the block of ``x``'s columns; ``block_id`` points into the original
 ``data``, so no transposed copy of the values is made).
 
-Not registered as a backend (it has not run on a GPU yet): call :func:`dds` directly.
+``implementation="mosaic"`` of :func:`blocksparse.matmul` for a dense ``x`` times a static ``W``
+(plain or fused); with ``implementation=None`` it goes before the Triton kernel where
+:func:`prefers` says so (a Hopper GPU, half-precision square blocks of 64 or 128, enough rows of
+``x``, and a measured speedup in :data:`MEASURED_SPEEDUP`).
 
 The kernel
 ----------
@@ -50,7 +53,9 @@ columns (``bias_axis=1``, the usual ``x @ W + b``) or along the rows; every acti
 
 What is verified
 ----------------
-On the CPU (``tests/test_pallas_mosaic_dds.py``): the kernel lowers for CUDA (the Pallas -> Mosaic
+On an H200 the ``gpu``-marked tests pass (float64 oracle, the strategies' patterns, the epilogue, forced
+tiles and both grid orders), and the speed is in :data:`MEASURED_SPEEDUP`. On the CPU
+(``tests/test_pallas_mosaic_dds.py``): the kernel lowers for CUDA (the Pallas -> Mosaic
 GPU lowering checks the wgmma shapes and layouts, the swizzle transforms and the shared memory
 budget) and runs in Pallas' GPU interpreter, where it matches a float64 oracle (schedule reads, TMA
 slices, stage indices, empty block columns, partials, the epilogue). The interpreter completes
@@ -78,15 +83,28 @@ from .pallas_mosaic import (
     _MAX_ACC,
     _OUT_DTYPES,
     _SMEM_BYTES,
+    PREFER_MARGIN,
     SUPPORTED_BLOCKS,
     _apply_epilogue,
+    _nearest,
     _pipelined_wgmma,
     _store_tile,
     _with_bias_buffer,
     hopper_problem,
 )
 
-__all__ = ["DdsConfig", "DdsPlan", "SUPPORTED_BLOCKS", "TILES", "dds", "hopper_problem", "plan"]
+__all__ = [
+    "DdsConfig",
+    "DdsPlan",
+    "MEASURED_SPEEDUP",
+    "SUPPORTED_BLOCKS",
+    "TILES",
+    "dds",
+    "hopper_problem",
+    "measured_speedup",
+    "plan",
+    "prefers",
+]
 
 #: Rows of ``x`` per program.
 TILES = (64, 128, 256)
@@ -354,3 +372,47 @@ def dds(
     y, partials = _launch(p, n, data.astype(dt), xp, out_dtype, interpret=interpret, epi=epi, bias=b)
     y = _combine(y, partials, p, bw, epi, b)
     return y[:m] if p.m_pad != m else y
+
+
+# --------------------------------------------------------------------------------------------
+# Default dispatch for x @ W: where this kernel goes before the Triton one, from one table.
+# --------------------------------------------------------------------------------------------
+#: Mosaic / Triton speedup (Triton's time over Mosaic's) of ``x @ W`` measured on an H200 (bf16; ``x``
+#: of m x k, ``W`` of k x n with uniform random b x b blocks at density d; each kernel's median in one
+#: jitted loop, ``benchmarks/bench_mosaic_dds.py``, default tiles: tm = 128, 3 stages; the smaller of
+#: two runs). Keyed by (b, k): the inference shape m = 32768, k = 384, n = 1536 and m = k = n = 8192.
+MEASURED_SPEEDUP = {
+    (64, 384): {1 / 4: 1.01, 1 / 8: 1.11, 1 / 16: 0.83},
+    (64, 8192): {1 / 4: 1.06, 1 / 8: 1.06, 1 / 16: 1.08},
+    (128, 384): {1 / 4: 1.07, 1 / 8: 1.08, 1 / 16: 1.03},
+    (128, 8192): {1 / 4: 1.43, 1 / 8: 1.30, 1 / 16: 1.21},
+}
+#: Nothing was measured below 8192 rows of ``x``, and the kernel's row tiles (>= 64) would pad a short
+#: ``x`` (a decoding step's few tokens) more than Triton's: Triton stays first below this many rows.
+PREFER_MIN_M = 4096
+
+
+def measured_speedup(block: int, k: int, density: float) -> float:
+    """The :data:`MEASURED_SPEEDUP` cell nearest to ``(block, k, density)`` on log scales (k below about
+    1774, the log midpoint of 384 and 8192, reads the k = 384 row)."""
+    cells = {key[1]: row for key, row in MEASURED_SPEEDUP.items() if key[0] == block}
+    row = cells[_nearest(max(k, 1), cells)]
+    return row[_nearest(density, row)]
+
+
+def prefers(pattern: BlockPattern, m: int, x_dtype, w_dtype) -> bool:
+    """Whether ``implementation=None`` should try this kernel before the Triton one for ``x @ W``.
+
+    Static facts only (trace time): a Hopper GPU, ``x`` and ``W`` of one half dtype, square blocks of 64
+    or 128, ``m >= PREFER_MIN_M`` rows of ``x`` (batch dimensions folded in), and the
+    :func:`measured_speedup` of the nearest cell at least ``PREFER_MARGIN``.
+    """
+    bh, bw = pattern.block_size
+    if bh != bw or bh not in SUPPORTED_BLOCKS or pattern.nnz_blocks == 0 or m < PREFER_MIN_M:
+        return False
+    if jnp.dtype(w_dtype) != jnp.dtype(x_dtype) or jnp.dtype(w_dtype) not in _DTYPES:
+        return False
+    if hopper_problem() is not None:
+        return False
+    density = pattern.nnz_blocks / (pattern.grid[0] * pattern.grid[1])
+    return measured_speedup(bh, pattern.shape[0], density) >= PREFER_MARGIN
