@@ -105,12 +105,14 @@ def bench_cell(m: int, n: int, b: int, d: int, dtype, timer: Timer, configs, act
     row["variants"] = []
     for cfg in configs:
         v = {"tn": cfg.tn, "stages": cfg.stages, "max_len": cfg.max_len, "consumers": cfg.consumers,
-             "grid_order": cfg.grid_order}  # fmt: skip
+             "grid_order": cfg.grid_order, "persistent": cfg.persistent, "programs": cfg.programs}  # fmt: skip
         try:
             if cfg.consumers > 1 and activation is not None:
                 raise NotImplementedError("two warpgroups have no fused epilogue")
             pv = pallas_mosaic.plan(W.pattern, n, jnp.dtype(dtype).itemsize, cfg)
-            v.update(tn=pv.tn, stages=pv.stages)
+            v.update(tn=pv.tn, stages=pv.stages, grid_order=pv.grid_order)
+            if pv.persistent is not None:
+                v.update(programs=pv.persistent.programs, max_steps=pv.persistent.max_steps_per_program())
         except NotImplementedError as e:  # this variant cannot take the cell (too much shared memory, ...)
             v["mosaic_error"] = f"NotImplementedError: {e}"
             row["variants"].append(v)
@@ -137,6 +139,8 @@ COLUMNS = [("m", "{}"), ("n", "{}"), ("b", "{}"), ("density", "{:.4g}"), ("dense
 
 def _variant_label(v) -> str:
     order = f" grid_order={v['grid_order']}" if v.get("grid_order") else ""
+    if v.get("persistent"):
+        order += f" persistent programs={v.get('programs')} max_steps={v.get('max_steps')}"
     return f"tn={v['tn']} stages={v['stages']} consumers={v['consumers']} max_len={v['max_len']}{order}:"
 
 
@@ -169,6 +173,10 @@ def main(argv=None) -> int:
                     help="Mosaic variants: warpgroups per program (2: two column tiles share W's copy)")  # fmt: skip
     ap.add_argument("--grid-order", nargs="+", default=None, choices=pallas_mosaic.GRID_ORDERS,
                     help="Mosaic variants: which programs launch fastest (column tiles or units)")  # fmt: skip
+    ap.add_argument("--persistent", action="store_true",
+                    help="Mosaic variants: each variant also as the persistent kernel (one pipeline across items)")
+    ap.add_argument("--programs", type=int, nargs="+", default=None,
+                    help="Mosaic variants: the persistent kernel's program counts (default: one per resident slot)")
     ap.add_argument("--epilogue", default=None, choices=sorted(epilogue.ACTIVATIONS),
                     help="fuse a bias and this activation into every sparse kernel")  # fmt: skip
     ap.add_argument("--iters", type=int, default=20)
@@ -181,14 +189,16 @@ def main(argv=None) -> int:
         print(f"bench_mosaic: the Mosaic kernel needs a Hopper GPU: {why}", file=sys.stderr)
         return 2
     configs = []
-    if args.tn or args.stages or args.max_len or args.consumers or args.grid_order:
+    if args.tn or args.stages or args.max_len or args.consumers or args.grid_order or args.persistent:
         grid = itertools.product(
             args.tn or [None], args.stages or [None], args.consumers or [1], args.grid_order or [None]
         )
         for tn, stages, c, order in grid:
-            configs.append(
-                pallas_mosaic.MosaicConfig(tn=tn, stages=stages, max_len=args.max_len, consumers=c, grid_order=order)
-            )
+            kw = dict(tn=tn, stages=stages, max_len=args.max_len, consumers=c, grid_order=order)
+            configs.append(pallas_mosaic.MosaicConfig(**kw))
+            if args.persistent and c == 1:
+                for programs in args.programs or [None]:
+                    configs.append(pallas_mosaic.MosaicConfig(**kw, persistent=True, programs=programs))
     dtype = jnp.dtype(args.dtype)
     timer = Timer(iters=args.iters, trials=args.trials)
     dev = jax.devices()[0]

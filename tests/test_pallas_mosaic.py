@@ -171,9 +171,48 @@ def test_interpreter_both_grid_orders(order):
     assert p.grid_order == order and sorted(p.grid[0]) == sorted((p.sched.num_units, p.tiles))
     assert p.grid[1][-1] == ("t" if order == "tiles" else "u")  # Mosaic GPU launches the last axis fastest
     assert_close(pallas_mosaic.dsd(pattern, data, x, config=cfg, interpret=True), want, scale, jnp.bfloat16)
-    assert pallas_mosaic.plan(pattern, 200).grid_order == pallas_mosaic.DEFAULT_GRID_ORDER
+    assert pallas_mosaic.plan(pattern, 200).grid_order == pallas_mosaic.default_grid_order(pattern)
+    sparse = bs.BlockPattern.from_mask(np.eye(64, dtype=bool), (64, 64))  # density 1/64: units first
+    assert pallas_mosaic.default_grid_order(sparse) == "units"
+    assert pallas_mosaic.default_grid_order(pattern) == "tiles"  # a full row of 4 x 4 blocks
     with pytest.raises(ValueError, match="grid_order"):
         pallas_mosaic.MosaicConfig(grid_order="rows")
+
+
+@pytest.mark.parametrize("kind,order,programs", [("full_row", "units", 3), ("random", "tiles", None),
+                                                 ("single", "units", 1), ("full_col", "tiles", 2)])  # fmt: skip
+def test_interpreter_persistent_kernel(kind, order, programs):
+    """The persistent kernel (one pipeline across a program's items; split rows, several column tiles, items
+    of one or no block) matches the oracle, and its schedule holds every (unit, tile) item and block once."""
+    block = (64, 64) if kind != "full_col" else (128, 64)
+    pattern, data, x, want, scale = _problem(kind, block, jnp.bfloat16, n=200)
+    cfg = pallas_mosaic.MosaicConfig(tn=64, max_len=2, grid_order=order, persistent=True, programs=programs)
+    p = pallas_mosaic.plan(pattern, 200, config=cfg)
+    ps, s = p.persistent, p.sched
+    assert ps.programs == (programs or min(s.num_units * p.tiles, ps.programs))
+    assert ps.prog_item_start[-1] == s.num_units * p.tiles and ps.num_steps == s.nnz * p.tiles
+    got = sorted(zip(ps.item_dest.tolist(), ps.item_tile.tolist(), ps.item_len.tolist(), strict=True))
+    want_items = sorted((d, t, n) for d, n in zip(s.unit_dest.tolist(), s.unit_len.tolist(), strict=True)
+                        for t in range(p.tiles))  # fmt: skip
+    assert got == want_items
+    assert np.bincount(ps.step_id, minlength=s.nnz)[: s.nnz].tolist() == [p.tiles] * s.nnz  # each block once a tile
+    y = pallas_mosaic.dsd(pattern, data, x, config=cfg, interpret=True)
+    assert_close(y, want, scale, jnp.bfloat16)
+
+
+def test_persistent_kernel_lowers_for_cuda_and_refuses_what_it_lacks():
+    for block, ml in (((64, 64), 2), ((128, 128), None)):
+        pattern, data, x, _, _ = _problem("random", block, jnp.bfloat16, shape=(512, 512), n=4096)
+        cfg = pallas_mosaic.MosaicConfig(max_len=ml, persistent=True)
+        fn = jax.jit(lambda d, x, p=pattern, cfg=cfg: pallas_mosaic.dsd(p, d, x, config=cfg, interpret=False))
+        assert "bs_mgpu_dsd" in fn.trace(data, x).lower(lowering_platforms=("cuda",)).as_text()
+    with pytest.raises(ValueError, match="programs"):
+        pallas_mosaic.MosaicConfig(programs=4)
+    with pytest.raises(ValueError, match="consumers=1"):
+        pallas_mosaic.MosaicConfig(persistent=True, consumers=2)
+    epi = epilogue.Epilogue("relu", False, 1)
+    with pytest.raises(NotImplementedError, match="persistent=False"):
+        pallas_mosaic.dsd(pattern, data, x, config=pallas_mosaic.MosaicConfig(persistent=True), epi=epi)
 
 
 def test_interpreter_float32_output_and_two_stages():
@@ -515,9 +554,10 @@ def test_gpu_matmul_matches_oracle(b, dtype, data, seed):
         y = jax.jit(lambda W, x: bs.matmul(W, x, implementation="mosaic"))(W, x)
     assert log == [("dsd", "mosaic")]
     assert_close(y, wd @ xd, np.abs(wd) @ np.abs(xd), dtype, what=f"b={b} {dtype}")
-    cfg = pallas_mosaic.MosaicConfig(max_len=3)
-    y = jax.jit(lambda d, x: pallas_mosaic.dsd(pattern, d, x, config=cfg))(W.data, x)
-    assert_close(y, wd @ xd, np.abs(wd) @ np.abs(xd), dtype, what=f"b={b} {dtype} max_len=3")
+    for cfg in (pallas_mosaic.MosaicConfig(max_len=3), pallas_mosaic.MosaicConfig(max_len=3, persistent=True),
+                pallas_mosaic.MosaicConfig(persistent=True, grid_order="units")):  # fmt: skip
+        y = jax.jit(lambda d, x, cfg=cfg: pallas_mosaic.dsd(pattern, d, x, config=cfg))(W.data, x)
+        assert_close(y, wd @ xd, np.abs(wd) @ np.abs(xd), dtype, what=f"b={b} {dtype} {cfg}")
 
 
 @pytest.mark.gpu
@@ -546,7 +586,8 @@ def test_gpu_fused_epilogue(b, dtype, activation):
 @pytest.mark.parametrize(
     "config",
     [dict(tn=256, stages=4), dict(tn=128, stages=3, consumers=2), dict(tn=64, consumers=2, max_len=3),
-     dict(tn=256, stages=2), dict(grid_order="units"), dict(grid_order="tiles", max_len=3)],
+     dict(tn=256, stages=2), dict(grid_order="units"), dict(grid_order="tiles", max_len=3),
+     dict(persistent=True), dict(persistent=True, grid_order="tiles", max_len=3, programs=7)],
 )  # fmt: skip
 def test_gpu_forced_variants(kind, config):
     """The variants bench_mosaic.py can force for b = 64 (4 stages, two consumer warpgroups, tn = 256 at

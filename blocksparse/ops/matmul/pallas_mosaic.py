@@ -101,8 +101,11 @@ _SWIZZLE = 128  # bytes: every operand row here is >= 128 bytes wide (>= 64 two-
 _BIAS_SMEM = 4 * max(_TILES)
 #: The launch orders of :class:`MosaicConfig` ``grid_order``.
 GRID_ORDERS = ("tiles", "units")
-#: The default launch order (the one every measurement in :data:`MEASURED_SPEEDUP` ran).
-DEFAULT_GRID_ORDER = "tiles"
+#: Below this density the default launch order is ``"units"`` (H200, bf16, W 8192 x 8192 at d = 1/64:
+#: 0.074 / 0.067 ms against 0.082-0.086 / 0.074-0.077 ms with column tiles fastest for b = 64 / 128 at
+#: n = 4096, and no slower at n = 256; at d = 1/4 and 1/16 column tiles first was as fast or faster:
+#: b = 64, d = 1/4: 0.345-0.357 ms against 0.373).
+UNITS_FIRST_BELOW = 1 / 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +122,13 @@ class MosaicConfig:
         grid_order: which programs are launched fastest: ``"tiles"`` (every column tile of ``x``
             for one unit, then the next unit: the programs running at once share W's blocks and
             read many slabs of ``x``) or ``"units"`` (every unit for one column tile: they share
-            one ``k x tn`` slab of ``x`` in L2). ``None``: :data:`DEFAULT_GRID_ORDER`.
+            one ``k x tn`` slab of ``x`` in L2). ``None``: ``"units"`` below density
+            :data:`UNITS_FIRST_BELOW` (rows of one or two blocks: the slab of ``x`` is what is read
+            again), else ``"tiles"``.
+        persistent: one program per resident slot walks a list of items with one pipeline across
+            them (:mod:`.pallas_mosaic_persistent`); no fused epilogue, one warpgroup.
+        programs: the persistent kernel's number of programs (default: as many as are resident on
+            the GPU's SMs at once, at most one per item).
     """
 
     tn: int | None = None
@@ -127,6 +136,8 @@ class MosaicConfig:
     max_len: int | None = None
     consumers: int = 1
     grid_order: str | None = None
+    persistent: bool = False
+    programs: int | None = None
 
     def __post_init__(self):
         if self.tn is not None and self.tn not in _TILES:
@@ -137,6 +148,10 @@ class MosaicConfig:
             raise ValueError(f"Expected consumers 1 or 2. Got {self.consumers}.")
         if self.grid_order not in (None, *GRID_ORDERS):
             raise ValueError(f"Expected grid_order None or one of {GRID_ORDERS}. Got {self.grid_order!r}.")
+        if self.programs is not None and (not self.persistent or self.programs < 1):
+            raise ValueError(f"Expected programs >= 1 with persistent=True. Got programs={self.programs}.")
+        if self.persistent and self.consumers != 1:
+            raise ValueError(f"Expected consumers=1 with persistent=True. Got {self.consumers}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,6 +175,7 @@ class MosaicPlan:
     sched: RowSplitSchedule
     consumers: int = 1
     grid_order: str = "tiles"
+    persistent: object = None  # a pallas_mosaic_persistent.PersistentSchedule, or None: one program per item
 
     @property
     def grid(self) -> tuple[tuple[int, int], tuple[str, str]]:
@@ -175,6 +191,12 @@ class MosaicPlan:
         pipeline = self.stages * (bh * bw + bw * self.tn * self.consumers) * itemsize
         staging = self.consumers * bh * self.tn * ((out_itemsize or itemsize) + 4)
         return pipeline + (0 if self.consumers == 1 else staging)
+
+
+def default_grid_order(pattern: BlockPattern) -> str:
+    """The launch order :func:`plan` takes when the config names none (see :data:`UNITS_FIRST_BELOW`)."""
+    density = pattern.nnz_blocks / max(pattern.grid[0] * pattern.grid[1], 1)
+    return "units" if density < UNITS_FIRST_BELOW else "tiles"
 
 
 def _default_tn(bh: int, n: int, rows: int) -> int:
@@ -215,9 +237,13 @@ def plan(
             f"requires bh * tn <= {_MAX_ACC} (a float32 accumulator in one warpgroup's registers) (got {bh} * {tn})"
         )
     c = cfg.consumers
+    tiles = cdiv(n, tn * c)
+    sched = lower(pattern, GpuLowering(op="dsd", tiles=tiles, max_len=cfg.max_len))
     if c > 1:
         # the warpgroups' output and float32 staging buffers (the pipeline's memory is not reused)
         extra_smem += c * bh * tn * ((out_itemsize or itemsize) + 4)
+    if cfg.persistent:  # its own output staging tile (and a float32 one for split rows): stores overlap the loads
+        extra_smem += bh * tn * ((out_itemsize or itemsize) + (4 if sched.num_partials else 0))
     per_stage = (bh * bw + bw * tn * c) * itemsize
     fit = (_SMEM_BYTES - extra_smem) // per_stage
     stages = cfg.stages or min(3, fit)
@@ -225,12 +251,18 @@ def plan(
         raise NotImplementedError(
             f"requires stages * {per_stage} bytes <= {_SMEM_BYTES - extra_smem} of shared memory (got stages={stages})"
         )
-    tiles = cdiv(n, tn * c)
-    sched = lower(pattern, GpuLowering(op="dsd", tiles=tiles, max_len=cfg.max_len))
-    order = cfg.grid_order or DEFAULT_GRID_ORDER
+    order = cfg.grid_order or default_grid_order(pattern)
+    persistent = None
+    if cfg.persistent:
+        from . import pallas_mosaic_persistent as pp
+
+        items = sched.num_units * tiles
+        programs = cfg.programs or pp.default_programs(stages * per_stage + extra_smem, items)
+        persistent = pp.flatten(sched, tiles, order, min(programs, max(items, 1)))
     return MosaicPlan(
-        tn=tn, tiles=tiles, n_pad=tiles * tn * c, stages=stages, sched=sched, consumers=c, grid_order=order
-    )
+        tn=tn, tiles=tiles, n_pad=tiles * tn * c, stages=stages, sched=sched, consumers=c, grid_order=order,
+        persistent=persistent,
+    )  # fmt: skip
 
 
 def _operand_transforms(dtype):
@@ -535,6 +567,8 @@ def dsd(pattern: BlockPattern, data, x, out_dtype=None, *, config: MosaicConfig 
         raise ValueError(f"Expected a bias of shape {want} (bias_axis={epi.bias_axis}). Got {tuple(bias.shape)}.")
     if epi is not None and config is not None and config.consumers > 1:
         raise NotImplementedError("requires consumers=1 for a fused epilogue (not written for two warpgroups)")
+    if epi is not None and config is not None and config.persistent:
+        raise NotImplementedError("requires persistent=False for a fused epilogue (not written for that kernel)")
     p = plan(pattern, n, jnp.dtype(dt).itemsize, config, _BIAS_SMEM if with_bias else 0, out_dtype.itemsize)
     if n == 0:
         return jnp.zeros((m, n), out_dtype)
@@ -546,7 +580,13 @@ def dsd(pattern: BlockPattern, data, x, out_dtype=None, *, config: MosaicConfig 
     b = ()
     if with_bias:  # float32, padded like x: every tile's TMA copy stays inside the array
         b = (jnp.pad(bias.astype(jnp.float32), (0, p.n_pad - n)) if epi.bias_axis == 1 else bias.astype(jnp.float32),)
-    y, partials = _launch(p, m, data.astype(dt), xp, out_dtype, interpret=interpret, epi=epi, bias=b)
+    if p.persistent is not None:
+        from . import pallas_mosaic_persistent as pp
+
+        y, partials = pp.launch(p.persistent, m, p.n_pad, p.tn, p.stages, p.sched.num_partials, data.astype(dt), xp,
+                                out_dtype, interpret=interpret)  # fmt: skip
+    else:
+        y, partials = _launch(p, m, data.astype(dt), xp, out_dtype, interpret=interpret, epi=epi, bias=b)
     y = _combine(y, partials, p.sched, bh, epi, b)
     return y[:, :n] if p.n_pad != n else y
 

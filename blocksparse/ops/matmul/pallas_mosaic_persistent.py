@@ -1,0 +1,215 @@
+"""A persistent variant of the Mosaic GPU ``dsd`` kernel: one program per SM walks a list of work items.
+
+:func:`.pallas_mosaic.dsd` runs it with ``MosaicConfig(persistent=True)``. The default kernel of
+:mod:`.pallas_mosaic` launches one program per ``(unit, column tile)`` *item* and runs its shared-memory
+pipeline once per item: it fills, runs ``len`` steps and drains. At density 1/64 a unit holds one or
+two blocks, so most of each program is the fill (a TMA copy's latency with nothing to overlap) and the
+store. Here a fixed number of programs (by default as many as fit on the GPU's SMs at once) each
+take a list of items, and the pipeline runs across item boundaries: the copies of the next item's
+first blocks are in flight while the current item's last wgmma runs and its tile is stored.
+
+The schedule
+------------
+From the same :class:`~.lowering.RowSplitSchedule` (units of at most ``max_len`` blocks of one output
+block row, split rows written to float32 partials and summed afterwards), the host (NumPy, cached
+per pattern) orders the ``units x tiles`` items in the launch order of
+:class:`~.pallas_mosaic.MosaicConfig` ``grid_order`` and deals them round-robin to the ``P`` programs
+(item ``k`` to program ``k % P``), so the programs running at once work on neighbouring items, as
+the launch order of the default kernel does. It then flattens each program's items into *steps*
+(one W block times one ``bw x tn`` slab of ``x``): ``step_id``, ``step_col`` and ``step_tile`` say which
+block, which block row of ``x`` and which column tile; ``item_len``, ``item_dest`` and ``item_tile`` say
+how many steps an item has and where its tile goes. The kernel reads these as scalars from global
+memory, as the default kernel reads its unit table.
+
+The kernel
+----------
+Program ``p`` holds ``stages`` shared-memory stages (W block + ``x`` slab each, 128-byte swizzle), one
+staging tile for the output and, where the schedule has split rows, one float32 staging tile for the
+partials. Its steps are numbered ``g = 0 .. total - 1`` across all its items: step ``g`` waits for
+stage ``g % stages``, issues the wgmma, waits until at most one wgmma is pending and refills the stage
+of step ``g - 1`` with step ``g + stages - 1``, *whichever item that step belongs to*. When an item's
+last step is issued, the program waits for its wgmmas, waits until the previous item's TMA store has
+read the staging tile, writes the float32 accumulator (cast) there and starts the TMA store without
+waiting for it. Items of length 0 (empty block rows) store zeros.
+
+Not supported here (``NotImplementedError``; :func:`.pallas_mosaic.dsd` then needs the default kernel):
+the fused epilogue and two consumer warpgroups.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+
+from .lowering import H200, RowSplitSchedule
+
+__all__ = ["PersistentSchedule", "default_programs", "flatten", "launch"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PersistentSchedule:
+    """Each program's items and steps (see the module docstring); NumPy int32 arrays.
+
+    Attributes:
+        programs: the number of programs ``P``.
+        prog_item_start: ``[P + 1]``; program ``p``'s items are ``[prog_item_start[p], prog_item_start[p + 1])``.
+        prog_step_start: ``[P + 1]``; likewise for steps.
+        item_len, item_dest, item_tile: ``[Q]``, one per (unit, column tile) item.
+        step_id, step_col, step_tile: ``[max(G, 1)]``, one per step (``G = nnz * tiles``).
+    """
+
+    programs: int
+    prog_item_start: np.ndarray
+    prog_step_start: np.ndarray
+    item_len: np.ndarray
+    item_dest: np.ndarray
+    item_tile: np.ndarray
+    step_id: np.ndarray
+    step_col: np.ndarray
+    step_tile: np.ndarray
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.prog_step_start[-1])
+
+    def max_steps_per_program(self) -> int:
+        return int(np.diff(self.prog_step_start).max(initial=0))
+
+
+def default_programs(smem_bytes: int, items: int, num_sms: int = H200.num_sms, smem_per_sm: int = H200.smem_per_sm):
+    """As many programs as are resident on the SMs at once (by shared memory; 1 KiB per CTA is reserved),
+    and no more than there are items."""
+    per_sm = max(1, smem_per_sm // (smem_bytes + 1024))
+    return max(1, min(items, num_sms * per_sm))
+
+
+def flatten(sched: RowSplitSchedule, tiles: int, grid_order: str, programs: int) -> PersistentSchedule:
+    """Deal the ``units x tiles`` items of ``sched`` to ``programs`` programs and flatten them into steps."""
+    u = sched.num_units
+    k = np.arange(u * tiles, dtype=np.int64)
+    if grid_order == "units":  # every unit of column tile 0, then tile 1, ...
+        item_t, item_u = np.divmod(k, u) if u else (k, k)
+    else:  # every column tile of unit 0, then unit 1, ...
+        item_u, item_t = np.divmod(k, tiles)
+    prog, pos = k % programs, k // programs
+    order = np.lexsort((pos, prog))  # program-major, each program's items in launch order
+    item_u, item_t, prog = item_u[order], item_t[order], prog[order]
+    counts = np.bincount(prog, minlength=programs)
+    item_len = sched.unit_len[item_u].astype(np.int64)
+    steps_per_prog = np.bincount(prog, weights=item_len, minlength=programs).astype(np.int64)
+    # steps: item i contributes blocks unit_start[u_i] + [0, len_i)
+    first = np.repeat(np.cumsum(item_len) - item_len, item_len)
+    j = np.arange(int(item_len.sum()), dtype=np.int64) - first
+    blocks = np.repeat(sched.unit_start[item_u].astype(np.int64), item_len) + j
+    pad = lambda a: (a if a.size else np.zeros(1, np.int64)).astype(np.int32)  # noqa: E731
+    cum = lambda c: np.concatenate([[0], np.cumsum(c)]).astype(np.int32)  # noqa: E731
+    return PersistentSchedule(
+        programs=int(programs),
+        prog_item_start=cum(counts),
+        prog_step_start=cum(steps_per_prog),
+        item_len=item_len.astype(np.int32),
+        item_dest=sched.unit_dest[item_u].astype(np.int32),
+        item_tile=item_t.astype(np.int32),
+        step_id=pad(sched.block_id[blocks]),
+        step_col=pad(sched.block_col[blocks]),
+        step_tile=pad(np.repeat(item_t, item_len)),
+    )
+
+
+def _kernel(pis_g, pss_g, ilen_g, idest_g, itile_g, sid_g, scol_g, stile_g, w_g, x_g, y_g, p_g, *, bh, bw, tn,
+            stages, partials):  # fmt: skip
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    from .pallas_mosaic import _operand_transforms
+
+    p = lax.axis_index("p")
+    i0, s0 = pis_g[p], pss_g[p]
+    n_items, total = pis_g[p + 1] - i0, pss_g[p + 1] - s0
+    dtype = w_g.dtype
+    transforms = _operand_transforms(dtype)
+
+    def body(w_smem, x_smem, w_bar, x_bar, o_smem, p_smem=None):
+        def fetch(g):  # program step g (of any item) into stage g % stages
+            slot = lax.rem(g, stages)
+            j = s0 + g
+            plgpu.copy_gmem_to_smem(w_g.at[pl.ds(sid_g[j] * bh, bh), :], w_smem.at[slot], w_bar.at[slot])
+            n0 = pl.multiple_of(stile_g[j] * tn, tn)
+            plgpu.copy_gmem_to_smem(x_g.at[pl.ds(scol_g[j] * bw, bw), pl.ds(n0, tn)], x_smem.at[slot], x_bar.at[slot])
+
+        for i in range(stages - 1):  # prologue: the first steps, across items if they are short
+            pl.when(i < total)(functools.partial(fetch, i))
+
+        def item(q, g):
+            length, dest = ilen_g[i0 + q], idest_g[i0 + q]
+            n0 = pl.multiple_of(itile_g[i0 + q] * tn, tn)
+
+            def accumulate(acc_ref):
+                def step(_, g):
+                    slot = lax.rem(g, stages)
+                    plgpu.barrier_wait(w_bar.at[slot])
+                    plgpu.barrier_wait(x_bar.at[slot])
+                    plgpu.wgmma(acc_ref, w_smem.at[slot], x_smem.at[slot])
+                    plgpu.wgmma_wait(1)  # step g - 1's wgmma is done: its stage can be refilled
+                    nxt = g + stages - 1
+                    pl.when(nxt < total)(lambda: fetch(nxt))
+                    return g + 1
+
+                g_end = lax.fori_loop(0, length, step, g)
+                plgpu.wgmma_wait(0)
+                return acc_ref[...], g_end
+
+            acc, g_end = pl.run_scoped(accumulate, plgpu.ACC((bh, tn), jnp.float32))  # zeros: empty items store 0
+
+            def store(out_g, smem, row):
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous item's store has read its tile
+                smem[...] = acc.astype(smem.dtype)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(smem, out_g.at[pl.ds(row * bh, bh), pl.ds(n0, tn)])
+
+            pl.when(dest >= 0)(lambda: store(y_g, o_smem, dest))
+            if p_smem is not None:
+                pl.when(dest < 0)(lambda: store(p_g, p_smem, -1 - dest))
+            return g_end
+
+        lax.fori_loop(0, n_items, item, jnp.int32(0))
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+    scratch = [
+        plgpu.SMEM((stages, bh, bw), dtype, transforms=transforms),
+        plgpu.SMEM((stages, bw, tn), dtype, transforms=transforms),
+        plgpu.Barrier(num_barriers=stages),
+        plgpu.Barrier(num_barriers=stages),
+        plgpu.SMEM((bh, tn), y_g.dtype),
+    ]
+    if partials:
+        scratch.append(plgpu.SMEM((bh, tn), jnp.float32))
+    pl.run_scoped(body, *scratch)
+
+
+def launch(ps: PersistentSchedule, m: int, n_pad: int, tn: int, stages: int, num_partials: int, data, xp, out_dtype,
+           *, interpret):  # fmt: skip
+    """Run the persistent kernel: ``(y (m, n_pad) in out_dtype, partials (S * bh, n_pad) float32)``."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    _, bh, bw = data.shape
+    body = functools.partial(_kernel, bh=bh, bw=bw, tn=tn, stages=stages, partials=num_partials > 0)
+    kernel = plgpu.kernel(
+        body,
+        out_type=(
+            jax.ShapeDtypeStruct((m, n_pad), out_dtype),
+            jax.ShapeDtypeStruct((max(num_partials, 1) * bh, n_pad), jnp.float32),
+        ),
+        grid=(ps.programs,),
+        grid_names=("p",),
+        kernel_name=f"bs_mgpu_dsd_{bh}x{bw}_tn{tn}_persistent",
+        interpret=plgpu.InterpretGPUParams() if interpret is True else interpret,
+    )
+    arrays = (ps.prog_item_start, ps.prog_step_start, ps.item_len, ps.item_dest, ps.item_tile, ps.step_id,
+              ps.step_col, ps.step_tile)  # fmt: skip
+    return kernel(*(jnp.asarray(a) for a in arrays), data.reshape(-1, bw), xp)
