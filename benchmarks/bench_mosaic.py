@@ -195,7 +195,7 @@ def main(argv=None) -> int:
         )
         for tn, stages, c, order in grid:
             kw = dict(tn=tn, stages=stages, max_len=args.max_len, consumers=c, grid_order=order)
-            configs.append(pallas_mosaic.MosaicConfig(**kw))
+            configs.append(pallas_mosaic.MosaicConfig(**kw, persistent=False if args.persistent else None))
             if args.persistent and c == 1:
                 for programs in args.programs or [None]:
                     configs.append(pallas_mosaic.MosaicConfig(**kw, persistent=True, programs=programs))

@@ -73,7 +73,7 @@ from ..._pattern import BlockPattern
 from ..._util import cdiv
 from .. import _dispatch
 from . import epilogue as _epilogue
-from .lowering import GpuLowering, RowSplitSchedule, combine_partials, lower
+from .lowering import H200, GpuLowering, RowSplitSchedule, combine_partials, lower
 
 __all__ = [
     "MEASURED_SPEEDUP",
@@ -126,7 +126,8 @@ class MosaicConfig:
             :data:`UNITS_FIRST_BELOW` (rows of one or two blocks: the slab of ``x`` is what is read
             again), else ``"tiles"``.
         persistent: one program per resident slot walks a list of items with one pipeline across
-            them (:mod:`.pallas_mosaic_persistent`); no fused epilogue, one warpgroup.
+            them (:mod:`.pallas_mosaic_persistent`); no fused epilogue, one warpgroup. ``None``: where
+            :func:`prefers_persistent` says so (measured faster), for a plain product.
         programs: the persistent kernel's number of programs (default: as many as are resident on
             the GPU's SMs at once, at most one per item).
     """
@@ -136,7 +137,7 @@ class MosaicConfig:
     max_len: int | None = None
     consumers: int = 1
     grid_order: str | None = None
-    persistent: bool = False
+    persistent: bool | None = None
     programs: int | None = None
 
     def __post_init__(self):
@@ -148,7 +149,7 @@ class MosaicConfig:
             raise ValueError(f"Expected consumers 1 or 2. Got {self.consumers}.")
         if self.grid_order not in (None, *GRID_ORDERS):
             raise ValueError(f"Expected grid_order None or one of {GRID_ORDERS}. Got {self.grid_order!r}.")
-        if self.programs is not None and (not self.persistent or self.programs < 1):
+        if self.programs is not None and (self.persistent is not True or self.programs < 1):
             raise ValueError(f"Expected programs >= 1 with persistent=True. Got programs={self.programs}.")
         if self.persistent and self.consumers != 1:
             raise ValueError(f"Expected consumers=1 with persistent=True. Got {self.consumers}.")
@@ -193,8 +194,11 @@ class MosaicPlan:
         return pipeline + (0 if self.consumers == 1 else staging)
 
 
-def default_grid_order(pattern: BlockPattern) -> str:
-    """The launch order :func:`plan` takes when the config names none (see :data:`UNITS_FIRST_BELOW`)."""
+def default_grid_order(pattern: BlockPattern, persistent: bool = False) -> str:
+    """The launch order :func:`plan` takes when the config names none: for the persistent kernel column
+    tiles first (measured faster at every density), else see :data:`UNITS_FIRST_BELOW`."""
+    if persistent:
+        return "tiles"
     density = pattern.nnz_blocks / max(pattern.grid[0] * pattern.grid[1], 1)
     return "units" if density < UNITS_FIRST_BELOW else "tiles"
 
@@ -217,14 +221,19 @@ def plan(
     config: MosaicConfig | None = None,
     extra_smem: int = 0,
     out_itemsize: int | None = None,
+    fused: bool = False,
 ) -> MosaicPlan:
     """The host-side preparation of ``W @ x`` for ``x`` of ``n`` columns (NumPy; the schedule is cached).
 
     ``itemsize``: bytes of an operand element; ``out_itemsize``: of an output element (default
     ``itemsize``); ``extra_smem``: bytes of shared memory the kernel holds besides the pipeline (the
-    bias slice). Raises ``NotImplementedError`` if the kernel cannot take these blocks or tiles.
+    bias slice); ``fused``: a fused epilogue follows (the persistent kernel has none). Raises
+    ``NotImplementedError`` if the kernel cannot take these blocks or tiles.
     """
     cfg = config or MosaicConfig()
+    if cfg.persistent is None:
+        persistent = not fused and cfg.consumers == 1 and prefers_persistent(pattern, n)
+        cfg = dataclasses.replace(cfg, persistent=persistent)
     bh, bw = pattern.block_size
     if bh not in SUPPORTED_BLOCKS or bw not in SUPPORTED_BLOCKS:
         raise NotImplementedError(
@@ -238,7 +247,13 @@ def plan(
         )
     c = cfg.consumers
     tiles = cdiv(n, tn * c)
-    sched = lower(pattern, GpuLowering(op="dsd", tiles=tiles, max_len=cfg.max_len))
+    max_len = cfg.max_len
+    if cfg.persistent and max_len is None:  # split only rows longer than a program's share of the steps
+        from . import pallas_mosaic_persistent as pp
+
+        slots = cfg.programs or H200.num_sms
+        max_len = pp.share(pattern.nnz_blocks, tiles, slots)
+    sched = lower(pattern, GpuLowering(op="dsd", tiles=tiles, max_len=max_len))
     if c > 1:
         # the warpgroups' output and float32 staging buffers (the pipeline's memory is not reused)
         extra_smem += c * bh * tn * ((out_itemsize or itemsize) + 4)
@@ -251,7 +266,7 @@ def plan(
         raise NotImplementedError(
             f"requires stages * {per_stage} bytes <= {_SMEM_BYTES - extra_smem} of shared memory (got stages={stages})"
         )
-    order = cfg.grid_order or default_grid_order(pattern)
+    order = cfg.grid_order or default_grid_order(pattern, cfg.persistent)
     persistent = None
     if cfg.persistent:
         from . import pallas_mosaic_persistent as pp
@@ -569,7 +584,8 @@ def dsd(pattern: BlockPattern, data, x, out_dtype=None, *, config: MosaicConfig 
         raise NotImplementedError("requires consumers=1 for a fused epilogue (not written for two warpgroups)")
     if epi is not None and config is not None and config.persistent:
         raise NotImplementedError("requires persistent=False for a fused epilogue (not written for that kernel)")
-    p = plan(pattern, n, jnp.dtype(dt).itemsize, config, _BIAS_SMEM if with_bias else 0, out_dtype.itemsize)
+    p = plan(pattern, n, jnp.dtype(dt).itemsize, config, _BIAS_SMEM if with_bias else 0, out_dtype.itemsize,
+             fused=epi is not None)  # fmt: skip
     if n == 0:
         return jnp.zeros((m, n), out_dtype)
     if pattern.nnz_blocks == 0:
@@ -654,9 +670,37 @@ def measured_speedup(block: int, n: int, density: float) -> float:
     """The :data:`MEASURED_SPEEDUP` cell nearest to ``(block, n, density)`` on log scales: n < 1024
     reads the n = 256 row, n >= 1024 the n = 4096 row; density >= 1/8 the 1/4 column, [1/32, 1/8)
     the 1/16 column, < 1/32 the 1/64 column."""
-    cells = {key[1]: row for key, row in MEASURED_SPEEDUP.items() if key[0] == block}
+    return _nearest_cell(MEASURED_SPEEDUP, block, n, density)
+
+
+#: Persistent / one-program-per-item speedup of the Mosaic ``dsd`` kernel (the default kernel's time over
+#: the persistent one's, same run, H200, bf16, as :data:`MEASURED_SPEEDUP`; ``bench_mosaic.py --persistent``;
+#: the smaller of two runs). The persistent kernel is the default where the nearest cell is >= PREFER_MARGIN.
+PERSISTENT_SPEEDUP = {
+    (64, 4096): {1 / 4: 0.88, 1 / 16: 0.81, 1 / 64: 0.98},
+    (64, 256): {1 / 4: 0.86, 1 / 16: 0.98, 1 / 64: 1.24},
+    (128, 4096): {1 / 4: 1.08, 1 / 16: 0.91, 1 / 64: 1.30},
+    (128, 256): {1 / 4: 0.97, 1 / 16: 1.22, 1 / 64: 1.19},
+}
+
+
+def _nearest_cell(table, block: int, n: int, density: float) -> float:
+    cells = {key[1]: row for key, row in table.items() if key[0] == block}
+    if not cells:
+        return 0.0
     row = cells[_nearest(max(n, 1), cells)]
     return row[_nearest(density, row)]
+
+
+def prefers_persistent(pattern: BlockPattern, n: int) -> bool:
+    """Whether :func:`plan` takes the persistent kernel when the config leaves it open: square blocks of a
+    measured size and the :data:`PERSISTENT_SPEEDUP` cell nearest to ``(b, n, density)`` (as
+    :func:`measured_speedup` reads its table) at least ``PREFER_MARGIN``."""
+    bh, bw = pattern.block_size
+    if bh != bw or pattern.nnz_blocks == 0:
+        return False
+    density = pattern.nnz_blocks / (pattern.grid[0] * pattern.grid[1])
+    return _nearest_cell(PERSISTENT_SPEEDUP, bh, n, density) >= PREFER_MARGIN
 
 
 def prefers(pattern: BlockPattern, n: int, w_dtype, x_dtype) -> bool:

@@ -13,9 +13,12 @@ The schedule
 From the same :class:`~.lowering.RowSplitSchedule` (units of at most ``max_len`` blocks of one output
 block row, split rows written to float32 partials and summed afterwards), the host (NumPy, cached
 per pattern) orders the ``units x tiles`` items in the launch order of
-:class:`~.pallas_mosaic.MosaicConfig` ``grid_order`` and deals them round-robin to the ``P`` programs
-(item ``k`` to program ``k % P``), so the programs running at once work on neighbouring items, as
-the launch order of the default kernel does. It then flattens each program's items into *steps*
+:class:`~.pallas_mosaic.MosaicConfig` ``grid_order`` and deals them, in that order, each to the program
+with the fewest steps so far (ties: the lowest id; for items of equal length this is round-robin), so
+the programs running at once work on neighbouring items, as the launch order of the default kernel
+does, and no program holds much more than its share. Rows are split into units only where one would
+be longer than a program's share of all steps (the float32 partials and their sum cost more than
+the imbalance they remove below that). It then flattens each program's items into *steps*
 (one W block times one ``bw x tn`` slab of ``x``): ``step_id``, ``step_col`` and ``step_tile`` say which
 block, which block row of ``x`` and which column tile; ``item_len``, ``item_dest`` and ``item_tile`` say
 how many steps an item has and where its tile goes. The kernel reads these as scalars from global
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import heapq
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +53,7 @@ from jax.experimental import pallas as pl
 
 from .lowering import H200, RowSplitSchedule
 
-__all__ = ["PersistentSchedule", "default_programs", "flatten", "launch"]
+__all__ = ["PersistentSchedule", "default_programs", "flatten", "launch", "share"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -89,6 +93,23 @@ def default_programs(smem_bytes: int, items: int, num_sms: int = H200.num_sms, s
     return max(1, min(items, num_sms * per_sm))
 
 
+def _deal(lengths: np.ndarray, programs: int) -> np.ndarray:
+    """The program of each item, dealt in order to the least-loaded program (ties: the lowest id). An item
+    of length 0 still costs a store: it counts as one step."""
+    heap = [(0, p) for p in range(programs)]
+    out = np.empty(lengths.shape[0], np.int64)
+    for i, n in enumerate(np.maximum(lengths, 1).tolist()):
+        load, p = heapq.heappop(heap)
+        out[i] = p
+        heapq.heappush(heap, (load + n, p))
+    return out
+
+
+def share(nnz: int, tiles: int, programs: int) -> int:
+    """A program's share of all steps, the longest unit the persistent kernel needs (see the docstring)."""
+    return max(1, -(-nnz * tiles // max(programs, 1)))
+
+
 def flatten(sched: RowSplitSchedule, tiles: int, grid_order: str, programs: int) -> PersistentSchedule:
     """Deal the ``units x tiles`` items of ``sched`` to ``programs`` programs and flatten them into steps."""
     u = sched.num_units
@@ -97,8 +118,8 @@ def flatten(sched: RowSplitSchedule, tiles: int, grid_order: str, programs: int)
         item_t, item_u = np.divmod(k, u) if u else (k, k)
     else:  # every column tile of unit 0, then unit 1, ...
         item_u, item_t = np.divmod(k, tiles)
-    prog, pos = k % programs, k // programs
-    order = np.lexsort((pos, prog))  # program-major, each program's items in launch order
+    prog = _deal(sched.unit_len[item_u].astype(np.int64), programs)
+    order = np.lexsort((k, prog))  # program-major, each program's items in launch order
     item_u, item_t, prog = item_u[order], item_t[order], prog[order]
     counts = np.bincount(prog, minlength=programs)
     item_len = sched.unit_len[item_u].astype(np.int64)
