@@ -207,6 +207,28 @@ def test_gpu_matches_reference():
 
 
 @pytest.mark.gpu
+def test_gpu_measured_defaults_match_reference():
+    """The measured default tilings on the GPU: one head of 128 features (the flat layout, deferred
+    reductions), values-only max / min (int32 keys in float32, two warps in bfloat16) and bfloat16 SpMM (one
+    warp), against XLA."""
+    g = gnn.power_law(3000, 60000, seed=7)
+    _compare(g, feat=128, heads=1, dim=128, key=jax.random.key(2), names=["gatv2", "graph_attention"],
+             rtol=2e-3, atol=2e-3)  # fmt: skip
+    for dtype in (jnp.float32, jnp.bfloat16):
+        x = _rand(jax.random.key(3), (g.num_nodes, 128)).astype(dtype)
+        for reduce in ("max", "min"):
+            want = gnn.aggregate(g, x, reduce, implementation="xla")
+            got = jax.jit(lambda x, r=reduce: gnn.aggregate(g, x, r, implementation="pallas"))(x)
+            np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    xb = _rand(jax.random.key(4), (g.num_nodes, 128)).astype(jnp.bfloat16)
+    with bs.dispatch_log() as log:
+        got = gnn.spmm(g, xb)
+    assert log == [("spmm", "pallas")]
+    want = gnn.spmm(g, xb, implementation="xla")
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
 def test_gpu_default_is_pallas():
     g = gnn.power_law(100, 1000, seed=1)
     x = jnp.ones((100, 32))

@@ -433,10 +433,10 @@ def _matrix(block, nnz, grid=(8, 8), dtype=jnp.bfloat16):
 
 def test_measured_speedup_reads_the_nearest_cell():
     ms = pallas_mosaic.measured_speedup
-    assert ms(128, 4096, 1 / 4) == 1.47 and ms(128, 100_000, 1.0) == 1.47  # beyond the table: the nearest cell
-    assert ms(128, 1023, 1 / 16) == 0.56 and ms(128, 1024, 1 / 16) == 1.15  # n: 1024 is the log midpoint
-    assert ms(64, 256, 1 / 8) == 1.00 and ms(64, 256, 0.124) == 0.60  # density 1/8: midpoint of 1/4 and 1/16
-    assert ms(64, 256, 1 / 32) == 0.60 and ms(64, 256, 0.031) == 1.13 and ms(64, 1, 1e-6) == 1.13
+    assert ms(128, 4096, 1 / 4) == 1.52 and ms(128, 100_000, 1.0) == 1.52  # beyond the table: the nearest cell
+    assert ms(128, 1023, 1 / 16) == 0.78 and ms(128, 1024, 1 / 16) == 1.51  # n: 1024 is the log midpoint
+    assert ms(64, 256, 1 / 8) == 1.33 and ms(64, 256, 0.124) == 1.00  # density 1/8: midpoint of 1/4 and 1/16
+    assert ms(64, 256, 1 / 32) == 1.00 and ms(64, 256, 0.031) == 0.88 and ms(64, 1, 1e-6) == 0.88
     for (b, n), row in pallas_mosaic.MEASURED_SPEEDUP.items():  # every measured cell reads itself
         for d, speedup in row.items():
             assert ms(b, n, d) == speedup
@@ -444,20 +444,21 @@ def test_measured_speedup_reads_the_nearest_cell():
 
 # (block, nnz of 64 blocks, x shape, x dtype, W dtype, Mosaic first on a Hopper GPU)
 RULE_CASES = [
-    ((128, 128), 16, (1024, 4096), jnp.bfloat16, jnp.bfloat16, True),  # d = 1/4, n = 4096: 1.47
-    ((128, 128), 4, (1024, 4096), jnp.bfloat16, jnp.bfloat16, True),  # 1/16: 1.15
-    ((128, 128), 1, (1024, 2048), jnp.float16, jnp.float16, True),  # 1/64, n >= 1024: 1.28; float16 as bf16
-    ((128, 128), 16, (1024, 256), jnp.bfloat16, jnp.bfloat16, False),  # n = 256: 0.90
-    ((128, 128), 4, (1024, 256), jnp.bfloat16, jnp.bfloat16, False),  # 0.56
+    ((128, 128), 16, (1024, 4096), jnp.bfloat16, jnp.bfloat16, True),  # d = 1/4, n = 4096: 1.52
+    ((128, 128), 4, (1024, 4096), jnp.bfloat16, jnp.bfloat16, True),  # 1/16: 1.51
+    ((128, 128), 1, (1024, 2048), jnp.float16, jnp.float16, True),  # 1/64, n >= 1024: 1.30; float16 as bf16
+    ((128, 128), 16, (1024, 256), jnp.bfloat16, jnp.bfloat16, True),  # n = 256: 1.75 (persistent)
+    ((128, 128), 4, (1024, 256), jnp.bfloat16, jnp.bfloat16, False),  # 0.78
     ((128, 128), 4, (16, 1024, 256), jnp.bfloat16, jnp.bfloat16, True),  # batch folded in: n = 4096
-    ((128, 128), 1, (1024, 128), jnp.bfloat16, jnp.bfloat16, False),  # n = 128 reads the n = 256 row: 0.71
-    ((64, 64), 1, (512, 128), jnp.bfloat16, jnp.bfloat16, True),  # n = 128 reads the n = 256 row: 1.13
+    ((128, 128), 1, (1024, 128), jnp.bfloat16, jnp.bfloat16, True),  # n = 128 reads the n = 256 row: 1.23
+    ((64, 64), 1, (512, 128), jnp.bfloat16, jnp.bfloat16, False),  # n = 128 reads the n = 256 row: 0.88
     ((128, 128), 1, (1024, 127), jnp.bfloat16, jnp.bfloat16, False),  # below PREFER_MIN_N: not measured
     ((128, 128), 1, (1024,), jnp.bfloat16, jnp.bfloat16, False),  # a vector: n = 1
-    ((64, 64), 16, (512, 4096), jnp.bfloat16, jnp.bfloat16, False),  # b = 64, n = 4096, d = 1/4: 0.98
-    ((64, 64), 4, (512, 4096), jnp.bfloat16, jnp.bfloat16, False),  # d = 1/16: 0.96 (Triton took 0.125-0.148 ms)
-    ((64, 64), 1, (512, 256), jnp.bfloat16, jnp.bfloat16, True),  # 1.13
-    ((64, 64), 16, (512, 256), jnp.bfloat16, jnp.bfloat16, False),  # 1.00: below the 5% margin
+    ((64, 64), 16, (512, 4096), jnp.bfloat16, jnp.bfloat16, False),  # b = 64, n = 4096, d = 1/4: 0.96
+    ((64, 64), 4, (512, 4096), jnp.bfloat16, jnp.bfloat16, False),  # d = 1/16: 0.92
+    ((64, 64), 1, (512, 4096), jnp.bfloat16, jnp.bfloat16, True),  # d = 1/64: 1.11 (persistent)
+    ((64, 64), 16, (512, 256), jnp.bfloat16, jnp.bfloat16, True),  # 1.33 (persistent)
+    ((64, 64), 4, (512, 256), jnp.bfloat16, jnp.bfloat16, False),  # 1.00: below the 5% margin
     ((128, 128), 16, (1024, 4096), jnp.bfloat16, jnp.float16, False),  # mixed: promoted to float32
     ((128, 128), 16, (1024, 4096), jnp.float32, jnp.float32, False),
     ((64, 128), 16, (1024, 4096), jnp.bfloat16, jnp.bfloat16, False),  # not measured: rectangular
@@ -497,10 +498,12 @@ def test_default_order_rule_on_fake_devices(monkeypatch, device):
 
 def test_default_dispatch_on_a_claimed_hopper_runs_the_rule_in_the_interpreter(monkeypatch):
     """With the device taken for a Hopper GPU, bs.matmul(W, x) runs the kernel the rule picks (interpreted):
-    b = 64 at density 1/64 and n = 128 (the n = 256 row, 1.13) on Mosaic, forward and dx, the sdd on Triton;
-    b = 64 at density 1/16 (0.60) on Triton. An explicit implementation="mosaic" ignores the rule."""
+    b = 64 at density 1/4 and n = 128 (the n = 256 row, 1.33; the persistent kernel) on Mosaic, forward and
+    dx, the sdd on Triton; b = 64 at density 1/16 (1.00) on Triton. An explicit implementation="mosaic"
+    ignores the rule."""
     monkeypatch.setattr(pallas_mosaic, "hopper_problem", lambda: None)
-    W = _matrix((64, 64), 1, grid=(8, 8))
+    W = _matrix((64, 64), 16, grid=(8, 8))
+    assert pallas_mosaic.plan(W.pattern, 128).persistent is not None
     W = W.with_data(jax.random.normal(jax.random.key(0), W.data.shape, jnp.bfloat16))
     x = jax.random.normal(jax.random.key(1), (2, 512, 64), jnp.bfloat16)  # batch folded in: n = 2 x 64 = 128
     with bs.interpret(), bs.dispatch_log() as log:

@@ -10,8 +10,12 @@ written by one program and heavy nodes' partial rows are combined afterwards wit
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
@@ -131,3 +135,127 @@ def gather_tiles(ref, ids, cols, mask3, other):
 def store_rows(ref, units, cols, value, mask2) -> None:
     """``ref[units[:, None], cols[None, :]] = value`` where ``mask2`` (rows of whole-array outputs, no blocking)."""
     plgpu.store(ref.at[units[:, None], cols[None, :]], value.astype(ref.dtype), mask=mask2)
+
+
+# ------------------------------------------------------------------ opt-in gather variants
+@dataclasses.dataclass(frozen=True)
+class GatherVariant:
+    """Opt-in variants of the gather kernels (``csr_sum``, ``segment_extreme``); ``None`` / ``GatherVariant()``
+    is the default kernel, unchanged. Results never depend on a variant (same float32 accumulation; sums may
+    round differently where the edges per step change, max / min are exact).
+
+    Attributes:
+        pairs: gather 2-byte ``x`` (bfloat16 / float16) as ``uint32`` pairs of features (``x`` bitcast to
+            ``(N, F/2)``), unpacked to two float32 halves in registers (bfloat16: ``u << 16`` and
+            ``u & 0xFFFF0000``), reduced separately and re-interleaved on output. float32 ``x``, or an odd
+            ``F`` in a kernel that does not pad ``x``, falls back to the plain gather.
+        tile_bytes: size edge tiles by bytes, not elements: ``4 / itemsize`` times the default edges per step
+            (2x for 2-byte ``x``, unchanged for float32); ignored where ``be`` is given.
+        num_warps: warps per program (``None``: the kernel's own rule).
+        prefetch: load the next step's edge ids before gathering this step's rows (the SpMM kernels; the
+            packed max / min kernel has its own ``prefetch`` argument, which this also turns on).
+        key_reduce: max / min without ``with_arg``: reduce one order-preserving int32 key per element (NaN
+            mapped to the top / bottom) instead of a float max plus a separate NaN-flag reduction.
+    """
+
+    pairs: bool = False
+    tile_bytes: bool = False
+    num_warps: int | None = None
+    prefetch: bool = False
+    key_reduce: bool = False
+
+    def __post_init__(self):
+        for name in ("pairs", "tile_bytes", "prefetch", "key_reduce"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Expected GatherVariant.{name} a bool. Got {getattr(self, name)!r}.")
+        w = self.num_warps
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w not in (1, 2, 4, 8, 16)):
+            raise ValueError(f"Expected GatherVariant.num_warps None or one of 1, 2, 4, 8, 16. Got {w!r}.")
+
+    def pair_dtype(self, dtype, f: int):
+        """The 2-byte dtype that ``x`` is gathered in pairs of, or ``None`` (plain gather)."""
+        dtype = jnp.dtype(dtype)
+        return dtype if self.pairs and dtype.itemsize == 2 and f % 2 == 0 else None
+
+    def edge_scale(self, dtype) -> int:
+        """Factor on the default edges per step: ``4 / itemsize`` with ``tile_bytes``, else 1."""
+        return 4 // jnp.dtype(dtype).itemsize if self.tile_bytes else 1
+
+    def warps(self, default: int) -> int:
+        return default if self.num_warps is None else self.num_warps
+
+    def tag(self) -> str:
+        """A short name for kernel names and tables: ``""`` for the default."""
+        parts = [n for n, on in (("pairs", self.pairs), ("bytes", self.tile_bytes), ("prefetch", self.prefetch),
+                                 ("key", self.key_reduce)) if on]  # fmt: skip
+        parts += [] if self.num_warps is None else [f"w{self.num_warps}"]
+        return "+".join(parts)
+
+    def name_suffix(self) -> str:
+        """The kernel name's suffix (``_v_pairs_key``): none for the default, whose names profiles and tests know."""
+        tag = self.tag()
+        return "_v_" + tag.replace("+", "_") if tag else ""
+
+
+def check_variant(variant) -> GatherVariant:
+    """``None`` -> the default; a :class:`GatherVariant` as is; raises ``ValueError`` otherwise."""
+    if variant is None:
+        return GatherVariant()
+    if not isinstance(variant, GatherVariant):
+        raise ValueError(f"Expected variant None or a GatherVariant. Got {variant!r}.")
+    return variant
+
+
+def as_pairs(x: jax.Array) -> jax.Array:
+    """``(N, F)`` 2-byte ``x`` -> ``(N, F/2)`` uint32: feature ``2k`` in the low half of column ``k``."""
+    n, f = x.shape
+    return lax.bitcast_convert_type(x.reshape(n, f // 2, 2), jnp.uint32)
+
+
+def pair_bits(value: float, dtype) -> jax.Array:
+    """The uint32 holding ``value`` in ``dtype`` in both halves (``other`` of a masked pair gather)."""
+    return jnp.uint32(int(np.asarray([value, value], jnp.dtype(dtype)).view(np.uint32)[0]))
+
+
+def unpack_pairs(u: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
+    """uint32 pairs of ``dtype`` (bfloat16 / float16) -> (low halves, high halves) in float32, exactly."""
+    if jnp.dtype(dtype) == jnp.bfloat16:  # a bfloat16 is the high half of its float32
+        lo = lax.bitcast_convert_type(lax.shift_left(u, jnp.uint32(16)), jnp.float32)
+        return lo, lax.bitcast_convert_type(u & jnp.uint32(0xFFFF0000), jnp.float32)
+    lo = lax.bitcast_convert_type((u & jnp.uint32(0xFFFF)).astype(jnp.uint16), jnp.float16)
+    hi = lax.bitcast_convert_type(lax.shift_right_logical(u, jnp.uint32(16)).astype(jnp.uint16), jnp.float16)
+    return lo.astype(jnp.float32), hi.astype(jnp.float32)
+
+
+def gather_parts(ref, idx, cols, mask, other, pairs) -> tuple[jax.Array, ...]:
+    """:func:`gather` (``idx`` of rank 1, ``other`` 0) or :func:`gather_tiles` (rank 2) as a 1-tuple; with
+    ``pairs`` (the dtype whose pairs ``ref``'s uint32 hold) the (low, high) float32 halves of a pair gather."""
+    if pairs is None:
+        return (gather(ref, idx, cols, mask),) if idx.ndim == 1 else (gather_tiles(ref, idx, cols, mask, other),)
+    ix = (idx[:, None], cols[None, :]) if idx.ndim == 1 else (idx[:, :, None], cols[None, None, :])
+    return unpack_pairs(plgpu.load(ref.at[ix], mask=mask, other=pair_bits(other, pairs)), pairs)
+
+
+def interleave(parts):
+    """One part as is; (low, high) halves ``(..., k)`` -> ``(..., 2k)``: ``lo[i]`` at ``2i``, ``hi[i]`` at ``2i+1``."""
+    if len(parts) == 1:
+        return parts[0]
+    lo, hi = parts
+    return jnp.stack([lo, hi], axis=-1).reshape(*lo.shape[:-1], 2 * lo.shape[-1])
+
+
+_KEY_NAN_MAX, _KEY_NAN_MIN = 2**31 - 1, -(2**31)
+
+
+def order_key(v: jax.Array, is_max: bool) -> jax.Array:
+    """float32 -> int32 keys ordered as the floats (``-0.0`` just below ``+0.0``); NaN above every key for a
+    max, below every key for a min, so one integer max / min also propagates NaN."""
+    b = lax.bitcast_convert_type(v, jnp.int32)
+    key = jnp.where(b < 0, b ^ jnp.int32(0x7FFFFFFF), b)
+    return jnp.where(jnp.isnan(v), jnp.int32(_KEY_NAN_MAX if is_max else _KEY_NAN_MIN), key)
+
+
+def from_key(key: jax.Array, is_max: bool) -> jax.Array:
+    """The inverse of :func:`order_key` (the NaN key gives NaN)."""
+    v = lax.bitcast_convert_type(jnp.where(key < 0, key ^ jnp.int32(0x7FFFFFFF), key), jnp.float32)
+    return jnp.where(key == jnp.int32(_KEY_NAN_MAX if is_max else _KEY_NAN_MIN), jnp.nan, v)

@@ -17,8 +17,9 @@ import jax.numpy as jnp
 from ...gnn._dynamic import DynamicGraph, nan_unless, poison
 from ...gnn._graph import Graph, check_graph
 from .. import _dispatch
+from .config import AttentionConfig, resolve
 
-__all__ = ["AttentionStatic", "gatv2", "graph_attention"]
+__all__ = ["AttentionConfig", "AttentionStatic", "gatv2", "graph_attention"]
 
 DEFAULT = ("pallas", "xla")
 
@@ -34,12 +35,14 @@ class AttentionStatic:
         mode: ``"gat"`` (arrays ``x_src, x_dst, att``) or ``"dot"`` (arrays ``k, q, v``).
         slope: the leaky ReLU's negative slope (``"gat"``).
         scale: the logits' scale (``"dot"``).
+        config: the Pallas kernels' :class:`AttentionConfig` (tiling only; the XLA path ignores it).
     """
 
     impls: tuple[str, ...]
     mode: str
     slope: float = 0.0
     scale: float = 1.0
+    config: AttentionConfig = AttentionConfig()
 
     @property
     def name(self) -> str:
@@ -79,7 +82,9 @@ def _check_nhd(g: Graph | DynamicGraph, x, what: str):
     return g.check_features(x, what, ndim=3)
 
 
-def gatv2(g: Graph | DynamicGraph, x_src, x_dst, att, negative_slope: float = 0.2, *, implementation=None) -> jax.Array:
+def gatv2(
+    g: Graph | DynamicGraph, x_src, x_dst, att, negative_slope: float = 0.2, *, implementation=None, kernel_config=None
+) -> jax.Array:
     """GATv2 attention (Brody et al.) over each node's in-neighbours, fused.
 
     ``e_ij = sum_d att[h, d] * leaky_relu(x_src[j, h, d] + x_dst[i, h, d])``,
@@ -93,6 +98,9 @@ def gatv2(g: Graph | DynamicGraph, x_src, x_dst, att, negative_slope: float = 0.
         negative_slope: of the leaky ReLU.
         implementation: ``None`` (Pallas on a GPU, else XLA), ``"pallas"``, ``"xla"`` or a
             sequence tried in order.
+        kernel_config: ``None`` (the default tiling) or an :class:`AttentionConfig`: how the Pallas
+            kernels tile (heads per tile view, edges per step, warps, deferred edge sums); the
+            result does not depend on it.
 
     Returns:
         ``(N, H, D)``; nodes without in-edges get 0. Differentiable w.r.t. ``x_src``, ``x_dst`` and
@@ -100,6 +108,7 @@ def gatv2(g: Graph | DynamicGraph, x_src, x_dst, att, negative_slope: float = 0.
     """
     check_graph(g)
     impls = _dispatch.resolve(implementation, DEFAULT, tuple(_dispatch.OP_MODULES))
+    config = resolve(kernel_config)
     xs, xd = _check_nhd(g, x_src, "x_src"), _check_nhd(g, x_dst, "x_dst")
     if xd.shape != xs.shape:
         raise ValueError(f"Expected x_dst of the same shape as x_src {xs.shape}. Got {xd.shape}.")
@@ -112,10 +121,13 @@ def gatv2(g: Graph | DynamicGraph, x_src, x_dst, att, negative_slope: float = 0.
     xs, xd, att = (poison(valid, t) for t in (xs, xd, att))
     if g.edge_capacity == 0 or xs.size == 0:
         return nan_unless(valid, jnp.zeros_like(xs))
-    return nan_unless(valid, _gat(AttentionStatic(impls, "gat", slope=float(negative_slope)), g, xs, xd, att))
+    static = AttentionStatic(impls, "gat", slope=float(negative_slope), config=config)
+    return nan_unless(valid, _gat(static, g, xs, xd, att))
 
 
-def graph_attention(g: Graph | DynamicGraph, q, k, v, scale: float | None = None, *, implementation=None) -> jax.Array:
+def graph_attention(
+    g: Graph | DynamicGraph, q, k, v, scale: float | None = None, *, implementation=None, kernel_config=None
+) -> jax.Array:
     """Dot-product attention over each node's in-neighbours (graph transformer), fused.
 
     ``out[i, h] = sum_j softmax_j(scale * q[i, h] . k[j, h]) v[j, h]`` over the in-neighbours
@@ -127,12 +139,14 @@ def graph_attention(g: Graph | DynamicGraph, q, k, v, scale: float | None = None
         scale: defaults to ``1 / sqrt(D)``.
         implementation: ``None`` (Pallas on a GPU, else XLA), ``"pallas"``, ``"xla"`` or a
             sequence tried in order.
+        kernel_config: as for :func:`gatv2`.
 
     Returns:
         ``(N, H, D)``; nodes without in-edges get 0. Differentiable w.r.t. ``q``, ``k`` and ``v``.
     """
     check_graph(g)
     impls = _dispatch.resolve(implementation, DEFAULT, tuple(_dispatch.OP_MODULES))
+    config = resolve(kernel_config)
     q, k, v = _check_nhd(g, q, "q"), _check_nhd(g, k, "k"), _check_nhd(g, v, "v")
     if k.shape != q.shape or v.shape != q.shape:
         raise ValueError(f"Expected q, k and v of one shape. Got {q.shape}, {k.shape} and {v.shape}.")
@@ -142,4 +156,4 @@ def graph_attention(g: Graph | DynamicGraph, q, k, v, scale: float | None = None
     q, k, v = (poison(valid, t) for t in (q, k, v))
     if g.edge_capacity == 0 or q.size == 0:
         return nan_unless(valid, jnp.zeros_like(v))
-    return nan_unless(valid, _dot(AttentionStatic(impls, "dot", scale=float(scale)), g, k, q, v))
+    return nan_unless(valid, _dot(AttentionStatic(impls, "dot", scale=float(scale), config=config), g, k, q, v))

@@ -31,81 +31,187 @@ from ...gnn._dynamic import DynamicGraph
 from ...gnn._graph import Graph
 from .. import _dispatch
 from .. import _gnn_triton as P
+from .config import AttentionConfig
 
 _NEG = -1e30  # finite start of the running max: exp(-inf - -inf) would be NaN
+
+
+def _zeros(shape):
+    return jnp.zeros(shape, jnp.float32)
 
 
 def _lrelu(z, slope):
     return jnp.where(z > 0, z, slope * z)
 
 
-def _score(kt, qrow, att, mode, slope, scale):
-    """Logits ``(be, hb)`` of the edges of a tile: ``kt (be, hb, Dp)`` the source side."""
-    if mode == "gat":
-        return jnp.sum(_lrelu(kt + qrow[None], slope) * att[None], axis=2)
-    return jnp.sum(kt * qrow[None], axis=2) * scale
+class _View:
+    """How a program's ``w = hb * Dp`` columns are laid out (see :data:`.config.LAYOUTS`).
 
+    ``heads``: tiles ``(be, hb, Dp)``, rows ``(hb, Dp)``, per-edge values ``(be, hb)``, per-head ``(hb,)``.
+    ``flat`` / ``groups`` (one head, ``hb == 1``): tiles ``(be, Dp)`` / ``(be, Dp // 16, 16)``, rows
+    ``(Dp,)`` / ``(Dp // 16, 16)``, per-edge values ``(be,)`` and per-head scalars; the log-sum-exp and
+    ``delta`` arrays come flattened to ``(N * Hp,)`` (node ``i``, head ``h`` at ``i * Hp + h``).
+    """
 
-def _row(ref, node, blk, hb, dp):
-    return ref[node, pl.ds(blk * hb * dp, hb * dp)].astype(jnp.float32).reshape(hb, dp)
+    def __init__(self, layout: str, be: int, hb: int, dp: int, heads: int):
+        self.layout, self.be, self.hb, self.dp, self.heads = layout, be, hb, dp, heads
+        self.w = hb * dp
+        self.one = layout != "heads"
+        self.tshape = {"heads": (be, hb, dp), "flat": (be, dp), "groups": (be, dp // 16, 16)}[layout]
+        self.rshape = self.tshape[1:]
+        self.eshape = (be, hb) if layout == "heads" else (be,)
+        self.hshape = (hb,) if layout == "heads" else ()
 
+    def __hash__(self):  # a static kernel argument
+        return hash((self.layout, self.be, self.hb, self.dp, self.heads))
 
-def _vec(ref, blk, hb, dp):
-    return ref[pl.ds(blk * hb * dp, hb * dp)].astype(jnp.float32).reshape(hb, dp)
+    def __eq__(self, other):
+        return isinstance(other, _View) and hash(self) == hash(other)
 
+    def cols(self, blk):
+        return blk * self.w + jnp.arange(self.w, dtype=jnp.int32)
 
-def _tile(ref, idx, cols, m2, be, hb, dp):
-    return P.gather(ref, idx, cols, m2).reshape(be, hb, dp)
+    def _shape(self, x, shape):
+        return x if self.layout == "flat" else x.reshape(shape)
+
+    def tile(self, ref, idx, cols, m2):
+        """The ``(be, w)`` gather of rows ``idx``, in the tile shape."""
+        return self._shape(P.gather(ref, idx, cols, m2), self.tshape)
+
+    def row(self, ref, node, blk):
+        return self._shape(ref[node, pl.ds(blk * self.w, self.w)].astype(jnp.float32), self.rshape)
+
+    def vec(self, ref, blk):
+        return self._shape(ref[pl.ds(blk * self.w, self.w)].astype(jnp.float32), self.rshape)
+
+    def out_row(self, r):
+        """A row (``rshape``) as the ``(w,)`` output row."""
+        return self._shape(r, (self.w,))
+
+    def dsum(self, t):
+        """Per (edge, head) sums over the features of a tile: ``eshape``."""
+        if self.layout == "heads":
+            return jnp.sum(t, axis=2)
+        if self.layout == "flat":
+            return jnp.sum(t, axis=1)
+        return jnp.sum(jnp.sum(t, axis=2), axis=1)
+
+    def ebc(self, s):
+        """Per (edge, head) values ``eshape`` broadcastable against a tile."""
+        return {"heads": lambda: s[:, :, None], "flat": lambda: s[:, None], "groups": lambda: s[:, None, None]}[
+            self.layout
+        ]()
+
+    def hbc(self, v):
+        """Per-head values ``hshape`` broadcastable against a row."""
+        return v[:, None] if self.layout == "heads" else v
+
+    def emask(self, msk):
+        """The edge mask ``(be,)`` against per (edge, head) values."""
+        return msk[:, None] if self.layout == "heads" else msk
+
+    def node_heads(self, ref, node, blk):
+        """This program's heads of a per-(node, head) array at ``node``: ``hshape``."""
+        if self.layout == "heads":
+            return ref[node, pl.ds(blk * self.hb, self.hb)]
+        return ref[node * self.heads + blk]
+
+    def gather_heads(self, ref, idx, blk, msk):
+        """This program's heads of a per-(node, head) array at rows ``idx``: ``eshape`` (0 where masked)."""
+        if self.layout == "heads":
+            hcols = blk * self.hb + jnp.arange(self.hb, dtype=jnp.int32)
+            return P.gather(ref, idx, hcols, jnp.broadcast_to(msk[:, None], self.eshape))
+        return P.load_at(ref, idx * self.heads + blk, msk).astype(jnp.float32)
+
+    def store_heads(self, ref, v):
+        ref[0, :] = v if self.layout == "heads" else jnp.broadcast_to(v, (1,))
 
 
 # ----------------------------------------------------------------------------------- forward
-def _fwd_kernel(starts_ref, ends_ref, nodes_ref, indices_ref, *refs, be, hb, dp, mode, slope, scale):
+def _fwd_kernel(starts_ref, ends_ref, nodes_ref, indices_ref, *refs, view, deferred, mode, slope, scale):
     if mode == "gat":
         xs_ref, xd_ref, att_ref, o_ref, lse_ref = refs
     else:
         xs_ref, xd_ref, v_ref, o_ref, lse_ref = refs  # xs = k, xd = q
+    v, be, w = view, view.be, view.w
     u, blk = pl.program_id(0), pl.program_id(1)
     start, end, node = starts_ref[u], ends_ref[u], nodes_ref[u]
-    w = hb * dp
-    cols = blk * w + jnp.arange(w, dtype=jnp.int32)
-    qrow = _row(xd_ref, node, blk, hb, dp)
-    att = _vec(att_ref, blk, hb, dp) if mode == "gat" else None
+    cols = v.cols(blk)
+    qrow = v.row(xd_ref, node, blk)
+    att = v.vec(att_ref, blk) if mode == "gat" else None
 
-    def body(c, carry):
-        m_i, l_i, acc = carry
+    def step(c):
+        """Masked logits (-inf where masked) and values of edge tile ``c``."""
         off, _, msk = P.edge_tile(start, c, end, be)
         idx = P.load_ids(indices_ref, off, msk, be)
         m2 = jnp.broadcast_to(msk[:, None], (be, w))
-        kt = _tile(xs_ref, idx, cols, m2, be, hb, dp)
-        e = jnp.where(msk[:, None], _score(kt, qrow, att, mode, slope, scale), -jnp.inf)  # (be, hb)
+        kt = v.tile(xs_ref, idx, cols, m2)
+        if mode == "gat":
+            s = v.dsum(_lrelu(kt + qrow[None], slope) * att[None])
+        else:
+            s = v.dsum(kt * qrow[None]) * scale
+        e = jnp.where(v.emask(msk), s, -jnp.inf)
+        vt = kt if mode == "gat" else v.tile(v_ref, idx, cols, m2)
+        return e, vt
+
+    def body(c, carry):  # one online softmax per head: reductions over the edge axis at every step
+        m_i, l_i, acc = carry
+        e, vt = step(c)
         m_new = jnp.maximum(m_i, jnp.max(e, axis=0))
-        p = jnp.exp(e - m_new[None, :])
+        p = jnp.exp(e - m_new)
         corr = jnp.exp(m_i - m_new)
-        vt = kt if mode == "gat" else _tile(v_ref, idx, cols, m2, be, hb, dp)
-        acc = acc * corr[:, None] + jnp.sum(p[:, :, None] * vt, axis=0)
+        acc = acc * v.hbc(corr) + jnp.sum(v.ebc(p) * vt, axis=0)
         return m_new, l_i * corr + jnp.sum(p, axis=0), acc
 
-    init = (jnp.full((hb,), _NEG, jnp.float32), jnp.zeros((hb,), jnp.float32), jnp.zeros((hb, dp), jnp.float32))
-    m_i, l_i, acc = lax.fori_loop(0, P.num_chunks(start, end, be), body, init)
+    def body_rows(c, carry):  # one online softmax per (row of the tile, head), merged after the loop
+        m_r, l_r, acc_r = carry
+        e, vt = step(c)
+        m_new = jnp.maximum(m_r, e)
+        p = jnp.exp(e - m_new)
+        corr = jnp.exp(m_r - m_new)
+        return m_new, l_r * corr + p, acc_r * v.ebc(corr) + v.ebc(p) * vt
+
+    steps = P.num_chunks(start, end, be)
+    if deferred:
+        init = (jnp.full(v.eshape, _NEG, jnp.float32), jnp.zeros(v.eshape, jnp.float32), _zeros(v.tshape))
+        m_r, l_r, acc_r = lax.fori_loop(0, steps, body_rows, init)
+        m_i = jnp.max(m_r, axis=0)
+        wgt = jnp.exp(m_r - m_i)  # rows never reached: exp(_NEG - m_i) = 0 (or 1 with l = 0 when none was)
+        l_i = jnp.sum(l_r * wgt, axis=0)
+        acc = jnp.sum(acc_r * v.ebc(wgt), axis=0)
+    else:
+        init = (jnp.full(v.hshape, _NEG, jnp.float32), jnp.zeros(v.hshape, jnp.float32), _zeros(v.rshape))
+        m_i, l_i, acc = lax.fori_loop(0, steps, body, init)
     has = l_i > 0
     safe = jnp.where(has, l_i, 1.0)
-    o_ref[0, :] = jnp.where(has[:, None], acc / safe[:, None], 0.0).reshape(w).astype(o_ref.dtype)
-    lse_ref[0, :] = jnp.where(has, m_i + jnp.log(safe), -jnp.inf)
+    o_ref[0, :] = v.out_row(jnp.where(v.hbc(has), acc / v.hbc(safe), 0.0)).astype(o_ref.dtype)
+    v.store_heads(lse_ref, jnp.where(has, m_i + jnp.log(safe), -jnp.inf))
 
 
 class _Shape:
-    """Static kernel geometry for ``heads`` (padded) heads of ``dp`` features."""
+    """Static kernel geometry for ``heads`` (padded) heads of ``dp`` features, under ``config``."""
 
-    def __init__(self, heads: int, dp: int):
+    def __init__(self, heads: int, dp: int, config: AttentionConfig | None = None):
+        config = AttentionConfig() if config is None else config
         self.heads, self.dp = heads, dp
         self.hb = min(heads, max(1, 128 // dp))
         self.nblk = heads // self.hb
         w = self.hb * dp
-        self.be = max(16, min(128, 4096 // w))
-        self.warps = 4 if self.be * w >= 2048 else (2 if self.be * w >= 512 else 1)
+        # 16 edges per step for 128 features per program (measured, see config.AttentionConfig)
+        self.be = config.edges_per_step or (16 if w >= 128 else max(16, min(128, 4096 // w)))
+        default_warps = 4 if self.be * w >= 2048 else (2 if self.be * w >= 512 else 1)
+        self.warps = config.num_warps or default_warps
+        one = self.hb == 1 and dp >= 32  # flat / groups: one head per program
+        self.layout = (config.layout or "flat") if one else "heads"
+        self.deferred = config.deferred if config.deferred is not None else self.layout == "flat"
+        self.view = _View(self.layout, self.be, self.hb, dp, heads)
 
     def kw(self):
-        return dict(be=self.be, hb=self.hb, dp=self.dp)
+        return dict(view=self.view, deferred=self.deferred)
+
+    def heads_array(self, a):
+        """A per-(node, head) array as the kernels read it: ``(N, Hp)``, flattened for one-head layouts."""
+        return a.reshape(-1) if self.view.one else a
 
 
 def _fwd_call(units, indices, xs, xd, third, sh, out_dtype, mode, slope, scale, interpret):
@@ -128,11 +234,15 @@ def _fwd_call(units, indices, xs, xd, third, sh, out_dtype, mode, slope, scale, 
     )(starts, ends, nodes, indices, xs, xd, third)
 
 
-def flat_forward(g: Graph | DynamicGraph, mode: str, xs, xd, third, heads: int, slope: float, scale: float):
-    """xs, xd, (v): ``(N, Hp*Dp)``; third: att ``(Hp*Dp,)`` or v. Returns out ``(N, Hp*Dp)``, lse ``(N, Hp)``."""
+def flat_forward(
+    g: Graph | DynamicGraph, mode: str, xs, xd, third, heads: int, slope: float, scale: float, config=None
+):
+    """xs, xd, (v): ``(N, Hp*Dp)``; third: att ``(Hp*Dp,)`` or v. Returns out ``(N, Hp*Dp)``, lse ``(N, Hp)``.
+
+    ``config``: an :class:`AttentionConfig` (``None``: the default geometry)."""
     interpret = _dispatch.pallas_mode()
     P.check_dtype(xs, xd, third)
-    sh = _Shape(heads, xs.shape[1] // heads)
+    sh = _Shape(heads, xs.shape[1] // heads, config)
     indices = jnp.asarray(g.indices)
     main, extra = P.units(g)
     # float32 where heavy nodes' partial outputs are combined afterwards: a half-precision output is rounded once
@@ -154,95 +264,107 @@ def flat_forward(g: Graph | DynamicGraph, mode: str, xs, xd, third, heads: int, 
 
 
 # --------------------------------------------------------------------- backward, destination pass
-def _bwd_dst_kernel(starts_ref, ends_ref, nodes_ref, indices_ref, *refs, be, hb, dp, mode, slope, scale):
+def _bwd_dst_kernel(starts_ref, ends_ref, nodes_ref, indices_ref, *refs, view, deferred, mode, slope, scale):
     if mode == "gat":
         xs_ref, xd_ref, att_ref, do_ref, lse_ref, dl_ref, dxd_ref, datt_ref = refs
     else:
         xs_ref, xd_ref, v_ref, do_ref, lse_ref, dl_ref, dxd_ref = refs
+    v, be, w = view, view.be, view.w
     u, blk = pl.program_id(0), pl.program_id(1)
     start, end, node = starts_ref[u], ends_ref[u], nodes_ref[u]
-    w = hb * dp
-    cols = blk * w + jnp.arange(w, dtype=jnp.int32)
-    qrow = _row(xd_ref, node, blk, hb, dp)
-    dorow = _row(do_ref, node, blk, hb, dp)
-    lse = lse_ref[node, pl.ds(blk * hb, hb)]
-    delta = dl_ref[node, pl.ds(blk * hb, hb)]
-    att = _vec(att_ref, blk, hb, dp) if mode == "gat" else None
+    cols = v.cols(blk)
+    qrow = v.row(xd_ref, node, blk)
+    dorow = v.row(do_ref, node, blk)
+    lse = v.node_heads(lse_ref, node, blk)
+    delta = v.node_heads(dl_ref, node, blk)
+    att = v.vec(att_ref, blk) if mode == "gat" else None
+    red = (lambda t: t) if deferred else (lambda t: jnp.sum(t, axis=0))  # per-row partials, or summed now
 
     def body(c, carry):
         dq, da = carry
         off, _, msk = P.edge_tile(start, c, end, be)
         idx = P.load_ids(indices_ref, off, msk, be)
         m2 = jnp.broadcast_to(msk[:, None], (be, w))
-        kt = _tile(xs_ref, idx, cols, m2, be, hb, dp)
-        vt = kt if mode == "gat" else _tile(v_ref, idx, cols, m2, be, hb, dp)
+        kt = v.tile(xs_ref, idx, cols, m2)
+        vt = kt if mode == "gat" else v.tile(v_ref, idx, cols, m2)
         if mode == "gat":
             z = kt + qrow[None]
             lz = _lrelu(z, slope)
-            e = jnp.sum(lz * att[None], axis=2)
+            e = v.dsum(lz * att[None])
         else:
-            e = jnp.sum(kt * qrow[None], axis=2) * scale
-        alpha = jnp.where(msk[:, None], jnp.exp(e - lse[None, :]), 0.0)  # (be, hb)
-        de = alpha * (jnp.sum(vt * dorow[None], axis=2) - delta[None, :])
+            e = v.dsum(kt * qrow[None]) * scale
+        alpha = jnp.where(v.emask(msk), jnp.exp(e - lse), 0.0)
+        de = alpha * (v.dsum(vt * dorow[None]) - delta)
         if mode == "gat":
-            dz = de[:, :, None] * att[None] * jnp.where(z > 0, 1.0, slope)
-            return dq + jnp.sum(dz, axis=0), da + jnp.sum(de[:, :, None] * lz, axis=0)
-        return dq + scale * jnp.sum(de[:, :, None] * kt, axis=0), da
+            dz = v.ebc(de) * att[None] * jnp.where(z > 0, 1.0, slope)
+            return dq + red(dz), da + red(v.ebc(de) * lz)
+        return dq + scale * red(v.ebc(de) * kt), da
 
-    zero = jnp.zeros((hb, dp), jnp.float32)
-    dq, da = lax.fori_loop(0, P.num_chunks(start, end, be), body, (zero, zero))
-    dxd_ref[0, :] = dq.reshape(w)
+    zero = jnp.zeros(v.tshape if deferred else v.rshape, jnp.float32)
+    nothing = jnp.zeros((), jnp.float32)  # dot mode has no second sum
+    dq, da = lax.fori_loop(0, P.num_chunks(start, end, be), body, (zero, zero if mode == "gat" else nothing))
+    if deferred:
+        dq = jnp.sum(dq, axis=0)
+        da = jnp.sum(da, axis=0) if mode == "gat" else da
+    dxd_ref[0, :] = v.out_row(dq)
     if mode == "gat":
-        datt_ref[0, :] = da.reshape(w)
+        datt_ref[0, :] = v.out_row(da)
 
 
 # -------------------------------------------------------------------------- backward, source pass
-def _bwd_src_kernel(starts_ref, ends_ref, nodes_ref, indices_ref, *refs, be, hb, dp, mode, slope, scale):
+def _bwd_src_kernel(starts_ref, ends_ref, nodes_ref, indices_ref, *refs, view, deferred, mode, slope, scale):
     # indices are destinations here (CSR of the transpose); node is the source j.
     if mode == "gat":
         xs_ref, xd_ref, att_ref, do_ref, lse_ref, dl_ref, dxs_ref = refs
     else:
         xs_ref, xd_ref, v_ref, do_ref, lse_ref, dl_ref, dk_ref, dv_ref = refs
+    v, be, w = view, view.be, view.w
     u, blk = pl.program_id(0), pl.program_id(1)
     start, end, node = starts_ref[u], ends_ref[u], nodes_ref[u]
-    w = hb * dp
-    cols = blk * w + jnp.arange(w, dtype=jnp.int32)
-    hcols = blk * hb + jnp.arange(hb, dtype=jnp.int32)
-    krow = _row(xs_ref, node, blk, hb, dp)
-    vrow = krow if mode == "gat" else _row(v_ref, node, blk, hb, dp)
-    att = _vec(att_ref, blk, hb, dp) if mode == "gat" else None
+    cols = v.cols(blk)
+    krow = v.row(xs_ref, node, blk)
+    vrow = krow if mode == "gat" else v.row(v_ref, node, blk)
+    att = v.vec(att_ref, blk) if mode == "gat" else None
+    one_sum = deferred and mode == "gat"  # deferred: per-row partials, and GATv2's dk + dv in one accumulator
 
     def body(c, carry):
         dk, dv = carry
         off, _, msk = P.edge_tile(start, c, end, be)
         idx = P.load_ids(indices_ref, off, msk, be)
         m2 = jnp.broadcast_to(msk[:, None], (be, w))
-        qt = _tile(xd_ref, idx, cols, m2, be, hb, dp)
-        dot = _tile(do_ref, idx, cols, m2, be, hb, dp)
-        mh = jnp.broadcast_to(msk[:, None], (be, hb))
-        lse = P.gather(lse_ref, idx, hcols, mh)
-        delta = P.gather(dl_ref, idx, hcols, mh)
+        qt = v.tile(xd_ref, idx, cols, m2)
+        dot = v.tile(do_ref, idx, cols, m2)
+        lse = v.gather_heads(lse_ref, idx, blk, msk)
+        delta = v.gather_heads(dl_ref, idx, blk, msk)
         if mode == "gat":
             z = krow[None] + qt
-            e = jnp.sum(_lrelu(z, slope) * att[None], axis=2)
+            e = v.dsum(_lrelu(z, slope) * att[None])
         else:
-            e = jnp.sum(qt * krow[None], axis=2) * scale
-        alpha = jnp.where(mh, jnp.exp(e - lse), 0.0)
-        de = alpha * (jnp.sum(dot * vrow[None], axis=2) - delta)
-        dv = dv + jnp.sum(alpha[:, :, None] * dot, axis=0)
+            e = v.dsum(qt * krow[None]) * scale
+        alpha = jnp.where(v.emask(msk), jnp.exp(e - lse), 0.0)
+        de = alpha * (v.dsum(dot * vrow[None]) - delta)
+        dv_t = v.ebc(alpha) * dot
+        if not deferred:
+            dv = dv + jnp.sum(dv_t, axis=0)
+            if mode == "gat":
+                return dk + jnp.sum(v.ebc(de) * att[None] * jnp.where(z > 0, 1.0, slope), axis=0), dv
+            return dk + scale * jnp.sum(v.ebc(de) * qt, axis=0), dv
         if mode == "gat":
-            dk = dk + jnp.sum(de[:, :, None] * att[None] * jnp.where(z > 0, 1.0, slope), axis=0)
-        else:
-            dk = dk + scale * jnp.sum(de[:, :, None] * qt, axis=0)
-        return dk, dv
+            dk_t = v.ebc(de) * att[None] * jnp.where(z > 0, 1.0, slope)
+            return dk + dk_t + dv_t, dv  # one accumulator: both are gradients w.r.t. x_src
+        return dk + v.ebc(de) * qt, dv + dv_t  # dk scaled after the loop
 
-    zero = jnp.zeros((hb, dp), jnp.float32)
-    dk, dv = lax.fori_loop(0, P.num_chunks(start, end, be), body, (zero, zero))
+    acc = jnp.zeros(v.tshape if deferred else v.rshape, jnp.float32)
+    init = (acc, jnp.zeros((), jnp.float32)) if one_sum else (acc, acc)
+    dk, dv = lax.fori_loop(0, P.num_chunks(start, end, be), body, init)
+    if deferred:
+        dk = jnp.sum(dk, axis=0) * (1.0 if mode == "gat" else scale)
+        dv = dv if one_sum else jnp.sum(dv, axis=0)
     if mode == "gat":
-        dxs_ref[0, :] = (dk + dv).reshape(w)
+        dxs_ref[0, :] = v.out_row(dk if one_sum else dk + dv)
     else:
-        dk_ref[0, :] = dk.reshape(w)
-        dv_ref[0, :] = dv.reshape(w)
+        dk_ref[0, :] = v.out_row(dk)
+        dv_ref[0, :] = v.out_row(dv)
 
 
 def _bwd_call(kernel, nout, tag, units, indices, xs, xd, third, dout, lse, delta, sh, mode, slope, scale, interpret):
@@ -258,7 +380,7 @@ def _bwd_call(kernel, nout, tag, units, indices, xs, xd, third, dout, lse, delta
         interpret=interpret,
         compiler_params=P.params(sh.warps),
         name=f"gnn_{mode}_bwd_{tag}",
-    )(starts, ends, nodes, indices, xs, xd, third, dout, lse, delta)
+    )(starts, ends, nodes, indices, xs, xd, third, dout, sh.heads_array(lse), sh.heads_array(delta))
 
 
 def _bwd_dst_call(*args):
@@ -283,11 +405,22 @@ def _two_pass(call, g, *args):
 
 
 def flat_backward(
-    g: Graph | DynamicGraph, mode: str, xs, xd, third, out, lse, dout, heads: int, slope: float, scale: float
+    g: Graph | DynamicGraph,
+    mode: str,
+    xs,
+    xd,
+    third,
+    out,
+    lse,
+    dout,
+    heads: int,
+    slope: float,
+    scale: float,
+    config=None,
 ):
     """Gradients w.r.t. xs, xd (or k, q) and att (or v), all in the flattened layout, float32."""
     interpret = _dispatch.pallas_mode()
-    sh = _Shape(heads, xs.shape[1] // heads)
+    sh = _Shape(heads, xs.shape[1] // heads, config)
     n = xs.shape[0]
     delta = jnp.sum(
         (dout.astype(jnp.float32) * out.astype(jnp.float32)).reshape(n, heads, sh.dp), axis=-1
@@ -321,7 +454,8 @@ def _geometry(a):
 def attention_forward(s, g, a, b, c):
     """As :func:`..reference.attention_forward`: ``(out (N, H, D), lse (N, Hp))``."""
     n, h, d, hp, dp = _geometry(a)
-    out, lse = flat_forward(g, s.mode, _flat(a, hp, dp), _flat(b, hp, dp), _flat(c, hp, dp), hp, s.slope, s.scale)
+    f = lambda t: _flat(t, hp, dp)
+    out, lse = flat_forward(g, s.mode, f(a), f(b), f(c), hp, s.slope, s.scale, s.config)
     return out.reshape(n, hp, dp)[:, :h, :d], lse
 
 
@@ -329,7 +463,7 @@ def attention_backward(s, g, a, b, c, out, lse, dout):
     """Cotangents of ``a, b, c`` from the saved output and log-sum-exp."""
     n, h, d, hp, dp = _geometry(a)
     f = lambda t: _flat(t, hp, dp)
-    da, db, dc = flat_backward(g, s.mode, f(a), f(b), f(c), f(out), lse, f(dout), hp, s.slope, s.scale)
+    da, db, dc = flat_backward(g, s.mode, f(a), f(b), f(c), f(out), lse, f(dout), hp, s.slope, s.scale, s.config)
     da = da.reshape(n, hp, dp)[:, :h, :d].astype(a.dtype)
     db = db.reshape(n, hp, dp)[:, :h, :d].astype(b.dtype)
     dc = dc.reshape(*c.shape[:-2], hp, dp)[..., :h, :d].astype(c.dtype)

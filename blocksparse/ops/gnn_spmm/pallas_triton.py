@@ -35,52 +35,76 @@ from ..gnn_aggregate.pallas_triton import length_order, packed_tiles
 NODES_PER_PROGRAM = (1, 2, 4, 8, 16)
 
 
-def _kernel(starts_ref, ends_ref, indices_ref, *rest, be: int, bf: int, weighted: bool, init: bool):
+def _kernel(
+    starts_ref, ends_ref, indices_ref, *rest, be: int, bf: int, weighted: bool, init: bool, pairs=None, prefetch=False
+):
+    """``pairs``: the 2-byte dtype whose uint32 pairs ``x_ref`` holds (``GatherVariant.pairs``), reduced as two
+    float32 halves of ``bf / 2`` columns each; ``prefetch``: the next step's edge ids ride in the loop carry."""
     w_ref = rest[0] if weighted else None
     x_ref = rest[int(weighted)]
     init_ref = rest[-2] if init else None
     o_ref = rest[-1]
     u, fb = pl.program_id(0), pl.program_id(1)
     start, end = starts_ref[u], ends_ref[u]
-    cols = fb * bf + jnp.arange(bf, dtype=jnp.int32)
+    width, parts = (bf, 1) if pairs is None else (bf // 2, 2)  # x_ref's columns per program; float32 halves
+    cols = fb * width + jnp.arange(width, dtype=jnp.int32)
 
-    def body(c, acc):
+    def ids(c):
         off, _, m = P.edge_tile(start, c, end, be)
-        idx = P.load_ids(indices_ref, off, m, be)
-        rows = P.gather(x_ref, idx, cols, jnp.broadcast_to(m[:, None], (be, bf)))
+        return P.load_ids(indices_ref, off, m, be)
+
+    def body(c, carry):
+        *acc, idx = carry if prefetch else (*carry, None)
+        off, _, m = P.edge_tile(start, c, end, be)
+        nxt = ids(c + 1) if prefetch else None
+        idx = P.load_ids(indices_ref, off, m, be) if idx is None else idx
+        rows = P.gather_parts(x_ref, idx, cols, jnp.broadcast_to(m[:, None], (be, width)), 0, pairs)
         if weighted:
             w = P.load_ids(w_ref, off, m, be).astype(jnp.float32)
-            rows = rows * w[:, None]
-        return acc + jnp.sum(rows, axis=0)
+            rows = [r * w[:, None] for r in rows]
+        acc = tuple(a + jnp.sum(r, axis=0) for a, r in zip(acc, rows, strict=True))
+        return (*acc, nxt) if prefetch else acc
 
-    acc = lax.fori_loop(0, P.num_chunks(start, end, be), body, jnp.zeros((bf,), jnp.float32))
+    steps = P.num_chunks(start, end, be)
+    init_carry = tuple(jnp.zeros((width,), jnp.float32) for _ in range(parts)) + ((ids(0),) if prefetch else ())
+    acc = P.interleave(lax.fori_loop(0, steps, body, init_carry)[:parts])
     if init:
         acc = acc + init_ref[0, :].astype(jnp.float32)
     o_ref[0, :] = acc.astype(o_ref.dtype)
 
 
-def _call(starts, ends, indices, w, x, num_units, out_dtype, be, bf, interpret, init=None):
-    fp = x.shape[1]
+def _call(starts, ends, indices, w, x, num_units, out_dtype, be, bf, interpret, init=None, variant=None, pairs=None):
+    """``variant``: a :class:`~.._gnn_triton.GatherVariant` (``None``: the default kernel); ``pairs``: the dtype
+    whose uint32 pairs ``x`` holds (``(N, F/2)``), or ``None``."""
+    v = P.check_variant(variant)
+    fp = x.shape[1] * (1 if pairs is None else 2)  # features
     args = (starts, ends, indices) + ((w,) if w is not None else ()) + (x,)
     rows = pl.BlockSpec((1, bf), lambda u, f: (u, f))
     extra = {}
     if init is not None:  # the index arrays and x whole; init by rows like the output, which overwrites it
         extra = dict(in_specs=[pl.no_block_spec] * len(args) + [rows], input_output_aliases={len(args): 0})
         args = args + (init,)
+    kernel = functools.partial(
+        _kernel, be=be, bf=bf, weighted=w is not None, init=init is not None, pairs=pairs, prefetch=v.prefetch
+    )
     return pl.pallas_call(
-        functools.partial(_kernel, be=be, bf=bf, weighted=w is not None, init=init is not None),
+        kernel,
         grid=(num_units, fp // bf),
         out_specs=rows,
         out_shape=jax.ShapeDtypeStruct((num_units, fp), out_dtype),
         **extra,
         interpret=interpret,
-        compiler_params=P.params(4),
-        name="gnn_spmm",
+        compiler_params=P.params(v.warps(4)),
+        name="gnn_spmm" + v.name_suffix(),
     )(*args)
 
 
 # ---------------------------------------------------------------------------------- packed kernel
-def _packed_kernel(*refs, num_units: int, f: int, nodes: int, be: int, bf: int, flags: tuple[bool, bool, bool]):
+def _packed_kernel(
+    *refs, num_units: int, f: int, nodes: int, be: int, bf: int, flags: tuple[bool, bool, bool], pairs=None,
+    prefetch=False,
+):  # fmt: skip
+    """``pairs`` / ``prefetch``: as in :func:`_kernel` (``x_ref`` then has ``f / 2`` uint32 columns)."""
     ordered, weighted, init = flags
     refs = list(refs)
     starts_ref, ends_ref = refs.pop(0), refs.pop(0)
@@ -94,27 +118,46 @@ def _packed_kernel(*refs, num_units: int, f: int, nodes: int, be: int, bf: int, 
     units, live, start, end = P.unit_block(starts_ref, ends_ref, order_ref, p * nodes, nodes, num_units)
     cols = fb * bf + jnp.arange(bf, dtype=jnp.int32)
     colmask = cols < f  # no padded copy of x: the last feature block is masked instead
-    shape = (nodes, be, bf)
+    if pairs is None:
+        width, parts, xcols, xmask = bf, 1, cols, colmask
+    else:  # x_ref's columns are pairs of features
+        width, parts = bf // 2, 2
+        xcols = fb * width + jnp.arange(width, dtype=jnp.int32)
+        xmask = xcols < f // 2
+    shape = (nodes, be, width)
 
-    def body(c, acc):
+    def ids(c):
+        return P.load_at(indices_ref, *P.edge_tiles(start, c, end, be))
+
+    def body(c, carry):
+        *acc, idx = carry if prefetch else (*carry, None)
         pos, m = P.edge_tiles(start, c, end, be)
-        idx = P.load_at(indices_ref, pos, m)
-        m3 = jnp.broadcast_to(m[:, :, None], shape) & jnp.broadcast_to(colmask[None, None, :], shape)
-        rows = P.gather_tiles(x_ref, idx, cols, m3, 0.0)
+        nxt = ids(c + 1) if prefetch else None
+        idx = P.load_at(indices_ref, pos, m) if idx is None else idx
+        m3 = jnp.broadcast_to(m[:, :, None], shape) & jnp.broadcast_to(xmask[None, None, :], shape)
+        rows = P.gather_parts(x_ref, idx, xcols, m3, 0.0, pairs)
         if weighted:
-            rows = rows * P.load_at(w_ref, pos, m).astype(jnp.float32)[:, :, None]
-        return acc + jnp.sum(rows, axis=1)
+            w = P.load_at(w_ref, pos, m).astype(jnp.float32)[:, :, None]
+            rows = [r * w for r in rows]
+        acc = tuple(a + jnp.sum(r, axis=1) for a, r in zip(acc, rows, strict=True))
+        return (*acc, nxt) if prefetch else acc
 
     steps = jnp.max(P.num_chunks(start, end, be))  # the group's longest edge range
-    acc = lax.fori_loop(0, steps, body, jnp.zeros((nodes, bf), jnp.float32))
+    init_carry = tuple(jnp.zeros((nodes, width), jnp.float32) for _ in range(parts)) + ((ids(0),) if prefetch else ())
+    acc = P.interleave(lax.fori_loop(0, steps, body, init_carry)[:parts])
     out_mask = jnp.broadcast_to(live[:, None], (nodes, bf)) & jnp.broadcast_to(colmask[None, :], (nodes, bf))
     if init:
         acc = acc + P.load_at(init_ref, (units[:, None], cols[None, :]), out_mask).astype(jnp.float32)
     P.store_rows(o_ref, units, cols, acc, out_mask)
 
 
-def _packed_call(starts, ends, order, indices, w, x, num_units, out_dtype, nodes, be, bf, warps, interpret, init=None):
-    f = x.shape[1]
+def _packed_call(
+    starts, ends, order, indices, w, x, num_units, out_dtype, nodes, be, bf, warps, interpret, init=None,
+    variant=None, pairs=None,
+):  # fmt: skip
+    """``variant`` / ``pairs``: as in :func:`_call`."""
+    v = P.check_variant(variant)
+    f = x.shape[1] * (1 if pairs is None else 2)  # features
     args = (starts, ends) + (() if order is None else (order,)) + (indices,) + (() if w is None else (w,)) + (x,)
     extra = {}
     if init is not None:  # each program reads its rows of init, then writes the same rows of the output over it
@@ -122,7 +165,7 @@ def _packed_call(starts, ends, order, indices, w, x, num_units, out_dtype, nodes
         args = args + (init,)
     kernel = functools.partial(
         _packed_kernel, num_units=num_units, f=f, nodes=nodes, be=be, bf=bf,
-        flags=(order is not None, w is not None, init is not None),
+        flags=(order is not None, w is not None, init is not None), pairs=pairs, prefetch=v.prefetch,
     )  # fmt: skip
     return pl.pallas_call(
         kernel,
@@ -130,8 +173,8 @@ def _packed_call(starts, ends, order, indices, w, x, num_units, out_dtype, nodes
         out_shape=jax.ShapeDtypeStruct((num_units, f), out_dtype),  # whole array: each program stores its rows
         **extra,
         interpret=interpret,
-        compiler_params=P.params(warps),
-        name=f"gnn_spmm_x{nodes}",
+        compiler_params=P.params(v.warps(warps)),
+        name=f"gnn_spmm_x{nodes}" + v.name_suffix(),
     )(*args)
 
 
@@ -145,6 +188,13 @@ def check_nodes_per_program(nodes_per_program) -> None:
         raise ValueError(f"Expected nodes_per_program None or one of {NODES_PER_PROGRAM}. Got {g!r}.")
 
 
+#: The one-node kernel's default: one warp per program (H200, power-law graph N = 262,144, E = 8,388,608,
+#: F = 128: 0.486 against 0.955 ms with 4 warps in bfloat16, 0.927 against 1.009 ms in float32; XLA's sorted
+#: segment sum took 0.673 / 1.049 ms). The kernel is bound by latency (a dependent load of edge ids, then
+#: of rows, per step), not bandwidth: smaller programs keep more of them in flight per SM.
+DEFAULT_VARIANT = P.GatherVariant(num_warps=1)
+
+
 def _main_dtype(dtype, extra):
     """The main units' output dtype: float32 where heavy nodes' partial sums are folded in afterwards, so
     that a half-precision result is rounded once (as the reference's float32 segment sum is), not once per
@@ -152,19 +202,27 @@ def _main_dtype(dtype, extra):
     return dtype if extra is None else jnp.float32
 
 
-def _csr_sum_packed(g, w_csr, x, init, nodes, be, interpret):
+def _csr_sum_packed(g, w_csr, x, init, nodes, be, interpret, variant=None):
     n, f = x.shape
     if g.edge_capacity == 0 or n == 0 or f == 0:  # nothing to gather (and no edge array a kernel could read)
         return jnp.zeros_like(x) if init is None else init.astype(x.dtype)
-    be, bf, warps = packed_tiles(nodes, f, be)
+    v = P.check_variant(variant)
+    be, bf, warps = packed_tiles(nodes, f, be, scale=v.edge_scale(x.dtype))
+    pairs = v.pair_dtype(x.dtype, f)  # (odd F: the plain gather)
+    xg = x if pairs is None else P.as_pairs(x)
     indices = jnp.asarray(g.indices)
     (s0, e0, _), extra = P.units(g)
     acc_dtype = _main_dtype(x.dtype, extra)
     init = None if init is None else init.astype(x.dtype).astype(acc_dtype)
-    out = _packed_call(s0, e0, length_order(g), indices, w_csr, x, n, acc_dtype, nodes, be, bf, warps, interpret, init)
+    kw = dict(variant=variant, pairs=pairs)
+    out = _packed_call(
+        s0, e0, length_order(g), indices, w_csr, xg, n, acc_dtype, nodes, be, bf, warps, interpret, init, **kw
+    )
     if extra is not None:  # extra units: one chunk each, in id order
         s1, e1, _ = extra
-        part = _packed_call(s1, e1, None, indices, w_csr, x, s1.shape[0], jnp.float32, nodes, be, bf, warps, interpret)
+        part = _packed_call(
+            s1, e1, None, indices, w_csr, xg, s1.shape[0], jnp.float32, nodes, be, bf, warps, interpret, **kw
+        )
         out = P.fold_sum(g, out, part)
     return out.astype(x.dtype)
 
@@ -177,33 +235,45 @@ def csr_sum(
     *,
     be: int | None = None,
     nodes_per_program: int | None = None,
+    variant: P.GatherVariant | None = None,
 ) -> jax.Array:
     """``x (N, F)`` -> ``(N, F)``; ``w_csr`` (E,) in CSR order of ``g`` or None; plus ``init (N, F)`` if given.
 
     ``nodes_per_program``: ``None`` or 1, one node per program (the default); 2, 4, 8 or 16, the
     packed kernel with that many light nodes per program. ``be``: edges per step (per node with
-    the packed kernel; default: its own rule per kernel). Results never depend on either.
+    the packed kernel; default: its own rule per kernel). ``variant``: a
+    :class:`~.._gnn_triton.GatherVariant` of either kernel (``None``: :data:`DEFAULT_VARIANT` for the
+    one-node kernel, the plain packed kernel; ``GatherVariant()``: the plain kernel). Results never
+    depend on these (sums may round differently where the edges per step change).
     """
     interpret = _dispatch.pallas_mode()
     P.check_dtype(x)
     check_nodes_per_program(nodes_per_program)
+    if variant is None and nodes_per_program in (None, 1):
+        variant = DEFAULT_VARIANT
+    v = P.check_variant(variant)
     n, f = x.shape
     if nodes_per_program not in (None, 1):
-        return _csr_sum_packed(g, w_csr, x, init, int(nodes_per_program), be, interpret)
+        return _csr_sum_packed(g, w_csr, x, init, int(nodes_per_program), be, interpret, variant)
     fp = next_power_of_2(f, 16)
     bf = min(fp, 128)
     # edges per step: 16 for graphs of mean in-degree <= 32 (H200, F = 128, power-law graphs: 16 / 32 / 64
     # edges took 1.22 / 1.38 / 1.85 ms at mean 16 and 0.96 / 1.01 / 1.20 ms at mean 32), else as many as
     # keep a (be, bf) float32 tile at 16 KiB, 64 at most
-    be = be or (16 if g.edge_capacity <= 32 * max(g.num_nodes, 1) else max(16, min(64, 4096 // bf)))
+    be = be or v.edge_scale(x.dtype) * (
+        16 if g.edge_capacity <= 32 * max(g.num_nodes, 1) else max(16, min(64, 4096 // bf))
+    )
     xp = P.pad_last(x, fp)
+    pairs = v.pair_dtype(x.dtype, fp)
+    xg = xp if pairs is None else P.as_pairs(xp)
     indices = jnp.asarray(g.indices)
     (s0, e0, _), extra = P.units(g)
     acc_dtype = _main_dtype(x.dtype, extra)
     init = None if init is None else P.pad_last(init.astype(x.dtype).astype(acc_dtype), fp)
-    out = _call(s0, e0, indices, w_csr, xp, n, acc_dtype, be, bf, interpret, init)
+    kw = dict(variant=variant, pairs=pairs)
+    out = _call(s0, e0, indices, w_csr, xg, n, acc_dtype, be, bf, interpret, init, **kw)
     if extra is not None:
         s1, e1, _ = extra
-        part = _call(s1, e1, indices, w_csr, xp, s1.shape[0], jnp.float32, be, bf, interpret)
+        part = _call(s1, e1, indices, w_csr, xg, s1.shape[0], jnp.float32, be, bf, interpret, **kw)
         out = P.fold_sum(g, out, part)
     return out[:, :f].astype(x.dtype)

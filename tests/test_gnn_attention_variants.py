@@ -1,0 +1,181 @@
+"""The attention kernels' variants (``kernel_config=AttentionConfig(...)``) against the XLA reference.
+
+Interpret mode on the CPU: every variant's forward and gradients equal the reference's for one head of
+128 features (one head per program: ``flat`` / ``groups`` apply) and eight heads of 16 (``flat`` /
+``groups`` run as ``heads``), on a graph with a heavy destination (its in-edges split into chunks), a
+heavy source (the backward's source pass splits its out-edges) and isolated nodes. Plus the CUDA
+lowering of every variant, the default geometry, argument checks and the benchmark script's ``--small``.
+"""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import blocksparse.gnn as gnn
+from blocksparse.ops.gnn_attention import LAYOUTS, AttentionConfig
+from blocksparse.ops.gnn_attention import pallas_triton as K
+
+C = AttentionConfig
+VARIANTS = {
+    "default": C(),  # the measured rule: flat + be16 + deferred for one head of 128, heads + be16 otherwise
+    "previous": C(layout="heads", edges_per_step=32, deferred=False),
+    "flat": C(layout="flat", edges_per_step=32, deferred=False),
+    "groups": C(layout="groups"),
+    "deferred": C(layout="heads", deferred=True),
+    "groups+deferred+w2": C(layout="groups", deferred=True, num_warps=2),
+    "be8+w1": C(edges_per_step=8, num_warps=1),
+    "be64+w8": C(edges_per_step=64, num_warps=8),
+}
+N = 16
+ISOLATED = (14, 15)  # neither in- nor out-edges
+
+
+@pytest.fixture(scope="module")
+def graph():
+    rng = np.random.default_rng(0)
+    heavy_dst = np.stack([rng.integers(0, 14, 200), np.full(200, 3)])  # node 3: 200 in-edges
+    heavy_src = np.stack([np.full(150, 5), rng.integers(0, 14, 150)])  # node 5: 150 out-edges
+    rest = rng.integers(0, 14, (2, 40))
+    src, dst = np.concatenate([heavy_dst, heavy_src, rest], axis=1)
+    g = gnn.Graph.from_edges(src, dst, N, heavy_quantile=0.5)
+    assert g.schedule.num_extra >= 1 and g.T.schedule.num_extra >= 1  # chunks in both passes
+    assert all(g.in_degree[i] == 0 and g.out_degree[i] == 0 for i in ISOLATED)
+    return g
+
+
+def _inputs(h, d, seed):
+    ks = jax.random.split(jax.random.key(seed), 5)
+    xs, xd, ct = (jax.random.normal(k, (N, h, d), jnp.float32) for k in ks[:3])
+    return xs, xd, jax.random.normal(ks[3], (h, d), jnp.float32), ct, jax.random.normal(ks[4], (N, h, d))
+
+
+def _gat(g, xs, xd, att, ct, impl, config=None):
+    f = lambda a, b, c: gnn.gatv2(g, a, b, c, implementation=impl, kernel_config=config)
+    out, vjp = jax.vjp(f, xs, xd, att)
+    return (out, *vjp(ct))
+
+
+def _dot(g, q, k, v, ct, impl, config=None):
+    f = lambda a, b, c: gnn.graph_attention(g, a, b, c, implementation=impl, kernel_config=config)
+    out, vjp = jax.vjp(f, q, k, v)
+    return (out, *vjp(ct))
+
+
+def _close(got, want, what):
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        a, b = np.asarray(a), np.asarray(b)
+        assert np.isfinite(a).all(), f"{what} [{i}]"
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=f"{what} [{i}]")
+
+
+@pytest.mark.parametrize("shape", [(1, 128), (8, 16)], ids=["H1xD128", "H8xD16"])
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_gatv2_variant_matches_reference(graph, name, shape):
+    h, d = shape
+    xs, xd, att, ct, _ = _inputs(h, d, seed=h)
+    want = _gat(graph, xs, xd, att, ct, "xla")
+    with gnn.interpret():
+        got = _gat(graph, xs, xd, att, ct, "pallas", VARIANTS[name])
+    _close(got, want, f"gatv2 {name} H={h} D={d}")
+    for i in ISOLATED:  # no in-edges: output 0; no edges at all: every gradient row 0
+        assert not np.asarray(got[0][i]).any() and not np.asarray(got[1][i]).any()
+
+
+@pytest.mark.parametrize("name", ["flat", "groups+deferred+w2", "deferred"])
+def test_graph_attention_variant_matches_reference(graph, name):
+    q, k, _, ct, v = _inputs(1, 128, seed=7)
+    want = _dot(graph, q, k, v, ct, "xla")
+    with gnn.interpret():
+        got = _dot(graph, q, k, v, ct, "pallas", VARIANTS[name])
+    _close(got, want, f"graph_attention {name}")
+
+
+@pytest.mark.parametrize("name", ["default", "groups"])
+def test_one_head_layouts_with_two_head_blocks_and_padding(graph, name):
+    # H = 2 heads of 100 features: padded to 128, one head per program, two head blocks (nblk = 2), so
+    # the flattened log-sum-exp is read at node * 2 + block
+    xs, xd, att, ct, _ = _inputs(2, 100, seed=3)
+    assert K._Shape(2, 128, VARIANTS[name]).nblk == 2
+    want = _gat(graph, xs, xd, att, ct, "xla")
+    with gnn.interpret():
+        got = _gat(graph, xs, xd, att, ct, "pallas", VARIANTS[name])
+    _close(got, want, f"gatv2 {name} H=2 D=100")
+
+
+def test_default_geometry_is_the_measured_rule():
+    # (heads, Dp) -> (hb, be, warps, layout, deferred): 16 edges per step at 128 features per program, the flat
+    # layout with deferred reductions for one head per program; narrower programs keep the old formula
+    cases = ((1, 128, 1, 16, 4, "flat", True), (8, 16, 8, 16, 4, "heads", False), (2, 8, 2, 128, 4, "heads", False),
+             (1, 4, 1, 128, 2, "heads", False), (1, 256, 1, 16, 4, "flat", True))  # fmt: skip
+    for heads, dp, hb, be, warps, layout, deferred in cases:
+        sh = K._Shape(heads, dp)
+        assert (sh.hb, sh.be, sh.warps, sh.layout, sh.deferred) == (hb, be, warps, layout, deferred), (heads, dp)
+        assert vars(K._Shape(heads, dp, C())) == {k: v for k, v in vars(sh).items()}
+    prev = K._Shape(1, 128, VARIANTS["previous"])  # every knob explicit: the geometry before the rule
+    assert (prev.be, prev.warps, prev.layout, prev.deferred) == (32, 4, "heads", False)
+    # flat / groups apply to one head per program only
+    assert K._Shape(1, 128, C(layout="flat")).layout == "flat"
+    assert K._Shape(8, 16, C(layout="flat")).layout == "heads"
+    assert K._Shape(1, 256, C(layout="groups", edges_per_step=64, num_warps=8)).kw()["view"].tshape == (64, 16, 16)
+
+
+def test_config_is_checked():
+    for bad in (dict(layout="rows"), dict(edges_per_step=24), dict(edges_per_step=True), dict(num_warps=3)):
+        with pytest.raises(ValueError, match="Expected"):
+            C(**bad)
+    with pytest.raises(TypeError, match="kernel_config"):
+        gnn.gatv2(gnn.power_law(8, 16), jnp.ones((8, 1, 4)), jnp.ones((8, 1, 4)), jnp.ones((1, 4)), kernel_config={})
+    assert C(layout="flat", edges_per_step=16, deferred=True).label == "flat+be16+deferred"
+    assert C().label == "default" and C(layout="heads", deferred=False).label == "heads+eager"
+    assert set(LAYOUTS) == {"heads", "flat", "groups"}
+    assert hash(C()) == hash(C()) and C(num_warps=8) != C()
+
+
+def test_every_variant_lowers_to_triton(monkeypatch):
+    from test_gnn_pallas import _lower_for_cuda, lowering_graph
+
+    g = lowering_graph(monkeypatch)
+    n = g.num_nodes
+
+    def gat(a, cfg):
+        return gnn.gatv2(g, a, a, jnp.ones(a.shape[1:]), implementation="pallas", kernel_config=cfg)
+
+    def dot(a, cfg):
+        return gnn.graph_attention(g, a, a, a, implementation="pallas", kernel_config=cfg)
+
+    def everything(x1, x8):
+        outs = []
+        for cfg in VARIANTS.values():
+            for f, x in ((gat, x1), (gat, x8), (dot, x1)):
+                outs.append(jax.vjp(lambda a, f=f, cfg=cfg: f(a, cfg), x))
+        return [vjp(o) for o, vjp in outs]
+
+    txt = _lower_for_cuda(everything, jnp.ones((n, 1, 128)), jnp.ones((n, 8, 16)))
+    # per (variant, call): forward, destination and source passes on main units, and on extra units but the last
+    assert txt.count("__gpu$xla.gpu.triton") >= len(VARIANTS) * 3 * 5
+
+
+def test_benchmark_script_small(tmp_path):
+    # the GPU benchmark at a tiny scale in the interpreter: rows checked against the default and XLA
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_gatv2_variants.py"
+    spec = importlib.util.spec_from_file_location("bench_gatv2_variants", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "out.json"
+    argv = ["--json", str(out), "--small", "--shapes", "1x128", "--variants", "flat", "--modes", "fwd+bwd"]
+    assert bench.main([*argv, "--calls", "best"]) == 0
+    res = json.loads(out.read_text())
+    rows = res["rows"]
+    assert [(r["shape"], r["variant"]) for r in rows] == [("1x128", "default"), ("1x128", "flat")]
+    assert all("error" not in r and r["ms"] > 0 for r in rows) and "calls_ms" in rows[0]
+    assert rows[0]["xla_rel_err"] < 1e-3 and rows[1]["rel_err"] < 1e-4
+    assert res["graph"]["extra_units"] > 0
+    # flat changes one-head programs only: not run for 8 heads of 16
+    argv = ["--json", str(out), "--small", "--shapes", "8x16", "--variants", "flat", "--modes", "fwd"]
+    assert bench.main([*argv, "--calls", "none", "--no-xla-check"]) == 0
+    assert [(r["shape"], r["variant"]) for r in json.loads(out.read_text())["rows"]] == [("8x16", "default")]

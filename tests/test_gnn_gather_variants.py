@@ -1,0 +1,311 @@
+"""Opt-in gather variants (``GatherVariant``) of the SpMM sum and max / min kernels against the XLA references.
+
+Interpret mode on the CPU (``gnn.interpret()``): small graphs with a heavy node split into chunks (extra
+units) and isolated nodes; bfloat16, float16 and float32 (where a knob applies only to 2-byte dtypes,
+float32 falls back to the plain gather); feature counts that are not a multiple of the tile, odd ones
+(the packed kernel's pair gather falls back), and two feature blocks. Max / min must match exactly (values,
+NaN, +-inf, ties and the arg positions); sums to float32-accumulation tolerance. CPU checks that every
+variant lowers to Triton for CUDA, and a tiny run of the GPU benchmark script.
+"""
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import blocksparse.gnn as gnn
+from blocksparse.ops import _gnn_triton as P
+from blocksparse.ops._gnn_triton import GatherVariant as V
+from blocksparse.ops.gnn_aggregate import pallas_triton as A
+from blocksparse.ops.gnn_aggregate import reference as AR
+from blocksparse.ops.gnn_spmm import pallas_triton as S
+from blocksparse.ops.gnn_spmm import reference as SR
+
+DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
+EVERYTHING = V(pairs=True, tile_bytes=True, prefetch=True, key_reduce=True, num_warps=2)
+
+
+@pytest.fixture(scope="module")
+def graph():
+    """24 nodes: node 2 takes 300 in-edges (split into chunks: extra units), nodes 21-23 are isolated."""
+    rng = np.random.default_rng(0)
+    n = 24
+    src = np.concatenate([rng.integers(0, n - 3, 100), rng.integers(0, n - 3, 300)])
+    dst = np.concatenate([rng.integers(0, n - 3, 100), np.full(300, 2)])
+    g = gnn.Graph.from_edges(src, dst, n, heavy_quantile=0.5)
+    assert g.schedule.num_extra > 0 and np.all(g.in_degree[n - 3 :] == 0)
+    return g
+
+
+@pytest.fixture
+def interp():
+    with gnn.interpret():
+        yield
+
+
+def _ties(n, f, seed, dtype):
+    """Few distinct values (many ties, which go to the first in-edge) with NaN, +inf and -inf planted."""
+    x = np.random.default_rng(seed).integers(-2, 3, (n, f)).astype(np.float32)
+    x[1, 0], x[4, f - 1], x[7, f // 2], x[9, 1] = np.nan, np.inf, -np.inf, np.inf
+    return jnp.asarray(x, dtype)
+
+
+def _normal(shape, seed, dtype):
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), dtype)
+
+
+def _as32(a):
+    return np.asarray(jnp.asarray(a).astype(jnp.float32))
+
+
+def _applying(variants, dtype):
+    """The variants that change ``dtype``'s kernel: float32 ignores ``pairs`` and ``tile_bytes`` (the fallback
+    is the default kernel, which the other GNN tests cover)."""
+    if jnp.dtype(dtype).itemsize == 2:
+        return variants
+    return [v for v in variants if dataclasses.replace(v, pairs=False, tile_bytes=False) != V()]
+
+
+# ---------------------------------------------------------------------------------- the helpers
+def test_variant_validation_and_fallbacks():
+    assert P.check_variant(None) == V() and V().tag() == "" and EVERYTHING.tag() == "pairs+bytes+prefetch+key+w2"
+    for bad in (dict(pairs=1), dict(num_warps=3), dict(num_warps=True), dict(key_reduce=None)):
+        with pytest.raises(ValueError, match="Expected GatherVariant"):
+            V(**bad)
+    with pytest.raises(ValueError, match="Expected variant None or a GatherVariant"):
+        P.check_variant({"pairs": True})
+    on = V(pairs=True, tile_bytes=True)
+    assert on.pair_dtype(jnp.bfloat16, 128) == jnp.bfloat16 and on.pair_dtype(jnp.float16, 20) == jnp.float16
+    assert on.pair_dtype(jnp.float32, 128) is None and on.pair_dtype(jnp.bfloat16, 21) is None  # falls back
+    assert V().pair_dtype(jnp.bfloat16, 128) is None
+    assert (on.edge_scale(jnp.bfloat16), on.edge_scale(jnp.float32), V().edge_scale(jnp.float16)) == (2, 1, 1)
+    assert A.packed_tiles(2, 128, scale=2) == (32, 128, 4) and A.packed_tiles(2, 128) == (16, 128, 4)
+    assert A.one_node_tiles(128, scale=2) == (32, 128) and A.one_node_tiles(128) == (16, 128)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_pairs_unpack_exactly_and_interleave(dtype):
+    vals = np.array([0.0, -0.0, 1.5, -2.25, np.inf, -np.inf, np.nan, 65504.0, 1e-7, -3.0], np.float32)
+    x = jnp.asarray(np.resize(vals, (3, 10)), dtype)
+    u = P.as_pairs(x)
+    assert u.shape == (3, 5) and u.dtype == jnp.uint32
+    np.testing.assert_array_equal(np.asarray(u), np.asarray(x).view(np.uint32))  # feature 2k in the low half
+    lo, hi = P.unpack_pairs(u, dtype)
+    back = P.interleave((lo, hi))
+    np.testing.assert_array_equal(np.asarray(back).view(np.uint32), _as32(x).view(np.uint32))  # bit for bit
+    assert P.interleave((lo,)) is lo
+    lo_inf, hi_inf = P.unpack_pairs(P.pair_bits(-np.inf, dtype)[None], dtype)
+    assert lo_inf[0] == -np.inf and hi_inf[0] == -np.inf
+
+
+def test_order_keys_are_monotone_and_invert():
+    v = jnp.asarray([-np.inf, -3e38, -1.0, -1e-45, -0.0, 0.0, 1e-45, 2.0, 3e38, np.inf], jnp.float32)
+    for is_max in (True, False):
+        k = P.order_key(v, is_max)
+        assert np.all(np.diff(np.asarray(k).astype(np.int64)) > 0)  # strictly increasing, -0.0 just below +0.0
+        np.testing.assert_array_equal(np.asarray(P.from_key(k, is_max)).view(np.uint32), np.asarray(v).view(np.uint32))
+    nan = jnp.asarray([np.nan, -np.nan], jnp.float32)
+    assert np.all(np.asarray(P.order_key(nan, True)) == 2**31 - 1) and np.all(
+        np.asarray(P.order_key(nan, False)) == -(2**31)
+    )
+    assert np.all(np.isnan(np.asarray(P.from_key(P.order_key(nan, True), True))))
+
+
+# ---------------------------------------------------------------------------------- SpMM sum
+SPMM_VARIANTS = (V(pairs=True), V(tile_bytes=True), V(prefetch=True, num_warps=2), EVERYTHING)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("nodes", [None, 2], ids=["one-node", "packed"])
+def test_spmm_variants_match_reference(graph, interp, dtype, nodes):
+    g, n = graph, graph.num_nodes
+    f = 20  # not a multiple of the tile: the one-node kernel pads to 32, the packed one masks
+    x, init = _normal((n, f), 1, dtype), _normal((n, f), 2, dtype)
+    w = _normal((g.edge_capacity,), 3, dtype)
+    tol = 1e-5 if dtype == jnp.float32 else 1e-2  # float32 sums in another order; one rounding to 2 bytes
+    want, want_wi = SR.csr_sum(g, None, x), SR.csr_sum(g, w, x, init)
+    for v in _applying(SPMM_VARIANTS, dtype):
+        got = S.csr_sum(g, None, x, nodes_per_program=nodes, variant=v)
+        got_wi = S.csr_sum(g, w, x, init, nodes_per_program=nodes, variant=v)
+        assert got.dtype == x.dtype and got.shape == x.shape and got_wi.dtype == x.dtype
+        np.testing.assert_allclose(_as32(got), _as32(want), rtol=tol, atol=tol, err_msg=v.tag())
+        np.testing.assert_allclose(_as32(got_wi), _as32(want_wi), rtol=tol, atol=tol, err_msg=v.tag())
+        np.testing.assert_array_equal(_as32(got)[n - 3 :], 0.0)  # isolated nodes: 0 ...
+        np.testing.assert_array_equal(_as32(got_wi)[n - 3 :], _as32(init)[n - 3 :])  # ... or init
+
+
+def test_spmm_pairs_two_feature_blocks_and_odd_features(graph, interp):
+    g, n = graph, graph.num_nodes
+    for f, nodes in ((130, None), (130, 4), (21, None), (21, 2)):  # two blocks (the second's pair columns offset)
+        x, w = _normal((n, f), 4, jnp.bfloat16), _normal((g.edge_capacity,), 5, jnp.bfloat16)
+        got = S.csr_sum(g, w, x, x, nodes_per_program=nodes, variant=V(pairs=True))
+        np.testing.assert_allclose(_as32(got), _as32(SR.csr_sum(g, w, x, x)), rtol=1e-2, atol=1e-2, err_msg=f"F={f}")
+
+
+def test_spmm_default_variant_is_the_default_kernel(graph, interp):
+    x = _normal((graph.num_nodes, 20), 6, jnp.bfloat16)
+    np.testing.assert_array_equal(S.csr_sum(graph, None, x, variant=V()), S.csr_sum(graph, None, x))
+
+
+# ---------------------------------------------------------------------------------- max / min
+EXTREME_VARIANTS = (V(pairs=True), V(tile_bytes=True), V(key_reduce=True), EVERYTHING)
+
+
+def _check_extreme(g, x, is_max, nodes, v, with_arg, refs=None):
+    """Values (and arg positions) == the reference, exactly; ``refs``: a dict caching the reference per ``is_max``."""
+    refs = {} if refs is None else refs
+    if is_max not in refs:
+        refs[is_max] = AR.segment_extreme(g, x, is_max)
+    want, want_arg = refs[is_max]
+    got, arg = A.segment_extreme(g, x, is_max, with_arg=with_arg, nodes_per_program=nodes, variant=v)
+    what = f"{'max' if is_max else 'min'} G={nodes} {v.tag()} arg={with_arg}"
+    assert got.dtype == x.dtype and got.shape == x.shape, what
+    np.testing.assert_array_equal(_as32(got), _as32(want), err_msg=what)  # exact, NaN where the reference has NaN
+    if with_arg:
+        np.testing.assert_array_equal(arg, want_arg, err_msg=what)
+    else:
+        assert arg is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("nodes", [1, 2], ids=["one-node", "packed"])
+def test_extreme_variants_match_reference_exactly(graph, interp, dtype, nodes):
+    x, refs = _ties(graph.num_nodes, 20, 7, dtype), {}
+    for i, v in enumerate(EXTREME_VARIANTS):
+        if v in _applying(EXTREME_VARIANTS, dtype):
+            _check_extreme(graph, x, i % 2 == 0, nodes, v, False, refs)  # key_reduce: the values-only path
+            _check_extreme(graph, x, i % 2 == 1, nodes, v, i < 2, refs)
+
+
+def test_extreme_pairs_wide_and_odd_features(graph, interp):
+    for f, nodes in ((130, 1), (130, 4), (21, 2)):  # two feature blocks; an odd F (pairs fall back when packed)
+        x, refs, is_max = _ties(graph.num_nodes, f, 8, jnp.bfloat16), {}, nodes != 4
+        _check_extreme(graph, x, is_max, nodes, V(key_reduce=True, pairs=True), False, refs)
+        _check_extreme(graph, x, not is_max, nodes, V(pairs=True, tile_bytes=True), True, refs)
+
+
+def test_extreme_all_nan_and_all_inf_nodes(interp):
+    # node 0's in-edges all carry NaN, node 1's all -inf, node 2's all +inf; node 3 is isolated
+    src, dst = np.array([0, 1, 2, 0, 1, 2, 4, 4]), np.array([0, 0, 1, 1, 2, 2, 4, 4])
+    g = gnn.Graph.from_edges(src, dst, 5)
+    x = np.zeros((5, 16), np.float32)
+    x[0], x[1], x[2], x[4] = np.nan, -np.inf, np.inf, 1.0
+    for dtype in (jnp.bfloat16, jnp.float32):
+        xd, refs = jnp.asarray(x, dtype), {}
+        for nodes in (1, 2):
+            for is_max in (True, False):
+                _check_extreme(g, xd, is_max, nodes, EVERYTHING, False, refs)
+                if dtype == jnp.bfloat16:  # (float32 falls back to the default kernel)
+                    _check_extreme(g, xd, is_max, nodes, V(pairs=True, prefetch=True), True, refs)
+
+
+# ---------------------------------------------------------------------------------- CUDA lowering (CPU)
+LOWERED = (
+    V(pairs=True), V(tile_bytes=True), V(prefetch=True), V(num_warps=2), V(key_reduce=True), EVERYTHING,
+)  # fmt: skip
+
+
+def test_spmm_variants_lower_to_triton(monkeypatch):
+    from test_gnn_pallas import _lower_for_cuda, lowering_graph
+
+    g = lowering_graph(monkeypatch)
+    w = jnp.ones((g.edge_capacity,), jnp.bfloat16)
+    variants = [v for v in LOWERED if not v.key_reduce]
+
+    def everything(x, xb):
+        outs = []
+        for v in variants:
+            outs += [S.csr_sum(g, w, xb, xb, variant=v), S.csr_sum(g, None, xb, nodes_per_program=2, variant=v)]
+        return outs + [
+            S.csr_sum(g, None, x, variant=EVERYTHING),
+            S.csr_sum(g, None, x, nodes_per_program=4, variant=EVERYTHING),
+        ]
+
+    txt = _lower_for_cuda(everything, jnp.ones((40, 20)), jnp.ones((40, 130), jnp.bfloat16))
+    for v in variants:
+        assert txt.count("gnn_spmm" + v.name_suffix()) >= 2 and txt.count("gnn_spmm_x2" + v.name_suffix()) >= 2, v.tag()
+    assert txt.count("__gpu$xla.gpu.triton") >= 4 * len(variants) + 4
+
+
+def test_default_variant_lowers_to_the_measured_kernels(monkeypatch):
+    # variant=None is the measured default of each entry point, op for op the same Triton IR as naming it:
+    # one warp for the one-node SpMM, the plain packed SpMM, two warps for the values-only 2-byte max, the
+    # plain kernel with arg-max
+    from test_gnn_pallas import _lower_for_cuda, lowering_graph
+
+    try:
+        from jax._src.pallas.triton import pallas_call_registration as reg
+    except ImportError:  # private API moved
+        pytest.skip("jax internals changed")
+    g = lowering_graph(monkeypatch)
+    w = jnp.ones((g.edge_capacity,), jnp.bfloat16)
+    modules, lower = [], reg.lowering.lower_jaxpr_to_triton_module
+
+    def capture(*args, **kw):
+        res = lower(*args, **kw)
+        modules.append(res.module.operation.get_asm(enable_debug_info=False))
+        return res
+
+    monkeypatch.setattr(reg.lowering, "lower_jaxpr_to_triton_module", capture)
+
+    def kernels(spmm, packed, values, with_arg):
+        def run(xb):
+            outs = [S.csr_sum(g, w, xb, xb, variant=spmm), S.csr_sum(g, None, xb, nodes_per_program=2, variant=packed)]
+            outs += [A.segment_extreme(g, xb, True, with_arg=False, variant=values)[0]]
+            return outs + list(A.segment_extreme(g, xb, False, nodes_per_program=1, variant=with_arg))
+
+        modules.clear()
+        _lower_for_cuda(run, jnp.ones((40, 20), jnp.bfloat16))
+        return list(modules)
+
+    default = kernels(None, None, None, None)
+    assert S.DEFAULT_VARIANT == V(num_warps=1) and A.default_values_only(jnp.bfloat16) == (None, V(num_warps=2))
+    assert len(default) == 8 and kernels(V(num_warps=1), V(), V(num_warps=2), V()) == default
+    assert kernels(V(), V(), V(num_warps=2), V()) != default  # the one-node SpMM's default is not the plain kernel
+    assert A.default_values_only(jnp.float32) == (1, V(key_reduce=True))
+
+
+def test_extreme_variants_lower_to_triton(monkeypatch):
+    from test_gnn_pallas import _lower_for_cuda, lowering_graph
+
+    g = lowering_graph(monkeypatch)
+
+    def everything(x, xb):
+        outs = []
+        for v in LOWERED:
+            outs += [A.segment_extreme(g, xb, True, with_arg=False, nodes_per_program=2, variant=v)[0]]
+            outs += list(A.segment_extreme(g, xb, False, nodes_per_program=1, variant=v))
+        outs += [A.segment_extreme(g, x, True, with_arg=False, nodes_per_program=1, variant=EVERYTHING)[0]]
+        return outs + list(A.segment_extreme(g, x, False, nodes_per_program=4, variant=EVERYTHING))
+
+    txt = _lower_for_cuda(everything, jnp.ones((40, 20)), jnp.ones((40, 130), jnp.bfloat16))
+    for v in LOWERED:
+        assert txt.count("gnn_aggregate_max_x2" + v.name_suffix()) >= 2, v.tag()
+        assert txt.count("gnn_aggregate_min" + v.name_suffix()) >= 2, v.tag()
+    assert txt.count("__gpu$xla.gpu.triton") >= 4 * len(LOWERED) + 4
+
+
+# ---------------------------------------------------------------------------------- the GPU benchmark, tiny
+def test_benchmark_script_small(tmp_path):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_gather_variants.py"
+    spec = importlib.util.spec_from_file_location("bench_gather_variants", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "out.json"
+    argv = ["--small", "--json", str(out), "--dtypes", "bfloat16", "float32", "--variants", "default", "pairs"]
+    assert bench.main(argv) == 0
+    res = json.loads(out.read_text())
+    rows = res["rows"]
+    assert {r["op"] for r in rows} == {"spmm", "max"} and all("error" not in r for r in rows)
+    assert all(r["ms"] > 0 and r["calls_ms"] > 0 for r in rows)
+    assert {(r["op"], r["variant"]) for r in rows if r["dtype"] == "bfloat16"} == {
+        ("spmm", "xla"), ("spmm", "default"), ("spmm", "pairs"), ("max", "xla"), ("max", "default"), ("max", "pairs"),
+    }  # fmt: skip
+    assert not any(r["variant"] == "pairs" for r in rows if r["dtype"] == "float32")  # falls back: the default
+    assert all(r.get("exact", True) for r in rows if r["op"] == "max")
+    assert res["variants"]["max"]["default"] == dataclasses.asdict(V()) | {"nodes_per_program": None}
