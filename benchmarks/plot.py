@@ -139,7 +139,7 @@ def main(argv=None):
     ap.add_argument("--bench", nargs="+", default=None, help="`blocksparse bench --json` files, merged")
     ap.add_argument("--matmul", default="benchmarks/results/matmul_h200_run4.json")
     ap.add_argument("--gnn", default="benchmarks/results/gnn_h200_run2.json")
-    ap.add_argument("--mosaic", default="benchmarks/results/mosaic_h200_run3.json")
+    ap.add_argument("--mosaic", default="benchmarks/results/mosaic_persistent_h200_run3.json")
     ap.add_argument("--sharded-gnn", default="benchmarks/results/sharded_gnn_h200x2_run4.json")
     ap.add_argument("--out", default="docs/img")
     args = ap.parse_args(argv)
