@@ -28,6 +28,7 @@ this script.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -135,7 +136,7 @@ def main(argv=None) -> int:
     def save():
         Path(args.json).write_text(json.dumps(out, indent=1))
 
-    ctx = gnn.interpret() if args.small else _Null()
+    ctx = gnn.interpret() if args.small else contextlib.nullcontext()
     with ctx:
         t0 = time.perf_counter()
         g = gnn.power_law(nodes, edges, seed=0)
@@ -218,14 +219,6 @@ def main(argv=None) -> int:
     print(table(out["rows"]))
     print(f"total {out['total_s']:.0f} s")
     return int(failed)
-
-
-class _Null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 if __name__ == "__main__":

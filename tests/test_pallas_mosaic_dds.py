@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from test_pallas_mosaic import HALF, _epilogue_oracle, _hopper  # the dsd tests' helpers
 
 import blocksparse as bs
-from blocksparse.ops.matmul import epilogue
+from blocksparse.ops.matmul import epilogue, pallas_mosaic
 from blocksparse.ops.matmul import pallas_mosaic_dds as pmd
 from blocksparse.testing import strategies as bst
 from blocksparse.testing.oracles import assert_close, to_dense64
@@ -387,7 +387,7 @@ def test_prefers_needs_a_hopper_gpu_half_operands_and_enough_rows(monkeypatch):
     bf = jnp.bfloat16
     if pmd.hopper_problem() is not None:
         assert not pmd.prefers(W.pattern, 8192, bf, bf)  # not a Hopper GPU here
-    monkeypatch.setattr(pmd, "hopper_problem", lambda: None)
+    monkeypatch.setattr(pallas_mosaic, "hopper_problem", lambda: None)  # the check both rules share
     assert pmd.prefers(W.pattern, 8192, bf, bf)
     assert not pmd.prefers(W.pattern, pmd.PREFER_MIN_M - 1, bf, bf)
     assert not pmd.prefers(W.pattern, 8192, jnp.float16, bf)  # a mix promotes to float32

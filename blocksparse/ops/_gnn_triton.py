@@ -197,6 +197,17 @@ class GatherVariant:
         return "_v_" + tag.replace("+", "_") if tag else ""
 
 
+def packed_columns(fb, bf: int, f: int, cols, colmask, pairs):
+    """The columns a packed program reads of ``x``: ``(width, parts, xcols, xmask)``. Plain: the ``bf`` feature
+    columns ``cols`` (``colmask`` masking those past ``f``), one part. With ``pairs`` (``x`` gathered as
+    ``uint32`` pairs of features): ``bf / 2`` pair columns, two parts (the low and high halves)."""
+    if pairs is None:
+        return bf, 1, cols, colmask
+    width = bf // 2
+    xcols = fb * width + jnp.arange(width, dtype=jnp.int32)
+    return width, 2, xcols, xcols < f // 2
+
+
 def check_variant(variant) -> GatherVariant:
     """``None`` -> the default; a :class:`GatherVariant` as is; raises ``ValueError`` otherwise."""
     if variant is None:

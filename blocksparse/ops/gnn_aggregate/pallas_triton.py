@@ -187,12 +187,7 @@ def _packed_kernel(
     colmask = cols < f  # no padded copy of x: the last feature block is masked instead
     ident = -jnp.inf if is_max else jnp.inf
     red, pick = (jnp.max, jnp.maximum) if is_max else (jnp.min, jnp.minimum)
-    if pairs is None:
-        width, parts, xcols, xmask = bf, 1, cols, colmask
-    else:  # x_ref's columns are pairs of features
-        width, parts = bf // 2, 2
-        xcols = fb * width + jnp.arange(width, dtype=jnp.int32)
-        xmask = xcols < f // 2
+    width, parts, xcols, xmask = P.packed_columns(fb, bf, f, cols, colmask, pairs)
     shape = (nodes, be, width)
 
     def ids(c):

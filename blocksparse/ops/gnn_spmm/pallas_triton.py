@@ -118,12 +118,7 @@ def _packed_kernel(
     units, live, start, end = P.unit_block(starts_ref, ends_ref, order_ref, p * nodes, nodes, num_units)
     cols = fb * bf + jnp.arange(bf, dtype=jnp.int32)
     colmask = cols < f  # no padded copy of x: the last feature block is masked instead
-    if pairs is None:
-        width, parts, xcols, xmask = bf, 1, cols, colmask
-    else:  # x_ref's columns are pairs of features
-        width, parts = bf // 2, 2
-        xcols = fb * width + jnp.arange(width, dtype=jnp.int32)
-        xmask = xcols < f // 2
+    width, parts, xcols, xmask = P.packed_columns(fb, bf, f, cols, colmask, pairs)
     shape = (nodes, be, width)
 
     def ids(c):

@@ -291,6 +291,21 @@ def _operand_transforms(dtype):
     return (plgpu.TilingTransform((8, _SWIZZLE // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(_SWIZZLE))
 
 
+def _consume(acc_ref, a_smem, b_smem, a_bar, b_bar, i, stages: int, count, fetch):
+    """Step ``i`` of a ``stages``-deep pipeline of ``count`` steps: wait for stage ``i % stages``, issue
+    ``acc_ref += a @ b`` on it, wait until at most that wgmma is pending (step ``i - 1``'s stage is then
+    free) and refill that stage with ``fetch(i + stages - 1)``."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    slot = lax.rem(i, stages)
+    plgpu.barrier_wait(a_bar.at[slot])
+    plgpu.barrier_wait(b_bar.at[slot])
+    plgpu.wgmma(acc_ref, a_smem.at[slot], b_smem.at[slot])
+    plgpu.wgmma_wait(1)
+    nxt = i + stages - 1
+    pl.when(nxt < count)(lambda: fetch(nxt))
+
+
 def _pipelined_wgmma(acc_ref, length, stages: int, a_src, b_src, a_tile, b_tile, dtype):
     """``acc_ref += a_src(i) @ b_src(i)`` for ``i < length`` and the accumulator's value.
 
@@ -311,13 +326,7 @@ def _pipelined_wgmma(acc_ref, length, stages: int, a_src, b_src, a_tile, b_tile,
             pl.when(i < length)(functools.partial(fetch, i))
 
         def step(i, carry):
-            slot = lax.rem(i, stages)
-            plgpu.barrier_wait(a_bar.at[slot])
-            plgpu.barrier_wait(b_bar.at[slot])
-            plgpu.wgmma(acc_ref, a_smem.at[slot], b_smem.at[slot])
-            plgpu.wgmma_wait(1)  # step i - 1's wgmma is done: its stage can be refilled
-            nxt = i + stages - 1
-            pl.when(nxt < length)(lambda: fetch(nxt))
+            _consume(acc_ref, a_smem, b_smem, a_bar, b_bar, i, stages, length, fetch)
             return carry
 
         lax.fori_loop(0, length, step, None)
@@ -718,15 +727,21 @@ def prefers(pattern: BlockPattern, n: int, w_dtype, x_dtype) -> bool:
     :data:`PREFER_MARGIN`. float16 is taken to behave as bfloat16 (the same wgmma rate; only
     bfloat16 was measured).
     """
+    density = _preferable(pattern, n, PREFER_MIN_N, w_dtype, x_dtype)
+    return density is not None and measured_speedup(pattern.block_size[0], n, density) >= PREFER_MARGIN
+
+
+def _preferable(pattern: BlockPattern, size: int, min_size: int, w_dtype, x_dtype) -> float | None:
+    """The density of ``pattern`` if the static facts both default rules need hold (square measured blocks,
+    something to compute, ``size >= min_size``, one half dtype, a Hopper GPU), else ``None``."""
     bh, bw = pattern.block_size
-    if bh != bw or bh not in SUPPORTED_BLOCKS or pattern.nnz_blocks == 0 or n < PREFER_MIN_N:
-        return False
+    if bh != bw or bh not in SUPPORTED_BLOCKS or pattern.nnz_blocks == 0 or size < min_size:
+        return None
     if jnp.dtype(w_dtype) != jnp.dtype(x_dtype) or jnp.dtype(w_dtype) not in _DTYPES:
-        return False
+        return None
     if hopper_problem() is not None:
-        return False
-    density = pattern.nnz_blocks / (pattern.grid[0] * pattern.grid[1])
-    return measured_speedup(bh, n, density) >= PREFER_MARGIN
+        return None
+    return pattern.nnz_blocks / (pattern.grid[0] * pattern.grid[1])
 
 
 def _not_yet(op: str):

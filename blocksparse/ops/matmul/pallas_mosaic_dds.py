@@ -88,6 +88,7 @@ from .pallas_mosaic import (
     _apply_epilogue,
     _nearest,
     _pipelined_wgmma,
+    _preferable,
     _store_tile,
     _with_bias_buffer,
     hopper_problem,
@@ -407,12 +408,5 @@ def prefers(pattern: BlockPattern, m: int, x_dtype, w_dtype) -> bool:
     or 128, ``m >= PREFER_MIN_M`` rows of ``x`` (batch dimensions folded in), and the
     :func:`measured_speedup` of the nearest cell at least ``PREFER_MARGIN``.
     """
-    bh, bw = pattern.block_size
-    if bh != bw or bh not in SUPPORTED_BLOCKS or pattern.nnz_blocks == 0 or m < PREFER_MIN_M:
-        return False
-    if jnp.dtype(w_dtype) != jnp.dtype(x_dtype) or jnp.dtype(w_dtype) not in _DTYPES:
-        return False
-    if hopper_problem() is not None:
-        return False
-    density = pattern.nnz_blocks / (pattern.grid[0] * pattern.grid[1])
-    return measured_speedup(bh, pattern.shape[0], density) >= PREFER_MARGIN
+    density = _preferable(pattern, m, PREFER_MIN_M, w_dtype, x_dtype)
+    return density is not None and measured_speedup(pattern.block_size[0], pattern.shape[0], density) >= PREFER_MARGIN

@@ -147,7 +147,7 @@ def _kernel(pis_g, pss_g, ilen_g, idest_g, itile_g, sid_g, scol_g, stile_g, w_g,
             stages, partials):  # fmt: skip
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    from .pallas_mosaic import _operand_transforms
+    from .pallas_mosaic import _consume, _operand_transforms
 
     p = lax.axis_index("p")
     i0, s0 = pis_g[p], pss_g[p]
@@ -171,14 +171,8 @@ def _kernel(pis_g, pss_g, ilen_g, idest_g, itile_g, sid_g, scol_g, stile_g, w_g,
             n0 = pl.multiple_of(itile_g[i0 + q] * tn, tn)
 
             def accumulate(acc_ref):
-                def step(_, g):
-                    slot = lax.rem(g, stages)
-                    plgpu.barrier_wait(w_bar.at[slot])
-                    plgpu.barrier_wait(x_bar.at[slot])
-                    plgpu.wgmma(acc_ref, w_smem.at[slot], x_smem.at[slot])
-                    plgpu.wgmma_wait(1)  # step g - 1's wgmma is done: its stage can be refilled
-                    nxt = g + stages - 1
-                    pl.when(nxt < total)(lambda: fetch(nxt))
+                def step(_, g):  # the refill may fetch a step of the next items
+                    _consume(acc_ref, w_smem, x_smem, w_bar, x_bar, g, stages, total, fetch)
                     return g + 1
 
                 g_end = lax.fori_loop(0, length, step, g)
