@@ -325,7 +325,8 @@ def default_values_only(dtype) -> tuple[int | None, P.GatherVariant | None]:
     Measured on the H200 (power-law graph N = 262,144, E = 8,388,608, F = 128, max aggregation): float32,
     one node per program reducing order-preserving int32 keys, 1.117 ms against 1.279 for the packed
     kernel's default (XLA's sorted ``segment_max``: 1.256); 2-byte features, the packed kernel with two warps,
-    0.791 ms against 1.700 with its own warps (XLA: 1.498). With ``with_arg`` the defaults stay as they are.
+    0.791 ms against 1.700 with its own warps (XLA: 1.498). With ``with_arg``, or ``prefetch`` (a knob of the
+    packed kernel), the defaults stay as they are.
     """
     if jnp.dtype(dtype).itemsize >= 4:
         return 1, P.GatherVariant(key_reduce=True)
@@ -358,7 +359,7 @@ def segment_extreme(
     interpret = _dispatch.pallas_mode()
     P.check_dtype(x)
     check_nodes_per_program(nodes_per_program)
-    if variant is None and nodes_per_program is None and not with_arg:
+    if variant is None and nodes_per_program is None and not with_arg and not prefetch:  # (prefetch: packed knob)
         nodes_per_program, variant = default_values_only(x.dtype)
     v = P.check_variant(variant)
     n, f = x.shape
