@@ -113,10 +113,13 @@ def bench_cell(m: int, k: int, n: int, b: int, d: int, dtype, timer: Timer, conf
             row[f"speedup_vs_{name}"] = row[f"{name}_ms"] / row["mosaic_ms"]
     row["variants"] = []
     for cfg in configs:
-        v = {"tm": cfg.tm, "stages": cfg.stages, "max_len": cfg.max_len, "grid_order": cfg.grid_order}
+        v = {"tm": cfg.tm, "stages": cfg.stages, "max_len": cfg.max_len, "grid_order": cfg.grid_order,
+             "persistent": cfg.persistent}  # fmt: skip
         try:
             pv = pmd.plan(W.pattern, m, jnp.dtype(dtype).itemsize, cfg)
             v.update(tm=pv.tm, stages=pv.stages, partials=pv.sched.num_partials)
+            if pv.persistent is not None:
+                v.update(programs=pv.persistent.programs, max_steps=pv.persistent.max_steps_per_program())
         except NotImplementedError as e:  # this variant cannot take the cell (shared memory, registers)
             v["mosaic_error"] = f"NotImplementedError: {e}"
             row["variants"].append(v)
@@ -136,7 +139,8 @@ COLUMNS = [("m", "{}"), ("k", "{}"), ("n", "{}"), ("b", "{}"), ("density", "{:.4
 
 
 def _variant_label(v) -> str:
-    return f"tm={v['tm']} stages={v['stages']} max_len={v['max_len']} {v['grid_order']} first:"
+    persistent = f" persistent programs={v.get('programs')}" if v.get("persistent") else ""
+    return f"tm={v['tm']} stages={v['stages']} max_len={v['max_len']} {v['grid_order']} first{persistent}:"
 
 
 def main(argv=None) -> int:
@@ -151,6 +155,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-len", type=int, default=None, help="Mosaic variants: force the cap on blocks per program")
     ap.add_argument("--grid-order", nargs="+", default=None, choices=["units", "tiles"],
                     help="Mosaic variants: launch W's block columns (units) or x's row tiles fastest")  # fmt: skip
+    ap.add_argument("--persistent", action="store_true",
+                    help="Mosaic variants: each variant also as the persistent kernel (one pipeline across items)")
     ap.add_argument("--epilogue", default=None, choices=sorted(epilogue.ACTIVATIONS),
                     help="a bias along the output columns and this activation, fused in the kernels")  # fmt: skip
     ap.add_argument("--iters", type=int, default=20)
@@ -164,10 +170,13 @@ def main(argv=None) -> int:
         print(f"bench_mosaic_dds: the Mosaic kernel needs a Hopper GPU: {why}", file=sys.stderr)
         return 2
     configs = []
-    if args.tm or args.stages or args.max_len or args.grid_order:
+    if args.tm or args.stages or args.max_len or args.grid_order or args.persistent:
         orders = args.grid_order or ["units"]
         for tm, stages, order in itertools.product(args.tm or [None], args.stages or [None], orders):
             configs.append(pmd.DdsConfig(tm=tm, stages=stages, max_len=args.max_len, grid_order=order))
+            if args.persistent and args.epilogue is None:  # the persistent kernel has no fused epilogue
+                configs.append(pmd.DdsConfig(tm=tm, stages=stages, max_len=args.max_len, grid_order=order,
+                                             persistent=True))  # fmt: skip
     dtype = jnp.dtype(args.dtype)
     timer = Timer(iters=args.iters, trials=args.trials)
     dev = jax.devices()[0]

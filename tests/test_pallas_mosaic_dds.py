@@ -260,6 +260,36 @@ def test_interpreter_matches_oracle(kind, block, dtype, max_len):
     assert_close(y, want, scale, dtype)
 
 
+@pytest.mark.parametrize("kind,block,order,programs,max_len", [
+    ("full_col", (64, 64), "units", 3, 2), ("empty_cols", (128, 64), "tiles", None, None),
+    ("single", (64, 128), "units", 1, None), ("random", (128, 128), "tiles", 5, 1)])  # fmt: skip
+def test_interpreter_persistent_kernel(kind, block, order, programs, max_len):
+    """The persistent kernel for x @ W (one pipeline across a program's (block column, row tile) items: split
+    columns into partials, empty columns, one program, several) against the float64 oracle, in float32
+    output too; every item and block once."""
+    pattern, data, x, want, scale = _problem(kind, block, jnp.bfloat16)
+    cfg = pmd.DdsConfig(tm=64, persistent=True, programs=programs, grid_order=order, max_len=max_len)
+    p = pmd.plan(pattern, 200, config=cfg)
+    ps, s = p.persistent, p.sched
+    assert ps.prog_item_start[-1] == s.num_units * p.tiles and ps.num_steps == s.nnz * p.tiles
+    assert kind != "full_col" or s.num_partials > 0
+    y = pmd.dds(pattern, data, x, jnp.float32 if kind == "single" else None, config=cfg, interpret=True)
+    assert y.shape == (200, 384)
+    assert_close(y, want, scale, jnp.bfloat16)
+
+
+def test_persistent_kernel_lowers_for_cuda_and_refuses_an_epilogue():
+    pattern, data, x, _, _ = _problem("random", (128, 128), jnp.bfloat16, shape=(512, 512), m=4096)
+    cfg = pmd.DdsConfig(persistent=True)
+    fn = jax.jit(lambda d, x: pmd.dds(pattern, d, x, config=cfg, interpret=False))
+    txt = fn.trace(data, x).lower(lowering_platforms=("cuda",)).as_text()
+    assert re.search(r"bs_mgpu_dds_128x128_tm\d+_persistent", txt)
+    with pytest.raises(ValueError, match="programs"):
+        pmd.DdsConfig(programs=4)
+    with pytest.raises(NotImplementedError, match="persistent=False"):
+        pmd.dds(pattern, data, x, None, epilogue.Epilogue("relu", False, 1), config=cfg)
+
+
 def test_interpreter_wide_tiles_two_stages_and_float32_output():
     """tm = 256 with b = 64 (the 256 x 64 accumulator), a 2-stage pipeline, a float32 store, row tiles fastest."""
     pattern, data, x, want, scale = _problem("full_col", (64, 64), jnp.bfloat16, m=300)
@@ -419,6 +449,12 @@ def test_benchmark_script_runs_in_the_interpreter(tmp_path):
         assert row[f"{name}_ms"] > 0 and row[f"{name}_calls_ms"] > 0
     assert row["mosaic_err"] <= 4 * 2**-7 and row["triton_err"] <= 4 * 2**-7 and row["epilogue"] == "relu"
     assert (row["mosaic_tm"], row["variants"]) == (64, [])
+    argv = ["--interpret", "--shape", "64", "128", "256", "--b", "128", "--d", "2", "--persistent",
+            "--iters", "1", "--trials", "1", "--json", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert [v["persistent"] for v in row["variants"]] == [False, True]
+    assert all(v["mosaic_err"] <= 4 * 2**-7 and v["mosaic_ms"] > 0 for v in row["variants"])
 
 
 # ----------------------------------------------------------------------------- real Hopper GPU
@@ -434,7 +470,8 @@ def test_gpu_users_shape_matches_oracle(b, dtype, d):
     x = jax.random.normal(jax.random.key(1), (4096, 384), dtype)
     want, scale = _oracle(W.pattern, W.data, x)
     deepest = pmd.DdsConfig(tm=256, stages=4, max_len=2) if b == 64 else pmd.DdsConfig(tm=128, stages=3, max_len=2)
-    for cfg in (None, pmd.DdsConfig(tm=64, stages=2, max_len=1), deepest):
+    persistent = (pmd.DdsConfig(persistent=True), pmd.DdsConfig(persistent=True, max_len=1, grid_order="tiles"))
+    for cfg in (None, pmd.DdsConfig(tm=64, stages=2, max_len=1), deepest, *persistent):
         y = jax.jit(lambda w, x, cfg=cfg: pmd.dds(W.pattern, w, x, config=cfg))(W.data, x)
         assert_close(y, want, scale, dtype, what=f"b={b} d=1/{d} {jnp.dtype(dtype).name} {cfg}")
     bias = jax.random.normal(jax.random.key(2), (1536,), jnp.float32)

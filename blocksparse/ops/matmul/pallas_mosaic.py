@@ -615,8 +615,11 @@ def dsd(pattern: BlockPattern, data, x, out_dtype=None, *, config: MosaicConfig 
     if p.persistent is not None:
         from . import pallas_mosaic_persistent as pp
 
-        y, partials = pp.launch(p.persistent, m, p.n_pad, p.tn, p.stages, p.sched.num_partials, data.astype(dt), xp,
-                                out_dtype, interpret=interpret)  # fmt: skip
+        s = p.sched
+        y, partials = pp.launch(
+            p.persistent, "dsd", (m, p.n_pad), (max(s.num_partials, 1) * bh, p.n_pad), p.tn, p.stages, s.num_partials,
+            data.astype(dt), xp, out_dtype, interpret=interpret,
+        )  # fmt: skip
     else:
         y, partials = _launch(p, m, data.astype(dt), xp, out_dtype, interpret=interpret, epi=epi, bias=b)
     y = _combine(y, partials, p.sched, bh, epi, b)

@@ -77,7 +77,7 @@ from ..._pattern import BlockPattern
 from ..._util import cdiv
 from .. import _dispatch
 from . import epilogue as _epilogue
-from .lowering import GpuLowering, RowSplitSchedule, lower
+from .lowering import H200, GpuLowering, RowSplitSchedule, lower
 from .pallas_mosaic import (
     _DTYPES,
     _MAX_ACC,
@@ -125,12 +125,18 @@ class DdsConfig:
         grid_order: which programs are launched fastest: ``"units"`` (every block column of ``W``
             for one row tile of ``x``, then the next tile) or ``"tiles"`` (every row tile for one
             block column).
+        persistent: run the persistent kernel of :mod:`.pallas_mosaic_persistent` (one program per
+            resident slot, one pipeline across its items; no fused epilogue). Not yet run on a GPU, so
+            never the default.
+        programs: the persistent kernel's number of programs (default: one per resident slot).
     """
 
     tm: int | None = None
     stages: int | None = None
     max_len: int | None = None
     grid_order: str = "units"
+    persistent: bool = False
+    programs: int | None = None
 
     def __post_init__(self):
         if self.tm is not None and self.tm not in TILES:
@@ -139,6 +145,8 @@ class DdsConfig:
             raise ValueError(f"Expected stages >= 2. Got {self.stages}.")
         if self.grid_order not in ("units", "tiles"):
             raise ValueError(f"Expected grid_order 'units' or 'tiles'. Got {self.grid_order!r}.")
+        if self.programs is not None and (not self.persistent or self.programs < 1):
+            raise ValueError(f"Expected programs >= 1 with persistent=True. Got programs={self.programs}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,6 +168,7 @@ class DdsPlan:
     stages: int
     sched: RowSplitSchedule
     grid_order: str = "units"
+    persistent: object = None  # a pallas_mosaic_persistent.PersistentSchedule, or None: one program per item
 
     @property
     def grid(self) -> tuple[tuple[int, int], tuple[str, str]]:
@@ -182,13 +191,18 @@ def _default_tm(m: int, units: int) -> int:
 
 
 def plan(
-    pattern: BlockPattern, m: int, itemsize: int = 2, config: DdsConfig | None = None, extra_smem: int = 0
+    pattern: BlockPattern,
+    m: int,
+    itemsize: int = 2,
+    config: DdsConfig | None = None,
+    extra_smem: int = 0,
+    out_itemsize: int | None = None,
 ) -> DdsPlan:
     """The host-side preparation of ``x @ W`` for ``x`` of ``m`` rows (NumPy; the schedule is cached).
 
-    ``itemsize``: bytes of an operand element; ``extra_smem``: bytes of shared memory the kernel holds
-    besides the pipeline (the bias slice). Raises ``NotImplementedError`` if the kernel cannot take
-    these blocks or tiles.
+    ``itemsize``: bytes of an operand element; ``out_itemsize``: of an output element (default
+    ``itemsize``); ``extra_smem``: bytes of shared memory the kernel holds besides the pipeline (the
+    bias slice). Raises ``NotImplementedError`` if the kernel cannot take these blocks or tiles.
     """
     cfg = config or DdsConfig()
     bh, bw = pattern.block_size
@@ -201,6 +215,16 @@ def plan(
         raise NotImplementedError(
             f"requires tm * bw <= {_MAX_ACC} (a float32 accumulator in one warpgroup's registers) (got {tm} * {bw})"
         )
+    tiles = max(cdiv(m, tm), 1)
+    max_len = cfg.max_len
+    if cfg.persistent:
+        from . import pallas_mosaic_persistent as pp
+
+        if max_len is None:  # split only block columns longer than a program's share of the steps
+            max_len = pp.share(pattern.nnz_blocks, tiles, cfg.programs or H200.num_sms)
+    sched = lower(pattern, GpuLowering(op="dds", tiles=tiles, max_len=max_len))
+    if cfg.persistent:  # its own output staging tile (and a float32 one for split columns)
+        extra_smem += tm * bw * ((out_itemsize or itemsize) + (4 if sched.num_partials else 0))
     per_stage = (tm * bh + bh * bw) * itemsize
     fit = (_SMEM_BYTES - extra_smem) // per_stage
     stages = cfg.stages or min(3, fit)
@@ -208,9 +232,13 @@ def plan(
         raise NotImplementedError(
             f"requires stages * {per_stage} bytes <= {_SMEM_BYTES - extra_smem} of shared memory (got stages={stages})"
         )
-    tiles = max(cdiv(m, tm), 1)
-    sched = lower(pattern, GpuLowering(op="dds", tiles=tiles, max_len=cfg.max_len))
-    return DdsPlan(tm=tm, tiles=tiles, m_pad=tiles * tm, stages=stages, sched=sched, grid_order=cfg.grid_order)
+    persistent = None
+    if cfg.persistent:
+        items = sched.num_units * tiles
+        programs = cfg.programs or pp.default_programs(stages * per_stage + extra_smem, items)
+        persistent = pp.flatten(sched, tiles, cfg.grid_order, min(programs, max(items, 1)))
+    return DdsPlan(tm=tm, tiles=tiles, m_pad=tiles * tm, stages=stages, sched=sched, grid_order=cfg.grid_order,
+                   persistent=persistent)  # fmt: skip
 
 
 def _dds_kernel(start_g, len_g, dest_g, row_g, id_g, w_g, x_g, *refs, bh, bw, tm, m_pad, stages, epi=None):
@@ -356,7 +384,9 @@ def dds(
     if with_bias and tuple(bias.shape) != ((n,) if epi.bias_axis == 1 else (m,)):
         want = (n,) if epi.bias_axis == 1 else (m,)
         raise ValueError(f"Expected a bias of shape {want} (bias_axis={epi.bias_axis}). Got {tuple(bias.shape)}.")
-    p = plan(pattern, m, jnp.dtype(dt).itemsize, config, _BIAS_SMEM if with_bias else 0)
+    if epi is not None and config is not None and config.persistent:
+        raise NotImplementedError("requires persistent=False for a fused epilogue (not written for that kernel)")
+    p = plan(pattern, m, jnp.dtype(dt).itemsize, config, _BIAS_SMEM if with_bias else 0, out_dtype.itemsize)
     if m == 0:
         return jnp.zeros((m, n), out_dtype)
     if pattern.nnz_blocks == 0:
@@ -370,7 +400,16 @@ def dds(
     if with_bias:  # float32; along rows padded like x, so every tile's TMA copy stays inside the array
         b32 = bias.astype(jnp.float32)
         b = (b32 if epi.bias_axis == 1 else jnp.pad(b32, (0, p.m_pad - m)),)
-    y, partials = _launch(p, n, data.astype(dt), xp, out_dtype, interpret=interpret, epi=epi, bias=b)
+    if p.persistent is not None:
+        from . import pallas_mosaic_persistent as pp
+
+        s = p.sched
+        y, partials = pp.launch(
+            p.persistent, "dds", (p.m_pad, n), (max(s.num_partials, 1) * p.m_pad, bw), p.tm, p.stages, s.num_partials,
+            data.astype(dt), xp, out_dtype, interpret=interpret, m_pad=p.m_pad,
+        )  # fmt: skip
+    else:
+        y, partials = _launch(p, n, data.astype(dt), xp, out_dtype, interpret=interpret, epi=epi, bias=b)
     y = _combine(y, partials, p, bw, epi, b)
     return y[:m] if p.m_pad != m else y
 

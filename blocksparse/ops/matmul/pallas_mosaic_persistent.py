@@ -1,6 +1,9 @@
-"""A persistent variant of the Mosaic GPU ``dsd`` kernel: one program per SM walks a list of work items.
+"""Persistent variants of the Mosaic GPU ``dsd`` and ``dds`` kernels: one program per SM walks a list of items.
 
-:func:`.pallas_mosaic.dsd` runs it with ``MosaicConfig(persistent=True)``. The default kernel of
+:func:`.pallas_mosaic.dsd` runs it with ``MosaicConfig(persistent=True)`` (verified on an H200, and the
+default where :func:`.pallas_mosaic.prefers_persistent` says so); :func:`.pallas_mosaic_dds.dds` with
+``DdsConfig(persistent=True)`` (the same kernel with the operands of ``x @ W``: ``x``'s row slab times
+W's block; verified in the interpreter and the CUDA lowering only, so never chosen by default). The default kernel of
 :mod:`.pallas_mosaic` launches one program per ``(unit, column tile)`` *item* and runs its shared-memory
 pipeline once per item: it fills, runs ``len`` steps and drains. At density 1/64 a unit holds one or
 two blocks, so most of each program is the fill (a TMA copy's latency with nothing to overlap) and the
@@ -105,9 +108,15 @@ def _deal(lengths: np.ndarray, programs: int) -> np.ndarray:
     return out
 
 
+#: Rows are never split into pieces shorter than this (a tiny product's partials and their sum would cost more
+#: than the balance they buy), as :class:`~.lowering.GpuLowering` ``min_len``.
+MIN_SPLIT = 4
+
+
 def share(nnz: int, tiles: int, programs: int) -> int:
-    """A program's share of all steps, the longest unit the persistent kernel needs (see the docstring)."""
-    return max(1, -(-nnz * tiles // max(programs, 1)))
+    """A program's share of all steps (at least :data:`MIN_SPLIT`), the longest unit the persistent kernel
+    needs (see the docstring)."""
+    return max(MIN_SPLIT, -(-nnz * tiles // max(programs, 1)))
 
 
 def flatten(sched: RowSplitSchedule, tiles: int, grid_order: str, programs: int) -> PersistentSchedule:
@@ -143,8 +152,40 @@ def flatten(sched: RowSplitSchedule, tiles: int, grid_order: str, programs: int)
     )
 
 
-def _kernel(pis_g, pss_g, ilen_g, idest_g, itile_g, sid_g, scol_g, stile_g, w_g, x_g, y_g, p_g, *, bh, bw, tn,
-            stages, partials):  # fmt: skip
+def _operands(op: str, bh: int, bw: int, t: int, m_pad: int):
+    """What one step multiplies and where an item's tile goes, for ``op``: ``(a_tile, b_tile, acc_shape,
+    a_src, b_src, out_slice, partial_slice)``. ``t`` is the dense operand's tile: columns of ``x`` for
+    ``dsd``, rows for ``dds``. ``a_src(refs, j)`` / ``b_src(refs, j)`` slice global memory for step ``j``;
+    ``out_slice(dest, tile)`` / ``partial_slice(slot, tile)`` give the (rows, cols) of an item's tile."""
+    if op == "dsd":  # acc (bh, t) += W block (bh, bw) @ x slab (bw, t)
+        return (
+            (bh, bw), (bw, t), (bh, t),
+            lambda r, j: r.w.at[pl.ds(r.sid[j] * bh, bh), :],
+            lambda r, j: r.x.at[pl.ds(r.scol[j] * bw, bw), pl.ds(pl.multiple_of(r.stile[j] * t, t), t)],
+            lambda dest, tile: (pl.ds(dest * bh, bh), pl.ds(tile * t, t)),
+            lambda slot, tile: (pl.ds(slot * bh, bh), pl.ds(tile * t, t)),
+        )  # fmt: skip
+    # dds: acc (t, bw) += x slab (t, bh) @ W block (bh, bw); block_col is W's block row (x's block of columns)
+    return (
+        (t, bh), (bh, bw), (t, bw),
+        lambda r, j: r.x.at[pl.ds(pl.multiple_of(r.stile[j] * t, t), t), pl.ds(r.scol[j] * bh, bh)],
+        lambda r, j: r.w.at[pl.ds(r.sid[j] * bh, bh), :],
+        lambda dest, tile: (pl.ds(tile * t, t), pl.ds(dest * bw, bw)),
+        lambda slot, tile: (pl.ds(slot * m_pad + tile * t, t), pl.ds(0, bw)),
+    )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class _Refs:
+    sid: object
+    scol: object
+    stile: object
+    w: object
+    x: object
+
+
+def _kernel(pis_g, pss_g, ilen_g, idest_g, itile_g, sid_g, scol_g, stile_g, w_g, x_g, y_g, p_g, *, op, bh, bw, t,
+            m_pad, stages, partials):  # fmt: skip
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     from .pallas_mosaic import _consume, _operand_transforms
@@ -154,75 +195,73 @@ def _kernel(pis_g, pss_g, ilen_g, idest_g, itile_g, sid_g, scol_g, stile_g, w_g,
     n_items, total = pis_g[p + 1] - i0, pss_g[p + 1] - s0
     dtype = w_g.dtype
     transforms = _operand_transforms(dtype)
+    a_tile, b_tile, acc_shape, a_src, b_src, out_slice, partial_slice = _operands(op, bh, bw, t, m_pad)
+    refs = _Refs(sid_g, scol_g, stile_g, w_g, x_g)
 
-    def body(w_smem, x_smem, w_bar, x_bar, o_smem, p_smem=None):
+    def body(a_smem, b_smem, a_bar, b_bar, o_smem, p_smem=None):
         def fetch(g):  # program step g (of any item) into stage g % stages
             slot = lax.rem(g, stages)
-            j = s0 + g
-            plgpu.copy_gmem_to_smem(w_g.at[pl.ds(sid_g[j] * bh, bh), :], w_smem.at[slot], w_bar.at[slot])
-            n0 = pl.multiple_of(stile_g[j] * tn, tn)
-            plgpu.copy_gmem_to_smem(x_g.at[pl.ds(scol_g[j] * bw, bw), pl.ds(n0, tn)], x_smem.at[slot], x_bar.at[slot])
+            plgpu.copy_gmem_to_smem(a_src(refs, s0 + g), a_smem.at[slot], a_bar.at[slot])
+            plgpu.copy_gmem_to_smem(b_src(refs, s0 + g), b_smem.at[slot], b_bar.at[slot])
 
         for i in range(stages - 1):  # prologue: the first steps, across items if they are short
             pl.when(i < total)(functools.partial(fetch, i))
 
         def item(q, g):
-            length, dest = ilen_g[i0 + q], idest_g[i0 + q]
-            n0 = pl.multiple_of(itile_g[i0 + q] * tn, tn)
+            length, dest, tile = ilen_g[i0 + q], idest_g[i0 + q], itile_g[i0 + q]
 
             def accumulate(acc_ref):
                 def step(_, g):  # the refill may fetch a step of the next items
-                    _consume(acc_ref, w_smem, x_smem, w_bar, x_bar, g, stages, total, fetch)
+                    _consume(acc_ref, a_smem, b_smem, a_bar, b_bar, g, stages, total, fetch)
                     return g + 1
 
                 g_end = lax.fori_loop(0, length, step, g)
                 plgpu.wgmma_wait(0)
                 return acc_ref[...], g_end
 
-            acc, g_end = pl.run_scoped(accumulate, plgpu.ACC((bh, tn), jnp.float32))  # zeros: empty items store 0
+            acc, g_end = pl.run_scoped(accumulate, plgpu.ACC(acc_shape, jnp.float32))  # zeros: empty items store 0
 
-            def store(out_g, smem, row):
+            def store(out_g, smem, where):
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous item's store has read its tile
                 smem[...] = acc.astype(smem.dtype)
                 plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(smem, out_g.at[pl.ds(row * bh, bh), pl.ds(n0, tn)])
+                plgpu.copy_smem_to_gmem(smem, out_g.at[where])
 
-            pl.when(dest >= 0)(lambda: store(y_g, o_smem, dest))
+            pl.when(dest >= 0)(lambda: store(y_g, o_smem, out_slice(dest, tile)))
             if p_smem is not None:
-                pl.when(dest < 0)(lambda: store(p_g, p_smem, -1 - dest))
+                pl.when(dest < 0)(lambda: store(p_g, p_smem, partial_slice(-1 - dest, tile)))
             return g_end
 
         lax.fori_loop(0, n_items, item, jnp.int32(0))
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     scratch = [
-        plgpu.SMEM((stages, bh, bw), dtype, transforms=transforms),
-        plgpu.SMEM((stages, bw, tn), dtype, transforms=transforms),
+        plgpu.SMEM((stages, *a_tile), dtype, transforms=transforms),
+        plgpu.SMEM((stages, *b_tile), dtype, transforms=transforms),
         plgpu.Barrier(num_barriers=stages),
         plgpu.Barrier(num_barriers=stages),
-        plgpu.SMEM((bh, tn), y_g.dtype),
+        plgpu.SMEM(acc_shape, y_g.dtype),
     ]
     if partials:
-        scratch.append(plgpu.SMEM((bh, tn), jnp.float32))
+        scratch.append(plgpu.SMEM(acc_shape, jnp.float32))
     pl.run_scoped(body, *scratch)
 
 
-def launch(ps: PersistentSchedule, m: int, n_pad: int, tn: int, stages: int, num_partials: int, data, xp, out_dtype,
-           *, interpret):  # fmt: skip
-    """Run the persistent kernel: ``(y (m, n_pad) in out_dtype, partials (S * bh, n_pad) float32)``."""
+def launch(ps: PersistentSchedule, op: str, y_shape: tuple[int, int], p_shape: tuple[int, int], t: int, stages: int,
+           num_partials: int, data, xp, out_dtype, *, interpret, m_pad: int = 0):  # fmt: skip
+    """Run the persistent kernel for ``op`` (``"dsd"``: ``W @ x``, ``t`` columns of ``x`` per tile; ``"dds"``:
+    ``x @ W``, ``t`` rows of ``x`` per tile, ``x`` padded to ``m_pad`` rows): ``(y (y_shape) in out_dtype,
+    partials (p_shape) float32)``."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     _, bh, bw = data.shape
-    body = functools.partial(_kernel, bh=bh, bw=bw, tn=tn, stages=stages, partials=num_partials > 0)
+    body = functools.partial(_kernel, op=op, bh=bh, bw=bw, t=t, m_pad=m_pad, stages=stages, partials=num_partials > 0)
     kernel = plgpu.kernel(
         body,
-        out_type=(
-            jax.ShapeDtypeStruct((m, n_pad), out_dtype),
-            jax.ShapeDtypeStruct((max(num_partials, 1) * bh, n_pad), jnp.float32),
-        ),
+        out_type=(jax.ShapeDtypeStruct(y_shape, out_dtype), jax.ShapeDtypeStruct(p_shape, jnp.float32)),
         grid=(ps.programs,),
         grid_names=("p",),
-        kernel_name=f"bs_mgpu_dsd_{bh}x{bw}_tn{tn}_persistent",
+        kernel_name=f"bs_mgpu_{op}_{bh}x{bw}_{'tn' if op == 'dsd' else 'tm'}{t}_persistent",
         interpret=plgpu.InterpretGPUParams() if interpret is True else interpret,
     )
     arrays = (ps.prog_item_start, ps.prog_step_start, ps.item_len, ps.item_dest, ps.item_tile, ps.step_id,
