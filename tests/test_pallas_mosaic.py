@@ -196,6 +196,9 @@ def test_interpreter_persistent_kernel(kind, order, programs):
                         for t in range(p.tiles))  # fmt: skip
     assert got == want_items
     assert np.bincount(ps.step_id, minlength=s.nnz)[: s.nnz].tolist() == [p.tiles] * s.nnz  # each block once a tile
+    bh, bw = block
+    staging = bh * 64 * (2 + (4 if s.num_partials else 0))  # the output tile, and a float32 one for split rows
+    assert p.smem_bytes(bh, bw, 2) == p.stages * (bh * bw + bw * 64) * 2 + staging
     y = pallas_mosaic.dsd(pattern, data, x, config=cfg, interpret=True)
     assert_close(y, want, scale, jnp.bfloat16)
 
@@ -225,8 +228,10 @@ def test_interpreter_float32_output_and_two_stages():
 def test_interpreter_four_stages_and_wide_tiles_at_small_n():
     """Knobs the benchmark can force for b = 64: a 4-stage pipeline (4 x 40 KiB) and tn = 256 at n = 256."""
     pattern, data, x, want, scale = _problem("full_row", (64, 64), jnp.bfloat16, n=256)
-    cfg = pallas_mosaic.MosaicConfig(tn=256, stages=4)
+    cfg = pallas_mosaic.MosaicConfig(tn=256, stages=4, persistent=False)  # the one-program-per-item kernel
     assert pallas_mosaic.plan(pattern, 256, config=cfg).smem_bytes(64, 64, 2) == 4 * 40 * 1024
+    both = dataclasses.replace(cfg, persistent=True)  # plus its 256 x 64 bfloat16 staging tile (no split rows)
+    assert pallas_mosaic.plan(pattern, 256, config=both).smem_bytes(64, 64, 2) == 4 * 40 * 1024 + 64 * 256 * 2
     assert_close(pallas_mosaic.dsd(pattern, data, x, config=cfg, interpret=True), want, scale, jnp.bfloat16)
     txt = _lower_for_cuda((64, 64), jnp.bfloat16, 4096, stages=4, tn=256)
     assert "bs_mgpu_dsd_64x64_tn256" in txt

@@ -85,6 +85,13 @@ def heavy_arrays(g: Graph | DynamicGraph):
     return jnp.asarray(s.heavy_nodes), jnp.asarray(s.extra_segment), int(s.heavy_nodes.size)
 
 
+def main_dtype(dtype, extra):
+    """The main units' output dtype: float32 where heavy nodes' extra chunks are combined with it afterwards
+    (``extra`` from :func:`units` is not ``None``), so that a half-precision result is rounded once, as the
+    references' float32 segment ops round it, not once per partial result."""
+    return dtype if extra is None else jnp.float32
+
+
 def fold_sum(g: Graph | DynamicGraph, main: jax.Array, extra: jax.Array | None) -> jax.Array:
     """Add heavy nodes' extra partial rows (float32) into their main rows."""
     if extra is None:
@@ -140,9 +147,10 @@ def store_rows(ref, units, cols, value, mask2) -> None:
 # ------------------------------------------------------------------ opt-in gather variants
 @dataclasses.dataclass(frozen=True)
 class GatherVariant:
-    """Opt-in variants of the gather kernels (``csr_sum``, ``segment_extreme``); ``None`` / ``GatherVariant()``
-    is the default kernel, unchanged. Results never depend on a variant (same float32 accumulation; sums may
-    round differently where the edges per step change, max / min are exact).
+    """Variants of the gather kernels (``csr_sum``, ``segment_extreme``). ``GatherVariant()`` is the plain
+    kernel; ``variant=None`` takes each entry point's measured default (``gnn_spmm.pallas_triton.DEFAULT_VARIANT``,
+    ``gnn_aggregate.pallas_triton.default_values_only``). Results never depend on a variant (same float32
+    accumulation; sums may round differently where the edges per step change, max / min are exact).
 
     Attributes:
         pairs: gather 2-byte ``x`` (bfloat16 / float16) as ``uint32`` pairs of features (``x`` bitcast to

@@ -353,8 +353,9 @@ def segment_extreme(
     ``sort_by_degree``: the packed kernel groups nodes in :func:`length_order` (``False``: in id
     order, for comparison). ``prefetch``: the packed kernel loads step ``c + 1``'s edge ids before
     gathering step ``c``'s rows (one dependent memory round trip per step instead of two). ``variant``:
-    an opt-in :class:`~.._gnn_triton.GatherVariant` of either kernel (``None``: the default). Results
-    never depend on these.
+    a :class:`~.._gnn_triton.GatherVariant` of either kernel (``None``: without ``with_arg`` and with
+    neither ``nodes_per_program`` nor ``prefetch`` given, :func:`default_values_only`; else the plain
+    kernel). Results never depend on these.
     """
     interpret = _dispatch.pallas_mode()
     P.check_dtype(x)

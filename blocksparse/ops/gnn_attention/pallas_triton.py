@@ -245,9 +245,7 @@ def flat_forward(
     sh = _Shape(heads, xs.shape[1] // heads, config)
     indices = jnp.asarray(g.indices)
     main, extra = P.units(g)
-    # float32 where heavy nodes' partial outputs are combined afterwards: a half-precision output is rounded once
-    main_dtype = xs.dtype if extra is None else jnp.float32
-    out, lse = _fwd_call(main, indices, xs, xd, third, sh, main_dtype, mode, slope, scale, interpret)
+    out, lse = _fwd_call(main, indices, xs, xd, third, sh, P.main_dtype(xs.dtype, extra), mode, slope, scale, interpret)
     if extra is not None:
         o1, l1 = _fwd_call(extra, indices, xs, xd, third, sh, jnp.float32, mode, slope, scale, interpret)
         heavy, seg, nh = P.heavy_arrays(g)

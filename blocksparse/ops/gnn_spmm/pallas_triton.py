@@ -190,13 +190,6 @@ def check_nodes_per_program(nodes_per_program) -> None:
 DEFAULT_VARIANT = P.GatherVariant(num_warps=1)
 
 
-def _main_dtype(dtype, extra):
-    """The main units' output dtype: float32 where heavy nodes' partial sums are folded in afterwards, so
-    that a half-precision result is rounded once (as the reference's float32 segment sum is), not once per
-    partial sum."""
-    return dtype if extra is None else jnp.float32
-
-
 def _csr_sum_packed(g, w_csr, x, init, nodes, be, interpret, variant=None):
     n, f = x.shape
     if g.edge_capacity == 0 or n == 0 or f == 0:  # nothing to gather (and no edge array a kernel could read)
@@ -207,7 +200,7 @@ def _csr_sum_packed(g, w_csr, x, init, nodes, be, interpret, variant=None):
     xg = x if pairs is None else P.as_pairs(x)
     indices = jnp.asarray(g.indices)
     (s0, e0, _), extra = P.units(g)
-    acc_dtype = _main_dtype(x.dtype, extra)
+    acc_dtype = P.main_dtype(x.dtype, extra)
     init = None if init is None else init.astype(x.dtype).astype(acc_dtype)
     kw = dict(variant=variant, pairs=pairs)
     out = _packed_call(
@@ -263,7 +256,7 @@ def csr_sum(
     xg = xp if pairs is None else P.as_pairs(xp)
     indices = jnp.asarray(g.indices)
     (s0, e0, _), extra = P.units(g)
-    acc_dtype = _main_dtype(x.dtype, extra)
+    acc_dtype = P.main_dtype(x.dtype, extra)
     init = None if init is None else P.pad_last(init.astype(x.dtype).astype(acc_dtype), fp)
     kw = dict(variant=variant, pairs=pairs)
     out = _call(s0, e0, indices, w_csr, xg, n, acc_dtype, be, bf, interpret, init, **kw)

@@ -50,7 +50,7 @@ _BACKENDS: dict[str, object] = {}
 _DEFAULT = ("pallas", "xla")
 #: Tried before ``_DEFAULT`` (``implementation=None``) for the static products ``W @ x`` their
 #: ``prefers(pattern, n, w_dtype, x_dtype)`` claims, and ``x @ W`` their
-#: ``prefers_dds(pattern, m, x_dtype, w_dtype)`` claims: measured faster there (see ``_default_order``).
+#: ``prefers_dds(pattern, m, w_dtype, x_dtype)`` claims: measured faster there (see ``_default_order``).
 _PREFERRED = ("mosaic",)
 
 
@@ -77,13 +77,8 @@ def _default_order(a, b) -> tuple[str, ...]:
         return _DEFAULT
     if len(shape) == 0:
         return _DEFAULT
-    size = folded(shape)
     claims = lambda name: getattr(get_backend(name), rule, lambda *_: False)  # noqa: E731
-    if rule == "prefers":
-        first = tuple(name for name in _PREFERRED if claims(name)(w.pattern, size, w.dtype, dtype))
-    else:
-        first = tuple(name for name in _PREFERRED if claims(name)(w.pattern, size, dtype, w.dtype))
-    return first + _DEFAULT
+    return tuple(name for name in _PREFERRED if claims(name)(w.pattern, folded(shape), w.dtype, dtype)) + _DEFAULT
 
 
 def register_backend(name: str, backend) -> None:

@@ -73,6 +73,7 @@ from ..._pattern import BlockPattern
 from ..._util import cdiv
 from .. import _dispatch
 from . import epilogue as _epilogue
+from . import pallas_mosaic_persistent as pp
 from .lowering import H200, GpuLowering, RowSplitSchedule, combine_partials, lower
 
 __all__ = [
@@ -188,10 +189,13 @@ class MosaicPlan:
 
     def smem_bytes(self, bh: int, bw: int, itemsize: int, out_itemsize: int | None = None) -> int:
         """Shared memory of the pipeline (one warpgroup: the output staging buffer reuses it afterwards;
-        two: plus their own output and float32 staging buffers)."""
+        two: plus their own output and float32 staging buffers; the persistent kernel: plus its output
+        staging tile and, with split rows, a float32 one)."""
         pipeline = self.stages * (bh * bw + bw * self.tn * self.consumers) * itemsize
-        staging = self.consumers * bh * self.tn * ((out_itemsize or itemsize) + 4)
-        return pipeline + (0 if self.consumers == 1 else staging)
+        out = out_itemsize or itemsize
+        if self.persistent is not None:
+            return pipeline + bh * self.tn * (out + (4 if self.sched.num_partials else 0))
+        return pipeline + (0 if self.consumers == 1 else self.consumers * bh * self.tn * (out + 4))
 
 
 def default_grid_order(pattern: BlockPattern, persistent: bool = False) -> str:
@@ -253,8 +257,6 @@ def plan(
     tiles = cdiv(n, tn * c)
     max_len = cfg.max_len
     if cfg.persistent and max_len is None:  # split only rows longer than a program's share of the steps
-        from . import pallas_mosaic_persistent as pp
-
         # The share of one program per SM, even where two fit: a finer cap would split more rows, and split
         # rows cost the persistent kernel a float32 staging tile, which halves its programs per SM (b = 64:
         # 0.164 ms at d = 1/16 with splits, 0.134-0.142 without, H200).
@@ -276,8 +278,6 @@ def plan(
     order = cfg.grid_order or default_grid_order(pattern, cfg.persistent)
     persistent = None
     if cfg.persistent:
-        from . import pallas_mosaic_persistent as pp
-
         items = sched.num_units * tiles
         programs = cfg.programs or pp.default_programs(stages * per_stage + extra_smem, items)
         persistent = pp.flatten(sched, tiles, order, min(programs, max(items, 1)))
@@ -613,8 +613,6 @@ def dsd(pattern: BlockPattern, data, x, out_dtype=None, *, config: MosaicConfig 
     if with_bias:  # float32, padded like x: every tile's TMA copy stays inside the array
         b = (jnp.pad(bias.astype(jnp.float32), (0, p.n_pad - n)) if epi.bias_axis == 1 else bias.astype(jnp.float32),)
     if p.persistent is not None:
-        from . import pallas_mosaic_persistent as pp
-
         s = p.sched
         y, partials = pp.launch(
             p.persistent, "dsd", (m, p.n_pad), (max(s.num_partials, 1) * bh, p.n_pad), p.tn, p.stages, s.num_partials,
@@ -779,7 +777,7 @@ class MosaicBackend:
     def prefers(self, pattern: BlockPattern, n: int, w_dtype, x_dtype) -> bool:
         return prefers(pattern, n, w_dtype, x_dtype)
 
-    def prefers_dds(self, pattern: BlockPattern, m: int, x_dtype, w_dtype) -> bool:
+    def prefers_dds(self, pattern: BlockPattern, m: int, w_dtype, x_dtype) -> bool:
         from . import pallas_mosaic_dds
 
         return pallas_mosaic_dds.prefers(pattern, m, x_dtype, w_dtype)

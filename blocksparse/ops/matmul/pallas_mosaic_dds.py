@@ -77,6 +77,7 @@ from ..._pattern import BlockPattern
 from ..._util import cdiv
 from .. import _dispatch
 from . import epilogue as _epilogue
+from . import pallas_mosaic_persistent as pp
 from .lowering import H200, GpuLowering, RowSplitSchedule, lower
 from .pallas_mosaic import (
     _DTYPES,
@@ -177,9 +178,13 @@ class DdsPlan:
             return (self.tiles, self.sched.num_units), ("t", "u")
         return (self.sched.num_units, self.tiles), ("u", "t")
 
-    def smem_bytes(self, bh: int, bw: int, itemsize: int) -> int:
-        """Shared memory of the pipeline (the output staging buffer reuses it afterwards)."""
-        return self.stages * (self.tm * bh + bh * bw) * itemsize
+    def smem_bytes(self, bh: int, bw: int, itemsize: int, out_itemsize: int | None = None) -> int:
+        """Shared memory of the pipeline (the output staging buffer reuses it afterwards; the persistent
+        kernel: plus its output staging tile and, with split columns, a float32 one)."""
+        pipeline = self.stages * (self.tm * bh + bh * bw) * itemsize
+        if self.persistent is None:
+            return pipeline
+        return pipeline + self.tm * bw * ((out_itemsize or itemsize) + (4 if self.sched.num_partials else 0))
 
 
 def _default_tm(m: int, units: int) -> int:
@@ -217,11 +222,8 @@ def plan(
         )
     tiles = max(cdiv(m, tm), 1)
     max_len = cfg.max_len
-    if cfg.persistent:
-        from . import pallas_mosaic_persistent as pp
-
-        if max_len is None:  # split only block columns longer than a program's share of the steps
-            max_len = pp.share(pattern.nnz_blocks, tiles, cfg.programs or H200.num_sms)
+    if cfg.persistent and max_len is None:  # split only block columns longer than a program's share of the steps
+        max_len = pp.share(pattern.nnz_blocks, tiles, cfg.programs or H200.num_sms)
     sched = lower(pattern, GpuLowering(op="dds", tiles=tiles, max_len=max_len))
     if cfg.persistent:  # its own output staging tile (and a float32 one for split columns)
         extra_smem += tm * bw * ((out_itemsize or itemsize) + (4 if sched.num_partials else 0))
@@ -401,8 +403,6 @@ def dds(
         b32 = bias.astype(jnp.float32)
         b = (b32 if epi.bias_axis == 1 else jnp.pad(b32, (0, p.m_pad - m)),)
     if p.persistent is not None:
-        from . import pallas_mosaic_persistent as pp
-
         s = p.sched
         y, partials = pp.launch(
             p.persistent, "dds", (p.m_pad, n), (max(s.num_partials, 1) * p.m_pad, bw), p.tm, p.stages, s.num_partials,
