@@ -77,8 +77,27 @@ def _default_order(a, b) -> tuple[str, ...]:
         return _DEFAULT
     if len(shape) == 0:
         return _DEFAULT
+    return _claimed(rule, w.pattern, folded(shape), w.dtype, dtype)
+
+
+def _claimed(rule: str, pattern, size: int, w_dtype, x_dtype) -> tuple[str, ...]:
+    """``_DEFAULT`` preceded by the backends of ``_PREFERRED`` whose ``rule`` claims the product."""
     claims = lambda name: getattr(get_backend(name), rule, lambda *_: False)  # noqa: E731
-    return tuple(name for name in _PREFERRED if claims(name)(w.pattern, folded(shape), w.dtype, dtype)) + _DEFAULT
+    return tuple(name for name in _PREFERRED if claims(name)(pattern, size, w_dtype, x_dtype)) + _DEFAULT
+
+
+def _sdd_order(pattern, a, b) -> tuple[str, ...]:
+    """The implementations ``implementation=None`` means for ``sdd(a, b)`` at ``pattern``: ``_DEFAULT``, preceded
+    by each backend of ``_PREFERRED`` whose ``prefers_sdd(pattern, K, a_dtype, b_dtype)`` claims it (``K``: the
+    contracted dimension)."""
+    return _claimed("prefers_sdd", pattern, a.shape[1], a.dtype, b.dtype)
+
+
+def _grad_sdd(s: OpStatic, a, b):
+    """The weight gradient ``sdd(a, b)`` of a static product: on the product's implementations, or, where those
+    were the default order (``s.auto``), on the sdd's own default order (its rule differs: the contracted
+    dimension is the tokens, not W's)."""
+    return _sdd(s.but(impls=_sdd_order(s.pattern, a, b) if s.auto else s.impls), a, b)
 
 
 def register_backend(name: str, backend) -> None:
@@ -112,6 +131,8 @@ class OpStatic:
             transposed (``x @ D`` and gradients run on ``D``'s own data, with no transposed copy).
         block_size: the blocks of a dynamic ``dyn_sdd``.
         epilogue: the fused bias / activation of a ``*_fused`` op (see :mod:`.epilogue`).
+        auto: ``impls`` is the default order (``implementation=None``): the weight gradient's sdd takes its
+            own default order rather than the product's.
     """
 
     impls: tuple[str, ...]
@@ -122,6 +143,7 @@ class OpStatic:
     transposed: bool = False
     block_size: tuple[int, int] | None = None
     epilogue: _epilogue.Epilogue | None = None
+    auto: bool = False
 
     def but(self, **changes) -> OpStatic:
         return dataclasses.replace(self, **changes)
@@ -140,7 +162,7 @@ def _dsd_bwd(s: OpStatic, arrays, _, g):
     data, x = arrays
     t, data_t = transposed(s.pattern, data)
     dx = _dsd(s.but(pattern=t, out_dtype=x.dtype), data_t, g)
-    ddata = _sdd(s.but(out_dtype=data.dtype), g, x.T)
+    ddata = _grad_sdd(s.but(out_dtype=data.dtype), g, x.T)
     return ddata, dx
 
 
@@ -148,7 +170,7 @@ def _dds_bwd(s: OpStatic, arrays, _, g):
     x, data = arrays
     t, data_t = transposed(s.pattern, data)
     dx = _dds(s.but(pattern=t, out_dtype=x.dtype), g, data_t)
-    ddata = _sdd(s.but(out_dtype=data.dtype), x.T, g)
+    ddata = _grad_sdd(s.but(out_dtype=data.dtype), x.T, g)
     return dx, ddata
 
 
@@ -403,7 +425,7 @@ def matmul(
         )
     if a_sparse:
         W, x = a, _dense(b, "dense operand")
-        s = OpStatic(impls, _out_dtype(preferred_element_type, W.dtype, x.dtype), prec)
+        s = OpStatic(impls, _out_dtype(preferred_element_type, W.dtype, x.dtype), prec, auto=implementation is None)
         if not fused:
             return apply_2d(W.shape, x, lambda x2: _sparse_dense(W, x2, s), sparse_first=True)
         if x.ndim == 1:  # (m,) output: the bias runs along the rows of the (m, 1) product
@@ -416,7 +438,7 @@ def matmul(
         tile = lambda x2: None if b1 is None else jnp.tile(b1, math.prod(x.shape[:-2]))  # noqa: E731
         return apply_2d(W.shape, x, lambda x2: _sparse_dense(W, x2, s, tile(x2)), sparse_first=True)
     x, W = _dense(a, "dense operand"), b
-    s = OpStatic(impls, _out_dtype(preferred_element_type, W.dtype, x.dtype), prec)
+    s = OpStatic(impls, _out_dtype(preferred_element_type, W.dtype, x.dtype), prec, auto=implementation is None)
     if not fused:
         return apply_2d(W.shape, x, lambda x2: _dense_sparse(x2, W, s), sparse_first=False)
     b1 = _bias(bias, (W.shape[1],))
@@ -513,9 +535,11 @@ def sdd(a, b, like, *, implementation=None, precision=None, preferred_element_ty
             f"Expected a of shape ({m}, n) and b of shape (n, {k}) to match `like` {like.shape}. "
             f"Got {a.shape} and {b.shape}."
         )
-    s = OpStatic(resolve(implementation, _DEFAULT), _out_dtype(preferred_element_type, a.dtype, b.dtype),
+    static = isinstance(like, BlockSparseMatrix)
+    default = _sdd_order(like.pattern, a, b) if static and implementation is None else _DEFAULT
+    s = OpStatic(resolve(implementation, default), _out_dtype(preferred_element_type, a.dtype, b.dtype),
                  _precision(precision))  # fmt: skip
-    if isinstance(like, BlockSparseMatrix):
+    if static:
         return like._replace(data=_sdd(s.but(pattern=like.pattern), a, b))
     keep, valid = _keep_and_validity(like)
     a, b = _nan_grad(valid, a), _nan_grad(valid, b)

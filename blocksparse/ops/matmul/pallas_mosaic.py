@@ -40,8 +40,8 @@ a mix promotes to float32), float32 accumulation, output in float16, bfloat16 or
 along columns or rows and every activation of :mod:`.epilogue`; a Hopper GPU (compute capability
 9.x: wgmma and TMA). Everything else raises ``NotImplementedError`` with the reason (dispatch
 then falls back): other blocks, float32 or mixed operands (TF32 wgmma is possible, not written;
-this includes the ``x``-gradient of a fused call under ``jax.grad``, whose cotangent is float32),
-``sdd`` and dynamic patterns (``dds`` is :mod:`.pallas_mosaic_dds`).
+this includes the ``x``-gradient of a fused call under ``jax.grad``, whose cotangent is float32)
+and dynamic patterns (``dds`` is :mod:`.pallas_mosaic_dds`, ``sdd`` :mod:`.pallas_mosaic_sdd`).
 
 What is verified, and what is not
 ---------------------------------
@@ -294,28 +294,35 @@ def _operand_transforms(dtype):
     return (plgpu.TilingTransform((8, _SWIZZLE // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(_SWIZZLE))
 
 
-def _consume(acc_ref, a_smem, b_smem, a_bar, b_bar, i, stages: int, count, fetch):
+def _consume(acc_ref, a_smem, b_smem, a_bar, b_bar, i, stages: int, count, fetch, transposed=(False, False)):
     """Step ``i`` of a ``stages``-deep pipeline of ``count`` steps: wait for stage ``i % stages``, issue
     ``acc_ref += a @ b`` on it, wait until at most that wgmma is pending (step ``i - 1``'s stage is then
-    free) and refill that stage with ``fetch(i + stages - 1)``."""
+    free) and refill that stage with ``fetch(i + stages - 1)``.
+
+    ``transposed``: whether the ``a`` / ``b`` tiles are stored transposed (wgmma reads them through a
+    transposed view of shared memory)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     slot = lax.rem(i, stages)
     plgpu.barrier_wait(a_bar.at[slot])
     plgpu.barrier_wait(b_bar.at[slot])
-    plgpu.wgmma(acc_ref, a_smem.at[slot], b_smem.at[slot])
+    a, b = a_smem.at[slot], b_smem.at[slot]
+    a = a.transpose((1, 0)) if transposed[0] else a
+    b = b.transpose((1, 0)) if transposed[1] else b
+    plgpu.wgmma(acc_ref, a, b)
     plgpu.wgmma_wait(1)
     nxt = i + stages - 1
     pl.when(nxt < count)(lambda: fetch(nxt))
 
 
-def _pipelined_wgmma(acc_ref, length, stages: int, a_src, b_src, a_tile, b_tile, dtype):
+def _pipelined_wgmma(acc_ref, length, stages: int, a_src, b_src, a_tile, b_tile, dtype, transposed=(False, False)):
     """``acc_ref += a_src(i) @ b_src(i)`` for ``i < length`` and the accumulator's value.
 
     ``a_src(i)`` / ``b_src(i)``: global-memory slices of shapes ``a_tile`` / ``b_tile``, TMA-copied into
     swizzled shared memory, ``stages`` steps in flight: step ``i`` waits for its stage, issues the
     wgmma, waits until at most one wgmma is pending (step ``i - 1``'s stage is then free) and refills
-    that stage with step ``i + stages - 1``.
+    that stage with step ``i + stages - 1``. ``transposed``: the tiles of ``a`` / ``b`` are stored
+    transposed (``a_tile`` / ``b_tile`` are then the stored shapes).
     """
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -329,7 +336,7 @@ def _pipelined_wgmma(acc_ref, length, stages: int, a_src, b_src, a_tile, b_tile,
             pl.when(i < length)(functools.partial(fetch, i))
 
         def step(i, carry):
-            _consume(acc_ref, a_smem, b_smem, a_bar, b_bar, i, stages, length, fetch)
+            _consume(acc_ref, a_smem, b_smem, a_bar, b_bar, i, stages, length, fetch, transposed)
             return carry
 
         lax.fori_loop(0, length, step, None)
@@ -750,7 +757,7 @@ def _preferable(pattern: BlockPattern, size: int, min_size: int, w_dtype, x_dtyp
 
 def _not_yet(op: str):
     def method(self, s, *args):
-        raise NotImplementedError(f"the Mosaic GPU backend implements the static dsd and dds only (not {op})")
+        raise NotImplementedError(f"the Mosaic GPU backend implements the static dsd, dds and sdd only (not {op})")
 
     method.__name__ = op
     return method
@@ -760,9 +767,10 @@ class MosaicBackend:
     """Backend object for :mod:`blocksparse.ops.matmul.api` (``implementation="mosaic"``).
 
     The static ``dsd`` (``W @ x``, this module) and ``dds`` (``x @ W``, :mod:`.pallas_mosaic_dds`), plain
-    or with the fused epilogue; every other op raises ``NotImplementedError`` so dispatch moves on to
-    the next implementation. :meth:`prefers` and :meth:`prefers_dds` are the default order's rules
-    (see :func:`prefers` and :func:`.pallas_mosaic_dds.prefers`).
+    or with the fused epilogue, and the static ``sdd`` (:mod:`.pallas_mosaic_sdd`: the weight gradient);
+    every other op raises ``NotImplementedError`` so dispatch moves on to the next implementation.
+    :meth:`prefers`, :meth:`prefers_dds` and :meth:`prefers_sdd` are the default order's rules (see
+    :func:`prefers`, :func:`.pallas_mosaic_dds.prefers` and :func:`.pallas_mosaic_sdd.prefers`).
     """
 
     name = "mosaic"
@@ -782,6 +790,11 @@ class MosaicBackend:
 
         return pallas_mosaic_dds.prefers(pattern, m, x_dtype, w_dtype)
 
+    def prefers_sdd(self, pattern: BlockPattern, k: int, a_dtype, b_dtype) -> bool:
+        from . import pallas_mosaic_sdd
+
+        return pallas_mosaic_sdd.prefers(pattern, k, a_dtype, b_dtype)
+
     def dsd(self, s, data, x):
         return dsd(s.pattern, data, x, s.out_dtype, interpret=self._interpret())
 
@@ -798,7 +811,11 @@ class MosaicBackend:
 
         return pallas_mosaic_dds.dds(s.pattern, data, x, s.out_dtype, s.epilogue, bias, interpret=self._interpret())
 
-    sdd = _not_yet("sdd")
+    def sdd(self, s, a, b):
+        from . import pallas_mosaic_sdd
+
+        return pallas_mosaic_sdd.sdd(s.pattern, a, b, s.out_dtype, interpret=self._interpret())
+
     dyn_dsd = _not_yet("dyn_dsd")
     dyn_sdd = _not_yet("dyn_sdd")
     dyn_dsd_fused = _not_yet("dyn_dsd_fused")
