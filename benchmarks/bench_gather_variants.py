@@ -4,18 +4,23 @@
         [--variants NAME ...] [--features 128] [--iters 10] [--with-arg] [--small]
 
 Graph: ``gnn.power_law(262144, 8388608)`` (mean in-degree 32, heavy nodes split into chunks); ``x`` of
-``(N, 128)`` in each dtype. For each op, dtype and variant (see :data:`SPMM` / :data:`MAX`: a name ->
-``(nodes_per_program, GatherVariant)``), the Pallas kernel is timed with ``blocksparse.bench.Timer``:
-``ms`` = ``Timer.loop`` (median device time per call inside one jitted loop), ``calls_ms`` = ``Timer.calls``;
-plus the XLA reference (``variant = "xla"``: ``segment_sum`` / ``segment_max`` on the sorted destination
-ids) as a baseline. SpMM is ``csr_sum(g, None, x)`` (default: the one-node kernel); max is
-``segment_extreme(g, x, True, with_arg=False)`` (default: the packed kernel, 2 nodes per program at this
-mean in-degree; ``--with-arg`` times the arg-max path instead). Every result is checked against the
-reference: SpMM by ``rel_err`` (relative Frobenius error, failing above ``blocksparse.bench.tolerance``),
-max by exact equality (``exact``). ``speedup`` = the default variant's ``ms`` / this row's;
-``gather_tbps`` = the bytes of gathered rows (``E * F * itemsize``) / ``ms``. A float32 row whose variant
-only differs from an earlier one by knobs that float32 ignores (``pairs``, ``tile_bytes``) is skipped
-(listed under ``skipped``). The JSON is rewritten after every row; a failure makes the exit status 1.
+``(N, 128)`` in each dtype. For each op, dtype and variant (see :data:`SPMM` / :data:`MAX` /
+:data:`MAX_WITH_ARG`: a name -> ``(nodes_per_program, GatherVariant)``), the Pallas kernel is timed with
+``blocksparse.bench.Timer``: ``ms`` = ``Timer.loop`` (median device time per call inside one jitted loop),
+``calls_ms`` = ``Timer.calls``; plus the XLA reference (``variant = "xla"``: ``segment_sum`` / ``segment_max``
+on the sorted destination ids) as a baseline. SpMM is ``csr_sum(g, None, x)`` (default: the one-node kernel,
+``DEFAULT_VARIANT``); max is ``segment_extreme(g, x, True, with_arg=False)`` (default:
+``default_values_only``, per dtype). ``--with-arg`` sweeps the arg-max path instead (``with_arg=True``, the
+forward that training runs), with its own rows (:data:`MAX_WITH_ARG`: warps, prefetch, nodes per program,
+pairs, byte-sized tiles; ``key_reduce`` does not apply there); its ``default`` is that path's default
+(``default_with_arg``: the packed kernel with one warp, 2 nodes per program at this mean in-degree). Every
+result is checked against the reference: SpMM by ``rel_err`` (relative Frobenius error, failing above
+``blocksparse.bench.tolerance``), max by exact equality (``exact``: values, and with ``--with-arg`` the
+arg-max positions). ``speedup`` = the default variant's ``ms`` / this row's; ``gather_tbps`` = the bytes of
+gathered rows (``E * F * itemsize``) / ``ms``. A row whose kernel is the same as an earlier row's (knobs that
+do not apply: ``pairs`` and ``tile_bytes`` in float32, ``key_reduce`` with the arg-max, ``prefetch`` in the
+one-node max kernel) is skipped (listed under ``skipped``). The JSON is rewritten after every row; a failure
+makes the exit status 1.
 
 ``--small`` runs a tiny graph in the Pallas interpreter on the CPU, in seconds: the test of this script.
 """
@@ -74,18 +79,48 @@ MAX = {
     "G1+key": (1, V(key_reduce=True)),
     "G1+key+w2": (1, V(key_reduce=True, num_warps=2)),
 }
+#: max with arg-max rows (``--with-arg``): name -> (nodes_per_program, variant); ``None`` nodes: the default
+#: rule (2 at mean in-degree 32). The values-only defaults' tilings (one node per program; two warps), without
+#: ``key_reduce``, which the arg-max path ignores.
+MAX_WITH_ARG = {
+    "default": (None, None),
+    "w2": (None, V(num_warps=2)),
+    "w1": (None, V(num_warps=1)),
+    "prefetch": (None, V(prefetch=True)),
+    "w2+prefetch": (None, V(num_warps=2, prefetch=True)),
+    "pairs": (None, V(pairs=True)),
+    "bytes": (None, V(tile_bytes=True)),
+    "bytes+w2": (None, V(tile_bytes=True, num_warps=2)),
+    "pairs+w2": (None, V(pairs=True, num_warps=2)),
+    "G1": (1, None),
+    "G1+w2": (1, V(num_warps=2)),
+    "G1+w1": (1, V(num_warps=1)),
+    "G1+bytes": (1, V(tile_bytes=True)),
+    "G4": (4, None),
+    "G4+w2": (4, V(num_warps=2)),
+}
 OPS = {"spmm": SPMM, "max": MAX}
+
+
+def tables(with_arg: bool) -> dict:
+    """op -> its rows: :data:`SPMM`, and :data:`MAX` or (``with_arg``) :data:`MAX_WITH_ARG`."""
+    return {"spmm": SPMM, "max": MAX_WITH_ARG if with_arg else MAX}
 
 
 def make_graph(small: bool) -> gnn.Graph:
     return gnn.power_law(*((96, 1536) if small else (262_144, 8_388_608)), seed=0)
 
 
-def _effective(variant, dtype):
-    """What a kernel runs for ``dtype``: float32 ignores ``pairs`` and ``tile_bytes``."""
+def _effective(op, nodes, variant, dtype, with_arg=False):
+    """What a kernel runs: float32 ignores ``pairs`` and ``tile_bytes``; the max with arg-max ``key_reduce``; the
+    one-node max kernel ``prefetch``."""
     v = variant or V()
     if jnp.dtype(dtype).itemsize == 4:
         v = dataclasses.replace(v, pairs=False, tile_bytes=False)
+    if op == "max" and with_arg:
+        v = dataclasses.replace(v, key_reduce=False)
+    if op == "max" and nodes == 1:
+        v = dataclasses.replace(v, prefetch=False)
     return v
 
 
@@ -131,19 +166,22 @@ def main(argv=None) -> int:
     ap.add_argument("--json", required=True, help="output path (rewritten after every row)")
     ap.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS))
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16", "float16"])
-    names = sorted(set(SPMM) | set(MAX))
+    names = sorted(set(SPMM) | set(MAX) | set(MAX_WITH_ARG))
     ap.add_argument("--variants", nargs="+", default=None, choices=names, help="only these rows (and xla)")
     ap.add_argument("--features", type=int, default=128)
     ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--with-arg", action="store_true", help="max: time the arg-max path (with_arg=True)")
+    ap.add_argument("--with-arg", action="store_true", help="max: the arg-max path's rows (with_arg=True)")
     ap.add_argument("--small", action="store_true", help="a tiny graph in the interpreter (CPU)")
     args = ap.parse_args(argv)
     timer = Timer(iters=1, trials=1, warmup=0) if args.small else Timer(iters=args.iters, trials=3, warmup=1)
     t_start = time.perf_counter()
-    out = dict(device=str(jax.devices()[0]), features=args.features, timer=repr(timer), with_arg=args.with_arg)
+    dev = jax.devices()[0]
+    out = dict(device=str(dev), device_kind=dev.device_kind, jax=jax.__version__, features=args.features,
+               timer=repr(timer), with_arg=args.with_arg)  # fmt: skip
+    ops = tables(args.with_arg)
     out["variants"] = {  # op -> name -> the GatherVariant's fields and nodes_per_program
         op: {name: dataclasses.asdict(v or V()) | {"nodes_per_program": nodes} for name, (nodes, v) in table.items()}
-        for op, table in OPS.items()
+        for op, table in ops.items()
     }
     out.update(rows=[], skipped=[])
     failed = False
@@ -169,13 +207,13 @@ def main(argv=None) -> int:
                 base, seen = None, {}
                 rows = [("xla", None, "xla")] + [
                     (name, nodes, v)
-                    for name, (nodes, v) in OPS[op].items()
+                    for name, (nodes, v) in ops[op].items()
                     if args.variants is None or name in args.variants
                 ]
                 for name, nodes, v in rows:
                     if name != "xla":
-                        key = (nodes, _effective(v, dtype))
-                        if key in seen:  # float32 ignores the knob: the same kernel as an earlier row
+                        key = (nodes, _effective(op, nodes, v, dtype, args.with_arg))
+                        if key in seen:  # a knob that does not apply here: the same kernel as an earlier row
                             out["skipped"].append(dict(op=op, dtype=dname, variant=name, same_as=seen[key]))
                             continue
                         seen[key] = name
@@ -202,7 +240,7 @@ def main(argv=None) -> int:
     out["total_s"] = time.perf_counter() - t_start
     save()
     print(_table(out["rows"]))
-    print(f"total {out['total_s']:.1f} s; skipped (float32 ignores the knob): {len(out['skipped'])}")
+    print(f"total {out['total_s']:.1f} s; skipped (the same kernel as an earlier row): {len(out['skipped'])}")
     return int(failed)
 
 

@@ -27,6 +27,7 @@ Usage (the brief's grid, about a minute on an H200; the b = 64 sweep of forced t
     python3 benchmarks/bench_mosaic.py --n 256 --b 64 --tn 64 128 256 --json $OUT/mosaic_b64_n256.json
     python3 benchmarks/bench_mosaic.py --b 64 --tn 64 128 --consumers 1 2 --json $OUT/mosaic_b64_2wg.json
     python3 benchmarks/bench_mosaic.py --epilogue gelu --json $OUT/mosaic_gelu.json
+    python3 benchmarks/bench_mosaic.py --pattern uniform powerlaw --json $OUT/mosaic_skew.json
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import blocksparse as bs
 from blocksparse.bench import Timer, check_close
@@ -84,12 +86,23 @@ def _time(name, fn, a, x, want, dtype, timer, flops, out: dict):
     return got
 
 
-def bench_cell(m: int, n: int, b: int, d: int, dtype, timer: Timer, configs, activation=None) -> dict:
-    W = bs.random(jax.random.key(0), (m, m), b, 1.0 / d, dtype)
+def _matrix(kind: str, m: int, b: int, d: int, dtype) -> bs.BlockSparseMatrix:
+    """W of ``m x m`` with ``b x b`` blocks at density ``1/d``: uniform random blocks, or rows of power-law
+    lengths (``BlockPattern.power_law``: a few very long rows) with the same number of blocks."""
+    if kind == "uniform":
+        return bs.random(jax.random.key(0), (m, m), b, 1.0 / d, dtype)
+    pattern = bs.BlockPattern.power_law(0, (m, m), (b, b), 1.0 / d)
+    return bs.BlockSparseMatrix(pattern, jax.random.normal(jax.random.key(0), (pattern.nnz_blocks, b, b), dtype))
+
+
+def bench_cell(m: int, n: int, b: int, d: int, dtype, timer: Timer, configs, activation=None,
+               pattern: str = "uniform") -> dict:  # fmt: skip
+    W = _matrix(pattern, m, b, d, dtype)
     x = jax.random.normal(jax.random.key(1), (m, n), dtype)
     bias = None if activation is None else jax.random.normal(jax.random.key(2), (n,), jnp.float32)
     flops = 2.0 * W.nnz_blocks * b * b * n
     row = {"m": m, "n": n, "b": b, "density": 1.0 / d, "dtype": jnp.dtype(dtype).name, "nnz_blocks": W.nnz_blocks}
+    row.update(pattern=pattern, max_row=int(np.bincount(W.pattern.rows, minlength=W.pattern.grid[0]).max()))
     row["epilogue"] = activation
     row["default"] = "mosaic" if pallas_mosaic.prefers(W.pattern, n, dtype, dtype) else "pallas"
     p = pallas_mosaic.plan(W.pattern, n, jnp.dtype(dtype).itemsize)
@@ -134,7 +147,8 @@ def _failed(row) -> bool:
 COLUMNS = [("m", "{}"), ("n", "{}"), ("b", "{}"), ("density", "{:.4g}"), ("dense_ms", "{:.3f}"),
            ("triton_ms", "{:.3f}"), ("mosaic_ms", "{:.3f}"), ("mosaic_tflops", "{:.0f}"),
            ("speedup_vs_triton", "{:.2f}"), ("speedup_vs_dense", "{:.2f}"), ("mosaic_tn", "{}"),
-           ("mosaic_stages", "{}"), ("default", "{}")]  # fmt: skip
+           ("mosaic_stages", "{}"), ("default", "{}"), ("pattern", "{}"), ("max_row", "{}"),
+           ("mosaic_skew_ratio", "{:.2f}"), ("triton_skew_ratio", "{:.2f}")]  # fmt: skip
 
 
 def _variant_label(v) -> str:
@@ -179,6 +193,8 @@ def main(argv=None) -> int:
                     help="Mosaic variants: the persistent kernel's program counts (default: one per resident slot)")
     ap.add_argument("--epilogue", default=None, choices=sorted(epilogue.ACTIVATIONS),
                     help="fuse a bias and this activation into every sparse kernel")  # fmt: skip
+    ap.add_argument("--pattern", nargs="+", default=["uniform"], choices=["uniform", "powerlaw"],
+                    help="W's pattern kinds; a powerlaw row records skew_ratio: its time over the uniform one's")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--json", default=None, help="write the results here")
@@ -209,13 +225,16 @@ def main(argv=None) -> int:
         "rows": [],
     }
     t0 = time.perf_counter()
-    for m in args.m:
-        for n in args.n:
-            for b in args.b:
-                for d in args.d:
-                    row = bench_cell(m, n, b, d, dtype, timer, configs, args.epilogue)
-                    doc["rows"].append(row)
-                    print(json.dumps(row), flush=True)
+    for m, n, b, d in itertools.product(args.m, args.n, args.b, args.d):
+        cell = {}
+        for kind in args.pattern:
+            row = cell[kind] = bench_cell(m, n, b, d, dtype, timer, configs, args.epilogue, kind)
+            if kind == "powerlaw" and "uniform" in cell:  # same blocks, rows of power-law lengths
+                for name in ("mosaic", "triton"):
+                    if f"{name}_ms" in row and f"{name}_ms" in cell["uniform"]:
+                        row[f"{name}_skew_ratio"] = row[f"{name}_ms"] / cell["uniform"][f"{name}_ms"]
+            doc["rows"].append(row)
+            print(json.dumps(row), flush=True)
     doc["seconds"] = time.perf_counter() - t0
     print(_table(doc["rows"]))
     if args.json:

@@ -173,7 +173,8 @@ def main(argv=None) -> int:
     if args.tm or args.stages or args.max_len or args.grid_order or args.persistent:
         orders = args.grid_order or ["units"]
         for tm, stages, order in itertools.product(args.tm or [None], args.stages or [None], orders):
-            configs.append(pmd.DdsConfig(tm=tm, stages=stages, max_len=args.max_len, grid_order=order))
+            configs.append(pmd.DdsConfig(tm=tm, stages=stages, max_len=args.max_len, grid_order=order,
+                                         persistent=False if args.persistent else None))  # fmt: skip
             if args.persistent and args.epilogue is None:  # the persistent kernel has no fused epilogue
                 configs.append(pmd.DdsConfig(tm=tm, stages=stages, max_len=args.max_len, grid_order=order,
                                              persistent=True))  # fmt: skip

@@ -9,7 +9,11 @@ variant lowers to Triton for CUDA, and a tiny run of the GPU benchmark script.
 """
 
 import dataclasses
+import functools
+import importlib.util
+from pathlib import Path
 
+import gnn_oracle as O
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -24,6 +28,17 @@ from blocksparse.ops.gnn_spmm import reference as SR
 
 DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 EVERYTHING = V(pairs=True, tile_bytes=True, prefetch=True, key_reduce=True, num_warps=2)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@functools.cache
+def _bench():
+    """benchmarks/bench_gather_variants.py as a module (its variant tables)."""
+    path = ROOT / "benchmarks" / "bench_gather_variants.py"
+    spec = importlib.util.spec_from_file_location("bench_gather_variants", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
 
 
 @pytest.fixture(scope="module")
@@ -200,6 +215,66 @@ def test_extreme_all_nan_and_all_inf_nodes(interp):
                     _check_extreme(g, xd, is_max, nodes, V(pairs=True, prefetch=True), True, refs)
 
 
+def _arg_grad(g, arg, dout):
+    """The max / min backward from ``arg`` (CSR positions, -1: none), in NumPy: each (node, feature) cotangent
+    to the source of its arg edge."""
+    arg, dout = np.asarray(arg), np.asarray(dout, np.float64)
+    dx = np.zeros_like(dout)
+    node, feat = np.nonzero(arg >= 0)
+    np.add.at(dx, (np.asarray(g.indices)[arg[node, feat]], feat), dout[node, feat])
+    return dx
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
+def test_with_arg_sweep_rows_match_the_oracle(graph, interp, dtype):
+    # the kernels of `bench_gather_variants.py --with-arg`: values and the arg-max / arg-min positions (through
+    # the gradient they route: ties to the first in-edge, NaN to the first NaN) against the NumPy oracle. Rows
+    # that differ only in warps (no effect in the interpreter; see the lowering test) or in knobs the dtype or
+    # kernel ignores run once; pairs and byte-sized tiles also on two feature blocks.
+    g, n, bench = graph, graph.num_nodes, _bench()
+    src, dst = np.asarray(g.src), np.asarray(g.dst)
+    seen = set()
+    for i, (name, (nodes, v)) in enumerate(bench.MAX_WITH_ARG.items()):
+        kernel = (nodes, dataclasses.replace(bench._effective("max", nodes, v, dtype, True), num_warps=None))
+        if kernel in seen:
+            continue
+        seen.add(kernel)
+        reduce = ("max", "min")[i % 2]
+        for f in (20, 130) if kernel[1].pairs or kernel[1].tile_bytes else (20,):  # 20: a masked / padded block
+            x, dout = _ties(n, f, 10 + i, dtype), _normal((n, f), 9, jnp.float32)
+            x64 = _as32(x).astype(np.float64)
+            got, arg = A.segment_extreme(g, x, reduce == "max", with_arg=True, nodes_per_program=nodes, variant=v)
+            what = f"{reduce} F={f} {name}"
+            assert got.dtype == x.dtype and arg.dtype == jnp.int32, what
+            np.testing.assert_array_equal(_as32(got), O.extreme(src, dst, n, x64, reduce).astype(np.float32), what)
+            want_dx = O.extreme_grad(src, dst, n, x64, dout, reduce)
+            np.testing.assert_allclose(_arg_grad(g, arg, dout), want_dx, rtol=1e-6, atol=1e-6, err_msg=what)
+    assert len(seen) == (7 if jnp.dtype(dtype).itemsize == 2 else 4)  # the distinct kernels the GPU sweep times
+
+
+def test_with_arg_sweep_rows_lower_to_triton(monkeypatch):
+    # the GPU sweep's arg-max rows, bfloat16 (pairs and byte-sized tiles apply) and float32, lower for CUDA
+    from test_gnn_pallas import _lower_for_cuda, lowering_graph
+
+    g = lowering_graph(monkeypatch)
+    rows = _bench().MAX_WITH_ARG
+
+    def everything(x, xb):
+        outs = []
+        for nodes, v in rows.values():
+            outs += list(A.segment_extreme(g, xb, True, nodes_per_program=nodes, variant=v))
+            outs += list(A.segment_extreme(g, x, False, nodes_per_program=nodes, variant=v))
+        return outs
+
+    txt = _lower_for_cuda(everything, jnp.ones((40, 20)), jnp.ones((40, 130), jnp.bfloat16))
+    rule = A.default_nodes_per_program(g.edge_capacity / g.num_nodes)
+    for name, (nodes, v) in rows.items():
+        nodes = nodes or rule
+        kernel = "gnn_aggregate_max" + ("" if nodes == 1 else f"_x{nodes}") + (v or V()).name_suffix()
+        assert f"{kernel}/" in txt, name  # (the name, not a prefix of a longer one)
+    assert txt.count("__gpu$xla.gpu.triton") >= 4 * len(rows)
+
+
 # ---------------------------------------------------------------------------------- CUDA lowering (CPU)
 LOWERED = (
     V(pairs=True), V(tile_bytes=True), V(prefetch=True), V(num_warps=2), V(key_reduce=True), EVERYTHING,
@@ -231,7 +306,7 @@ def test_spmm_variants_lower_to_triton(monkeypatch):
 def test_default_variant_lowers_to_the_measured_kernels(monkeypatch):
     # variant=None is the measured default of each entry point, op for op the same Triton IR as naming it:
     # one warp for the one-node SpMM, the plain packed SpMM, two warps for the values-only 2-byte max, the
-    # plain kernel with arg-max
+    # plain kernel with arg-max given one node per program, one warp for the packed arg-max kernel by default
     from test_gnn_pallas import _lower_for_cuda, lowering_graph
 
     try:
@@ -249,10 +324,11 @@ def test_default_variant_lowers_to_the_measured_kernels(monkeypatch):
 
     monkeypatch.setattr(reg.lowering, "lower_jaxpr_to_triton_module", capture)
 
-    def kernels(spmm, packed, values, with_arg):
+    def kernels(spmm, packed, values, with_arg, arg_default=None):
         def run(xb):
             outs = [S.csr_sum(g, w, xb, xb, variant=spmm), S.csr_sum(g, None, xb, nodes_per_program=2, variant=packed)]
             outs += [A.segment_extreme(g, xb, True, with_arg=False, variant=values)[0]]
+            outs += list(A.segment_extreme(g, xb, True, variant=arg_default))
             return outs + list(A.segment_extreme(g, xb, False, nodes_per_program=1, variant=with_arg))
 
         modules.clear()
@@ -261,9 +337,11 @@ def test_default_variant_lowers_to_the_measured_kernels(monkeypatch):
 
     default = kernels(None, None, None, None)
     assert S.DEFAULT_VARIANT == V(num_warps=1) and A.default_values_only(jnp.bfloat16) == (None, V(num_warps=2))
-    assert len(default) == 8 and kernels(V(num_warps=1), V(), V(num_warps=2), V()) == default
+    assert kernels(V(num_warps=1), V(), V(num_warps=2), V(), V(num_warps=1)) == default
     assert kernels(V(), V(), V(num_warps=2), V()) != default  # the one-node SpMM's default is not the plain kernel
+    assert kernels(V(num_warps=1), V(), V(num_warps=2), V(), V()) != default  # nor the arg-max's
     assert A.default_values_only(jnp.float32) == (1, V(key_reduce=True))
+    assert A.default_with_arg(jnp.float32) == A.default_with_arg(jnp.bfloat16) == (None, V(num_warps=1))
 
 
 def test_extreme_variants_lower_to_triton(monkeypatch):
@@ -288,14 +366,9 @@ def test_extreme_variants_lower_to_triton(monkeypatch):
 
 # ---------------------------------------------------------------------------------- the GPU benchmark, tiny
 def test_benchmark_script_small(tmp_path):
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_gather_variants.py"
-    spec = importlib.util.spec_from_file_location("bench_gather_variants", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench()
     out = tmp_path / "out.json"
     argv = ["--small", "--json", str(out), "--dtypes", "bfloat16", "float32", "--variants", "default", "pairs"]
     assert bench.main(argv) == 0

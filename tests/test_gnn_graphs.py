@@ -178,6 +178,30 @@ def test_bench_skips_rcm_above_the_limit(tmp_path):
     assert all(r["rel_err"] < 1e-4 for r in data["rows"])
 
 
+def test_bench_two_dtypes_one_graph_and_the_row_budget(tmp_path):
+    """``--dtype float32 bfloat16``: one graph, both dtypes (rows and gains per dtype); ``--impls`` selects; a
+    row over ``--row-budget-s`` gets fewer iterations."""
+    out = tmp_path / "graphs.json"
+    bench = _bench()
+    argv = ["--graphs", "ogbn-arxiv", "--scale", "0.01", "--iters", "4", "--orders", "degree", "--dtype", "float32",
+            "bfloat16", "--impls", "ours", "--row-budget-s", "1e-9", "--json", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    assert data["meta"]["dtypes"] == ["float32", "bfloat16"] and data["meta"]["torch_rows"] == "skipped: not asked for"
+    cells = {(dt, o, op) for dt in ("float32", "bfloat16") for o in ("as generated", "degree") for op in bench.OPS}
+    assert {(r["dtype"], r["order"], r["op"]) for r in rows} == cells
+    assert {r["impl"] for r in rows} == {"ours"} and all("gain" in r for r in rows if r["order"] == "degree")
+    assert all(r["rel_err"] < (1e-4 if r["dtype"] == "float32" else 2e-2) for r in rows), rows
+    assert all(r["iters"] == 1 and r["timer"] == "Timer(iters=1, trials=1, warmup=0)" for r in rows)
+    assert set(data["graphs"]["ogbn-arxiv"]["reference_s"]) == {"float32", "bfloat16"}
+    t = bench.Timer(iters=20, trials=3, warmup=1)  # 8 calls per iteration (loop and calls, warm-up and trials)
+    assert bench.capped_timer(t, 0.01, 20.0) is t
+    assert repr(bench.capped_timer(t, 0.5, 20.0)) == "Timer(iters=5, trials=3, warmup=1)"
+    assert repr(bench.capped_timer(t, 5.0, 20.0)) == "Timer(iters=1, trials=1, warmup=0)"
+    assert bench.capped_iters(20, 1, 0.5, 20.0) == 20 and bench.capped_iters(20, 1, 3.0, 20.0) == 6
+
+
 def test_paper_graph_is_a_graph():
     g = paper_graph("pokec", scale=0.001, seed=1, heavy_quantile=0.9)
     assert isinstance(g, gnn.Graph) and g.heavy_quantile == 0.9

@@ -209,8 +209,8 @@ def test_gpu_matches_reference():
 @pytest.mark.gpu
 def test_gpu_measured_defaults_match_reference():
     """The measured default tilings on the GPU: one head of 128 features (the flat layout, deferred
-    reductions), values-only max / min (int32 keys in float32, two warps in bfloat16) and bfloat16 SpMM (one
-    warp), against XLA."""
+    reductions), values-only max / min (int32 keys in float32, two warps in bfloat16), max / min with the
+    arg-max (one warp, through its gradient) and bfloat16 SpMM (one warp), against XLA."""
     g = gnn.power_law(3000, 60000, seed=7)
     _compare(g, feat=128, heads=1, dim=128, key=jax.random.key(2), names=["gatv2", "graph_attention"],
              rtol=2e-3, atol=2e-3)  # fmt: skip
@@ -220,6 +220,9 @@ def test_gpu_measured_defaults_match_reference():
             want = gnn.aggregate(g, x, reduce, implementation="xla")
             got = jax.jit(lambda x, r=reduce: gnn.aggregate(g, x, r, implementation="pallas"))(x)
             np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+            grads = [jax.jit(jax.grad(lambda x, r=reduce, i=impl: gnn.aggregate(g, x, r, implementation=i)
+                                      .astype(jnp.float32).sum()))(x) for impl in ("xla", "pallas")]  # fmt: skip
+            np.testing.assert_array_equal(np.asarray(grads[1], np.float32), np.asarray(grads[0], np.float32))
     xb = _rand(jax.random.key(4), (g.num_nodes, 128)).astype(jnp.bfloat16)
     with bs.dispatch_log() as log:
         got = gnn.spmm(g, xb)

@@ -3,6 +3,7 @@ the CPU; the real kernel on a Hopper GPU (``gpu`` mark) against the float64 orac
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import jax
@@ -113,23 +114,101 @@ def test_plan_schedule_computes_x_at_w(block, pattern_seed, m, tm, max_len, seed
 
 
 def test_plan_tiles_and_stages():
-    """The users' shape (32768 x 384 @ 384 x 1536): 128-row tiles, 3 stages; small m: 64 rows."""
+    """The users' shape (32768 x 384 @ 384 x 1536) at d = 1/4: the persistent kernel (1.19 and 1.27 on the
+    H200), 128-row tiles, 3 stages, plus its output staging tile; forced off, the same pipeline alone; small
+    m: 64 rows."""
+    per_item = pmd.DdsConfig(persistent=False)
     for b in (64, 128):
         pattern = bs.BlockPattern.random(0, (384, 1536), (b, b), 1 / 4)
         p = pmd.plan(pattern, 32768)
+        assert p.persistent is not None and p.sched.num_partials == 0
         assert (p.tm, p.tiles, p.m_pad, p.stages) == (128, 256, 32768, 3)
-        assert p.smem_bytes(b, b, 2) == 3 * (128 * b + b * b) * 2
-        assert p.sched.num_units >= pattern.grid[1]  # one unit per block column at least (empty ones too)
+        assert p.smem_bytes(b, b, 2) == 3 * (128 * b + b * b) * 2 + 128 * b * 2
+        q = pmd.plan(pattern, 32768, config=per_item)
+        assert q.persistent is None and (q.tm, q.tiles, q.stages) == (128, 256, 3)
+        assert q.smem_bytes(b, b, 2) == 3 * (128 * b + b * b) * 2
+        assert q.sched.num_units >= pattern.grid[1]  # one unit per block column at least (empty ones too)
         assert pmd.plan(pattern, 100).tm == 64
-    wide = pmd.plan(bs.BlockPattern.random(0, (512, 512), (64, 64), 0.5), 4096, config=pmd.DdsConfig(tm=256))
+    pattern = bs.BlockPattern.random(0, (512, 512), (64, 64), 0.5)
+    wide = pmd.plan(pattern, 4096, config=pmd.DdsConfig(tm=256, persistent=False))
     assert (wide.tm, wide.stages) == (256, 3)  # 3 x 40 KiB
-    deep = pmd.plan(bs.BlockPattern.random(0, (512, 512), (64, 64), 0.5), 4096, config=pmd.DdsConfig(stages=5))
+    deep = pmd.plan(pattern, 4096, config=pmd.DdsConfig(stages=5, persistent=False))
     assert deep.stages == 5  # 5 x 24 KiB
     # Mosaic GPU launches the last grid dimension fastest: units (W's block columns) by default
     assert deep.grid == ((32, deep.sched.num_units), ("t", "u"))
-    tiles_first = pmd.plan(deep_pattern := bs.BlockPattern.random(0, (512, 512), (64, 64), 0.5), 4096,
-                           config=pmd.DdsConfig(grid_order="tiles"))  # fmt: skip
-    assert tiles_first.grid == ((pmd.plan(deep_pattern, 4096).sched.num_units, 32), ("u", "t"))
+    tiles_first = pmd.plan(pattern, 4096, config=pmd.DdsConfig(grid_order="tiles", persistent=False))
+    assert tiles_first.grid == ((pmd.plan(pattern, 4096, config=per_item).sched.num_units, 32), ("u", "t"))
+
+
+def _exact_pattern(k: int, b: int, density: float, rect: bool = False, gn: int = 16) -> bs.BlockPattern:
+    """W of ``k // b`` x ``gn`` b x b blocks (b x b/2 with ``rect``) at exactly ``density``: the first ones in
+    column-major order (full block columns, which a small max_len splits)."""
+    gk = k // b
+    mask = np.zeros(gk * gn, bool)
+    mask[: round(density * gk * gn)] = True
+    return bs.BlockPattern.from_mask(mask.reshape(gn, gk).T, (b, b // 2 if rect else b))
+
+
+def test_prefers_persistent_reads_the_nearest_cell():
+    """Every measured cell decides for itself (>= PREFER_MARGIN); k and density go to the nearest cell on
+    log scales, as measured_speedup reads its table; m does not enter; rectangular or empty W: never."""
+    for (b, k), row in pmd.PERSISTENT_SPEEDUP.items():
+        for d, speedup in row.items():
+            pattern = _exact_pattern(k, b, d)
+            assert pmd.prefers_persistent(pattern, 32768) == (speedup >= pmd.PREFER_MARGIN), (b, k, d)
+            assert pmd.prefers_persistent(pattern, 1) == pmd.prefers_persistent(pattern, 32768)
+    # b = 128, d = 1/4: 1.27 at k = 384, 1.04 at k = 8192; k = 1664 < 1774 (the log midpoint) reads k = 384
+    assert pmd.prefers_persistent(_exact_pattern(1664, 128, 1 / 4), 8192)
+    assert not pmd.prefers_persistent(_exact_pattern(1792, 128, 1 / 4), 8192)
+    # b = 128, k = 8192: d = 1/2 reads the 1/4 column (1.04), d = 1/32 the 1/16 one (1.25)
+    assert not pmd.prefers_persistent(_exact_pattern(8192, 128, 1 / 2), 8192)
+    assert pmd.prefers_persistent(_exact_pattern(8192, 128, 1 / 32), 8192)
+    assert not pmd.prefers_persistent(_exact_pattern(384, 128, 1 / 4, rect=True), 32768)  # 128 x 64 blocks
+    assert not pmd.prefers_persistent(_exact_pattern(384, 128, 0.0), 32768)  # nothing to compute
+
+
+def test_plan_takes_the_persistent_kernel_by_the_rule_and_falls_back():
+    """persistent=None: the persistent plan where prefers_persistent holds (never for a fused call), the
+    one-program-per-item plan elsewhere and where the persistent kernel cannot take the forced tiles."""
+    fast = _exact_pattern(384, 128, 1 / 4)  # 1.27
+    slow = _exact_pattern(384, 128, 1 / 16)  # 0.86
+    assert pmd.plan(fast, 32768).persistent is not None
+    assert pmd.plan(fast, 32768, fused=True).persistent is None  # the persistent kernel has no epilogue
+    assert pmd.plan(slow, 32768).persistent is None
+    assert pmd.plan(slow, 32768, config=pmd.DdsConfig(persistent=True)).persistent is not None  # forced
+    assert pmd.plan(fast, 32768, config=pmd.DdsConfig(persistent=False)).persistent is None
+    # b = 128, tm = 128, 3 stages and split columns: 3 x 64 KiB fit, plus the persistent kernel's 32 KiB
+    # output and 64 KiB float32 staging tiles do not
+    cfg = pmd.DdsConfig(tm=128, stages=3, max_len=1)
+    with pytest.raises(NotImplementedError, match=r"shared memory.*got stages=3"):
+        pmd.plan(fast, 4096, config=dataclasses.replace(cfg, persistent=True))
+    p = pmd.plan(fast, 4096, config=cfg)
+    assert p.persistent is None and (p.tm, p.stages) == (128, 3) and p.sched.num_partials > 0
+    with pytest.raises(ValueError, match="programs"):
+        pmd.DdsConfig(persistent=False, programs=4)
+
+
+def test_dds_takes_the_persistent_kernel_by_the_rule_but_never_fused(monkeypatch):
+    """dds() with the default config: a plain product where the rule holds launches the persistent kernel; a
+    fused one (the same W) the one-program-per-item kernel, which runs in the interpreter and matches."""
+
+    class Launched(Exception):
+        pass
+
+    def launch(*args, **kwargs):
+        raise Launched
+
+    monkeypatch.setattr(pmd.pp, "launch", launch)
+    rng = np.random.default_rng(0)
+    pattern = _exact_pattern(256, 64, 1 / 4, gn=4)  # the k = 384 row: 1.19
+    assert pmd.prefers_persistent(pattern, 64)
+    data = jnp.asarray(rng.standard_normal((pattern.nnz_blocks, 64, 64)), jnp.bfloat16)
+    x = jnp.asarray(rng.standard_normal((64, 256)), jnp.bfloat16)
+    with pytest.raises(Launched):
+        pmd.dds(pattern, data, x, interpret=True)
+    want, scale = _oracle(pattern, data, x)
+    y = pmd.dds(pattern, data, x, None, epilogue.Epilogue("relu"), interpret=True)
+    assert_close(y, *_epilogue_oracle(want, scale, np.zeros(256), 1, "relu"), jnp.bfloat16)
 
 
 def test_refuses_what_the_kernel_cannot_take():
@@ -208,7 +287,7 @@ def test_kernel_lowers_for_cuda(block, dtype, tm, out_dtype, order):
     """The Pallas -> Mosaic GPU lowering (wgmma shapes and layouts, swizzles, the shared memory budget) at the
     users' shape, with max_len=1 so that split block columns (partials) are lowered too."""
     pattern, data, x, _, _ = _problem("random", block, dtype, shape=(384, 1536), m=4096)
-    cfg = pmd.DdsConfig(tm=tm, max_len=1, grid_order=order)
+    cfg = pmd.DdsConfig(tm=tm, max_len=1, grid_order=order, persistent=False)
     txt = _lower(pattern, data, x, out_dtype, config=cfg)
     p = pmd.plan(pattern, 4096, 2, cfg)
     assert p.sched.num_partials > 0
@@ -219,9 +298,10 @@ def test_kernel_lowers_for_cuda(block, dtype, tm, out_dtype, order):
 def test_lowering_checks_the_shared_memory_budget_the_plan_uses():
     """The largest stages the plan allows for b = 128 (3 x 64 KiB) lower; a fourth stage does not."""
     pattern, data, x, _, _ = _problem("random", (128, 128), jnp.bfloat16, shape=(512, 512), m=512)
-    p = pmd.plan(pattern, 512, config=pmd.DdsConfig(tm=128))
+    cfg = pmd.DdsConfig(tm=128, persistent=False)
+    p = pmd.plan(pattern, 512, config=cfg)
     assert p.smem_bytes(128, 128, 2) == 3 * 64 * 1024
-    assert "bs_mgpu_dds_128x128_tm128" in _lower(pattern, data, x, config=pmd.DdsConfig(tm=128))
+    assert "bs_mgpu_dds_128x128_tm128" in _lower(pattern, data, x, config=cfg)
     p4 = pmd.DdsPlan(p.tm, p.tiles, p.m_pad, 4, p.sched)
     fn = jax.jit(lambda d, x: pmd._launch(p4, 512, d, x, jnp.bfloat16, interpret=False))
     with pytest.raises(ValueError, match="exceeds available shared memory"):
@@ -252,7 +332,7 @@ def test_interpreter_matches_oracle(kind, block, dtype, max_len):
     """The kernel itself (TMA copies, barriers, the pipeline, empty block columns, partial slots) in Pallas'
     GPU interpreter against the float64 oracle; x has 200 rows (padded to the row tile)."""
     pattern, data, x, want, scale = _problem(kind, block, dtype)
-    cfg = pmd.DdsConfig(max_len=max_len)
+    cfg = pmd.DdsConfig(max_len=max_len, persistent=False)  # the persistent kernel: the next test
     if kind == "full_col":  # the full column is split into partials
         assert pmd.plan(pattern, 200, config=cfg).sched.num_partials >= 2
     y = pmd.dds(pattern, data, x, config=cfg, interpret=True)
@@ -293,7 +373,7 @@ def test_persistent_kernel_lowers_for_cuda_and_refuses_an_epilogue():
 def test_interpreter_wide_tiles_two_stages_and_float32_output():
     """tm = 256 with b = 64 (the 256 x 64 accumulator), a 2-stage pipeline, a float32 store, row tiles fastest."""
     pattern, data, x, want, scale = _problem("full_col", (64, 64), jnp.bfloat16, m=300)
-    cfg = pmd.DdsConfig(tm=256, stages=2, max_len=3, grid_order="tiles")
+    cfg = pmd.DdsConfig(tm=256, stages=2, max_len=3, grid_order="tiles", persistent=False)
     y = pmd.dds(pattern, data, x, jnp.float32, config=cfg, interpret=True)
     assert y.dtype == jnp.float32
     assert_close(y, want, scale, jnp.bfloat16)
@@ -378,7 +458,8 @@ def test_backend_runs_forward_fused_and_gradients():
         y = bs.matmul(x3, W, implementation=impl)
         f = bs.matmul(x3, W, bias=bias, activation="tanh", implementation=impl)
         g = jax.grad(lambda x, W: bs.matmul(x, W, implementation=impl).astype(jnp.float32).sum(), (0, 1))(x3, W)
-    assert log == [("dds", "mosaic"), ("dds+epilogue", "mosaic"), ("dds", "mosaic"), ("dds", "mosaic"), ("sdd", "mosaic")]
+    assert log == [("dds", "mosaic"), ("dds+epilogue", "mosaic"), ("dds", "mosaic"), ("dds", "mosaic"),
+                   ("sdd", "mosaic")]  # fmt: skip
     assert_close(y.reshape(48, 256), want, scale, jnp.bfloat16)
     want_f, scale_f = _epilogue_oracle(want, scale, bias.astype(jnp.float32), 1, "tanh")
     assert_close(f.reshape(48, 256), want_f, scale_f, jnp.bfloat16)
@@ -452,7 +533,8 @@ def test_benchmark_script_runs_in_the_interpreter(tmp_path):
             "--iters", "1", "--trials", "1", "--json", str(out)]  # fmt: skip
     assert bench.main(argv) == 0
     (row,) = json.loads(out.read_text())["rows"]
-    assert [v["persistent"] for v in row["variants"]] == [False, True]
+    # the first variant: DdsConfig() with persistent None (the rule) or False, the second persistent=True
+    assert [bool(v["persistent"]) for v in row["variants"]] == [False, True]
     assert all(v["mosaic_err"] <= 4 * 2**-7 and v["mosaic_ms"] > 0 for v in row["variants"])
 
 
@@ -470,7 +552,8 @@ def test_gpu_users_shape_matches_oracle(b, dtype, d):
     want, scale = _oracle(W.pattern, W.data, x)
     deepest = pmd.DdsConfig(tm=256, stages=4, max_len=2) if b == 64 else pmd.DdsConfig(tm=128, stages=3, max_len=2)
     persistent = (pmd.DdsConfig(persistent=True), pmd.DdsConfig(persistent=True, max_len=1, grid_order="tiles"))
-    for cfg in (None, pmd.DdsConfig(tm=64, stages=2, max_len=1), deepest, *persistent):
+    forced = (pmd.DdsConfig(persistent=False), pmd.DdsConfig(tm=64, stages=2, max_len=1), deepest)
+    for cfg in (None, *forced, *persistent):
         y = jax.jit(lambda w, x, cfg=cfg: pmd.dds(W.pattern, w, x, config=cfg))(W.data, x)
         assert_close(y, want, scale, dtype, what=f"b={b} d=1/{d} {jnp.dtype(dtype).name} {cfg}")
     bias = jax.random.normal(jax.random.key(2), (1536,), jnp.float32)

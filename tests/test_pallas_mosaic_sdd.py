@@ -50,8 +50,8 @@ def _run(pattern, a, b, layout, out_dtype=None, config=None, interpret=True):
 
 # ----------------------------------------------------------------------------- host preparation
 def test_plan_tiles_stages_and_splits():
-    """64-deep steps, 3 stages; the contracted dimension split only where the blocks alone do not fill the GPU
-    twice, each split of at least 8 steps, none empty."""
+    """64-deep steps, 3 stages; the contracted dimension split only for fewer blocks than SMs, into enough
+    splits to fill them twice, each split of at least 8 steps, none empty."""
     big = bs.BlockPattern.random(0, (8192, 8192), (128, 128), 1 / 4)  # 1024 blocks: no split
     p = ps.plan(big, 4096)
     assert (p.tk, p.steps, p.k_pad, p.stages, p.splits, p.per_split) == (64, 64, 4096, 3, 1, 64)
@@ -65,6 +65,10 @@ def test_plan_tiles_stages_and_splits():
     assert (forced.steps, forced.per_split, forced.splits) == (16, 6, 3)
     assert ps.plan(few, 64, config=ps.SddConfig(splits=5)).splits == 1  # never an empty split
     assert ps.plan(big, 4096, config=ps.SddConfig(tk=128)).smem_bytes(128, 128, 2) == 3 * 256 * 128 * 2
+    sparse = bs.BlockPattern.random(0, (8192, 8192), (128, 128), 1 / 16)  # 256 blocks: no split
+    assert ps.plan(sparse, 4096).splits == 1
+    sparsest = bs.BlockPattern.random(0, (8192, 8192), (128, 128), 1 / 64)  # 64 blocks: 5 splits of 13 steps
+    assert (ps.plan(sparsest, 4096).splits, ps.plan(sparsest, 4096).per_split) == (5, 13)
 
 
 def test_prefers_needs_a_hopper_gpu_half_operands_many_tokens_and_splits(monkeypatch):
@@ -90,19 +94,21 @@ def test_prefers_needs_a_hopper_gpu_half_operands_many_tokens_and_splits(monkeyp
 
 
 def test_weight_gradient_takes_its_own_default_order(monkeypatch):
-    """implementation=None on a claimed Hopper GPU (interpreted): x @ W with 4096 tokens and W 128 x 128 of two
-    64 x 64 blocks runs on Triton (the dds rule: 0.89), while its weight gradient (two blocks over 4096 tokens:
-    8 splits) takes the sdd rule and runs on Mosaic; an explicit implementation keeps every op on it."""
+    """implementation=None on a claimed Hopper GPU (interpreted): x @ W with 4096 tokens and W 256 x 256 of two
+    64 x 64 blocks (d = 1/8) runs on Triton (the dds rule: 0.93), while its weight gradient (two blocks over 4096
+    tokens: 8 splits) takes the sdd rule and runs on Mosaic; an explicit implementation keeps every op on it."""
     from blocksparse.ops.matmul import pallas_mosaic
 
     monkeypatch.setattr(pallas_mosaic, "hopper_problem", lambda: None)
-    W = bs.BlockSparseMatrix(bs.BlockPattern.from_mask(np.eye(2, dtype=bool), (64, 64)),
+    mask = np.zeros((4, 4), bool)
+    mask[0, 0] = mask[3, 3] = True
+    W = bs.BlockSparseMatrix(bs.BlockPattern.from_mask(mask, (64, 64)),
                              jax.random.normal(jax.random.key(0), (2, 64, 64), jnp.bfloat16))  # fmt: skip
-    x = jax.random.normal(jax.random.key(1), (4096, 128), jnp.bfloat16)
+    x = jax.random.normal(jax.random.key(1), (4096, 256), jnp.bfloat16)
     with bs.interpret(), bs.dispatch_log() as log:
         dw = jax.grad(lambda W: bs.matmul(x, W).astype(jnp.float32).sum())(W)
     assert log == [("dds", "pallas"), ("dds", "pallas"), ("sdd", "mosaic")]
-    assert_close(dw.data, *_oracle(W.pattern, x.T, jnp.ones((4096, 128), jnp.bfloat16)), jnp.bfloat16)
+    assert_close(dw.data, *_oracle(W.pattern, x.T, jnp.ones((4096, 256), jnp.bfloat16)), jnp.bfloat16)
     with bs.interpret(), bs.dispatch_log() as log:
         jax.grad(lambda W: bs.matmul(x, W, implementation="pallas").astype(jnp.float32).sum())(W)
     assert log == [("dds", "pallas")] * 2 + [("sdd", "pallas")]

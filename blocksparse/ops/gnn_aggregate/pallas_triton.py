@@ -325,12 +325,25 @@ def default_values_only(dtype) -> tuple[int | None, P.GatherVariant | None]:
     Measured on the H200 (power-law graph N = 262,144, E = 8,388,608, F = 128, max aggregation): float32,
     one node per program reducing order-preserving int32 keys, 1.117 ms against 1.279 for the packed
     kernel's default (XLA's sorted ``segment_max``: 1.256); 2-byte features, the packed kernel with two warps,
-    0.791 ms against 1.700 with its own warps (XLA: 1.498). With ``with_arg``, or ``prefetch`` (a knob of the
-    packed kernel), the defaults stay as they are.
+    0.791 ms against 1.700 with its own warps (XLA: 1.498). With ``prefetch`` (a knob of the packed kernel)
+    the defaults stay as they are; with ``with_arg`` see :func:`default_with_arg`.
     """
     if jnp.dtype(dtype).itemsize >= 4:
         return 1, P.GatherVariant(key_reduce=True)
     return None, P.GatherVariant(num_warps=2)
+
+
+def default_with_arg(dtype) -> tuple[int | None, P.GatherVariant | None]:
+    """``(nodes_per_program, variant)`` of :func:`segment_extreme` with ``with_arg`` (the forward that training
+    runs) when neither is given: the packed kernel (its default nodes per program) with one warp.
+
+    Measured on the H200 (the graph of :func:`default_values_only`, same run as the other variants,
+    ``benchmarks/bench_gather_variants.py --with-arg``): float32 1.522 ms against 2.020 for the packed kernel's
+    own warps (two warps: 1.860; XLA's sorted ``segment_max``, values only: 2.745 in that run), bfloat16
+    1.616 ms against 3.322 (two warps: 1.841). Both dtypes take it.
+    """
+    del dtype  # one choice measured fastest for both
+    return None, P.GatherVariant(num_warps=1)
 
 
 def segment_extreme(
@@ -353,15 +366,15 @@ def segment_extreme(
     ``sort_by_degree``: the packed kernel groups nodes in :func:`length_order` (``False``: in id
     order, for comparison). ``prefetch``: the packed kernel loads step ``c + 1``'s edge ids before
     gathering step ``c``'s rows (one dependent memory round trip per step instead of two). ``variant``:
-    a :class:`~.._gnn_triton.GatherVariant` of either kernel (``None``: without ``with_arg`` and with
-    neither ``nodes_per_program`` nor ``prefetch`` given, :func:`default_values_only`; else the plain
+    a :class:`~.._gnn_triton.GatherVariant` of either kernel (``None``: with neither ``nodes_per_program``
+    nor ``prefetch`` given, :func:`default_with_arg` or :func:`default_values_only`; else the plain
     kernel). Results never depend on these.
     """
     interpret = _dispatch.pallas_mode()
     P.check_dtype(x)
     check_nodes_per_program(nodes_per_program)
-    if variant is None and nodes_per_program is None and not with_arg and not prefetch:  # (prefetch: packed knob)
-        nodes_per_program, variant = default_values_only(x.dtype)
+    if variant is None and nodes_per_program is None and not prefetch:  # (prefetch: a knob of the packed kernel)
+        nodes_per_program, variant = (default_with_arg if with_arg else default_values_only)(x.dtype)
     v = P.check_variant(variant)
     n, f = x.shape
     nodes = nodes_per_program or default_nodes_per_program(g.edge_capacity / max(n, 1))

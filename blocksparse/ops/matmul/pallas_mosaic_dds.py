@@ -12,7 +12,10 @@ block row of ``W``, i.e. the block of ``x``'s columns; ``block_id`` points into 
 ``implementation="mosaic"`` of :func:`blocksparse.matmul` for a dense ``x`` times a static ``W``
 (plain or fused); with ``implementation=None`` it goes before the Triton kernel where
 :func:`prefers` says so (a Hopper GPU, half-precision square blocks of 64 or 128, enough rows of
-``x``, and a measured speedup in :data:`MEASURED_SPEEDUP`).
+``x``, and a measured speedup in :data:`MEASURED_SPEEDUP`). A plain product runs the persistent kernel
+of :mod:`.pallas_mosaic_persistent` (``DdsConfig(persistent=True)``: one program per resident slot, one
+pipeline across its items) where :func:`prefers_persistent` says so (measured faster, in
+:data:`PERSISTENT_SPEEDUP`), else the kernel below.
 
 The kernel
 ----------
@@ -53,8 +56,9 @@ columns (``bias_axis=1``, the usual ``x @ W + b``) or along the rows; every acti
 
 What is verified
 ----------------
-On an H200 the ``gpu``-marked tests pass (float64 oracle, the strategies' patterns, the epilogue, forced
-tiles and both grid orders), and the speed is in :data:`MEASURED_SPEEDUP`. On the CPU
+On an H200 the ``gpu``-marked tests pass, the persistent kernel's included (float64 oracle, the strategies'
+patterns, the epilogue, forced tiles and both grid orders; 28 passed with the ``sdd`` ones), and the speed
+is in :data:`MEASURED_SPEEDUP` and :data:`PERSISTENT_SPEEDUP`. On the CPU
 (``tests/test_pallas_mosaic_dds.py``): the kernel lowers for CUDA (the Pallas -> Mosaic
 GPU lowering checks the wgmma shapes and layouts, the swizzle transforms and the shared memory
 budget) and runs in Pallas' GPU interpreter, where it matches a float64 oracle (schedule reads, TMA
@@ -87,7 +91,7 @@ from .pallas_mosaic import (
     PREFER_MARGIN,
     SUPPORTED_BLOCKS,
     _apply_epilogue,
-    _nearest,
+    _nearest_cell,
     _pipelined_wgmma,
     _preferable,
     _store_tile,
@@ -99,6 +103,7 @@ __all__ = [
     "DdsConfig",
     "DdsPlan",
     "MEASURED_SPEEDUP",
+    "PERSISTENT_SPEEDUP",
     "SUPPORTED_BLOCKS",
     "TILES",
     "dds",
@@ -106,6 +111,7 @@ __all__ = [
     "measured_speedup",
     "plan",
     "prefers",
+    "prefers_persistent",
 ]
 
 #: Rows of ``x`` per program.
@@ -127,16 +133,18 @@ class DdsConfig:
             for one row tile of ``x``, then the next tile) or ``"tiles"`` (every row tile for one
             block column).
         persistent: run the persistent kernel of :mod:`.pallas_mosaic_persistent` (one program per
-            resident slot, one pipeline across its items; no fused epilogue). Not yet run on a GPU, so
-            never the default.
-        programs: the persistent kernel's number of programs (default: one per resident slot).
+            resident slot, one pipeline across its items; no fused epilogue). ``None``: where
+            :func:`prefers_persistent` says so (measured faster), for a plain product; ``True`` /
+            ``False`` force it.
+        programs: the persistent kernel's number of programs (default: one per resident slot); only
+            with ``persistent=True``.
     """
 
     tm: int | None = None
     stages: int | None = None
     max_len: int | None = None
     grid_order: str = "units"
-    persistent: bool = False
+    persistent: bool | None = None
     programs: int | None = None
 
     def __post_init__(self):
@@ -146,7 +154,7 @@ class DdsConfig:
             raise ValueError(f"Expected stages >= 2. Got {self.stages}.")
         if self.grid_order not in ("units", "tiles"):
             raise ValueError(f"Expected grid_order 'units' or 'tiles'. Got {self.grid_order!r}.")
-        if self.programs is not None and (not self.persistent or self.programs < 1):
+        if self.programs is not None and (self.persistent is not True or self.programs < 1):
             raise ValueError(f"Expected programs >= 1 with persistent=True. Got programs={self.programs}.")
 
 
@@ -202,14 +210,23 @@ def plan(
     config: DdsConfig | None = None,
     extra_smem: int = 0,
     out_itemsize: int | None = None,
+    fused: bool = False,
 ) -> DdsPlan:
     """The host-side preparation of ``x @ W`` for ``x`` of ``m`` rows (NumPy; the schedule is cached).
 
     ``itemsize``: bytes of an operand element; ``out_itemsize``: of an output element (default
     ``itemsize``); ``extra_smem``: bytes of shared memory the kernel holds besides the pipeline (the
-    bias slice). Raises ``NotImplementedError`` if the kernel cannot take these blocks or tiles.
+    bias slice); ``fused``: a fused epilogue follows (the persistent kernel has none). Raises
+    ``NotImplementedError`` if the kernel cannot take these blocks or tiles.
     """
     cfg = config or DdsConfig()
+    if cfg.persistent is None:  # the measured rule; where the persistent kernel cannot take the tiles, the other
+        if not fused and prefers_persistent(pattern, m):
+            try:
+                return plan(pattern, m, itemsize, dataclasses.replace(cfg, persistent=True), extra_smem, out_itemsize)
+            except NotImplementedError:
+                pass
+        cfg = dataclasses.replace(cfg, persistent=False)
     bh, bw = pattern.block_size
     if bh not in SUPPORTED_BLOCKS or bw not in SUPPORTED_BLOCKS:
         raise NotImplementedError(
@@ -388,7 +405,8 @@ def dds(
         raise ValueError(f"Expected a bias of shape {want} (bias_axis={epi.bias_axis}). Got {tuple(bias.shape)}.")
     if epi is not None and config is not None and config.persistent:
         raise NotImplementedError("requires persistent=False for a fused epilogue (not written for that kernel)")
-    p = plan(pattern, m, jnp.dtype(dt).itemsize, config, _BIAS_SMEM if with_bias else 0, out_dtype.itemsize)
+    p = plan(pattern, m, jnp.dtype(dt).itemsize, config, _BIAS_SMEM if with_bias else 0, out_dtype.itemsize,
+             fused=epi is not None)  # fmt: skip
     if m == 0:
         return jnp.zeros((m, n), out_dtype)
     if pattern.nnz_blocks == 0:
@@ -419,13 +437,33 @@ def dds(
 # --------------------------------------------------------------------------------------------
 #: Mosaic / Triton speedup (Triton's time over Mosaic's) of ``x @ W`` measured on an H200 (bf16; ``x``
 #: of m x k, ``W`` of k x n with uniform random b x b blocks at density d; each kernel's median in one
-#: jitted loop, ``benchmarks/bench_mosaic_dds.py``, default tiles: tm = 128, 3 stages; the smaller of
-#: two runs). Keyed by (b, k): the inference shape m = 32768, k = 384, n = 1536 and m = k = n = 8192.
+#: jitted loop, ``benchmarks/bench_mosaic_dds.py --persistent``; the Mosaic kernel as :func:`plan` now
+#: chooses it: the persistent kernel where :data:`PERSISTENT_SPEEDUP` says so (marked P), else one
+#: program per item; tm = 128, 3 stages (2 where 3 do not fit); the smaller of two runs). Keyed by
+#: (b, k): the inference shape m = 32768, k = 384, n = 1536 and m = k = n = 8192. Times, ms (Triton's of
+#: the first run / Mosaic's of both runs; the Triton times of the second run differ a little, so a
+#: speedup is about, not exactly, a ratio shown; the k = 384 times are tens of microseconds and vary):
+#:
+#:     (b, k)       d = 1/4                  1/8                      1/16
+#:     (64, 384)    1.09 (.072/.063-.066) P  0.93 (.060/.056-.068)    0.82 (.055/.060-.067)
+#:     (64, 8192)   1.06 (.747/.705-.711)    1.05 (.400/.364-.380)    1.06 (.213/.201-.207)
+#:     (128, 384)   1.50 (.107/.052-.062) P  1.31 (.088/.062-.067) P  1.16 (.070/.057-.060)
+#:     (128, 8192)  1.42 (.792/.555-.556)    1.36 (.411/.275-.300) P  1.62 (.260/.154-.160) P
 MEASURED_SPEEDUP = {
-    (64, 384): {1 / 4: 0.89, 1 / 8: 1.08, 1 / 16: 0.83},
-    (64, 8192): {1 / 4: 1.06, 1 / 8: 1.06, 1 / 16: 1.07},
-    (128, 384): {1 / 4: 1.07, 1 / 8: 1.08, 1 / 16: 1.03},
-    (128, 8192): {1 / 4: 1.43, 1 / 8: 1.30, 1 / 16: 1.21},
+    (64, 384): {1 / 4: 1.09, 1 / 8: 0.93, 1 / 16: 0.82},
+    (64, 8192): {1 / 4: 1.06, 1 / 8: 1.05, 1 / 16: 1.06},
+    (128, 384): {1 / 4: 1.50, 1 / 8: 1.31, 1 / 16: 1.16},
+    (128, 8192): {1 / 4: 1.42, 1 / 8: 1.36, 1 / 16: 1.62},
+}
+#: Persistent / one-program-per-item speedup of the Mosaic ``dds`` kernel (the default kernel's time over
+#: the persistent one's, same run, H200, bf16, as :data:`MEASURED_SPEEDUP`; ``bench_mosaic_dds.py
+#: --persistent``; the smaller of two runs). The persistent kernel is the default where the nearest cell
+#: is >= PREFER_MARGIN.
+PERSISTENT_SPEEDUP = {
+    (64, 384): {1 / 4: 1.19, 1 / 8: 0.92, 1 / 16: 0.89},
+    (64, 8192): {1 / 4: 0.94, 1 / 8: 0.96, 1 / 16: 0.94},
+    (128, 384): {1 / 4: 1.27, 1 / 8: 1.10, 1 / 16: 0.86},
+    (128, 8192): {1 / 4: 1.04, 1 / 8: 1.05, 1 / 16: 1.25},
 }
 #: Nothing was measured below 8192 rows of ``x``, and the kernel's row tiles (>= 64) would pad a short
 #: ``x`` (a decoding step's few tokens) more than Triton's: Triton stays first below this many rows.
@@ -435,9 +473,20 @@ PREFER_MIN_M = 4096
 def measured_speedup(block: int, k: int, density: float) -> float:
     """The :data:`MEASURED_SPEEDUP` cell nearest to ``(block, k, density)`` on log scales (k below about
     1774, the log midpoint of 384 and 8192, reads the k = 384 row)."""
-    cells = {key[1]: row for key, row in MEASURED_SPEEDUP.items() if key[0] == block}
-    row = cells[_nearest(max(k, 1), cells)]
-    return row[_nearest(density, row)]
+    return _nearest_cell(MEASURED_SPEEDUP, block, k, density)
+
+
+def prefers_persistent(pattern: BlockPattern, m: int) -> bool:
+    """Whether :func:`plan` takes the persistent kernel when the config leaves it open: square blocks, something
+    to compute, and the :data:`PERSISTENT_SPEEDUP` cell nearest to ``(b, k, density)`` (as
+    :func:`measured_speedup` reads its table) at least ``PREFER_MARGIN``. ``m`` (the rows of ``x``) does not
+    enter: only m = 32768 (k = 384) and 8192 (k = 8192) were measured."""
+    del m  # one argument list with pallas_mosaic.prefers_persistent(pattern, n)
+    bh, bw = pattern.block_size
+    if bh != bw or pattern.nnz_blocks == 0:
+        return False
+    density = pattern.nnz_blocks / (pattern.grid[0] * pattern.grid[1])
+    return _nearest_cell(PERSISTENT_SPEEDUP, bh, pattern.shape[0], density) >= PREFER_MARGIN
 
 
 def prefers(pattern: BlockPattern, m: int, x_dtype, w_dtype) -> bool:

@@ -3,7 +3,8 @@
 :func:`.pallas_mosaic.dsd` runs it with ``MosaicConfig(persistent=True)`` (verified on an H200, and the
 default where :func:`.pallas_mosaic.prefers_persistent` says so); :func:`.pallas_mosaic_dds.dds` with
 ``DdsConfig(persistent=True)`` (the same kernel with the operands of ``x @ W``: ``x``'s row slab times
-W's block; verified in the interpreter and the CUDA lowering only, so never chosen by default). The default kernel of
+W's block; verified on an H200 too, and the default where :func:`.pallas_mosaic_dds.prefers_persistent` says
+so). The default kernel of
 :mod:`.pallas_mosaic` launches one program per ``(unit, column tile)`` *item* and runs its shared-memory
 pipeline once per item: it fills, runs ``len`` steps and drains. At density 1/64 a unit holds one or
 two blocks, so most of each program is the fill (a TMA copy's latency with nothing to overlap) and the
