@@ -113,6 +113,47 @@ def plot_mosaic(path: str, out: str) -> str:
     return dest
 
 
+def _sdd_mosaic_ms(row) -> float:
+    """The time of the plan the kernel takes by default now (64-deep steps, 3 stages, its splits rule) where the
+    row's forced variants include it, else the row's default."""
+    from blocksparse import BlockPattern
+    from blocksparse.ops.matmul import pallas_mosaic_sdd as ps
+
+    pattern = BlockPattern.random(0, (row["m"], row["n"]), (row["b"], row["b"]), row["density"])
+    p = ps.plan(pattern, row["K"])
+    for v in row.get("variants", ()):
+        if (v.get("tk"), v.get("stages"), v.get("splits")) == (p.tk, p.stages, p.splits) and "mosaic_ms" in v:
+            return v["mosaic_ms"]
+    return row["mosaic_view_ms"]
+
+
+def plot_sdd(paths, out: str) -> str:
+    """The weight gradient (sdd): Triton and Mosaic time over dense `jnp.dot`, per layer, block and density."""
+    rows = {}
+    for path in paths:  # a later file's cell replaces an earlier one's
+        for r in json.load(open(path))["rows"]:
+            rows[r["kind"], r["b"], r["density"]] = r
+    kinds = sorted({k for k, _, _ in rows}, reverse=True)
+    fig, axes = plt.subplots(1, len(kinds), figsize=(5.5 * len(kinds), 4), squeeze=False)
+    for ax, kind in zip(axes[0], kinds, strict=True):
+        cells = sorted((r for (k, _, _), r in rows.items() if k == kind), key=lambda r: (r["b"], -r["density"]))
+        labels = [f"b={r['b']}\nd=1/{round(1 / r['density'])}" for r in cells]
+        xs = range(len(cells))
+        ax.bar([x - 0.2 for x in xs], [r["triton_ms"] / r["dense_ms"] for r in cells], 0.4, label="Triton")
+        ax.bar([x + 0.2 for x in xs], [_sdd_mosaic_ms(r) / r["dense_ms"] for r in cells], 0.4, label="Mosaic")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_yscale("log", base=2)
+        ax.set_xticks(list(xs), labels, fontsize=7)
+        ax.set_ylabel("time / dense jnp.dot time")
+        r = cells[0]
+        ax.set_title(f"dW of W {r['m']} x {r['n']} over {r['K']} tokens, bf16, H200", fontsize=9)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    dest = os.path.join(out, "mosaic_sdd.png")
+    fig.savefig(dest, dpi=110)
+    return dest
+
+
 def plot_sharded_gnn(path: str, out: str) -> str:
     """One GPU against two (the plan's choice, and its work without the collective), per op."""
     rows = json.load(open(path))["rows"]
@@ -141,6 +182,8 @@ def main(argv=None):
     ap.add_argument("--gnn", default="benchmarks/results/gnn_h200_run2.json")
     ap.add_argument("--mosaic", default="benchmarks/results/mosaic_persistent_h200_run3.json")
     ap.add_argument("--sharded-gnn", default="benchmarks/results/sharded_gnn_h200x2_run4.json")
+    ap.add_argument("--sdd", nargs="+", default=["benchmarks/results/mosaic_sdd_h200_run1.json",
+                                                 "benchmarks/results/mosaic_sdd_h200_run2.json"])
     ap.add_argument("--out", default="docs/img")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -153,7 +196,8 @@ def main(argv=None):
         dests = _report.plot(merged, args.out)
     else:
         dests = [plot_matmul(args.matmul, args.out), plot_gnn(args.gnn, args.out),
-                 plot_mosaic(args.mosaic, args.out), plot_sharded_gnn(args.sharded_gnn, args.out)]  # fmt: skip
+                 plot_mosaic(args.mosaic, args.out), plot_sharded_gnn(args.sharded_gnn, args.out),
+                 plot_sdd(args.sdd, args.out)]  # fmt: skip
     for dest in dests:
         print(dest)
 
