@@ -10,6 +10,7 @@ import sys
 import types
 from pathlib import Path
 
+import bench_scripts
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -249,11 +250,7 @@ def test_plot_without_matplotlib_names_the_extra(monkeypatch, tmp_path, capsys):
 
 # -- the GPU scripts, on the CPU at tiny sizes ------------------------------------------------------------
 def _script(name):
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"_bench_script_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_scripts.load(name)
 
 
 def test_bench_matmul_script_measures_on_the_cpu_and_exits_1_on_a_failed_cell(tmp_path, monkeypatch, capsys):

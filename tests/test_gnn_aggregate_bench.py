@@ -1,11 +1,11 @@
 """benchmarks/bench_gnn.py on the CPU: the dtype option (one or several), the op filter, the max with arg-max rows,
 the summary, torch missing, and the max kernel's nodes-per-program sweep."""
 
-import importlib.util
 import json
 import pathlib
 import sys
 
+import bench_scripts
 import pytest
 
 import blocksparse.gnn as gnn
@@ -15,10 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_gnn_script", ROOT / "benchmarks" / "bench_gnn.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # fresh module state (ROWS) per test
-    return mod
+    return bench_scripts.load("bench_gnn")  # fresh module state (ROWS) per test
 
 
 def _run(bench, tmp_path, *args):

@@ -7,10 +7,9 @@ heavy source (the backward's source pass splits its out-edges) and isolated node
 lowering of every variant, the default geometry, argument checks and the benchmark script's ``--small``.
 """
 
-import importlib.util
 import json
-from pathlib import Path
 
+import bench_scripts
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -162,10 +161,7 @@ def test_every_variant_lowers_to_triton(monkeypatch):
 
 def test_benchmark_script_small(tmp_path):
     # the GPU benchmark at a tiny scale in the interpreter: rows checked against the default and XLA
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_gatv2_variants.py"
-    spec = importlib.util.spec_from_file_location("bench_gatv2_variants", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = bench_scripts.load("bench_gatv2_variants")
     out = tmp_path / "out.json"
     argv = ["--json", str(out), "--small", "--shapes", "1x128", "--variants", "flat", "--modes", "fwd+bwd"]
     assert bench.main([*argv, "--calls", "best"]) == 0

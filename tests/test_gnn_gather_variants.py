@@ -10,9 +10,9 @@ variant lowers to Triton for CUDA, and a tiny run of the GPU benchmark script.
 
 import dataclasses
 import functools
-import importlib.util
 from pathlib import Path
 
+import bench_scripts
 import gnn_oracle as O
 import jax.numpy as jnp
 import numpy as np
@@ -34,11 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @functools.cache
 def _bench():
     """benchmarks/bench_gather_variants.py as a module (its variant tables)."""
-    path = ROOT / "benchmarks" / "bench_gather_variants.py"
-    spec = importlib.util.spec_from_file_location("bench_gather_variants", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return bench_scripts.load("bench_gather_variants")
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,10 @@
 """The paper's graphs: ``generators.paper_graph`` (sizes, degree skew, locality) and benchmarks/bench_gnn_graphs.py."""
 
 import functools
-import importlib.util
 import json
 from pathlib import Path
 
+import bench_scripts
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,10 +23,7 @@ SOCIAL = [k for k, v in PAPER_GRAPH_SPECS.items() if not v.get("grid")]
 
 @functools.cache
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_gnn_graphs", ROOT / "benchmarks" / "bench_gnn_graphs.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_scripts.load("bench_gnn_graphs")
 
 
 def test_real_sizes_are_the_published_ones():

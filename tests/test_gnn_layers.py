@@ -468,14 +468,11 @@ def test_bad_input_messages():
 # ------------------------------------------------------------------------------------ the training example
 def test_train_example_learns(tmp_path):
     """benchmarks/train_gnn.py at a tiny size: every model and mode ends well above chance (0.25)."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "train_gnn.py"
-    spec = importlib.util.spec_from_file_location("train_gnn", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    import bench_scripts
+
+    module = bench_scripts.load("train_gnn")
     out = tmp_path / "train.json"
     result = module.main(["--small", "--nodes", "600", "--batch", "200", "--epochs", "12", "--no-pyg",
                           "--json", str(out)])  # fmt: skip

@@ -189,14 +189,11 @@ def test_gpu_packed_matches_reference(dtype):
 
 def test_benchmark_script_small(tmp_path):
     # the lead's GPU benchmark, at a tiny scale in the interpreter: every row checked against XLA, no error
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_spmm_packed.py"
-    spec = importlib.util.spec_from_file_location("bench_spmm_packed", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    import bench_scripts
+
+    bench = bench_scripts.load("bench_spmm_packed")
     out = tmp_path / "out.json"
     argv = ["--json", str(out), "--small", "--graphs", "arxiv-like", "--nodes", "1", "4", "--dtypes", "bfloat16"]
     assert bench.main(argv) == 0

@@ -510,14 +510,11 @@ def test_prefers_needs_a_hopper_gpu_half_operands_and_enough_rows(monkeypatch):
 
 def test_benchmark_script_runs_in_the_interpreter(tmp_path):
     """benchmarks/bench_mosaic_dds.py end to end on a tiny cell (every kernel checked against dense)."""
-    import importlib.util
     import json
-    import pathlib
 
-    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "bench_mosaic_dds.py"
-    spec = importlib.util.spec_from_file_location("bench_mosaic_dds", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    import bench_scripts
+
+    bench = bench_scripts.load("bench_mosaic_dds")
     out = tmp_path / "dds.json"
     argv = ["--interpret", "--shape", "64", "128", "256", "--b", "128", "--d", "2", "--epilogue", "relu",
             "--iters", "1", "--trials", "1", "--json", str(out)]  # fmt: skip

@@ -114,6 +114,21 @@ def test_weight_gradient_takes_its_own_default_order(monkeypatch):
     assert log == [("dds", "pallas")] * 2 + [("sdd", "pallas")]
 
 
+def test_sdd_backward_products_take_their_own_default_order(monkeypatch):
+    """bs.sdd(implementation=None) claimed by the sdd rule (interpreted, a claimed Hopper GPU) runs on Mosaic, but
+    the products of its backward take their own rules (n = 256: Triton), not the sdd's order."""
+    from blocksparse.ops.matmul import pallas_mosaic
+
+    monkeypatch.setattr(pallas_mosaic, "hopper_problem", lambda: None)
+    mask = np.zeros((4, 4), bool)
+    mask[0, 0] = mask[3, 3] = True
+    W = bs.BlockSparseMatrix(bs.BlockPattern.from_mask(mask, (64, 64)), jnp.zeros((2, 64, 64), jnp.bfloat16))
+    x = jax.random.normal(jax.random.key(1), (4096, 256), jnp.bfloat16)
+    with bs.interpret(), bs.dispatch_log() as log:
+        jax.grad(lambda a, b: bs.sdd(a, b, W).data.astype(jnp.float32).sum(), (0, 1))(x.T, x)
+    assert log == [("sdd", "mosaic"), ("dsd", "pallas"), ("dds", "pallas")]
+
+
 def test_refuses_what_the_kernel_cannot_take():
     small = bs.BlockPattern.random(0, (256, 256), (32, 32), 0.5)
     with pytest.raises(NotImplementedError, match=r"block sides in \(64, 128\).*got \(32, 32\)"):
@@ -247,14 +262,11 @@ def test_backend_serves_sdd_and_the_weight_gradients():
 
 def test_benchmark_script_runs_in_the_interpreter(tmp_path):
     """benchmarks/bench_mosaic_sdd.py end to end on tiny cells of both kinds (every kernel checked)."""
-    import importlib.util
     import json
-    import pathlib
 
-    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "bench_mosaic_sdd.py"
-    spec = importlib.util.spec_from_file_location("bench_mosaic_sdd", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    import bench_scripts
+
+    bench = bench_scripts.load("bench_mosaic_sdd")
     out = tmp_path / "sdd.json"
     argv = ["--interpret", "--cell", "dsd", "128", "128", "64", "--cell", "dds", "64", "128", "128", "--b", "64",
             "--d", "2", "--splits", "2", "--dtype", "float16", "--iters", "1", "--trials", "1",

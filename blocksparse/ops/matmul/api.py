@@ -132,7 +132,7 @@ class OpStatic:
         block_size: the blocks of a dynamic ``dyn_sdd``.
         epilogue: the fused bias / activation of a ``*_fused`` op (see :mod:`.epilogue`).
         auto: ``impls`` is the default order (``implementation=None``): the weight gradient's sdd takes its
-            own default order rather than the product's.
+            own default order rather than the product's, and the products of an sdd's backward theirs.
     """
 
     impls: tuple[str, ...]
@@ -176,8 +176,12 @@ def _dds_bwd(s: OpStatic, arrays, _, g):
 
 def _sdd_bwd(s: OpStatic, arrays, _, g):
     a, b = arrays
-    da = _dsd(s.but(out_dtype=a.dtype), g, b.T)
-    db = _dds(s.but(out_dtype=b.dtype), a.T, g)
+    # Default order (s.auto): each product takes its own rule (W @ x over n = b.shape[0] columns, x @ W over
+    # a.shape[1] rows), not the sdd's.
+    da_impls = _claimed("prefers", s.pattern, b.shape[0], g.dtype, b.dtype) if s.auto else s.impls
+    db_impls = _claimed("prefers_dds", s.pattern, a.shape[1], g.dtype, a.dtype) if s.auto else s.impls
+    da = _dsd(s.but(impls=da_impls, out_dtype=a.dtype), g, b.T)
+    db = _dds(s.but(impls=db_impls, out_dtype=b.dtype), a.T, g)
     return da, db
 
 
@@ -538,7 +542,7 @@ def sdd(a, b, like, *, implementation=None, precision=None, preferred_element_ty
     static = isinstance(like, BlockSparseMatrix)
     default = _sdd_order(like.pattern, a, b) if static and implementation is None else _DEFAULT
     s = OpStatic(resolve(implementation, default), _out_dtype(preferred_element_type, a.dtype, b.dtype),
-                 _precision(precision))  # fmt: skip
+                 _precision(precision), auto=static and implementation is None)  # fmt: skip
     if static:
         return like._replace(data=_sdd(s.but(pattern=like.pattern), a, b))
     keep, valid = _keep_and_validity(like)

@@ -1,0 +1,17 @@
+"""The benchmark scripts under ``benchmarks/`` as modules, for the tests that run them at tiny sizes on the CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+from types import ModuleType
+
+BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load(name: str) -> ModuleType:
+    """``benchmarks/{name}.py`` as a fresh module (its own module state on every call)."""
+    spec = importlib.util.spec_from_file_location(f"_bench_script_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
