@@ -16,7 +16,9 @@ With ``--epilogue ACT`` every sparse kernel runs fused with a bias and the activ
 Times are the median device time of :class:`blocksparse.bench.Timer` ``.loop`` (one jitted loop);
 ``*_tflops`` counts the useful flops ``2 nnz bh bw n``. Every kernel is checked against the
 dense product (relative Frobenius error); a kernel that fails to compile, run or check records
-its error in the row and the run goes on. Each row also records ``default``: the implementation
+its error in the row and the run goes on; the JSON is rewritten after every row (``bench_mosaic_dds.py`` and
+``bench_mosaic_sdd.py`` share this report), so a run cut by its time limit keeps what it measured. Each row
+also records ``default``: the implementation
 ``bs.matmul(W, x)`` picks for the cell (``pallas_mosaic.prefers``), to check the rule against the
 measured speedup.
 
@@ -173,6 +175,36 @@ def _table(rows, cols=COLUMNS, variant_label=_variant_label) -> str:
     return "\n".join(out)
 
 
+def new_doc(name: str, timer: Timer, **environment) -> dict:
+    """The JSON document of one run: the script, the machine (plus ``environment``), the timer, its rows."""
+    env = {"jax": jax.__version__, "device": jax.devices()[0].device_kind, "python": platform.python_version()}
+    return {"benchmark": name, "environment": {**env, **environment}, "timer": repr(timer), "rows": [],
+            "started": time.perf_counter()}  # fmt: skip
+
+
+def add_row(doc: dict, row: dict, path: str | None) -> None:
+    """Record ``row``: printed as a JSON line, and the document rewritten to ``path`` (a run cut by its time limit
+    keeps the rows it measured)."""
+    doc["rows"].append(row)
+    print(json.dumps(row), flush=True)
+    if path:
+        _write(doc, path)
+
+
+def finish(doc: dict, path: str | None, cols=COLUMNS, variant_label=_variant_label) -> int:
+    """Print the table, write the document with the run's seconds; the exit status (1 if a kernel failed)."""
+    doc["seconds"] = time.perf_counter() - doc.pop("started")
+    print(_table(doc["rows"], cols, variant_label))
+    if path:
+        _write(doc, path)
+    return 1 if any(_failed(r) for r in doc["rows"]) else 0
+
+
+def _write(doc: dict, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump({k: v for k, v in doc.items() if k != "started"}, f, indent=1)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--m", type=int, nargs="+", default=[8192], help="m = k")
@@ -217,14 +249,7 @@ def main(argv=None) -> int:
                     configs.append(pallas_mosaic.MosaicConfig(**kw, persistent=True, programs=programs))
     dtype = jnp.dtype(args.dtype)
     timer = Timer(iters=args.iters, trials=args.trials)
-    dev = jax.devices()[0]
-    doc = {
-        "benchmark": "bench_mosaic",
-        "environment": {"jax": jax.__version__, "device": dev.device_kind, "python": platform.python_version()},
-        "timer": repr(timer),
-        "rows": [],
-    }
-    t0 = time.perf_counter()
+    doc = new_doc("bench_mosaic", timer)
     for m, n, b, d in itertools.product(args.m, args.n, args.b, args.d):
         cell = {}
         for kind in args.pattern:
@@ -233,14 +258,8 @@ def main(argv=None) -> int:
                 for name in ("mosaic", "triton"):
                     if f"{name}_ms" in row and f"{name}_ms" in cell["uniform"]:
                         row[f"{name}_skew_ratio"] = row[f"{name}_ms"] / cell["uniform"][f"{name}_ms"]
-            doc["rows"].append(row)
-            print(json.dumps(row), flush=True)
-    doc["seconds"] = time.perf_counter() - t0
-    print(_table(doc["rows"]))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
-    return 1 if any(_failed(r) for r in doc["rows"]) else 0
+            add_row(doc, row, args.json)
+    return finish(doc, args.json)
 
 
 if __name__ == "__main__":

@@ -37,11 +37,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import json
 import os
-import platform
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -52,7 +49,7 @@ from blocksparse.ops.matmul import epilogue
 from blocksparse.ops.matmul import pallas_mosaic_dds as pmd
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_mosaic import _failed, _table  # noqa: E402  (the same report and failure rule as for W @ x)
+from bench_mosaic import add_row, finish, new_doc  # noqa: E402  (the same report and failure rule as for W @ x)
 
 SHAPES = [(32768, 384, 1536), (8192, 8192, 8192)]  # (m, k, n): x (m, k) @ W (k, n)
 
@@ -180,26 +177,11 @@ def main(argv=None) -> int:
                                              persistent=True))  # fmt: skip
     dtype = jnp.dtype(args.dtype)
     timer = Timer(iters=args.iters, trials=args.trials)
-    dev = jax.devices()[0]
-    doc = {
-        "benchmark": "bench_mosaic_dds",
-        "environment": {"jax": jax.__version__, "device": dev.device_kind, "python": platform.python_version(),
-                        "interpret": args.interpret},  # fmt: skip
-        "timer": repr(timer),
-        "rows": [],
-    }
-    t0 = time.perf_counter()
+    doc = new_doc("bench_mosaic_dds", timer, interpret=args.interpret)
     with bs.interpret() if args.interpret else contextlib.nullcontext():
         for (m, k, n), b, d in itertools.product(args.shape or SHAPES, args.b, args.d):
-            row = bench_cell(m, k, n, b, d, dtype, timer, configs, args.epilogue)
-            doc["rows"].append(row)
-            print(json.dumps(row), flush=True)
-    doc["seconds"] = time.perf_counter() - t0
-    print(_table(doc["rows"], COLUMNS, _variant_label))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
-    return 1 if any(_failed(r) for r in doc["rows"]) else 0
+            add_row(doc, bench_cell(m, k, n, b, d, dtype, timer, configs, args.epilogue), args.json)
+    return finish(doc, args.json, COLUMNS, _variant_label)
 
 
 if __name__ == "__main__":

@@ -33,11 +33,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import json
 import os
-import platform
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -47,7 +44,7 @@ from blocksparse.bench import Timer
 from blocksparse.ops.matmul import pallas_mosaic_sdd as ps
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_mosaic import _failed, _table  # noqa: E402  (the same report and failure rule)
+from bench_mosaic import add_row, finish, new_doc  # noqa: E402  (the same report and failure rule)
 from bench_mosaic_dds import _time  # noqa: E402  (run, check and time one kernel)
 
 #: (kind, m, n, K): W 8192 x 8192 under x of 4096 columns; the inference layer 384 x 1536 under 32768 tokens.
@@ -151,28 +148,13 @@ def main(argv=None) -> int:
             configs.append(ps.SddConfig(tk=tk, stages=stages, splits=splits))
     dtype = jnp.dtype(args.dtype)
     timer = Timer(iters=args.iters, trials=args.trials)
-    dev = jax.devices()[0]
-    doc = {
-        "benchmark": "bench_mosaic_sdd",
-        "environment": {"jax": jax.__version__, "device": dev.device_kind, "python": platform.python_version(),
-                        "interpret": args.interpret},  # fmt: skip
-        "timer": repr(timer),
-        "rows": [],
-    }
-    t0 = time.perf_counter()
+    doc = new_doc("bench_mosaic_sdd", timer, interpret=args.interpret)
     with bs.interpret() if args.interpret else contextlib.nullcontext():
         for (kind, m, n, k), b, d in itertools.product(cells, args.b, args.d):
             if kind not in ("dsd", "dds"):
                 raise SystemExit(f"Expected a cell kind 'dsd' or 'dds'. Got {kind!r}.")
-            row = bench_cell(kind, m, n, k, b, d, dtype, timer, configs)
-            doc["rows"].append(row)
-            print(json.dumps(row), flush=True)
-    doc["seconds"] = time.perf_counter() - t0
-    print(_table(doc["rows"], COLUMNS, _variant_label))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
-    return 1 if any(_failed(r) for r in doc["rows"]) else 0
+            add_row(doc, bench_cell(kind, m, n, k, b, d, dtype, timer, configs), args.json)
+    return finish(doc, args.json, COLUMNS, _variant_label)
 
 
 if __name__ == "__main__":
