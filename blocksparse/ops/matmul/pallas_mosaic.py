@@ -721,11 +721,17 @@ def prefers_persistent(pattern: BlockPattern, n: int) -> bool:
     """Whether :func:`plan` takes the persistent kernel when the config leaves it open: square blocks of a
     measured size and the :data:`PERSISTENT_SPEEDUP` cell nearest to ``(b, n, density)`` (as
     :func:`measured_speedup` reads its table) at least ``PREFER_MARGIN``."""
+    return _table_claims(PERSISTENT_SPEEDUP, pattern, n)
+
+
+def _table_claims(table, pattern: BlockPattern, size: int) -> bool:
+    """Square blocks, something to compute, and the ``table`` cell nearest to ``(b, size, density)`` at least
+    ``PREFER_MARGIN`` (the persistent kernels' rules)."""
     bh, bw = pattern.block_size
     if bh != bw or pattern.nnz_blocks == 0:
         return False
     density = pattern.nnz_blocks / (pattern.grid[0] * pattern.grid[1])
-    return _nearest_cell(PERSISTENT_SPEEDUP, bh, n, density) >= PREFER_MARGIN
+    return _nearest_cell(table, bh, size, density) >= PREFER_MARGIN
 
 
 def prefers(pattern: BlockPattern, n: int, w_dtype, x_dtype) -> bool:

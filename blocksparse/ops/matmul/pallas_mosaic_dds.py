@@ -95,6 +95,7 @@ from .pallas_mosaic import (
     _pipelined_wgmma,
     _preferable,
     _store_tile,
+    _table_claims,
     _with_bias_buffer,
     hopper_problem,
 )
@@ -482,11 +483,7 @@ def prefers_persistent(pattern: BlockPattern, m: int) -> bool:
     :func:`measured_speedup` reads its table) at least ``PREFER_MARGIN``. ``m`` (the rows of ``x``) does not
     enter: only m = 32768 (k = 384) and 8192 (k = 8192) were measured."""
     del m  # one argument list with pallas_mosaic.prefers_persistent(pattern, n)
-    bh, bw = pattern.block_size
-    if bh != bw or pattern.nnz_blocks == 0:
-        return False
-    density = pattern.nnz_blocks / (pattern.grid[0] * pattern.grid[1])
-    return _nearest_cell(PERSISTENT_SPEEDUP, bh, pattern.shape[0], density) >= PREFER_MARGIN
+    return _table_claims(PERSISTENT_SPEEDUP, pattern, pattern.shape[0])
 
 
 def prefers(pattern: BlockPattern, m: int, x_dtype, w_dtype) -> bool:
