@@ -588,14 +588,7 @@ def dsd(pattern: BlockPattern, data, x, out_dtype=None, *, config: MosaicConfig 
         raise ValueError(f"Expected data of shape {(pattern.nnz_blocks, bh, bw)}. Got {tuple(data.shape)}.")
     if x.ndim != 2 or x.shape[0] != k:
         raise ValueError(f"Expected x of shape ({k}, n). Got {tuple(x.shape)}.")
-    dt = jnp.result_type(data.dtype, x.dtype)
-    if jnp.dtype(dt) not in _DTYPES:
-        raise NotImplementedError(
-            f"requires float16 or bfloat16 operands (got {jnp.dtype(data.dtype)}, {jnp.dtype(x.dtype)})"
-        )
-    out_dtype = jnp.dtype(out_dtype or dt)
-    if out_dtype not in _OUT_DTYPES:
-        raise NotImplementedError(f"requires a float16, bfloat16 or float32 output (got {out_dtype})")
+    dt, out_dtype = _dtypes(data.dtype, x.dtype, out_dtype)
     n = x.shape[1]
     with_bias = epi is not None and epi.bias
     if with_bias != (bias is not None):
@@ -629,6 +622,20 @@ def dsd(pattern: BlockPattern, data, x, out_dtype=None, *, config: MosaicConfig 
         y, partials = _launch(p, m, data.astype(dt), xp, out_dtype, interpret=interpret, epi=epi, bias=b)
     y = _combine(y, partials, p.sched, bh, epi, b)
     return y[:, :n] if p.n_pad != n else y
+
+
+def _dtypes(a_dtype, b_dtype, out_dtype) -> tuple[jnp.dtype, jnp.dtype]:
+    """``(operand dtype, output dtype)`` of a Mosaic kernel (the output defaults to the operands'); raises
+    ``NotImplementedError`` naming what the kernels take where they cannot take these."""
+    dt = jnp.dtype(jnp.result_type(a_dtype, b_dtype))
+    if dt not in _DTYPES:
+        raise NotImplementedError(
+            f"requires float16 or bfloat16 operands of one dtype (got {jnp.dtype(a_dtype)}, {jnp.dtype(b_dtype)})"
+        )
+    out_dtype = jnp.dtype(out_dtype or dt)
+    if out_dtype not in _OUT_DTYPES:
+        raise NotImplementedError(f"requires a float16, bfloat16 or float32 output (got {out_dtype})")
+    return dt, out_dtype
 
 
 def hopper_problem() -> str | None:

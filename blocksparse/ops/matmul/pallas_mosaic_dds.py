@@ -84,13 +84,12 @@ from . import epilogue as _epilogue
 from . import pallas_mosaic_persistent as pp
 from .lowering import H200, GpuLowering, RowSplitSchedule, lower
 from .pallas_mosaic import (
-    _DTYPES,
     _MAX_ACC,
-    _OUT_DTYPES,
     _SMEM_BYTES,
     PREFER_MARGIN,
     SUPPORTED_BLOCKS,
     _apply_epilogue,
+    _dtypes,
     _nearest_cell,
     _pipelined_wgmma,
     _preferable,
@@ -389,14 +388,7 @@ def dds(
         raise ValueError(f"Expected data of shape {(pattern.nnz_blocks, bh, bw)}. Got {tuple(data.shape)}.")
     if x.ndim != 2 or x.shape[1] != k:
         raise ValueError(f"Expected x of shape (m, {k}). Got {tuple(x.shape)}.")
-    dt = jnp.result_type(data.dtype, x.dtype)
-    if jnp.dtype(dt) not in _DTYPES:
-        raise NotImplementedError(
-            f"requires float16 or bfloat16 operands of one dtype (got {jnp.dtype(data.dtype)}, {jnp.dtype(x.dtype)})"
-        )
-    out_dtype = jnp.dtype(out_dtype or dt)
-    if out_dtype not in _OUT_DTYPES:
-        raise NotImplementedError(f"requires a float16, bfloat16 or float32 output (got {out_dtype})")
+    dt, out_dtype = _dtypes(data.dtype, x.dtype, out_dtype)
     m = x.shape[0]
     with_bias = epi is not None and epi.bias
     if with_bias != (bias is not None):

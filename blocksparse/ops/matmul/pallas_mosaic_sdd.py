@@ -56,10 +56,9 @@ from ..._util import cdiv
 from .. import _dispatch
 from .lowering import H200
 from .pallas_mosaic import (
-    _DTYPES,
-    _OUT_DTYPES,
     _SMEM_BYTES,
     SUPPORTED_BLOCKS,
+    _dtypes,
     _pipelined_wgmma,
     _preferable,
     _store_tile,
@@ -233,14 +232,7 @@ def sdd(
             f"Expected a of shape {want_a} and b of shape {want_b} with one K. "
             f"Got {tuple(a.shape)} and {tuple(b.shape)}."
         )
-    dt = jnp.result_type(a.dtype, b.dtype)
-    if jnp.dtype(dt) not in _DTYPES:
-        raise NotImplementedError(
-            f"requires float16 or bfloat16 operands of one dtype (got {jnp.dtype(a.dtype)}, {jnp.dtype(b.dtype)})"
-        )
-    out_dtype = jnp.dtype(out_dtype or dt)
-    if out_dtype not in _OUT_DTYPES:
-        raise NotImplementedError(f"requires a float16, bfloat16 or float32 output (got {out_dtype})")
+    dt, out_dtype = _dtypes(a.dtype, b.dtype, out_dtype)
     k = a_shape[1]
     p = plan(pattern, k, jnp.dtype(dt).itemsize, config)
     nnz = pattern.nnz_blocks
