@@ -30,6 +30,7 @@ Usage (the brief's grid, about a minute on an H200; the b = 64 sweep of forced t
     python3 benchmarks/bench_mosaic.py --b 64 --tn 64 128 --consumers 1 2 --json $OUT/mosaic_b64_2wg.json
     python3 benchmarks/bench_mosaic.py --epilogue gelu --json $OUT/mosaic_gelu.json
     python3 benchmarks/bench_mosaic.py --pattern uniform powerlaw --json $OUT/mosaic_skew.json
+    python3 benchmarks/bench_mosaic.py --pattern uniform powerlaw --persistent --reduce kernel xla --json $OUT/r.json
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ import numpy as np
 import blocksparse as bs
 from blocksparse.bench import Timer, check_close
 from blocksparse.ops.matmul import epilogue, pallas_mosaic
+from blocksparse.ops.matmul import pallas_mosaic_persistent as pp
 
 
 def _kernels(W, bias, activation):
@@ -71,9 +73,10 @@ def _variant(W, bias, activation, cfg):
     return lambda W, x: pallas_mosaic.dsd(W.pattern, W.data, x, config=cfg, epi=epi, bias=bias)
 
 
-def _time(name, fn, a, x, want, dtype, timer, flops, out: dict):
+def _time(name, fn, a, x, want, dtype, timer, flops, out: dict, unrolled: int = 0):
     """Run, check and time one kernel into ``out`` (``{name}_ms``, ...); an exception is recorded.
 
+    ``unrolled``: also time that many calls written out in one jitted function (``Timer.unrolled``; 0: not).
     Returns the result (``None`` if the kernel failed)."""
     got = None
     try:
@@ -83,6 +86,8 @@ def _time(name, fn, a, x, want, dtype, timer, flops, out: dict):
         ms = timer.loop(fn, a, x)
         out[f"{name}_ms"] = ms
         out[f"{name}_tflops"] = flops / (ms * 1e-3) / 1e12
+        if unrolled:  # the same calls with no while loop around them
+            out[f"{name}_unrolled_ms"] = timer.unrolled(fn, a, x, iters=unrolled)
     except Exception as e:  # CellFailed or a compile error: record it, the other kernels still run
         out[f"{name}_error"] = " ".join(f"{type(e).__name__}: {e}".split())[:500]
     return got
@@ -98,7 +103,7 @@ def _matrix(kind: str, m: int, b: int, d: int, dtype) -> bs.BlockSparseMatrix:
 
 
 def bench_cell(m: int, n: int, b: int, d: int, dtype, timer: Timer, configs, activation=None,
-               pattern: str = "uniform") -> dict:  # fmt: skip
+               pattern: str = "uniform", unrolled: int = 0) -> dict:  # fmt: skip
     W = _matrix(pattern, m, b, d, dtype)
     x = jax.random.normal(jax.random.key(1), (m, n), dtype)
     bias = None if activation is None else jax.random.normal(jax.random.key(2), (n,), jnp.float32)
@@ -109,9 +114,10 @@ def bench_cell(m: int, n: int, b: int, d: int, dtype, timer: Timer, configs, act
     row["default"] = "mosaic" if pallas_mosaic.prefers(W.pattern, n, dtype, dtype) else "pallas"
     p = pallas_mosaic.plan(W.pattern, n, jnp.dtype(dtype).itemsize)
     row.update(mosaic_tn=p.tn, mosaic_stages=p.stages, units=p.sched.num_units, partials=p.sched.num_partials)
+    row["mosaic_kernel"] = "persistent" if p.persistent is not None else "per item"
     want = None
     for name, (fn, a) in _kernels(W, bias, activation).items():
-        got = _time(name, fn, a, x, want, dtype, timer, flops, row)
+        got = _time(name, fn, a, x, want, dtype, timer, flops, row, unrolled)
         if name == "dense" and got is not None:
             want = got.astype(jnp.float32)
     for name in ("triton", "dense"):
@@ -120,19 +126,21 @@ def bench_cell(m: int, n: int, b: int, d: int, dtype, timer: Timer, configs, act
     row["variants"] = []
     for cfg in configs:
         v = {"tn": cfg.tn, "stages": cfg.stages, "max_len": cfg.max_len, "consumers": cfg.consumers,
-             "grid_order": cfg.grid_order, "persistent": cfg.persistent, "programs": cfg.programs}  # fmt: skip
+             "grid_order": cfg.grid_order, "persistent": cfg.persistent, "programs": cfg.programs,
+             "reduce": cfg.reduce}  # fmt: skip
         try:
             if cfg.consumers > 1 and activation is not None:
                 raise NotImplementedError("two warpgroups have no fused epilogue")
             pv = pallas_mosaic.plan(W.pattern, n, jnp.dtype(dtype).itemsize, cfg)
             v.update(tn=pv.tn, stages=pv.stages, grid_order=pv.grid_order)
             if pv.persistent is not None:
-                v.update(programs=pv.persistent.programs, max_steps=pv.persistent.max_steps_per_program())
+                v.update(programs=pv.persistent.programs, max_steps=pv.persistent.max_steps_per_program(),
+                         reduce="kernel" if pv.persistent.reduce else "xla", partials=pv.sched.num_partials)
         except NotImplementedError as e:  # this variant cannot take the cell (too much shared memory, ...)
             v["mosaic_error"] = f"NotImplementedError: {e}"
             row["variants"].append(v)
             continue
-        _time("mosaic", _variant(W, bias, activation, cfg), W, x, want, dtype, timer, flops, v)
+        _time("mosaic", _variant(W, bias, activation, cfg), W, x, want, dtype, timer, flops, v, unrolled)
         if "mosaic_ms" in v and "triton_ms" in row:
             v["speedup_vs_triton"] = row["triton_ms"] / v["mosaic_ms"]
         row["variants"].append(v)
@@ -150,13 +158,15 @@ COLUMNS = [("m", "{}"), ("n", "{}"), ("b", "{}"), ("density", "{:.4g}"), ("dense
            ("triton_ms", "{:.3f}"), ("mosaic_ms", "{:.3f}"), ("mosaic_tflops", "{:.0f}"),
            ("speedup_vs_triton", "{:.2f}"), ("speedup_vs_dense", "{:.2f}"), ("mosaic_tn", "{}"),
            ("mosaic_stages", "{}"), ("default", "{}"), ("pattern", "{}"), ("max_row", "{}"),
-           ("mosaic_skew_ratio", "{:.2f}"), ("triton_skew_ratio", "{:.2f}")]  # fmt: skip
+           ("mosaic_skew_ratio", "{:.2f}"), ("triton_skew_ratio", "{:.2f}"), ("dense_unrolled_ms", "{:.3f}"),
+           ("triton_unrolled_ms", "{:.3f}"), ("mosaic_unrolled_ms", "{:.3f}")]  # fmt: skip
 
 
 def _variant_label(v) -> str:
     order = f" grid_order={v['grid_order']}" if v.get("grid_order") else ""
     if v.get("persistent"):
         order += f" persistent programs={v.get('programs')} max_steps={v.get('max_steps')}"
+        order += f" partials={v.get('partials')} reduce={v.get('reduce')}"
     return f"tn={v['tn']} stages={v['stages']} consumers={v['consumers']} max_len={v['max_len']}{order}:"
 
 
@@ -223,10 +233,14 @@ def main(argv=None) -> int:
                     help="Mosaic variants: each variant also as the persistent kernel (one pipeline across items)")
     ap.add_argument("--programs", type=int, nargs="+", default=None,
                     help="Mosaic variants: the persistent kernel's program counts (default: one per resident slot)")
+    ap.add_argument("--reduce", nargs="+", default=None, choices=pp.REDUCTIONS,
+                    help="Mosaic variants: the persistent kernel's sums of split rows (in the kernel, by XLA after)")
     ap.add_argument("--epilogue", default=None, choices=sorted(epilogue.ACTIVATIONS),
                     help="fuse a bias and this activation into every sparse kernel")  # fmt: skip
     ap.add_argument("--pattern", nargs="+", default=["uniform"], choices=["uniform", "powerlaw"],
                     help="W's pattern kinds; a powerlaw row records skew_ratio: its time over the uniform one's")
+    ap.add_argument("--unrolled", type=int, default=0, metavar="N",
+                    help="also time N calls written out in one jitted function, no while loop (Timer.unrolled)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--json", default=None, help="write the results here")
@@ -245,15 +259,15 @@ def main(argv=None) -> int:
             kw = dict(tn=tn, stages=stages, max_len=args.max_len, consumers=c, grid_order=order)
             configs.append(pallas_mosaic.MosaicConfig(**kw, persistent=False if args.persistent else None))
             if args.persistent and c == 1:
-                for programs in args.programs or [None]:
-                    configs.append(pallas_mosaic.MosaicConfig(**kw, persistent=True, programs=programs))
+                for programs, reduce in itertools.product(args.programs or [None], args.reduce or [None]):
+                    configs.append(pallas_mosaic.MosaicConfig(**kw, persistent=True, programs=programs, reduce=reduce))
     dtype = jnp.dtype(args.dtype)
     timer = Timer(iters=args.iters, trials=args.trials)
     doc = new_doc("bench_mosaic", timer)
     for m, n, b, d in itertools.product(args.m, args.n, args.b, args.d):
         cell = {}
         for kind in args.pattern:
-            row = cell[kind] = bench_cell(m, n, b, d, dtype, timer, configs, args.epilogue, kind)
+            row = cell[kind] = bench_cell(m, n, b, d, dtype, timer, configs, args.epilogue, kind, args.unrolled)
             if kind == "powerlaw" and "uniform" in cell:  # same blocks, rows of power-law lengths
                 for name in ("mosaic", "triton"):
                     if f"{name}_ms" in row and f"{name}_ms" in cell["uniform"]:

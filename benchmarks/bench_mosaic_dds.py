@@ -47,6 +47,7 @@ import blocksparse as bs
 from blocksparse.bench import Timer, check_close, implementation
 from blocksparse.ops.matmul import epilogue
 from blocksparse.ops.matmul import pallas_mosaic_dds as pmd
+from blocksparse.ops.matmul import pallas_mosaic_persistent as pp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_mosaic import add_row, finish, new_doc  # noqa: E402  (the same report and failure rule as for W @ x)
@@ -111,12 +112,13 @@ def bench_cell(m: int, k: int, n: int, b: int, d: int, dtype, timer: Timer, conf
     row["variants"] = []
     for cfg in configs:
         v = {"tm": cfg.tm, "stages": cfg.stages, "max_len": cfg.max_len, "grid_order": cfg.grid_order,
-             "persistent": cfg.persistent}  # fmt: skip
+             "persistent": cfg.persistent, "reduce": cfg.reduce}  # fmt: skip
         try:
             pv = pmd.plan(W.pattern, m, jnp.dtype(dtype).itemsize, cfg)
             v.update(tm=pv.tm, stages=pv.stages, partials=pv.sched.num_partials)
             if pv.persistent is not None:
-                v.update(programs=pv.persistent.programs, max_steps=pv.persistent.max_steps_per_program())
+                v.update(programs=pv.persistent.programs, max_steps=pv.persistent.max_steps_per_program(),
+                         reduce="kernel" if pv.persistent.reduce else "xla")
         except NotImplementedError as e:  # this variant cannot take the cell (shared memory, registers)
             v["mosaic_error"] = f"NotImplementedError: {e}"
             row["variants"].append(v)
@@ -136,7 +138,7 @@ COLUMNS = [("m", "{}"), ("k", "{}"), ("n", "{}"), ("b", "{}"), ("density", "{:.4
 
 
 def _variant_label(v) -> str:
-    persistent = f" persistent programs={v.get('programs')}" if v.get("persistent") else ""
+    persistent = f" persistent programs={v.get('programs')} reduce={v.get('reduce')}" if v.get("persistent") else ""
     return f"tm={v['tm']} stages={v['stages']} max_len={v['max_len']} {v['grid_order']} first{persistent}:"
 
 
@@ -154,6 +156,8 @@ def main(argv=None) -> int:
                     help="Mosaic variants: launch W's block columns (units) or x's row tiles fastest")  # fmt: skip
     ap.add_argument("--persistent", action="store_true",
                     help="Mosaic variants: each variant also as the persistent kernel (one pipeline across items)")
+    ap.add_argument("--reduce", nargs="+", default=None, choices=pp.REDUCTIONS,
+                    help="Mosaic variants: the persistent kernel's sums of split columns (in the kernel, by XLA)")
     ap.add_argument("--epilogue", default=None, choices=sorted(epilogue.ACTIVATIONS),
                     help="a bias along the output columns and this activation, fused in the kernels")  # fmt: skip
     ap.add_argument("--iters", type=int, default=20)
@@ -173,8 +177,9 @@ def main(argv=None) -> int:
             configs.append(pmd.DdsConfig(tm=tm, stages=stages, max_len=args.max_len, grid_order=order,
                                          persistent=False if args.persistent else None))  # fmt: skip
             if args.persistent and args.epilogue is None:  # the persistent kernel has no fused epilogue
-                configs.append(pmd.DdsConfig(tm=tm, stages=stages, max_len=args.max_len, grid_order=order,
-                                             persistent=True))  # fmt: skip
+                for reduce in args.reduce or [None]:
+                    configs.append(pmd.DdsConfig(tm=tm, stages=stages, max_len=args.max_len, grid_order=order,
+                                                 persistent=True, reduce=reduce))  # fmt: skip
     dtype = jnp.dtype(args.dtype)
     timer = Timer(iters=args.iters, trials=args.trials)
     doc = new_doc("bench_mosaic_dds", timer, interpret=args.interpret)

@@ -31,6 +31,18 @@ def test_timer_loop_and_calls_return_positive_medians():
     assert timer.loop(lambda a: a @ a + 1, x) > 0
     assert timer.calls(lambda a: a @ a + 1, x) > 0
     assert timer.loop(lambda a, b: (a + b, jnp.zeros((0,))), x, x, iters=2) > 0  # pytree out, empty leaf
+    assert timer.unrolled(lambda a, b: (a + b, jnp.zeros((0,))), x, x, iters=2) > 0
+
+
+def test_timer_unrolled_writes_every_call_out():
+    """One call traced per iteration (no loop): iters calls written out."""
+    timer = Timer(iters=4, trials=1, warmup=0)
+    x = jnp.arange(16.0).reshape(4, 4)
+    seen = []
+    timer.unrolled(lambda a: seen.append(1) or a @ a, x)
+    assert len(seen) == 4
+    with pytest.raises(ValueError, match="iters"):
+        timer.unrolled(lambda a: a, x, iters=0)
 
 
 @pytest.mark.parametrize("kw", [{"iters": 0}, {"trials": 0}, {"warmup": -1}, {"iters": 2.5}])

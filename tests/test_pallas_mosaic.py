@@ -186,7 +186,9 @@ def test_interpreter_persistent_kernel(kind, order, programs):
     of one or no block) matches the oracle, and its schedule holds every (unit, tile) item and block once."""
     block = (64, 64) if kind != "full_col" else (128, 64)
     pattern, data, x, want, scale = _problem(kind, block, jnp.bfloat16, n=200)
-    cfg = pallas_mosaic.MosaicConfig(tn=64, max_len=2, grid_order=order, persistent=True, programs=programs)
+    # the interpreter has no semaphores: XLA sums the split rows (the in-kernel sum: test_mosaic_split_reduce.py)
+    cfg = pallas_mosaic.MosaicConfig(tn=64, max_len=2, grid_order=order, persistent=True, programs=programs,
+                                     reduce="xla")  # fmt: skip
     p = pallas_mosaic.plan(pattern, 200, config=cfg)
     ps, s = p.persistent, p.sched
     assert ps.programs == (programs or min(s.num_units * p.tiles, ps.programs))

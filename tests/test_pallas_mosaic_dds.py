@@ -178,11 +178,12 @@ def test_plan_takes_the_persistent_kernel_by_the_rule_and_falls_back():
     assert pmd.plan(slow, 32768, config=pmd.DdsConfig(persistent=True)).persistent is not None  # forced
     assert pmd.plan(fast, 32768, config=pmd.DdsConfig(persistent=False)).persistent is None
     # b = 128, tm = 128, 3 stages and split columns: 3 x 64 KiB fit, plus the persistent kernel's 32 KiB
-    # output and 64 KiB float32 staging tiles do not
+    # output tile; its 64 KiB float32 staging tile (split columns summed by XLA) does not
     cfg = pmd.DdsConfig(tm=128, stages=3, max_len=1)
     with pytest.raises(NotImplementedError, match=r"shared memory.*got stages=3"):
-        pmd.plan(fast, 4096, config=dataclasses.replace(cfg, persistent=True))
-    p = pmd.plan(fast, 4096, config=cfg)
+        pmd.plan(fast, 4096, config=dataclasses.replace(cfg, persistent=True, reduce="xla"))
+    assert pmd.plan(fast, 4096, config=dataclasses.replace(cfg, persistent=True)).persistent.reduce
+    p = pmd.plan(fast, 4096, config=dataclasses.replace(cfg, reduce="xla"))  # the rule's pick does not fit
     assert p.persistent is None and (p.tm, p.stages) == (128, 3) and p.sched.num_partials > 0
     with pytest.raises(ValueError, match="programs"):
         pmd.DdsConfig(persistent=False, programs=4)

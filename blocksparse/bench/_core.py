@@ -110,13 +110,15 @@ def _jsonable(value: Any) -> Any:
 class Timer:
     """The one timing helper of every suite and benchmark script.
 
-    Both methods compile and warm up first, then return the **median over** ``trials`` of the
+    Each method compiles and warms up first, then return the **median over** ``trials`` of the
     per-iteration time in milliseconds:
 
     - :meth:`loop`: ``iters`` calls inside one jitted ``fori_loop`` (one dispatch): device time,
       without Python's dispatch cost. An optimization barrier on the operands keeps XLA from
       hoisting the call out of the loop, and one element of each output is accumulated so nothing
       is dead code. The operands are the same buffers every iteration, so small ones stay in cache.
+    - :meth:`unrolled`: ``iters`` calls written out in one jitted function: device time without the
+      loop's own cost per iteration (which counts for operations of a few microseconds).
     - :meth:`calls`: ``iters`` back-to-back calls of the jitted function from Python, synchronised
       once at the end: what a training or serving step sees, dispatch included.
 
@@ -160,6 +162,35 @@ class Timer:
             return jax.lax.fori_loop(0, iters, body, (args, jnp.float32(0)))[1]
 
         compiled = looped.lower(args).compile()
+        for _ in range(self.warmup):
+            jax.block_until_ready(compiled(args))
+        times = []
+        for _ in range(self.trials):
+            t0 = time.perf_counter()
+            jax.block_until_ready(compiled(args))
+            times.append((time.perf_counter() - t0) / iters)
+        return statistics.median(times) * 1e3
+
+    def unrolled(self, fn: Callable, *args, iters: int | None = None) -> float:
+        """Median ms per call of ``iters`` calls of ``fn(*args)`` written out one after another in one jitted
+        function (device time with no loop around it).
+
+        A GPU ``while`` loop costs XLA a read of its predicate back to the host every iteration, which
+        :meth:`loop` counts in; for operations of a few microseconds this is the number to read. Each call sees
+        its operands through an optimization barrier that also carries the previous calls' result, so XLA
+        can neither merge the calls nor reorder them. Compile time grows with ``iters``.
+        """
+        iters = self._iters(iters)
+
+        @jax.jit
+        def unrolled(args):
+            acc = jnp.float32(0)
+            for _ in range(iters):
+                args, acc = jax.lax.optimization_barrier((args, acc))
+                acc = acc + _probe(fn(*args))
+            return acc
+
+        compiled = unrolled.lower(args).compile()
         for _ in range(self.warmup):
             jax.block_until_ready(compiled(args))
         times = []

@@ -87,6 +87,7 @@ __all__ = [
     "measured_speedup",
     "plan",
     "prefers",
+    "skewed",
 ]
 
 SUPPORTED_BLOCKS = (64, 128)
@@ -131,6 +132,11 @@ class MosaicConfig:
             :func:`prefers_persistent` says so (measured faster), for a plain product.
         programs: the persistent kernel's number of programs (default: as many as are resident on
             the GPU's SMs at once, at most one per item).
+        reduce: how the persistent kernel sums rows split across programs: ``"kernel"`` (the row's last
+            piece waits for the others' float32 partials and adds them before its one store; every program
+            must be resident at once) or ``"xla"`` (every piece writes a partial, XLA sums them after the
+            kernel). ``None``: ``"kernel"``, but ``"xla"`` in Pallas' GPU interpreter (it has no semaphores)
+            and where ``programs`` exceeds the resident slots.
     """
 
     tn: int | None = None
@@ -140,6 +146,7 @@ class MosaicConfig:
     grid_order: str | None = None
     persistent: bool | None = None
     programs: int | None = None
+    reduce: str | None = None
 
     def __post_init__(self):
         if self.tn is not None and self.tn not in _TILES:
@@ -154,6 +161,7 @@ class MosaicConfig:
             raise ValueError(f"Expected programs >= 1 with persistent=True. Got programs={self.programs}.")
         if self.persistent and self.consumers != 1:
             raise ValueError(f"Expected consumers=1 with persistent=True. Got {self.consumers}.")
+        pp.check_reduce(self.reduce)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,7 +202,7 @@ class MosaicPlan:
         pipeline = self.stages * (bh * bw + bw * self.tn * self.consumers) * itemsize
         out = out_itemsize or itemsize
         if self.persistent is not None:
-            return pipeline + bh * self.tn * (out + (4 if self.sched.num_partials else 0))
+            return pipeline + bh * self.tn * (out + pp.staging_bytes(self.persistent))
         return pipeline + (0 if self.consumers == 1 else self.consumers * bh * self.tn * (out + 4))
 
 
@@ -235,8 +243,8 @@ def plan(
     ``NotImplementedError`` if the kernel cannot take these blocks or tiles.
     """
     cfg = config or MosaicConfig()
-    if cfg.persistent is None:  # the measured rule; where the persistent kernel cannot take the tiles, the other
-        if not fused and cfg.consumers == 1 and prefers_persistent(pattern, n):
+    if cfg.persistent is None:  # the measured rules; where the persistent kernel cannot take the tiles, the other
+        if not fused and cfg.consumers == 1 and (prefers_persistent(pattern, n) or skewed(pattern, n, cfg)):
             try:
                 return plan(pattern, n, itemsize, dataclasses.replace(cfg, persistent=True), extra_smem, out_itemsize)
             except NotImplementedError:
@@ -257,34 +265,36 @@ def plan(
     tiles = cdiv(n, tn * c)
     max_len = cfg.max_len
     if cfg.persistent and max_len is None:  # split only rows longer than a program's share of the steps
-        # The share of one program per SM, even where two fit: a finer cap would split more rows, and split
-        # rows cost the persistent kernel a float32 staging tile, which halves its programs per SM (b = 64:
-        # 0.164 ms at d = 1/16 with splits, 0.134-0.142 without, H200).
+        # The share of one program per SM, even where two fit: a finer cap would split more rows (b = 64:
+        # 0.164 ms at d = 1/16 with splits summed by XLA, 0.134-0.142 without, H200).
         slots = cfg.programs or H200.num_sms
         max_len = pp.share(pattern.nnz_blocks, tiles, slots)
     sched = lower(pattern, GpuLowering(op="dsd", tiles=tiles, max_len=max_len))
     if c > 1:
         # the warpgroups' output and float32 staging buffers (the pipeline's memory is not reused)
         extra_smem += c * bh * tn * ((out_itemsize or itemsize) + 4)
-    if cfg.persistent:  # its own output staging tile (and a float32 one for split rows): stores overlap the loads
-        extra_smem += bh * tn * ((out_itemsize or itemsize) + (4 if sched.num_partials else 0))
     per_stage = (bh * bw + bw * tn * c) * itemsize
+    order = cfg.grid_order or default_grid_order(pattern, cfg.persistent)
+    if cfg.persistent:  # its own output staging tile (and a float32 one where XLA sums split rows)
+        stages, persistent = pp.plan_persistent(sched, tiles, order, per_stage, bh * tn, extra_smem,
+                                                out_itemsize or itemsize, cfg)  # fmt: skip
+        return MosaicPlan(tn=tn, tiles=tiles, n_pad=tiles * tn, stages=stages, sched=sched, grid_order=order,
+                          persistent=persistent)  # fmt: skip
+    stages = _stages(cfg.stages, per_stage, extra_smem)
+    return MosaicPlan(tn=tn, tiles=tiles, n_pad=tiles * tn * c, stages=stages, sched=sched, consumers=c,
+                      grid_order=order)  # fmt: skip
+
+
+def _stages(forced: int | None, per_stage: int, extra_smem: int) -> int:
+    """The pipeline depth: ``forced``, or 3 where 3 fit in shared memory next to ``extra_smem`` bytes, else 2;
+    ``NotImplementedError`` where it does not fit."""
     fit = (_SMEM_BYTES - extra_smem) // per_stage
-    stages = cfg.stages or min(3, fit)
+    stages = forced or min(3, fit)
     if stages > fit or stages < 2:
         raise NotImplementedError(
             f"requires stages * {per_stage} bytes <= {_SMEM_BYTES - extra_smem} of shared memory (got stages={stages})"
         )
-    order = cfg.grid_order or default_grid_order(pattern, cfg.persistent)
-    persistent = None
-    if cfg.persistent:
-        items = sched.num_units * tiles
-        programs = cfg.programs or pp.default_programs(stages * per_stage + extra_smem, items)
-        persistent = pp.flatten(sched, tiles, order, min(programs, max(items, 1)))
-    return MosaicPlan(
-        tn=tn, tiles=tiles, n_pad=tiles * tn * c, stages=stages, sched=sched, consumers=c, grid_order=order,
-        persistent=persistent,
-    )  # fmt: skip
+    return stages
 
 
 def _operand_transforms(dtype):
@@ -600,27 +610,26 @@ def dsd(pattern: BlockPattern, data, x, out_dtype=None, *, config: MosaicConfig 
         raise NotImplementedError("requires consumers=1 for a fused epilogue (not written for two warpgroups)")
     if epi is not None and config is not None and config.persistent:
         raise NotImplementedError("requires persistent=False for a fused epilogue (not written for that kernel)")
-    p = plan(pattern, n, jnp.dtype(dt).itemsize, config, _BIAS_SMEM if with_bias else 0, out_dtype.itemsize,
-             fused=epi is not None)  # fmt: skip
+    if interpret is None:
+        interpret = _dispatch.interpreting()
+    p = plan(pattern, n, jnp.dtype(dt).itemsize, pp.resolve_reduce(config or MosaicConfig(), interpret),
+             _BIAS_SMEM if with_bias else 0, out_dtype.itemsize, fused=epi is not None)  # fmt: skip
     if n == 0:
         return jnp.zeros((m, n), out_dtype)
     if pattern.nnz_blocks == 0:
         return _epilogue.reference(jnp.zeros((m, n), jnp.float32), bias, epi, out_dtype)
-    if interpret is None:
-        interpret = _dispatch.interpreting()
     xp = jnp.pad(x.astype(dt), ((0, 0), (0, p.n_pad - n)))
     b = ()
     if with_bias:  # float32, padded like x: every tile's TMA copy stays inside the array
         b = (jnp.pad(bias.astype(jnp.float32), (0, p.n_pad - n)) if epi.bias_axis == 1 else bias.astype(jnp.float32),)
     if p.persistent is not None:
-        s = p.sched
-        y, partials = pp.launch(
-            p.persistent, "dsd", (m, p.n_pad), (max(s.num_partials, 1) * bh, p.n_pad), p.tn, p.stages, s.num_partials,
-            data.astype(dt), xp, out_dtype, interpret=interpret,
-        )  # fmt: skip
+        y, partials = pp.launch(p.persistent, "dsd", (m, p.n_pad), p.tn, p.stages, data.astype(dt), xp, out_dtype,
+                                interpret=interpret)  # fmt: skip
+        if not p.persistent.reduce:
+            y = combine_partials(y, partials, p.sched, bh)
     else:
         y, partials = _launch(p, m, data.astype(dt), xp, out_dtype, interpret=interpret, epi=epi, bias=b)
-    y = _combine(y, partials, p.sched, bh, epi, b)
+        y = _combine(y, partials, p.sched, bh, epi, b)
     return y[:, :n] if p.n_pad != n else y
 
 
@@ -731,6 +740,26 @@ def prefers_persistent(pattern: BlockPattern, n: int) -> bool:
     return _table_claims(PERSISTENT_SPEEDUP, pattern, n)
 
 
+#: Where the one-program-per-item plan splits at least this share of its units into partials (a few rows far
+#: longer than the rest, as in power-law patterns), the persistent kernel, which sums split rows in the kernel,
+#: goes first, before the Triton kernel too (:func:`prefers`). H200, bf16, W 8192 x 8192 @ x 8192 x 4096,
+#: power-law rows with the blocks of a uniform pattern (``bench_mosaic.py --pattern uniform powerlaw
+#: --persistent``): b = 64, d = 1/16: 41 partials of 158 units, one per item 0.212 ms, persistent 0.133, Triton
+#: 0.165 (uniform: 0.138 / 0.146 / 0.122); at d = 1/4 (26 of 141) the three within 4% of each other.
+SKEW_SPLIT_SHARE = 1 / 4
+
+
+def skewed(pattern: BlockPattern, n: int, config: MosaicConfig | None = None) -> bool:
+    """Whether the one-program-per-item plan of ``W @ x`` (``n`` columns, ``config``'s tiles) splits at least
+    :data:`SKEW_SPLIT_SHARE` of its units into float32 partials."""
+    cfg = dataclasses.replace(config or MosaicConfig(), persistent=False, programs=None, reduce=None)
+    try:
+        sched = plan(pattern, n, config=cfg).sched
+    except NotImplementedError:
+        return False
+    return sched.num_units > 0 and sched.num_partials >= SKEW_SPLIT_SHARE * sched.num_units
+
+
 def _table_claims(table, pattern: BlockPattern, size: int) -> bool:
     """Square blocks, something to compute, and the ``table`` cell nearest to ``(b, size, density)`` at least
     ``PREFER_MARGIN`` (the persistent kernels' rules)."""
@@ -748,11 +777,13 @@ def prefers(pattern: BlockPattern, n: int, w_dtype, x_dtype) -> bool:
     ``W`` and ``x`` share one half dtype (a mix would be promoted to float32, which the kernel
     refuses), square blocks of 64 or 128 (the measured ones), ``n >= PREFER_MIN_N``, and
     :func:`measured_speedup` of the cell nearest to ``(b, n, density)`` is at least
-    :data:`PREFER_MARGIN`. float16 is taken to behave as bfloat16 (the same wgmma rate; only
-    bfloat16 was measured).
+    :data:`PREFER_MARGIN` or the pattern is :func:`skewed` (the persistent kernel then runs). float16 is
+    taken to behave as bfloat16 (the same wgmma rate; only bfloat16 was measured).
     """
     density = _preferable(pattern, n, PREFER_MIN_N, w_dtype, x_dtype)
-    return density is not None and measured_speedup(pattern.block_size[0], n, density) >= PREFER_MARGIN
+    if density is None:
+        return False
+    return measured_speedup(pattern.block_size[0], n, density) >= PREFER_MARGIN or skewed(pattern, n)
 
 
 def _preferable(pattern: BlockPattern, size: int, min_size: int, w_dtype, x_dtype) -> float | None:

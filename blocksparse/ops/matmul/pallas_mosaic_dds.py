@@ -85,7 +85,6 @@ from . import pallas_mosaic_persistent as pp
 from .lowering import H200, GpuLowering, RowSplitSchedule, lower
 from .pallas_mosaic import (
     _MAX_ACC,
-    _SMEM_BYTES,
     PREFER_MARGIN,
     SUPPORTED_BLOCKS,
     _apply_epilogue,
@@ -93,6 +92,7 @@ from .pallas_mosaic import (
     _nearest_cell,
     _pipelined_wgmma,
     _preferable,
+    _stages,
     _store_tile,
     _table_claims,
     _with_bias_buffer,
@@ -138,6 +138,9 @@ class DdsConfig:
             ``False`` force it.
         programs: the persistent kernel's number of programs (default: one per resident slot); only
             with ``persistent=True``.
+        reduce: how the persistent kernel sums split block columns: ``"kernel"`` or ``"xla"``, as
+            :class:`~.pallas_mosaic.MosaicConfig` ``reduce`` (``None``: in the kernel, but by XLA in Pallas'
+            GPU interpreter and where ``programs`` exceeds the resident slots).
     """
 
     tm: int | None = None
@@ -146,6 +149,7 @@ class DdsConfig:
     grid_order: str = "units"
     persistent: bool | None = None
     programs: int | None = None
+    reduce: str | None = None
 
     def __post_init__(self):
         if self.tm is not None and self.tm not in TILES:
@@ -156,6 +160,7 @@ class DdsConfig:
             raise ValueError(f"Expected grid_order 'units' or 'tiles'. Got {self.grid_order!r}.")
         if self.programs is not None and (self.persistent is not True or self.programs < 1):
             raise ValueError(f"Expected programs >= 1 with persistent=True. Got programs={self.programs}.")
+        pp.check_reduce(self.reduce)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,7 +197,7 @@ class DdsPlan:
         pipeline = self.stages * (self.tm * bh + bh * bw) * itemsize
         if self.persistent is None:
             return pipeline
-        return pipeline + self.tm * bw * ((out_itemsize or itemsize) + (4 if self.sched.num_partials else 0))
+        return pipeline + self.tm * bw * ((out_itemsize or itemsize) + pp.staging_bytes(self.persistent))
 
 
 def _default_tm(m: int, units: int) -> int:
@@ -242,20 +247,12 @@ def plan(
     if cfg.persistent and max_len is None:  # split only block columns longer than a program's share of the steps
         max_len = pp.share(pattern.nnz_blocks, tiles, cfg.programs or H200.num_sms)
     sched = lower(pattern, GpuLowering(op="dds", tiles=tiles, max_len=max_len))
-    if cfg.persistent:  # its own output staging tile (and a float32 one for split columns)
-        extra_smem += tm * bw * ((out_itemsize or itemsize) + (4 if sched.num_partials else 0))
     per_stage = (tm * bh + bh * bw) * itemsize
-    fit = (_SMEM_BYTES - extra_smem) // per_stage
-    stages = cfg.stages or min(3, fit)
-    if stages > fit or stages < 2:
-        raise NotImplementedError(
-            f"requires stages * {per_stage} bytes <= {_SMEM_BYTES - extra_smem} of shared memory (got stages={stages})"
-        )
-    persistent = None
-    if cfg.persistent:
-        items = sched.num_units * tiles
-        programs = cfg.programs or pp.default_programs(stages * per_stage + extra_smem, items)
-        persistent = pp.flatten(sched, tiles, cfg.grid_order, min(programs, max(items, 1)))
+    if cfg.persistent:  # its own output staging tile (and a float32 one where XLA sums split columns)
+        stages, persistent = pp.plan_persistent(sched, tiles, cfg.grid_order, per_stage, tm * bw, extra_smem,
+                                                out_itemsize or itemsize, cfg)  # fmt: skip
+    else:
+        stages, persistent = _stages(cfg.stages, per_stage, extra_smem), None
     return DdsPlan(tm=tm, tiles=tiles, m_pad=tiles * tm, stages=stages, sched=sched, grid_order=cfg.grid_order,
                    persistent=persistent)  # fmt: skip
 
@@ -398,14 +395,14 @@ def dds(
         raise ValueError(f"Expected a bias of shape {want} (bias_axis={epi.bias_axis}). Got {tuple(bias.shape)}.")
     if epi is not None and config is not None and config.persistent:
         raise NotImplementedError("requires persistent=False for a fused epilogue (not written for that kernel)")
-    p = plan(pattern, m, jnp.dtype(dt).itemsize, config, _BIAS_SMEM if with_bias else 0, out_dtype.itemsize,
-             fused=epi is not None)  # fmt: skip
+    if interpret is None:
+        interpret = _dispatch.interpreting()
+    p = plan(pattern, m, jnp.dtype(dt).itemsize, pp.resolve_reduce(config or DdsConfig(), interpret),
+             _BIAS_SMEM if with_bias else 0, out_dtype.itemsize, fused=epi is not None)  # fmt: skip
     if m == 0:
         return jnp.zeros((m, n), out_dtype)
     if pattern.nnz_blocks == 0:
         return _epilogue.reference(jnp.zeros((m, n), jnp.float32), bias, epi, out_dtype)
-    if interpret is None:
-        interpret = _dispatch.interpreting()
     xp = x.astype(dt)
     if p.m_pad != m:
         xp = jnp.pad(xp, ((0, p.m_pad - m), (0, 0)))
@@ -414,14 +411,13 @@ def dds(
         b32 = bias.astype(jnp.float32)
         b = (b32 if epi.bias_axis == 1 else jnp.pad(b32, (0, p.m_pad - m)),)
     if p.persistent is not None:
-        s = p.sched
-        y, partials = pp.launch(
-            p.persistent, "dds", (p.m_pad, n), (max(s.num_partials, 1) * p.m_pad, bw), p.tm, p.stages, s.num_partials,
-            data.astype(dt), xp, out_dtype, interpret=interpret, m_pad=p.m_pad,
-        )  # fmt: skip
+        y, partials = pp.launch(p.persistent, "dds", (p.m_pad, n), p.tm, p.stages, data.astype(dt), xp, out_dtype,
+                                interpret=interpret, m_pad=p.m_pad)  # fmt: skip
+        if not p.persistent.reduce:
+            y = _combine(y, partials, p, bw, None, ())
     else:
         y, partials = _launch(p, n, data.astype(dt), xp, out_dtype, interpret=interpret, epi=epi, bias=b)
-    y = _combine(y, partials, p, bw, epi, b)
+        y = _combine(y, partials, p, bw, epi, b)
     return y[:m] if p.m_pad != m else y
 
 

@@ -57,7 +57,16 @@ from jax.experimental import pallas as pl
 
 from .lowering import H200, RowSplitSchedule
 
-__all__ = ["PersistentSchedule", "default_programs", "flatten", "launch", "share"]
+__all__ = [
+    "REDUCTIONS",
+    "PersistentSchedule",
+    "default_programs",
+    "flatten",
+    "launch",
+    "plan_persistent",
+    "roles",
+    "share",
+]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -70,6 +79,13 @@ class PersistentSchedule:
         prog_step_start: ``[P + 1]``; likewise for steps.
         item_len, item_dest, item_tile: ``[Q]``, one per (unit, column tile) item.
         step_id, step_col, step_tile: ``[max(G, 1)]``, one per step (``G = nnz * tiles``).
+        reduce: split rows are summed in the kernel (see "Split rows"); ``False``: every piece writes its
+            float32 partial (slot ``-1 - item_dest``) and XLA sums them afterwards.
+        item_sem, item_wait, item_src: ``[Q]`` with ``reduce``: the semaphore of a piece of a split row
+            (``-1``: a whole row); how many pieces an owner waits for (0: none); the first partial slot
+            an owner adds.
+        num_slots: partial tiles written per column tile (``reduce``: the pieces that are not owners;
+            else the schedule's ``num_partials``); num_sems: semaphores (split rows x column tiles).
     """
 
     programs: int
@@ -81,6 +97,12 @@ class PersistentSchedule:
     step_id: np.ndarray
     step_col: np.ndarray
     step_tile: np.ndarray
+    reduce: bool = False
+    item_sem: np.ndarray | None = None
+    item_wait: np.ndarray | None = None
+    item_src: np.ndarray | None = None
+    num_slots: int = 0
+    num_sems: int = 0
 
     @property
     def num_steps(self) -> int:
@@ -120,8 +142,56 @@ def share(nnz: int, tiles: int, programs: int) -> int:
     return max(MIN_SPLIT, -(-nnz * tiles // max(programs, 1)))
 
 
-def flatten(sched: RowSplitSchedule, tiles: int, grid_order: str, programs: int) -> PersistentSchedule:
-    """Deal the ``units x tiles`` items of ``sched`` to ``programs`` programs and flatten them into steps."""
+#: How split rows are summed: in the kernel (owners wait for the other pieces) or by XLA afterwards.
+REDUCTIONS = ("kernel", "xla")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Roles:
+    """Per unit of a schedule, for the in-kernel sum of split rows (see "Split rows" in the docstring)."""
+
+    kind: np.ndarray  # 0: a piece that is not its row's owner, 1: a whole row, 2: an owner
+    dest: np.ndarray  # the row (whole, owner) or -1 - compact slot (other pieces)
+    row: np.ndarray  # the split row index (-1: whole)
+    wait: np.ndarray  # for an owner: the other pieces of its row
+    src: np.ndarray  # for an owner: the first compact slot of the other pieces
+    num_slots: int
+
+
+def roles(sched: RowSplitSchedule) -> _Roles:
+    """The owner of each split row (its last unit), and compact partial slots for the other pieces, each
+    row's contiguous."""
+    dest = sched.unit_dest.astype(np.int64)
+    u, r_count = dest.shape[0], sched.split_rows.shape[0]
+    kind, row = np.ones(u, np.int64), np.full(u, -1, np.int64)
+    wait, src, new_dest = np.zeros(u, np.int64), np.zeros(u, np.int64), dest.copy()
+    split = np.flatnonzero(dest < 0)
+    if split.size:
+        r = sched.partial_seg[-1 - dest[split]].astype(np.int64)
+        owner = np.full(r_count, -1, np.int64)
+        np.maximum.at(owner, r, split)
+        is_owner = split == owner[r]
+        others, r_others = split[~is_owner], r[~is_owner]
+        order = np.lexsort((others, r_others))
+        others, r_others = others[order], r_others[order]
+        counts = np.bincount(r_others, minlength=r_count)
+        base = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        kind[split], row[split] = np.where(is_owner, 2, 0), r
+        new_dest[others] = -1 - np.arange(others.size)
+        owners, r_owners = split[is_owner], r[is_owner]
+        new_dest[owners] = sched.split_rows[r_owners]
+        wait[owners], src[owners] = counts[r_owners], base[r_owners]
+        num_slots = int(others.size)
+    else:
+        num_slots = 0
+    return _Roles(kind, new_dest, row, wait, src, num_slots)
+
+
+def flatten(sched: RowSplitSchedule, tiles: int, grid_order: str, programs: int,
+            reduce: bool = False) -> PersistentSchedule:  # fmt: skip
+    """Deal the ``units x tiles`` items of ``sched`` to ``programs`` programs and flatten them into steps;
+    with ``reduce``, split rows are summed in the kernel and each program runs its pieces that are not owners
+    first and its owners last (see "Split rows")."""
     u = sched.num_units
     k = np.arange(u * tiles, dtype=np.int64)
     if grid_order == "units":  # every unit of column tile 0, then tile 1, ...
@@ -129,7 +199,9 @@ def flatten(sched: RowSplitSchedule, tiles: int, grid_order: str, programs: int)
     else:  # every column tile of unit 0, then unit 1, ...
         item_u, item_t = np.divmod(k, tiles)
     prog = _deal(sched.unit_len[item_u].astype(np.int64), programs)
-    order = np.lexsort((k, prog))  # program-major, each program's items in launch order
+    ro = roles(sched) if reduce else None
+    cls = ro.kind[item_u] if reduce else np.ones_like(k)
+    order = np.lexsort((k, cls, prog))  # program-major; in a program other pieces, whole rows, owners; launch order
     item_u, item_t, prog = item_u[order], item_t[order], prog[order]
     counts = np.bincount(prog, minlength=programs)
     item_len = sched.unit_len[item_u].astype(np.int64)
@@ -140,17 +212,83 @@ def flatten(sched: RowSplitSchedule, tiles: int, grid_order: str, programs: int)
     blocks = np.repeat(sched.unit_start[item_u].astype(np.int64), item_len) + j
     pad = lambda a: (a if a.size else np.zeros(1, np.int64)).astype(np.int32)  # noqa: E731
     cum = lambda c: np.concatenate([[0], np.cumsum(c)]).astype(np.int32)  # noqa: E731
+    extra = {}
+    if reduce:
+        row = ro.row[item_u]
+        extra = dict(
+            reduce=True,
+            item_sem=np.where(row >= 0, row * tiles + item_t, -1).astype(np.int32),
+            item_wait=ro.wait[item_u].astype(np.int32),
+            item_src=ro.src[item_u].astype(np.int32),
+            num_slots=ro.num_slots,
+            num_sems=int(sched.split_rows.shape[0]) * tiles,
+        )
+    else:
+        extra = dict(num_slots=sched.num_partials)
     return PersistentSchedule(
         programs=int(programs),
         prog_item_start=cum(counts),
         prog_step_start=cum(steps_per_prog),
         item_len=item_len.astype(np.int32),
-        item_dest=sched.unit_dest[item_u].astype(np.int32),
+        item_dest=(ro.dest if reduce else sched.unit_dest)[item_u].astype(np.int32),
         item_tile=item_t.astype(np.int32),
         step_id=pad(sched.block_id[blocks]),
         step_col=pad(sched.block_col[blocks]),
         step_tile=pad(np.repeat(item_t, item_len)),
+        **extra,
     )
+
+
+def check_reduce(reduce) -> None:
+    """``ValueError`` unless ``reduce`` is ``None`` or one of :data:`REDUCTIONS` (the configs' field)."""
+    if reduce is not None and reduce not in REDUCTIONS:
+        raise ValueError(f"Expected reduce None or one of {REDUCTIONS}. Got {reduce!r}.")
+
+
+def resolve_reduce(cfg, interpret):
+    """``cfg`` with ``reduce=None`` made ``"xla"`` in Pallas' GPU interpreter, which has no semaphores (the
+    in-kernel sum is verified on the GPU and its lowering on the CPU)."""
+    if cfg.reduce is None and interpret is not False and interpret is not None:
+        return dataclasses.replace(cfg, reduce="xla")
+    return cfg
+
+
+def staging_bytes(ps: PersistentSchedule) -> int:
+    """Bytes per output element of the float32 staging tile the kernel holds besides its output one: 4 where
+    pieces of split rows go through shared memory to XLA's sum, else 0."""
+    return 4 if ps.num_slots and not ps.reduce else 0
+
+
+def plan_persistent(sched: RowSplitSchedule, tiles: int, grid_order: str, per_stage: int, tile_elems: int,
+                    extra_smem: int, out_itemsize: int, cfg) -> tuple[int, PersistentSchedule]:  # fmt: skip
+    """``(stages, schedule)`` of the persistent kernel for a config with ``stages``, ``programs`` and ``reduce``
+    fields (:class:`~.pallas_mosaic.MosaicConfig`, :class:`~.pallas_mosaic_dds.DdsConfig`): ``per_stage`` bytes
+    of shared memory per stage, ``tile_elems`` elements in an output tile, ``extra_smem`` bytes besides.
+
+    The in-kernel sum needs every program resident at once (an owner waits for pieces of other programs):
+    with ``reduce=None`` more programs than that fall back to XLA's sum; ``reduce="kernel"`` raises
+    ``NotImplementedError`` there."""
+    from .pallas_mosaic import _stages
+
+    items = sched.num_units * tiles
+
+    def sizes(in_kernel: bool) -> tuple[int, int, int]:
+        smem = extra_smem + tile_elems * (out_itemsize + (4 if sched.num_partials and not in_kernel else 0))
+        stages = _stages(cfg.stages, per_stage, smem)
+        resident = default_programs(stages * per_stage + smem, items)
+        return stages, min(cfg.programs or resident, max(items, 1)), resident
+
+    in_kernel = cfg.reduce != "xla"
+    stages, programs, resident = sizes(in_kernel)
+    if in_kernel and sched.num_partials and programs > resident:
+        if cfg.reduce == "kernel":
+            raise NotImplementedError(
+                f"requires programs <= {resident} (all resident at once) to sum split rows in the kernel "
+                f"(got programs={programs}); reduce='xla' sums them after it"
+            )
+        in_kernel = False
+        stages, programs, _ = sizes(False)
+    return stages, flatten(sched, tiles, grid_order, programs, reduce=in_kernel)
 
 
 def _operands(op: str, bh: int, bw: int, t: int, m_pad: int):
@@ -185,8 +323,8 @@ class _Refs:
     x: object
 
 
-def _kernel(pis_g, pss_g, ilen_g, idest_g, itile_g, sid_g, scol_g, stile_g, w_g, x_g, y_g, p_g, *, op, bh, bw, t,
-            m_pad, stages, partials):  # fmt: skip
+def _kernel(pis_g, pss_g, ilen_g, idest_g, itile_g, isem_g, iwait_g, isrc_g, sid_g, scol_g, stile_g, w_g, x_g,
+            y_g, p_g, *, op, bh, bw, t, m_pad, stages, partials, reduce, num_sems):  # fmt: skip
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     from .pallas_mosaic import _consume, _operand_transforms
@@ -198,6 +336,7 @@ def _kernel(pis_g, pss_g, ilen_g, idest_g, itile_g, sid_g, scol_g, stile_g, w_g,
     transforms = _operand_transforms(dtype)
     a_tile, b_tile, acc_shape, a_src, b_src, out_slice, partial_slice = _operands(op, bh, bw, t, m_pad)
     refs = _Refs(sid_g, scol_g, stile_g, w_g, x_g)
+    sems = pl.get_global(plgpu.SemaphoreType.REGULAR((num_sems,))) if reduce and num_sems else None
 
     def body(a_smem, b_smem, a_bar, b_bar, o_smem, p_smem=None):
         def fetch(g):  # program step g (of any item) into stage g % stages
@@ -222,15 +361,36 @@ def _kernel(pis_g, pss_g, ilen_g, idest_g, itile_g, sid_g, scol_g, stile_g, w_g,
 
             acc, g_end = pl.run_scoped(accumulate, plgpu.ACC(acc_shape, jnp.float32))  # zeros: empty items store 0
 
-            def store(out_g, smem, where):
+            def store(out_g, smem, where, value):
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous item's store has read its tile
-                smem[...] = acc.astype(smem.dtype)
+                smem[...] = value.astype(smem.dtype)
                 plgpu.commit_smem()
                 plgpu.copy_smem_to_gmem(smem, out_g.at[where])
 
-            pl.when(dest >= 0)(lambda: store(y_g, o_smem, out_slice(dest, tile)))
-            if p_smem is not None:
-                pl.when(dest < 0)(lambda: store(p_g, p_smem, partial_slice(-1 - dest, tile)))
+            if not reduce:
+                pl.when(dest >= 0)(lambda: store(y_g, o_smem, out_slice(dest, tile), acc))
+                if p_smem is not None:
+                    pl.when(dest < 0)(lambda: store(p_g, p_smem, partial_slice(-1 - dest, tile), acc))
+                return g_end
+            wait, sem, src = iwait_g[i0 + q], isem_g[i0 + q], isrc_g[i0 + q]
+            pl.when((dest >= 0) & (wait == 0))(lambda: store(y_g, o_smem, out_slice(dest, tile), acc))
+            if sems is not None:
+
+                @pl.when(wait > 0)
+                def _owner():  # the other pieces have written their partials: add them, store the row's tile
+                    plgpu.semaphore_wait(sems.at[sem], wait, memory_scope="gpu")
+
+                    def add(j, a):
+                        part = p_g.at[partial_slice(src + j, tile)]
+                        return a + plgpu.load(part, layout=plgpu.Layout.WGMMA, optimized=False)
+
+                    store(y_g, o_smem, out_slice(dest, tile), lax.fori_loop(0, wait, add, acc))
+
+                @pl.when(dest < 0)
+                def _piece():  # straight from registers to global memory, then tell the owner
+                    p_g.at[partial_slice(-1 - dest, tile)][...] = acc
+                    plgpu.semaphore_signal(sems.at[sem], 1, memory_scope="gpu")
+
             return g_end
 
         lax.fori_loop(0, n_items, item, jnp.int32(0))
@@ -243,28 +403,36 @@ def _kernel(pis_g, pss_g, ilen_g, idest_g, itile_g, sid_g, scol_g, stile_g, w_g,
         plgpu.Barrier(num_barriers=stages),
         plgpu.SMEM(acc_shape, y_g.dtype),
     ]
-    if partials:
+    if partials and not reduce:
         scratch.append(plgpu.SMEM(acc_shape, jnp.float32))
     pl.run_scoped(body, *scratch)
 
 
-def launch(ps: PersistentSchedule, op: str, y_shape: tuple[int, int], p_shape: tuple[int, int], t: int, stages: int,
-           num_partials: int, data, xp, out_dtype, *, interpret, m_pad: int = 0):  # fmt: skip
+def launch(ps: PersistentSchedule, op: str, y_shape: tuple[int, int], t: int, stages: int, data, xp, out_dtype, *,
+           interpret, m_pad: int = 0):  # fmt: skip
     """Run the persistent kernel for ``op`` (``"dsd"``: ``W @ x``, ``t`` columns of ``x`` per tile; ``"dds"``:
     ``x @ W``, ``t`` rows of ``x`` per tile, ``x`` padded to ``m_pad`` rows): ``(y (y_shape) in out_dtype,
-    partials (p_shape) float32)``."""
+    partials float32)``; with ``ps.reduce`` ``y`` is complete, else its split rows still need the partials'
+    sum (slot ``s`` holds rows ``[s * bh, (s + 1) * bh)`` for ``dsd``, ``[s * m_pad, (s + 1) * m_pad)`` for
+    ``dds``)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     _, bh, bw = data.shape
-    body = functools.partial(_kernel, op=op, bh=bh, bw=bw, t=t, m_pad=m_pad, stages=stages, partials=num_partials > 0)
+    slots = max(ps.num_slots, 1)
+    p_shape = (slots * bh, y_shape[1]) if op == "dsd" else (slots * m_pad, bw)
+    body = functools.partial(_kernel, op=op, bh=bh, bw=bw, t=t, m_pad=m_pad, stages=stages,
+                             partials=ps.num_slots > 0, reduce=ps.reduce, num_sems=ps.num_sems)  # fmt: skip
     kernel = plgpu.kernel(
         body,
         out_type=(jax.ShapeDtypeStruct(y_shape, out_dtype), jax.ShapeDtypeStruct(p_shape, jnp.float32)),
         grid=(ps.programs,),
         grid_names=("p",),
-        kernel_name=f"bs_mgpu_{op}_{bh}x{bw}_{'tn' if op == 'dsd' else 'tm'}{t}_persistent",
+        kernel_name=f"bs_mgpu_{op}_{bh}x{bw}_{'tn' if op == 'dsd' else 'tm'}{t}_persistent"
+        + ("_reduce" if ps.reduce and ps.num_sems else ""),
         interpret=plgpu.InterpretGPUParams() if interpret is True else interpret,
     )
-    arrays = (ps.prog_item_start, ps.prog_step_start, ps.item_len, ps.item_dest, ps.item_tile, ps.step_id,
+    none = np.full(max(ps.item_len.shape[0], 1), -1, np.int32)
+    roles_ = (ps.item_sem, ps.item_wait, ps.item_src) if ps.reduce else (none, none * 0, none * 0)
+    arrays = (ps.prog_item_start, ps.prog_step_start, ps.item_len, ps.item_dest, ps.item_tile, *roles_, ps.step_id,
               ps.step_col, ps.step_tile)  # fmt: skip
     return kernel(*(jnp.asarray(a) for a in arrays), data.reshape(-1, bw), xp)
