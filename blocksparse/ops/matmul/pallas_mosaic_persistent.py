@@ -1,7 +1,8 @@
 """Persistent variants of the Mosaic GPU ``dsd`` and ``dds`` kernels: one program per SM walks a list of items.
 
 :func:`.pallas_mosaic.dsd` runs it with ``MosaicConfig(persistent=True)`` (verified on an H200, and the
-default where :func:`.pallas_mosaic.prefers_persistent` says so); :func:`.pallas_mosaic_dds.dds` with
+default where :func:`.pallas_mosaic.prefers_persistent` or :func:`.pallas_mosaic.skewed` says so);
+:func:`.pallas_mosaic_dds.dds` with
 ``DdsConfig(persistent=True)`` (the same kernel with the operands of ``x @ W``: ``x``'s row slab times
 W's block; verified on an H200 too, and the default where :func:`.pallas_mosaic_dds.prefers_persistent` says
 so). The default kernel of
@@ -21,8 +22,7 @@ per pattern) orders the ``units x tiles`` items in the launch order of
 with the fewest steps so far (ties: the lowest id; for items of equal length this is round-robin), so
 the programs running at once work on neighbouring items, as the launch order of the default kernel
 does, and no program holds much more than its share. Rows are split into units only where one would
-be longer than a program's share of all steps (the float32 partials and their sum cost more than
-the imbalance they remove below that). It then flattens each program's items into *steps*
+be longer than a program's share of all steps (see "Split rows"). It then flattens each program's items into *steps*
 (one W block times one ``bw x tn`` slab of ``x``): ``step_id``, ``step_col`` and ``step_tile`` say which
 block, which block row of ``x`` and which column tile; ``item_len``, ``item_dest`` and ``item_tile`` say
 how many steps an item has and where its tile goes. The kernel reads these as scalars from global
@@ -30,14 +30,35 @@ memory, as the default kernel reads its unit table.
 
 The kernel
 ----------
-Program ``p`` holds ``stages`` shared-memory stages (W block + ``x`` slab each, 128-byte swizzle), one
-staging tile for the output and, where the schedule has split rows, one float32 staging tile for the
-partials. Its steps are numbered ``g = 0 .. total - 1`` across all its items: step ``g`` waits for
+Program ``p`` holds ``stages`` shared-memory stages (W block + ``x`` slab each, 128-byte swizzle) and one
+staging tile for the output (plus a float32 one where XLA sums split rows, see below).
+Its steps are numbered ``g = 0 .. total - 1`` across all its items: step ``g`` waits for
 stage ``g % stages``, issues the wgmma, waits until at most one wgmma is pending and refills the stage
 of step ``g - 1`` with step ``g + stages - 1``, *whichever item that step belongs to*. When an item's
 last step is issued, the program waits for its wgmmas, waits until the previous item's TMA store has
 read the staging tile, writes the float32 accumulator (cast) there and starts the TMA store without
 waiting for it. Items of length 0 (empty block rows) store zeros.
+
+Split rows
+----------
+A row longer than a program's share is split into pieces (units) that different programs run. By default
+(``reduce="kernel"`` in the configs) they are summed in the kernel, stream-K style: the row's last unit is
+its *owner*; for each column tile the other pieces store their float32 accumulator straight from registers
+to a partial slot in global memory (compact: one slot per piece that is not an owner, a row's slots
+contiguous) and signal the tile's semaphore (``red.release.gpu`` after a warpgroup barrier); the owner
+waits until the semaphore holds its ``wait`` signals (and takes them off, so every semaphore is back at 0
+for the next call), adds the slots ``item_src .. item_src + wait - 1`` to its accumulator (loads in the
+wgmma layout from L2) and stores the row's tile once, in the output dtype. There is no float32 staging tile
+and no XLA sum after the kernel.
+
+An owner waits for other programs, so this is deadlock-free only if (1) every program is resident at once
+(the default count is the resident slots; :func:`plan_persistent` falls back to XLA's sum where a forced
+``programs`` exceeds them, and ``reduce="kernel"`` then raises) and (2) no program waits before it has
+run every piece it owes others: each program runs its pieces first, then its whole rows, then its owners
+(the sort in :func:`flatten`). A waiting owner then waits only for pieces that their programs reach
+without waiting. Pallas' GPU interpreter has no semaphores: there (``reduce=None``) and with
+``reduce="xla"`` every piece, owners included, goes through a float32 staging tile to a partial slot and
+XLA sums them after the kernel; that tile costs shared memory, so 128 x 128 tiles drop from 3 stages to 2.
 
 Not supported here (``NotImplementedError``; :func:`.pallas_mosaic.dsd` then needs the default kernel):
 the fused epilogue and two consumer warpgroups.
