@@ -4,7 +4,8 @@ For each cell, one random pattern is timed in the same process: dense ``jnp.dot`
 Pallas kernel (pattern known at build time), the two dynamic Pallas designs (``scan``: no plan,
 each program scans the block list for its row's blocks, one launch; ``worklist``: the
 load-balanced work list of the redistributor, a dozen small XLA kernels) and the dynamic pure-JAX
-reference. The
+reference; on a Hopper GPU with b = 64 or 128 also the static and dynamic Mosaic kernels
+(``implementation="mosaic"``: the work list built inside jit, one program per unit). The
 plan building is included in the dynamic times. Two timings
 each: inside one jitted loop (device time, ``*_ms``) and back-to-back jitted calls from Python
 (what a user's step sees, ``*_call_ms``). bf16, float32 accumulation.
@@ -29,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_matmul import _time_jax, _time_jax_loop  # noqa: E402
 
 import blocksparse as bs  # noqa: E402
+from blocksparse.ops.matmul import pallas_mosaic  # noqa: E402
 from blocksparse.ops.matmul import pallas_triton as pt  # noqa: E402
 
 
@@ -55,6 +57,9 @@ def bench_cell(m, n, b, d, reps, trials):
         "dynamic_xla": (lambda D, x: bs.matmul(D, x, implementation="xla"), D),
         "dynamic_default": (lambda D, x: bs.matmul(D, x), D),
     }
+    if b in pallas_mosaic.SUPPORTED_BLOCKS and pallas_mosaic.hopper_problem() is None:  # Hopper: the Mosaic kernels
+        fns["static_mosaic"] = (lambda W, x: bs.matmul(W, x, implementation="mosaic"), W)
+        fns["dynamic_mosaic"] = (lambda D, x: bs.matmul(D, x, implementation="mosaic"), D)
     row = {"m": m, "n": n, "b": b, "density": 1.0 / d, "nnz_blocks": W.nnz_blocks}
     for name, (f, a) in fns.items():
         jf = jax.jit(f)
@@ -68,6 +73,9 @@ def bench_cell(m, n, b, d, reps, trials):
     for name in ("dynamic_scan", "dynamic_worklist", "dynamic_xla", "dynamic_default"):
         row[f"{name}_vs_static"] = row[f"{name}_ms"] / row["static_pallas_ms"]
         row[f"{name}_call_vs_static"] = row[f"{name}_call_ms"] / row["static_pallas_call_ms"]
+    if "dynamic_mosaic_ms" in row:
+        row["dynamic_mosaic_vs_scan"] = row["dynamic_scan_ms"] / row["dynamic_mosaic_ms"]
+        row["dynamic_mosaic_vs_static_mosaic"] = row["dynamic_mosaic_ms"] / row["static_mosaic_ms"]
     return row
 
 
@@ -91,8 +99,9 @@ def main(argv=None):
                     if args.json:
                         with open(args.json, "w") as f:
                             json.dump({"device": jax.devices()[0].device_kind, "rows": rows}, f, indent=1)
-    cols = ["dense", "static_pallas", "dynamic_scan", "dynamic_worklist", "dynamic_xla", "dynamic_default"]
-    short = ["dense", "static", "scan", "worklist", "dyn xla", "default"]
+    cols = ["dense", "static_pallas", "dynamic_scan", "dynamic_worklist", "dynamic_xla", "dynamic_default",
+            "static_mosaic", "dynamic_mosaic"]  # fmt: skip
+    short = ["dense", "static", "scan", "worklist", "dyn xla", "default", "st mgpu", "dyn mgpu"]
     for suffix, what in (("_ms", "inside one jitted loop"), ("_call_ms", "back-to-back jitted calls")):
         print(f"\n{what} (ms); scan/static")
         print(f"{'m':>5} {'n':>5} {'b':>4} {'d':>6} | " + " ".join(f"{c:>8}" for c in short) + " | scan/st")
@@ -100,7 +109,7 @@ def main(argv=None):
             ratio = r["dynamic_scan" + suffix] / r["static_pallas" + suffix]
             print(
                 f"{r['m']:>5} {r['n']:>5} {r['b']:>4} {'1/' + str(round(1 / r['density'])):>6} | "
-                + " ".join(f"{r[c + suffix]:8.3f}" for c in cols)
+                + " ".join(f"{r[c + suffix]:8.3f}" if c + suffix in r else f"{'-':>8}" for c in cols)
                 + f" | {ratio:7.2f}"
             )
     print("max rel. error:", max(r[k] for r in rows for k in r if k.endswith("_err")))

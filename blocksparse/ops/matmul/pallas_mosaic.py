@@ -83,6 +83,7 @@ __all__ = [
     "MosaicPlan",
     "SUPPORTED_BLOCKS",
     "dsd",
+    "dsd_dynamic",
     "hopper_problem",
     "measured_speedup",
     "plan",
@@ -401,10 +402,12 @@ def _with_bias_buffer(run, bias_g, size: int):
         pl.run_scoped(run, plgpu.SMEM((size,), jnp.float32), plgpu.Barrier(num_barriers=1))
 
 
-def _dsd_kernel(start_g, len_g, dest_g, col_g, id_g, w_g, x_g, *refs, bh, bw, tn, stages, epi=None):
+def _dsd_kernel(start_g, len_g, dest_g, col_g, id_g, w_g, x_g, *refs, bh, bw, tn, stages, epi=None,
+                transposed=False):  # fmt: skip
     """Program ``(u, t)``: unit ``u`` of the schedule times columns ``[t * tn, (t + 1) * tn)``.
 
-    ``refs``: ``(bias_g,)`` when ``epi`` has a bias, then ``y_g, p_g``.
+    ``refs``: ``(bias_g,)`` when ``epi`` has a bias, then ``y_g, p_g``. ``transposed``: ``w_g`` holds each
+    block transposed (``bw x bh``, a dynamic ``x @ D``'s blocks), read through a transposed shared-memory view.
     """
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -416,11 +419,12 @@ def _dsd_kernel(start_g, len_g, dest_g, col_g, id_g, w_g, x_g, *refs, bh, bw, tn
     dest = dest_g[u]
 
     def accumulate(acc_ref):
+        wr, w_tile = (bw, (bw, bh)) if transposed else (bh, (bh, bw))
         return _pipelined_wgmma(
             acc_ref, length, stages,
-            lambda i: w_g.at[pl.ds(id_g[start + i] * bh, bh), :],
+            lambda i: w_g.at[pl.ds(id_g[start + i] * wr, wr), :],
             lambda i: x_g.at[pl.ds(col_g[start + i] * bw, bw), pl.ds(n0, tn)],
-            (bh, bw), (bw, tn), w_g.dtype,
+            w_tile, (bw, tn), w_g.dtype, transposed=(transposed, False),
         )  # fmt: skip
 
     def run(bias_smem=None, bias_bar=None):
@@ -521,21 +525,21 @@ def _dsd_kernel_2wg(start_g, len_g, dest_g, col_g, id_g, w_g, x_g, y_g, p_g, *, 
     )
 
 
-def _launch(p: MosaicPlan, m: int, data, xp, out_dtype, *, interpret, epi=None, bias=()):
+def _launch(p: MosaicPlan, m: int, data, xp, out_dtype, *, interpret, epi=None, bias=(), transposed=False):
     """Run the kernel: ``(y (m, n_pad) in out_dtype, partials (S * bh, n_pad) float32)``.
 
     ``epi``: an :class:`~.epilogue.Epilogue` for the directly written rows; ``bias``: ``()`` or
-    ``(float32 bias padded to n_pad or m,)``.
+    ``(float32 bias padded to n_pad or m,)``; ``transposed``: ``data`` holds W's blocks transposed.
     """
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    _, bh, bw = data.shape
+    _, bh, bw = data.shape[:1] + (data.shape[1:][::-1] if transposed else data.shape[1:])
     s = p.sched
     if p.consumers == 2:
         body = functools.partial(_dsd_kernel_2wg, bh=bh, bw=bw, tn=p.tn, stages=p.stages)
         threads = dict(num_threads=2, thread_name="wg")
     else:
-        body = functools.partial(_dsd_kernel, bh=bh, bw=bw, tn=p.tn, stages=p.stages, epi=epi)
+        body = functools.partial(_dsd_kernel, bh=bh, bw=bw, tn=p.tn, stages=p.stages, epi=epi, transposed=transposed)
         threads = {}
     kernel = plgpu.kernel(
         body,
@@ -546,7 +550,8 @@ def _launch(p: MosaicPlan, m: int, data, xp, out_dtype, *, interpret, epi=None, 
         grid=p.grid[0],
         grid_names=p.grid[1],
         kernel_name=f"bs_mgpu_dsd_{bh}x{bw}_tn{p.tn}" + ("_epi" if epi is not None else "")
-        + ("_2wg" if p.consumers == 2 else "") + ("_units_fastest" if p.grid_order == "units" else ""),
+        + ("_2wg" if p.consumers == 2 else "") + ("_units_fastest" if p.grid_order == "units" else "")
+        + ("_wt" if transposed else ""),
         interpret=plgpu.InterpretGPUParams() if interpret is True else interpret,
         **threads,
     )
@@ -556,7 +561,7 @@ def _launch(p: MosaicPlan, m: int, data, xp, out_dtype, *, interpret, epi=None, 
         jnp.asarray(s.unit_dest),
         jnp.asarray(s.block_col),
         jnp.asarray(s.block_id),
-        data.reshape(-1, bw),
+        data.reshape(-1, data.shape[-1]),
         xp,
         *bias,
     )
@@ -631,6 +636,64 @@ def dsd(pattern: BlockPattern, data, x, out_dtype=None, *, config: MosaicConfig 
         y, partials = _launch(p, m, data.astype(dt), xp, out_dtype, interpret=interpret, epi=epi, bias=b)
         y = _combine(y, partials, p.sched, bh, epi, b)
     return y[:, :n] if p.n_pad != n else y
+
+
+def dsd_dynamic(rows, cols, keep, valid, data, x, num_rows: int, out_dtype=None, *, transposed: bool = False,
+                config: MosaicConfig | None = None, interpret=None, epi: _epilogue.Epilogue | None = None,
+                bias=None):  # fmt: skip
+    """``W @ x`` for a traced block COO (a dynamic matrix) with the one-program-per-item kernel; NaN where
+    ``valid`` (traced bool) is false.
+
+    The work list is built inside ``jit`` (:func:`~.lowering.redistribute`: units of at most ``max_len``
+    blocks, long rows split into float32 partials that XLA sums after the kernel), with room for every block
+    of the capacity, so the grid is static: units beyond the live ones have no blocks and write a dummy
+    partial slot. ``rows``, ``cols``, ``keep``: ``int32[C]``, ``int32[C]``, ``bool[C]`` (``keep`` masks
+    padding); ``data``: ``(C, bh, bw)``, or ``(C, bw, bh)`` with ``transposed`` (each stored block is W's
+    block transposed, as for ``x @ D``; read through a transposed shared-memory view, no copy);
+    ``num_rows``: W's block rows. ``config``: ``tn``, ``stages``, ``max_len`` and ``grid_order`` of
+    :class:`MosaicConfig` (the persistent kernel and two warpgroups take static patterns only). ``epi`` /
+    ``bias`` as for :func:`dsd`.
+    """
+    from .lowering import redistribute
+    from .reference import poison
+
+    cfg = config or MosaicConfig()
+    if cfg.persistent or cfg.consumers != 1:
+        raise NotImplementedError(
+            f"requires persistent=False and consumers=1 for a dynamic matrix (got persistent={cfg.persistent}, "
+            f"consumers={cfg.consumers})"
+        )
+    bh, bw = data.shape[1:][::-1] if transposed else data.shape[1:]
+    if bh not in SUPPORTED_BLOCKS or bw not in SUPPORTED_BLOCKS:
+        raise NotImplementedError(f"requires block sides in {SUPPORTED_BLOCKS} (got ({bh}, {bw}))")
+    if x.ndim != 2:
+        raise ValueError(f"Expected x of shape (k, n). Got {tuple(x.shape)}.")
+    dt, out_dtype = _dtypes(data.dtype, x.dtype, out_dtype)
+    m, (k, n) = num_rows * bh, x.shape
+    cap = int(data.shape[0])
+    if cap == 0 or n == 0 or k == 0:
+        return poison(valid, _epilogue.reference(jnp.zeros((m, n), jnp.float32), bias, epi, out_dtype))
+    if interpret is None:
+        interpret = _dispatch.interpreting()
+    tn = cfg.tn or _default_tn(bh, n, num_rows)
+    if bh * tn > _MAX_ACC:
+        raise NotImplementedError(f"requires bh * tn <= {_MAX_ACC} (got {bh} * {tn})")
+    with_bias = epi is not None and epi.bias
+    extra = _BIAS_SMEM if with_bias else 0
+    stages = _stages(cfg.stages, (bh * bw + bw * tn) * jnp.dtype(dt).itemsize, extra)
+    density = cap / max(num_rows * max(k // bw, 1), 1)  # at full capacity
+    order = cfg.grid_order or ("units" if density < UNITS_FIRST_BELOW else "tiles")
+    sched = redistribute(rows, cols, keep, num_rows, cfg.max_len)
+    tiles = cdiv(n, tn)
+    p = MosaicPlan(tn=tn, tiles=tiles, n_pad=tiles * tn, stages=stages, sched=sched, grid_order=order)
+    xp = jnp.pad(x.astype(dt), ((0, 0), (0, p.n_pad - n)))
+    b = ()
+    if with_bias:
+        b = (jnp.pad(bias.astype(jnp.float32), (0, p.n_pad - n)) if epi.bias_axis == 1 else bias.astype(jnp.float32),)
+    y, partials = _launch(p, m, data.astype(dt), xp, out_dtype, interpret=interpret, epi=epi, bias=b,
+                          transposed=transposed)  # fmt: skip
+    y = _combine(y, partials, sched, bh, epi, b)
+    return poison(valid, y[:, :n] if p.n_pad != n else y)
 
 
 def _dtypes(a_dtype, b_dtype, out_dtype) -> tuple[jnp.dtype, jnp.dtype]:
@@ -801,7 +864,10 @@ def _preferable(pattern: BlockPattern, size: int, min_size: int, w_dtype, x_dtyp
 
 def _not_yet(op: str):
     def method(self, s, *args):
-        raise NotImplementedError(f"the Mosaic GPU backend implements the static dsd, dds and sdd only (not {op})")
+        raise NotImplementedError(
+            f"the Mosaic GPU backend implements the static dsd, dds and sdd and the dynamic W @ x / x @ W only "
+            f"(not {op})"
+        )
 
     method.__name__ = op
     return method
@@ -811,8 +877,10 @@ class MosaicBackend:
     """Backend object for :mod:`blocksparse.ops.matmul.api` (``implementation="mosaic"``).
 
     The static ``dsd`` (``W @ x``, this module) and ``dds`` (``x @ W``, :mod:`.pallas_mosaic_dds`), plain
-    or with the fused epilogue, and the static ``sdd`` (:mod:`.pallas_mosaic_sdd`: the weight gradient);
-    every other op raises ``NotImplementedError`` so dispatch moves on to the next implementation.
+    or with the fused epilogue, the static ``sdd`` (:mod:`.pallas_mosaic_sdd`: the weight gradient) and the
+    dynamic ``W @ x`` / ``x @ W`` (:func:`dsd_dynamic`, plain or fused; never first by default: not
+    measured against the Triton scan kernel yet); every other op (the dynamic ``sdd``) raises
+    ``NotImplementedError`` so dispatch moves on to the next implementation.
     :meth:`prefers`, :meth:`prefers_dds` and :meth:`prefers_sdd` are the default order's rules (see
     :func:`prefers`, :func:`.pallas_mosaic_dds.prefers` and :func:`.pallas_mosaic_sdd.prefers`).
     """
@@ -860,6 +928,12 @@ class MosaicBackend:
 
         return pallas_mosaic_sdd.sdd(s.pattern, a, b, s.out_dtype, interpret=self._interpret())
 
-    dyn_dsd = _not_yet("dyn_dsd")
+    def dyn_dsd(self, s, rows, cols, keep, valid, data, x):
+        return dsd_dynamic(rows, cols, keep, valid, data, x, s.grid[0], s.out_dtype, transposed=s.transposed,
+                           interpret=self._interpret())  # fmt: skip
+
+    def dyn_dsd_fused(self, s, rows, cols, keep, valid, data, x, bias):
+        return dsd_dynamic(rows, cols, keep, valid, data, x, s.grid[0], s.out_dtype, transposed=s.transposed,
+                           interpret=self._interpret(), epi=s.epilogue, bias=bias)  # fmt: skip
+
     dyn_sdd = _not_yet("dyn_sdd")
-    dyn_dsd_fused = _not_yet("dyn_dsd_fused")
