@@ -19,19 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_matmul import _time_jax, _time_jax_loop  # noqa: E402
-
-import blocksparse as bs  # noqa: E402
-from blocksparse.ops.matmul import pallas_mosaic  # noqa: E402
-from blocksparse.ops.matmul import pallas_triton as pt  # noqa: E402
+import blocksparse as bs
+from blocksparse.bench import Timer
+from blocksparse.ops.matmul import pallas_mosaic
+from blocksparse.ops.matmul import pallas_triton as pt
 
 
 def _dynamic(mode):
@@ -61,12 +57,13 @@ def bench_cell(m, n, b, d, reps, trials):
         fns["static_mosaic"] = (lambda W, x: bs.matmul(W, x, implementation="mosaic"), W)
         fns["dynamic_mosaic"] = (lambda D, x: bs.matmul(D, x, implementation="mosaic"), D)
     row = {"m": m, "n": n, "b": b, "density": 1.0 / d, "nnz_blocks": W.nnz_blocks}
+    timer = Timer(iters=reps, trials=trials)
     for name, (f, a) in fns.items():
         jf = jax.jit(f)
         y = np.asarray(jf(a, x), np.float32)
         row[f"{name}_err"] = float(np.linalg.norm(y - ref) / max(np.linalg.norm(ref), 1e-30))
-        row[f"{name}_ms"] = 1e3 * _time_jax_loop(f, (a, x), reps, trials)
-        row[f"{name}_call_ms"] = 1e3 * _time_jax(jf, [(a, x)], reps, trials)
+        row[f"{name}_ms"] = timer.loop(f, a, x)
+        row[f"{name}_call_ms"] = timer.calls(f, a, x)
     for name in fns:
         if name != "dense":
             row[f"{name}_vs_dense"] = row[f"{name}_ms"] / row["dense_ms"]

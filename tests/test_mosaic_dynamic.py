@@ -45,6 +45,18 @@ def _check(D, n, key, dtype, impl="mosaic"):
     assert_close(f, want, np.abs(w) @ np.abs(_np(x)) + np.abs(_np(bias))[None, :], dtype, "relu(D @ x + bias)")
 
 
+def _linear_loss(D, shape, key):
+    """``impl -> loss(data, x) = sum(g * (D @ x))`` for a fixed random ``g``: its gradients (``sdd(g, x)`` and
+    ``D^T g``) do not depend on how ``D @ x`` was rounded, so two backends' gradients compare at the dtype's
+    tolerance (a loss like ``sum(sin(y))`` would amplify a rounding of ``y`` into its cotangent)."""
+    g = jax.random.normal(key, shape, jnp.float32)
+
+    def loss(impl):
+        return lambda d, x: jnp.sum(g * bs.matmul(D.with_data(d), x, implementation=impl).astype(jnp.float32))
+
+    return loss
+
+
 @settings(max_examples=6, deadline=None)
 @given(
     bst.dynamic_block_sparse_matrices(block_size=st.sampled_from([(64, 64), (64, 128), (128, 64)]),
@@ -75,15 +87,14 @@ def test_dynamic_mosaic_long_row_invalid_and_gradients_interpret(getkey):
         bad = pm.dsd_dynamic(D.rows, D.cols, keep, jnp.bool_(False), D.data, x, 3, config=cfg)
         assert np.isnan(np.asarray(bad, np.float32)).all()
 
-        def loss(impl):
-            return lambda d, x: jnp.sum(jnp.sin(bs.matmul(D.with_data(d), x, implementation=impl).astype(jnp.float32)))
+        loss = _linear_loss(D, (192, 64), getkey())
 
         with bs.dispatch_log() as log:
             gm = jax.jit(jax.grad(loss(("mosaic", "xla")), (0, 1)))(D.data, x)
         assert ("dyn_dsd", "mosaic") in log and ("dyn_sdd", "xla") in log
     gx = jax.jit(jax.grad(loss("xla"), (0, 1)))(D.data, x)
     for a, b, what in ((gm[0], gx[0], "d data"), (gm[1], gx[1], "d x")):
-        assert_close(a, _np(b), float(np.abs(_np(b)).max()) + 1.0, jnp.bfloat16, what)
+        assert_close(a, _np(b), float(np.abs(_np(b)).max()), jnp.bfloat16, what)
 
 
 def test_dynamic_mosaic_lowers_for_cuda_and_refuses_what_it_lacks(getkey):
@@ -125,10 +136,9 @@ def test_dynamic_mosaic_gpu(b, dtype, skew):
     _check(D, 1000, jax.random.key(b), dtype)
     x = jax.random.normal(jax.random.key(1), (gk * b, 512), dtype)
 
-    def loss(impl):
-        return lambda d, x: jnp.sum(jnp.sin(bs.matmul(D.with_data(d), x, implementation=impl).astype(jnp.float32)))
+    loss = _linear_loss(D, (gm * b, 512), jax.random.key(2))
 
     gm_ = jax.jit(jax.grad(loss(("mosaic", "xla")), (0, 1)))(D.data, x)
     gx = jax.jit(jax.grad(loss("xla"), (0, 1)))(D.data, x)
     for a, g, what in ((gm_[0], gx[0], "d data"), (gm_[1], gx[1], "d x")):
-        assert_close(a, _np(g), float(np.abs(_np(g)).max()) + 1.0, dtype, what)
+        assert_close(a, _np(g), float(np.abs(_np(g)).max()), dtype, what)

@@ -40,8 +40,9 @@ a mix promotes to float32), float32 accumulation, output in float16, bfloat16 or
 along columns or rows and every activation of :mod:`.epilogue`; a Hopper GPU (compute capability
 9.x: wgmma and TMA). Everything else raises ``NotImplementedError`` with the reason (dispatch
 then falls back): other blocks, float32 or mixed operands (TF32 wgmma is possible, not written;
-this includes the ``x``-gradient of a fused call under ``jax.grad``, whose cotangent is float32)
-and dynamic patterns (``dds`` is :mod:`.pallas_mosaic_dds`, ``sdd`` :mod:`.pallas_mosaic_sdd`).
+this includes the ``x``-gradient of a fused call under ``jax.grad``, whose cotangent is float32).
+``dds`` is :mod:`.pallas_mosaic_dds`, ``sdd`` :mod:`.pallas_mosaic_sdd`; a dynamic pattern (both orders)
+is :func:`dsd_dynamic`: the same one-program-per-item kernel on a work list built inside ``jit``.
 
 What is verified, and what is not
 ---------------------------------
