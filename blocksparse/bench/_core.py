@@ -152,7 +152,6 @@ class Timer:
         """
         iters = self._iters(iters)
 
-        @jax.jit
         def looped(args):
             def body(_, carry):
                 args, acc = carry
@@ -161,15 +160,7 @@ class Timer:
 
             return jax.lax.fori_loop(0, iters, body, (args, jnp.float32(0)))[1]
 
-        compiled = looped.lower(args).compile()
-        for _ in range(self.warmup):
-            jax.block_until_ready(compiled(args))
-        times = []
-        for _ in range(self.trials):
-            t0 = time.perf_counter()
-            jax.block_until_ready(compiled(args))
-            times.append((time.perf_counter() - t0) / iters)
-        return statistics.median(times) * 1e3
+        return self._median(jax.jit(looped), args, iters)
 
     def unrolled(self, fn: Callable, *args, iters: int | None = None) -> float:
         """Median ms per call of ``iters`` calls of ``fn(*args)`` written out one after another in one jitted
@@ -183,7 +174,6 @@ class Timer:
         """
         iters = self._iters(iters)
 
-        @jax.jit
         def unrolled(args):
             acc = jnp.float32(0)
             for _ in range(iters):
@@ -191,7 +181,11 @@ class Timer:
                 acc = acc + _probe(fn(*args))
             return acc
 
-        compiled = unrolled.lower(args).compile()
+        return self._median(jax.jit(unrolled), args, iters)
+
+    def _median(self, jitted, args, iters: int) -> float:
+        """Compile ``jitted(args)``, warm up, then the median ms per iteration over the trials (``iters`` per run)."""
+        compiled = jitted.lower(args).compile()
         for _ in range(self.warmup):
             jax.block_until_ready(compiled(args))
         times = []
