@@ -94,17 +94,20 @@ def _simulate(ps: pp.PersistentSchedule, w, x, tiles: int, t: int, m: int, rng, 
     max_len=st.integers(1, 4),
     programs=st.integers(1, 12),
     one_at_a_time=st.booleans(),
+    order=st.sampled_from(["tiles", "units"]),
+    op=st.sampled_from(["dsd", "dsd", "dds"]),
     seed=st.integers(0, 2**16),
 )
 def test_schedule_sums_every_split_row_once_without_deadlock(kind, block, grid, tiles, max_len, programs,
-                                                             one_at_a_time, seed):  # fmt: skip
+                                                             one_at_a_time, order, op, seed):  # fmt: skip
     """Each split row has one owner per column tile, which adds exactly the other pieces' slots; in every
     program the pieces come first and the owners last, so any interleaving (one program running until it
-    blocks included) finishes, with every output tile written once and equal to W @ x."""
+    blocks included) finishes, with every output tile written once and equal to W @ x. The schedule of x @ W
+    (units: W's block columns) is dealt by the same code: its invariants are checked here, its numbers on the GPU."""
     rng = np.random.default_rng(seed)
     pattern = _pattern(kind, grid, block, rng)
-    sched = lower(pattern, GpuLowering(op="dsd", tiles=tiles, max_len=max_len))
-    ps = pp.flatten(sched, tiles, "tiles", programs, reduce=True)
+    sched = lower(pattern, GpuLowering(op=op, tiles=tiles, max_len=max_len))
+    ps = pp.flatten(sched, tiles, order, programs, reduce=True)
     assert ps.reduce and ps.num_sems == sched.split_rows.shape[0] * tiles
     assert ps.num_slots == sched.num_partials - sched.split_rows.shape[0]
     kind_ = _kind(ps)
@@ -120,6 +123,8 @@ def test_schedule_sums_every_split_row_once_without_deadlock(kind, block, grid, 
         assert ps.item_wait[o] == pieces.size >= 1
         assert sorted((-1 - ps.item_dest[pieces]).tolist()) == list(range(ps.item_src[o], ps.item_src[o] + pieces.size))
         assert (ps.item_tile[pieces] == ps.item_tile[o]).all()
+    if op == "dds":
+        return
     bh, bw = block
     t = 16
     w = rng.standard_normal((max(pattern.nnz_blocks, 1), bh, bw))
@@ -241,3 +246,44 @@ def test_skewed_patterns_take_the_persistent_kernel():
     assert pm.plan(skew, 4096).persistent is not None and pm.plan(uniform, 4096).persistent is None
     assert pm.plan(skew, 4096, fused=True).persistent is None  # no epilogue in the persistent kernel
     assert not pm.skewed(bs.BlockPattern.power_law(0, (512, 512), (32, 32), 1 / 4), 4096)  # blocks it cannot take
+
+
+def test_skew_rule_holds_for_plain_products_and_their_own_backward(monkeypatch):
+    """On a (pretended) Hopper GPU the skewed pattern puts Mosaic first for a plain W @ x only: not for a fused one
+    (the persistent kernel has no epilogue), and not for the x-gradient W^T @ g (the transposed pattern has no long
+    rows), which takes its own rule in the backward of a default-order product."""
+    from blocksparse.ops.matmul import api
+
+    monkeypatch.setattr(pm, "hopper_problem", lambda: None)
+    skew = bs.BlockPattern.power_law(0, (8192, 8192), (64, 64), 1 / 16)
+    assert pm.prefers(skew, 4096, jnp.bfloat16, jnp.bfloat16)
+    assert not pm.prefers(skew, 4096, jnp.bfloat16, jnp.bfloat16, fused=True)
+    assert api._claimed("prefers", skew, 4096, jnp.bfloat16, jnp.bfloat16, fused=True) == api._DEFAULT
+    t, _ = skew.transpose()
+    assert not pm.skewed(t, 4096) and api._claimed("prefers", t, 4096, jnp.bfloat16, jnp.bfloat16) == api._DEFAULT
+    seen = []
+    monkeypatch.setattr(api, "_dsd", lambda s, *a: seen.append((s.pattern.grid, s.impls)) or a[1])
+    monkeypatch.setattr(api, "_grad_sdd", lambda s, a, b: None)
+    W = bs.BlockSparseMatrix(skew, jnp.zeros((skew.nnz_blocks, 64, 64), jnp.bfloat16))
+    g = jnp.zeros((8192, 4096), jnp.bfloat16)
+    s = api.OpStatic(("mosaic", "pallas", "xla"), jnp.dtype(jnp.bfloat16), pattern=skew, auto=True)
+    api._dsd_bwd(s, (W.data, g), None, g)
+    assert seen == [(t.grid, api._DEFAULT)]
+
+
+def test_resident_programs_are_counted_conservatively():
+    """A 57344-byte program: Mosaic adds its barriers, so 3 fit an SM's 228 KiB, not 4; where owners wait, at most
+    2 an SM (registers); on the device's SMs (the H200's 132 on a CPU)."""
+    assert pp.device_sms() == 132 or jax.default_backend() == "gpu"
+    assert pp.default_programs(57344, 10**6, num_sms=132) == 3 * 132
+    assert pp.default_programs(57344, 10**6, num_sms=132, max_per_sm=pp.MAX_RESIDENT_PER_SM) == 2 * 132
+    assert pp.default_programs(57344, 10**6, num_sms=114) == 3 * 114
+    rng = np.random.default_rng(0)
+    pattern = _pattern("full", (64, 64), (64, 64), rng)
+    p = pm.plan(pattern, 4096, config=pm.MosaicConfig(persistent=True, tn=64, max_len=2))
+    assert p.persistent.reduce and p.persistent.programs == 2 * pp.device_sms()
+    q = pm.plan(pattern, 4096, config=pm.MosaicConfig(persistent=True, tn=64, max_len=2, reduce="xla"))
+    assert q.persistent.programs == 3 * pp.device_sms()  # nobody waits: every slot that fits
+    with pytest.raises(NotImplementedError, match="interpreter has no semaphores"):
+        pm.dsd(pattern, jnp.zeros((pattern.nnz_blocks, 64, 64), jnp.bfloat16), jnp.zeros((4096, 64), jnp.bfloat16),
+               config=pm.MosaicConfig(persistent=True, reduce="kernel"), interpret=True)  # fmt: skip

@@ -54,16 +54,16 @@ _DEFAULT = ("pallas", "xla")
 _PREFERRED = ("mosaic",)
 
 
-def _default_order(a, b) -> tuple[str, ...]:
+def _default_order(a, b, fused: bool = False) -> tuple[str, ...]:
     """The implementations ``implementation=None`` means for ``a @ b``.
 
     ``_DEFAULT``, preceded by each backend of ``_PREFERRED`` whose rule claims the product: a static
     ``W @ x`` (``prefers``, with ``n`` = the columns of ``x``, batch dimensions folded in) or ``x @ W``
     (``prefers_dds``, with ``m`` = the rows of ``x``, batch dimensions folded in), decided at trace
-    time from static facts (the device, ``W``'s pattern, the dtypes, the shape). The order holds for
-    the whole call, its backward included: the gradient w.r.t. ``x`` is the same kind of product on
-    the transposed pattern with the same ``n`` (or ``m``), density and (square) blocks, and the ops a
-    backend does not implement (``sdd``) fall through to the next.
+    time from static facts (the device, ``W``'s pattern, the dtypes, the shape, whether an epilogue is
+    ``fused``). In the backward each product takes its own rule again (``OpStatic.auto``): the gradient
+    w.r.t. ``x`` runs on the transposed pattern, which a rule may judge differently (a pattern with a few
+    long rows has no long rows transposed), and the weight gradient is an ``sdd`` with a rule of its own.
     """
     if isinstance(a, BlockSparseMatrix) and not isinstance(b, _SPARSE):
         rule, dense, w, folded = "prefers", b, a, lambda s: 1 if len(s) == 1 else math.prod(s[:-2]) * s[-1]
@@ -77,13 +77,15 @@ def _default_order(a, b) -> tuple[str, ...]:
         return _DEFAULT
     if len(shape) == 0:
         return _DEFAULT
-    return _claimed(rule, w.pattern, folded(shape), w.dtype, dtype)
+    return _claimed(rule, w.pattern, folded(shape), w.dtype, dtype, fused)
 
 
-def _claimed(rule: str, pattern, size: int, w_dtype, x_dtype) -> tuple[str, ...]:
-    """``_DEFAULT`` preceded by the backends of ``_PREFERRED`` whose ``rule`` claims the product."""
-    claims = lambda name: getattr(get_backend(name), rule, lambda *_: False)  # noqa: E731
-    return tuple(name for name in _PREFERRED if claims(name)(pattern, size, w_dtype, x_dtype)) + _DEFAULT
+def _claimed(rule: str, pattern, size: int, w_dtype, x_dtype, fused: bool = False) -> tuple[str, ...]:
+    """``_DEFAULT`` preceded by the backends of ``_PREFERRED`` whose ``rule`` claims the product (``fused`` is
+    passed to the ``prefers`` / ``prefers_dds`` rules only)."""
+    claims = lambda name: getattr(get_backend(name), rule, lambda *_, **__: False)  # noqa: E731
+    kw = {} if rule == "prefers_sdd" else {"fused": fused}
+    return tuple(name for name in _PREFERRED if claims(name)(pattern, size, w_dtype, x_dtype, **kw)) + _DEFAULT
 
 
 def _sdd_order(pattern, a, b) -> tuple[str, ...]:
@@ -161,7 +163,9 @@ def _table(op: str):
 def _dsd_bwd(s: OpStatic, arrays, _, g):
     data, x = arrays
     t, data_t = transposed(s.pattern, data)
-    dx = _dsd(s.but(pattern=t, out_dtype=x.dtype), data_t, g)
+    # Default order (s.auto): W^T @ g takes W @ x's rule for the transposed pattern.
+    impls = _claimed("prefers", t, g.shape[1], data.dtype, g.dtype) if s.auto else s.impls
+    dx = _dsd(s.but(pattern=t, out_dtype=x.dtype, impls=impls), data_t, g)
     ddata = _grad_sdd(s.but(out_dtype=data.dtype), g, x.T)
     return ddata, dx
 
@@ -169,7 +173,8 @@ def _dsd_bwd(s: OpStatic, arrays, _, g):
 def _dds_bwd(s: OpStatic, arrays, _, g):
     x, data = arrays
     t, data_t = transposed(s.pattern, data)
-    dx = _dds(s.but(pattern=t, out_dtype=x.dtype), g, data_t)
+    impls = _claimed("prefers_dds", t, g.shape[0], data.dtype, g.dtype) if s.auto else s.impls
+    dx = _dds(s.but(pattern=t, out_dtype=x.dtype, impls=impls), g, data_t)
     ddata = _grad_sdd(s.but(out_dtype=data.dtype), x.T, g)
     return dx, ddata
 
@@ -417,7 +422,7 @@ def matmul(
             y = own(a, b, implementation=implementation, precision=precision,
                     preferred_element_type=acc_dtype(out.dtype))  # fmt: skip
             return _epilogue.apply(y, b1, activation).astype(out.dtype)
-    impls = resolve(implementation, _DEFAULT if implementation is not None else _default_order(a, b))
+    impls = resolve(implementation, _DEFAULT if implementation is not None else _default_order(a, b, fused))
     prec = _precision(precision)
     a_sparse, b_sparse = isinstance(a, _SPARSE), isinstance(b, _SPARSE)
     if a_sparse != b_sparse and _inside_sparsify():  # its interpreter cannot run our custom VJPs

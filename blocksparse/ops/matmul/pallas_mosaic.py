@@ -75,7 +75,7 @@ from ..._util import cdiv
 from .. import _dispatch
 from . import epilogue as _epilogue
 from . import pallas_mosaic_persistent as pp
-from .lowering import H200, GpuLowering, RowSplitSchedule, combine_partials, lower
+from .lowering import GpuLowering, RowSplitSchedule, combine_partials, lower
 
 __all__ = [
     "MEASURED_SPEEDUP",
@@ -269,7 +269,7 @@ def plan(
     if cfg.persistent and max_len is None:  # split only rows longer than a program's share of the steps
         # The share of one program per SM, even where two fit: a finer cap would split more rows (b = 64:
         # 0.164 ms at d = 1/16 with splits summed by XLA, 0.134-0.142 without, H200).
-        slots = cfg.programs or H200.num_sms
+        slots = cfg.programs or pp.device_sms()
         max_len = pp.share(pattern.nnz_blocks, tiles, slots)
     sched = lower(pattern, GpuLowering(op="dsd", tiles=tiles, max_len=max_len))
     if c > 1:
@@ -805,8 +805,9 @@ def prefers_persistent(pattern: BlockPattern, n: int) -> bool:
 
 
 #: Where the one-program-per-item plan splits at least this share of its units into partials (a few rows far
-#: longer than the rest, as in power-law patterns), the persistent kernel, which sums split rows in the kernel,
-#: goes first, before the Triton kernel too (:func:`prefers`). H200, bf16, W 8192 x 8192 @ x 8192 x 4096,
+#: longer than the rest, as in power-law patterns), the persistent kernel goes first (its larger share per program
+#: splits fewer rows, and it sums those in the kernel), before the Triton kernel too (:func:`prefers`, plain
+#: products). H200, bf16, W 8192 x 8192 @ x 8192 x 4096,
 #: power-law rows with the blocks of a uniform pattern (``bench_mosaic.py --pattern uniform powerlaw
 #: --persistent``): b = 64, d = 1/16: 41 partials of 158 units, one per item 0.212 ms, persistent 0.133, Triton
 #: 0.165 (uniform: 0.138 / 0.146 / 0.122); at d = 1/4 (26 of 141) the three within 4% of each other.
@@ -834,20 +835,21 @@ def _table_claims(table, pattern: BlockPattern, size: int) -> bool:
     return _nearest_cell(table, bh, size, density) >= PREFER_MARGIN
 
 
-def prefers(pattern: BlockPattern, n: int, w_dtype, x_dtype) -> bool:
+def prefers(pattern: BlockPattern, n: int, w_dtype, x_dtype, fused: bool = False) -> bool:
     """Whether ``implementation=None`` should try the Mosaic kernel before the Triton one for ``W @ x``.
 
     Static facts only (evaluated at trace time, never timed): the default device is a Hopper GPU,
     ``W`` and ``x`` share one half dtype (a mix would be promoted to float32, which the kernel
     refuses), square blocks of 64 or 128 (the measured ones), ``n >= PREFER_MIN_N``, and
     :func:`measured_speedup` of the cell nearest to ``(b, n, density)`` is at least
-    :data:`PREFER_MARGIN` or the pattern is :func:`skewed` (the persistent kernel then runs). float16 is
-    taken to behave as bfloat16 (the same wgmma rate; only bfloat16 was measured).
+    :data:`PREFER_MARGIN` or, for a plain product (not ``fused``: the persistent kernel has no epilogue),
+    the pattern is :func:`skewed` (the persistent kernel then runs). float16 is taken to behave as bfloat16
+    (the same wgmma rate; only bfloat16 was measured).
     """
     density = _preferable(pattern, n, PREFER_MIN_N, w_dtype, x_dtype)
     if density is None:
         return False
-    return measured_speedup(pattern.block_size[0], n, density) >= PREFER_MARGIN or skewed(pattern, n)
+    return measured_speedup(pattern.block_size[0], n, density) >= PREFER_MARGIN or (not fused and skewed(pattern, n))
 
 
 def _preferable(pattern: BlockPattern, size: int, min_size: int, w_dtype, x_dtype) -> float | None:
@@ -895,12 +897,13 @@ class MosaicBackend:
             raise NotImplementedError(why)
         return interpret
 
-    def prefers(self, pattern: BlockPattern, n: int, w_dtype, x_dtype) -> bool:
-        return prefers(pattern, n, w_dtype, x_dtype)
+    def prefers(self, pattern: BlockPattern, n: int, w_dtype, x_dtype, fused: bool = False) -> bool:
+        return prefers(pattern, n, w_dtype, x_dtype, fused)
 
-    def prefers_dds(self, pattern: BlockPattern, m: int, w_dtype, x_dtype) -> bool:
+    def prefers_dds(self, pattern: BlockPattern, m: int, w_dtype, x_dtype, fused: bool = False) -> bool:
         from . import pallas_mosaic_dds
 
+        del fused  # one rule for plain and fused x @ W
         return pallas_mosaic_dds.prefers(pattern, m, x_dtype, w_dtype)
 
     def prefers_sdd(self, pattern: BlockPattern, k: int, a_dtype, b_dtype) -> bool:

@@ -82,7 +82,7 @@ from ..._util import cdiv
 from .. import _dispatch
 from . import epilogue as _epilogue
 from . import pallas_mosaic_persistent as pp
-from .lowering import H200, GpuLowering, RowSplitSchedule, lower
+from .lowering import GpuLowering, RowSplitSchedule, lower
 from .pallas_mosaic import (
     _MAX_ACC,
     PREFER_MARGIN,
@@ -245,7 +245,7 @@ def plan(
     tiles = max(cdiv(m, tm), 1)
     max_len = cfg.max_len
     if cfg.persistent and max_len is None:  # split only block columns longer than a program's share of the steps
-        max_len = pp.share(pattern.nnz_blocks, tiles, cfg.programs or H200.num_sms)
+        max_len = pp.share(pattern.nnz_blocks, tiles, cfg.programs or pp.device_sms())
     sched = lower(pattern, GpuLowering(op="dds", tiles=tiles, max_len=max_len))
     per_stage = (tm * bh + bh * bw) * itemsize
     if cfg.persistent:  # its own output staging tile (and a float32 one where XLA sums split columns)

@@ -16,8 +16,8 @@ first blocks are in flight while the current item's last wgmma runs and its tile
 The schedule
 ------------
 From the same :class:`~.lowering.RowSplitSchedule` (units of at most ``max_len`` blocks of one output
-block row, split rows written to float32 partials and summed afterwards), the host (NumPy, cached
-per pattern) orders the ``units x tiles`` items in the launch order of
+block row, split rows written to float32 partials and summed afterwards), the host (NumPy; the work list is
+cached per pattern, the dealing below runs per plan) orders the ``units x tiles`` items in the launch order of
 :class:`~.pallas_mosaic.MosaicConfig` ``grid_order`` and deals them, in that order, each to the program
 with the fewest steps so far (ties: the lowest id; for items of equal length this is round-robin), so
 the programs running at once work on neighbouring items, as the launch order of the default kernel
@@ -46,14 +46,16 @@ A row longer than a program's share is split into pieces (units) that different 
 its *owner*; for each column tile the other pieces store their float32 accumulator straight from registers
 to a partial slot in global memory (compact: one slot per piece that is not an owner, a row's slots
 contiguous) and signal the tile's semaphore (``red.release.gpu`` after a warpgroup barrier); the owner
-waits until the semaphore holds its ``wait`` signals (and takes them off, so every semaphore is back at 0
-for the next call), adds the slots ``item_src .. item_src + wait - 1`` to its accumulator (loads in the
-wgmma layout from L2) and stores the row's tile once, in the output dtype. There is no float32 staging tile
-and no XLA sum after the kernel.
+polls until the semaphore holds its ``wait`` signals (Pallas zero-fills the semaphores on every call), adds
+the slots ``item_src .. item_src + wait - 1`` to its accumulator (plain loads in the wgmma layout, ordered
+after the pieces' stores by the release / acquire pair) and stores the row's tile once, in the output dtype.
+There is no float32 staging tile and no XLA sum after the kernel.
 
 An owner waits for other programs, so this is deadlock-free only if (1) every program is resident at once
-(the default count is the resident slots; :func:`plan_persistent` falls back to XLA's sum where a forced
-``programs`` exceeds them, and ``reduce="kernel"`` then raises) and (2) no program waits before it has
+(the default count is the resident slots, counted conservatively on the device's SMs; :func:`plan_persistent`
+falls back to XLA's sum where a forced ``programs`` exceeds them, and ``reduce="kernel"`` then raises; CUDA
+does not promise co-residency without a cooperative launch, so kernels of other streams holding SMs, or an
+MPS share of the GPU, are outside this guarantee) and (2) no program waits before it has
 run every piece it owes others: each program runs its pieces first, then its whole rows, then its owners
 (the sort in :func:`flatten`). A waiting owner then waits only for pieces that their programs reach
 without waiting. Pallas' GPU interpreter has no semaphores: there (``reduce=None``) and with
@@ -133,11 +135,34 @@ class PersistentSchedule:
         return int(np.diff(self.prog_step_start).max(initial=0))
 
 
-def default_programs(smem_bytes: int, items: int, num_sms: int = H200.num_sms, smem_per_sm: int = H200.smem_per_sm):
-    """As many programs as are resident on the SMs at once (by shared memory; 1 KiB per CTA is reserved),
-    and no more than there are items."""
-    per_sm = max(1, smem_per_sm // (smem_bytes + 1024))
-    return max(1, min(items, num_sms * per_sm))
+#: Shared memory a CTA holds besides its scratch: 1 KiB reserved by CUDA, and up to 1 KiB of Mosaic GPU's
+#: barriers and alignment (a 57344-byte kernel needs 57392 bytes: 3 fit in an SM's 228 KiB, not 4).
+CTA_SMEM_OVERHEAD = 2048
+#: The most CTAs of these kernels an SM is counted to hold where owners wait for other programs: a warpgroup of
+#: 128 threads uses at most 255 registers a thread, so 2 always fit in 64 K registers; 3 or more would need a
+#: register count nobody checks.
+MAX_RESIDENT_PER_SM = 2
+
+
+def device_sms() -> int:
+    """Streaming multiprocessors of the default device where it is a GPU (an H100 PCIe has 114, an H20 78, a MIG
+    slice fewer), else the H200's 132 (plans made on a CPU for the GPU)."""
+    try:
+        device = jax.devices()[0]
+    except RuntimeError:  # no backend at all
+        return H200.num_sms
+    return int(getattr(device, "core_count", 0) or H200.num_sms) if device.platform == "gpu" else H200.num_sms
+
+
+def default_programs(smem_bytes: int, items: int, num_sms: int | None = None, smem_per_sm: int = H200.smem_per_sm,
+                     max_per_sm: int | None = None):  # fmt: skip
+    """As many programs as are resident on the SMs at once (by shared memory, :data:`CTA_SMEM_OVERHEAD` per CTA
+    counted; at most ``max_per_sm`` an SM), and no more than there are items. ``num_sms``: default
+    :func:`device_sms`."""
+    per_sm = max(1, smem_per_sm // (smem_bytes + CTA_SMEM_OVERHEAD))
+    if max_per_sm is not None:
+        per_sm = min(per_sm, max_per_sm)
+    return max(1, min(items, (num_sms or device_sms()) * per_sm))
 
 
 def _deal(lengths: np.ndarray, programs: int) -> np.ndarray:
@@ -269,8 +294,11 @@ def check_reduce(reduce) -> None:
 def resolve_reduce(cfg, interpret):
     """``cfg`` with ``reduce=None`` made ``"xla"`` in Pallas' GPU interpreter, which has no semaphores (the
     in-kernel sum is verified on the GPU and its lowering on the CPU)."""
-    if cfg.reduce is None and interpret is not False and interpret is not None:
-        return dataclasses.replace(cfg, reduce="xla")
+    if interpret is not False and interpret is not None:
+        if cfg.reduce == "kernel":
+            raise NotImplementedError("requires a GPU for reduce='kernel' (Pallas' GPU interpreter has no semaphores)")
+        if cfg.reduce is None:
+            return dataclasses.replace(cfg, reduce="xla")
     return cfg
 
 
@@ -286,9 +314,10 @@ def plan_persistent(sched: RowSplitSchedule, tiles: int, grid_order: str, per_st
     fields (:class:`~.pallas_mosaic.MosaicConfig`, :class:`~.pallas_mosaic_dds.DdsConfig`): ``per_stage`` bytes
     of shared memory per stage, ``tile_elems`` elements in an output tile, ``extra_smem`` bytes besides.
 
-    The in-kernel sum needs every program resident at once (an owner waits for pieces of other programs):
-    with ``reduce=None`` more programs than that fall back to XLA's sum; ``reduce="kernel"`` raises
-    ``NotImplementedError`` there."""
+    The in-kernel sum needs every program resident at once (an owner waits for pieces of other programs): the
+    default program count is then what :func:`default_programs` counts resident (by shared memory, at most
+    :data:`MAX_RESIDENT_PER_SM` an SM, on :func:`device_sms` SMs); with ``reduce=None`` more programs than
+    that fall back to XLA's sum; ``reduce="kernel"`` raises ``NotImplementedError`` there."""
     from .pallas_mosaic import _stages
 
     items = sched.num_units * tiles
@@ -296,7 +325,8 @@ def plan_persistent(sched: RowSplitSchedule, tiles: int, grid_order: str, per_st
     def sizes(in_kernel: bool) -> tuple[int, int, int]:
         smem = extra_smem + tile_elems * (out_itemsize + (4 if sched.num_partials and not in_kernel else 0))
         stages = _stages(cfg.stages, per_stage, smem)
-        resident = default_programs(stages * per_stage + smem, items)
+        waits = in_kernel and sched.num_partials > 0  # owners wait for other programs: all must be resident
+        resident = default_programs(stages * per_stage + smem, items, max_per_sm=MAX_RESIDENT_PER_SM if waits else None)
         return stages, min(cfg.programs or resident, max(items, 1)), resident
 
     in_kernel = cfg.reduce != "xla"
@@ -399,7 +429,8 @@ def _kernel(pis_g, pss_g, ilen_g, idest_g, itile_g, isem_g, iwait_g, isrc_g, sid
 
                 @pl.when(wait > 0)
                 def _owner():  # the other pieces have written their partials: add them, store the row's tile
-                    plgpu.semaphore_wait(sems.at[sem], wait, memory_scope="gpu")
+                    # Pallas zero-fills the semaphores on every call: poll without taking the signals off
+                    plgpu.semaphore_wait(sems.at[sem], wait, decrement=False, memory_scope="gpu")
 
                     def add(j, a):
                         part = p_g.at[partial_slice(src + j, tile)]
