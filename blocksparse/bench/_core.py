@@ -110,7 +110,7 @@ def _jsonable(value: Any) -> Any:
 class Timer:
     """The one timing helper of every suite and benchmark script.
 
-    Each method compiles and warms up first, then return the **median over** ``trials`` of the
+    Each method compiles and warms up first, then returns the **median over** ``trials`` of the
     per-iteration time in milliseconds:
 
     - :meth:`loop`: ``iters`` calls inside one jitted ``fori_loop`` (one dispatch): device time,
