@@ -287,3 +287,13 @@ def test_resident_programs_are_counted_conservatively():
     with pytest.raises(NotImplementedError, match="interpreter has no semaphores"):
         pm.dsd(pattern, jnp.zeros((pattern.nnz_blocks, 64, 64), jnp.bfloat16), jnp.zeros((4096, 64), jnp.bfloat16),
                config=pm.MosaicConfig(persistent=True, reduce="kernel"), interpret=True)  # fmt: skip
+
+
+def test_persistent_schedules_are_cached_and_read_only():
+    rng = np.random.default_rng(2)
+    pattern = _pattern("full_row", (8, 8), (64, 64), rng)
+    cfg = pm.MosaicConfig(persistent=True, max_len=2)
+    a, b = pm.plan(pattern, 512, config=cfg).persistent, pm.plan(pattern, 512, config=cfg).persistent
+    assert a is b
+    with pytest.raises(ValueError, match="read-only"):
+        a.item_dest[0] = 0

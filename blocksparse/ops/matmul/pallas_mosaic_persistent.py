@@ -16,8 +16,8 @@ first blocks are in flight while the current item's last wgmma runs and its tile
 The schedule
 ------------
 From the same :class:`~.lowering.RowSplitSchedule` (units of at most ``max_len`` blocks of one output
-block row, split rows written to float32 partials and summed afterwards), the host (NumPy; the work list is
-cached per pattern, the dealing below runs per plan) orders the ``units x tiles`` items in the launch order of
+block row, split rows written to float32 partials and summed afterwards), the host (NumPy; the work list and
+the dealing below are both cached) orders the ``units x tiles`` items in the launch order of
 :class:`~.pallas_mosaic.MosaicConfig` ``grid_order`` and deals them, in that order, each to the program
 with the fewest steps so far (ties: the lowest id; for items of equal length this is round-robin), so
 the programs running at once work on neighbouring items, as the launch order of the default kernel
@@ -127,6 +127,12 @@ class PersistentSchedule:
     num_slots: int = 0
     num_sems: int = 0
 
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, np.ndarray):
+                value.setflags(write=False)  # shared by every plan the cache of flatten returns it to
+
     @property
     def num_steps(self) -> int:
         return int(self.prog_step_start[-1])
@@ -233,11 +239,13 @@ def roles(sched: RowSplitSchedule) -> _Roles:
     return _Roles(kind, new_dest, row, wait, src, num_slots)
 
 
+@functools.lru_cache(maxsize=128)
 def flatten(sched: RowSplitSchedule, tiles: int, grid_order: str, programs: int,
             reduce: bool = False) -> PersistentSchedule:  # fmt: skip
     """Deal the ``units x tiles`` items of ``sched`` to ``programs`` programs and flatten them into steps;
     with ``reduce``, split rows are summed in the kernel and each program runs its pieces that are not owners
-    first and its owners last (see "Split rows")."""
+    first and its owners last (see "Split rows"). Cached (a schedule of a large pattern takes up to a second to
+    deal, and every trace plans again); the arrays are read-only."""
     u = sched.num_units
     k = np.arange(u * tiles, dtype=np.int64)
     if grid_order == "units":  # every unit of column tile 0, then tile 1, ...
