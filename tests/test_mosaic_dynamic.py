@@ -57,7 +57,7 @@ def _linear_loss(D, shape, key):
     return loss
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(
     bst.dynamic_block_sparse_matrices(block_size=st.sampled_from([(64, 64), (64, 128), (128, 64)]),
                                       dtype=jnp.bfloat16, max_blocks=3, max_capacity=8),  # fmt: skip
