@@ -104,9 +104,9 @@ class PersistentSchedule:
         step_id, step_col, step_tile: ``[max(G, 1)]``, one per step (``G = nnz * tiles``).
         reduce: split rows are summed in the kernel (see "Split rows"); ``False``: every piece writes its
             float32 partial (slot ``-1 - item_dest``) and XLA sums them afterwards.
-        item_sem, item_wait, item_src: ``[Q]`` with ``reduce``: the semaphore of a piece of a split row
-            (``-1``: a whole row); how many pieces an owner waits for (0: none); the first partial slot
-            an owner adds.
+        item_sem, item_wait, item_src: ``[Q]``: the semaphore of a piece of a split row (``-1``: a whole row,
+            and every item without ``reduce``); how many pieces an owner waits for (0: none); the first partial
+            slot an owner adds.
         num_slots: partial tiles written per column tile (``reduce``: the pieces that are not owners;
             else the schedule's ``num_partials``); num_sems: semaphores (split rows x column tiles).
     """
@@ -120,11 +120,11 @@ class PersistentSchedule:
     step_id: np.ndarray
     step_col: np.ndarray
     step_tile: np.ndarray
+    item_sem: np.ndarray
+    item_wait: np.ndarray
+    item_src: np.ndarray
+    num_slots: int
     reduce: bool = False
-    item_sem: np.ndarray | None = None
-    item_wait: np.ndarray | None = None
-    item_src: np.ndarray | None = None
-    num_slots: int = 0
     num_sems: int = 0
 
     def __post_init__(self):
@@ -254,7 +254,7 @@ def flatten(sched: RowSplitSchedule, tiles: int, grid_order: str, programs: int,
         item_u, item_t = np.divmod(k, tiles)
     prog = _deal(sched.unit_len[item_u].astype(np.int64), programs)
     ro = roles(sched) if reduce else None
-    cls = ro.kind[item_u] if reduce else np.ones_like(k)
+    cls = ro.kind[item_u] if reduce else np.ones_like(k)  # without reduce: every item a whole row
     order = np.lexsort((k, cls, prog))  # program-major; in a program other pieces, whole rows, owners; launch order
     item_u, item_t, prog = item_u[order], item_t[order], prog[order]
     counts = np.bincount(prog, minlength=programs)
@@ -266,19 +266,15 @@ def flatten(sched: RowSplitSchedule, tiles: int, grid_order: str, programs: int,
     blocks = np.repeat(sched.unit_start[item_u].astype(np.int64), item_len) + j
     pad = lambda a: (a if a.size else np.zeros(1, np.int64)).astype(np.int32)  # noqa: E731
     cum = lambda c: np.concatenate([[0], np.cumsum(c)]).astype(np.int32)  # noqa: E731
-    extra = {}
     if reduce:
         row = ro.row[item_u]
-        extra = dict(
-            reduce=True,
-            item_sem=np.where(row >= 0, row * tiles + item_t, -1).astype(np.int32),
-            item_wait=ro.wait[item_u].astype(np.int32),
-            item_src=ro.src[item_u].astype(np.int32),
-            num_slots=ro.num_slots,
-            num_sems=int(sched.split_rows.shape[0]) * tiles,
-        )
-    else:
-        extra = dict(num_slots=sched.num_partials)
+        roles_ = dict(
+            item_sem=np.where(row >= 0, row * tiles + item_t, -1), item_wait=ro.wait[item_u], item_src=ro.src[item_u],
+            num_slots=ro.num_slots, reduce=True, num_sems=int(sched.split_rows.shape[0]) * tiles,
+        )  # fmt: skip
+    else:  # every piece writes its partial slot (-1 - item_dest), nobody waits
+        zero = np.zeros(item_u.shape, np.int64)
+        roles_ = dict(item_sem=zero - 1, item_wait=zero, item_src=zero, num_slots=sched.num_partials)
     return PersistentSchedule(
         programs=int(programs),
         prog_item_start=cum(counts),
@@ -289,7 +285,7 @@ def flatten(sched: RowSplitSchedule, tiles: int, grid_order: str, programs: int,
         step_id=pad(sched.block_id[blocks]),
         step_col=pad(sched.block_col[blocks]),
         step_tile=pad(np.repeat(item_t, item_len)),
-        **extra,
+        **{k: v.astype(np.int32) if isinstance(v, np.ndarray) else v for k, v in roles_.items()},
     )
 
 
@@ -310,10 +306,15 @@ def resolve_reduce(cfg, interpret):
     return cfg
 
 
-def staging_bytes(ps: PersistentSchedule) -> int:
+def _staging(partials: bool, in_kernel: bool) -> int:
     """Bytes per output element of the float32 staging tile the kernel holds besides its output one: 4 where
     pieces of split rows go through shared memory to XLA's sum, else 0."""
-    return 4 if ps.num_slots and not ps.reduce else 0
+    return 4 if partials and not in_kernel else 0
+
+
+def staging_bytes(ps: PersistentSchedule) -> int:
+    """:func:`_staging` of a schedule."""
+    return _staging(ps.num_slots > 0, ps.reduce)
 
 
 def plan_persistent(sched: RowSplitSchedule, tiles: int, grid_order: str, per_stage: int, tile_elems: int,
@@ -331,7 +332,7 @@ def plan_persistent(sched: RowSplitSchedule, tiles: int, grid_order: str, per_st
     items = sched.num_units * tiles
 
     def sizes(in_kernel: bool) -> tuple[int, int, int]:
-        smem = extra_smem + tile_elems * (out_itemsize + (4 if sched.num_partials and not in_kernel else 0))
+        smem = extra_smem + tile_elems * (out_itemsize + _staging(sched.num_partials > 0, in_kernel))
         stages = _stages(cfg.stages, per_stage, smem)
         waits = in_kernel and sched.num_partials > 0  # owners wait for other programs: all must be resident
         resident = default_programs(stages * per_stage + smem, items, max_per_sm=MAX_RESIDENT_PER_SM if waits else None)
@@ -491,8 +492,6 @@ def launch(ps: PersistentSchedule, op: str, y_shape: tuple[int, int], t: int, st
         + ("_reduce" if ps.reduce and ps.num_sems else ""),
         interpret=plgpu.InterpretGPUParams() if interpret is True else interpret,
     )
-    none = np.full(max(ps.item_len.shape[0], 1), -1, np.int32)
-    roles_ = (ps.item_sem, ps.item_wait, ps.item_src) if ps.reduce else (none, none * 0, none * 0)
-    arrays = (ps.prog_item_start, ps.prog_step_start, ps.item_len, ps.item_dest, ps.item_tile, *roles_, ps.step_id,
-              ps.step_col, ps.step_tile)  # fmt: skip
+    arrays = (ps.prog_item_start, ps.prog_step_start, ps.item_len, ps.item_dest, ps.item_tile, ps.item_sem,
+              ps.item_wait, ps.item_src, ps.step_id, ps.step_col, ps.step_tile)  # fmt: skip
     return kernel(*(jnp.asarray(a) for a in arrays), data.reshape(-1, bw), xp)
