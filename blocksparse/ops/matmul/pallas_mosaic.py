@@ -246,12 +246,17 @@ def plan(
     """
     cfg = config or MosaicConfig()
     if cfg.persistent is None:  # the measured rules; where the persistent kernel cannot take the tiles, the other
-        if not fused and cfg.consumers == 1 and (prefers_persistent(pattern, n) or skewed(pattern, n, cfg)):
+        per_item = functools.partial(plan, pattern, n, itemsize, dataclasses.replace(cfg, persistent=False),
+                                     extra_smem, out_itemsize, fused)  # fmt: skip
+        if fused or cfg.consumers != 1:
+            return per_item()
+        p = None if prefers_persistent(pattern, n) else per_item()
+        if p is None or _splits_many(p.sched):  # by the table, or skewed (see skewed())
             try:
                 return plan(pattern, n, itemsize, dataclasses.replace(cfg, persistent=True), extra_smem, out_itemsize)
             except NotImplementedError:
                 pass
-        cfg = dataclasses.replace(cfg, persistent=False)
+        return p or per_item()
     bh, bw = pattern.block_size
     if bh not in SUPPORTED_BLOCKS or bw not in SUPPORTED_BLOCKS:
         raise NotImplementedError(
@@ -624,10 +629,7 @@ def dsd(pattern: BlockPattern, data, x, out_dtype=None, *, config: MosaicConfig 
         return jnp.zeros((m, n), out_dtype)
     if pattern.nnz_blocks == 0:
         return _epilogue.reference(jnp.zeros((m, n), jnp.float32), bias, epi, out_dtype)
-    xp = jnp.pad(x.astype(dt), ((0, 0), (0, p.n_pad - n)))
-    b = ()
-    if with_bias:  # float32, padded like x: every tile's TMA copy stays inside the array
-        b = (jnp.pad(bias.astype(jnp.float32), (0, p.n_pad - n)) if epi.bias_axis == 1 else bias.astype(jnp.float32),)
+    xp, b = _padded(x, bias, epi, dt, p.n_pad)
     if p.persistent is not None:
         y, partials = pp.launch(p.persistent, "dsd", (m, p.n_pad), p.tn, p.stages, data.astype(dt), xp, out_dtype,
                                 interpret=interpret)  # fmt: skip
@@ -637,6 +639,16 @@ def dsd(pattern: BlockPattern, data, x, out_dtype=None, *, config: MosaicConfig 
         y, partials = _launch(p, m, data.astype(dt), xp, out_dtype, interpret=interpret, epi=epi, bias=b)
         y = _combine(y, partials, p.sched, bh, epi, b)
     return y[:, :n] if p.n_pad != n else y
+
+
+def _padded(x, bias, epi, dt, n_pad: int):
+    """``(x in dt with its columns zero-padded to n_pad, () or (float32 bias,))``: a bias along columns is padded
+    like ``x``, so every tile's TMA copy stays inside the arrays."""
+    xp = jnp.pad(x.astype(dt), ((0, 0), (0, n_pad - x.shape[1])))
+    if epi is None or not epi.bias:
+        return xp, ()
+    b = bias.astype(jnp.float32)
+    return xp, (jnp.pad(b, (0, n_pad - x.shape[1])) if epi.bias_axis == 1 else b,)
 
 
 def dsd_dynamic(rows, cols, keep, valid, data, x, num_rows: int, out_dtype=None, *, transposed: bool = False,
@@ -687,10 +699,7 @@ def dsd_dynamic(rows, cols, keep, valid, data, x, num_rows: int, out_dtype=None,
     sched = redistribute(rows, cols, keep, num_rows, cfg.max_len)
     tiles = cdiv(n, tn)
     p = MosaicPlan(tn=tn, tiles=tiles, n_pad=tiles * tn, stages=stages, sched=sched, grid_order=order)
-    xp = jnp.pad(x.astype(dt), ((0, 0), (0, p.n_pad - n)))
-    b = ()
-    if with_bias:
-        b = (jnp.pad(bias.astype(jnp.float32), (0, p.n_pad - n)) if epi.bias_axis == 1 else bias.astype(jnp.float32),)
+    xp, b = _padded(x, bias, epi, dt, p.n_pad)
     y, partials = _launch(p, m, data.astype(dt), xp, out_dtype, interpret=interpret, epi=epi, bias=b,
                           transposed=transposed)  # fmt: skip
     y = _combine(y, partials, sched, bh, epi, b)
@@ -819,9 +828,13 @@ def skewed(pattern: BlockPattern, n: int, config: MosaicConfig | None = None) ->
     :data:`SKEW_SPLIT_SHARE` of its units into float32 partials."""
     cfg = dataclasses.replace(config or MosaicConfig(), persistent=False, programs=None, reduce=None)
     try:
-        sched = plan(pattern, n, config=cfg).sched
+        return _splits_many(plan(pattern, n, config=cfg).sched)
     except NotImplementedError:
         return False
+
+
+def _splits_many(sched: RowSplitSchedule) -> bool:
+    """At least :data:`SKEW_SPLIT_SHARE` of the units of a one-program-per-item schedule are pieces of split rows."""
     return sched.num_units > 0 and sched.num_partials >= SKEW_SPLIT_SHARE * sched.num_units
 
 
@@ -881,9 +894,9 @@ class MosaicBackend:
 
     The static ``dsd`` (``W @ x``, this module) and ``dds`` (``x @ W``, :mod:`.pallas_mosaic_dds`), plain
     or with the fused epilogue, the static ``sdd`` (:mod:`.pallas_mosaic_sdd`: the weight gradient) and the
-    dynamic ``W @ x`` / ``x @ W`` (:func:`dsd_dynamic`, plain or fused; never first by default: not
-    measured against the Triton scan kernel yet); every other op (the dynamic ``sdd``) raises
-    ``NotImplementedError`` so dispatch moves on to the next implementation.
+    dynamic ``W @ x`` / ``x @ W`` (:func:`dsd_dynamic`, plain or fused; never first by default: its work list
+    built on the device makes it slower than the Triton scan kernel, docs/benchmarks.md); every other op (the
+    dynamic ``sdd``) raises ``NotImplementedError`` so dispatch moves on to the next implementation.
     :meth:`prefers`, :meth:`prefers_dds` and :meth:`prefers_sdd` are the default order's rules (see
     :func:`prefers`, :func:`.pallas_mosaic_dds.prefers` and :func:`.pallas_mosaic_sdd.prefers`).
     """
