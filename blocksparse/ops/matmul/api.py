@@ -81,11 +81,10 @@ def _default_order(a, b, fused: bool = False) -> tuple[str, ...]:
 
 
 def _claimed(rule: str, pattern, size: int, w_dtype, x_dtype, fused: bool = False) -> tuple[str, ...]:
-    """``_DEFAULT`` preceded by the backends of ``_PREFERRED`` whose ``rule`` claims the product (``fused`` is
-    passed to the ``prefers`` / ``prefers_dds`` rules only)."""
+    """``_DEFAULT`` preceded by the backends of ``_PREFERRED`` whose ``rule`` claims the product (every rule takes
+    ``fused``: whether an epilogue is fused into it)."""
     claims = lambda name: getattr(get_backend(name), rule, lambda *_, **__: False)  # noqa: E731
-    kw = {} if rule == "prefers_sdd" else {"fused": fused}
-    return tuple(name for name in _PREFERRED if claims(name)(pattern, size, w_dtype, x_dtype, **kw)) + _DEFAULT
+    return tuple(name for name in _PREFERRED if claims(name)(pattern, size, w_dtype, x_dtype, fused=fused)) + _DEFAULT
 
 
 def _sdd_order(pattern, a, b) -> tuple[str, ...]:

@@ -919,8 +919,10 @@ class MosaicBackend:
         del fused  # one rule for plain and fused x @ W
         return pallas_mosaic_dds.prefers(pattern, m, x_dtype, w_dtype)
 
-    def prefers_sdd(self, pattern: BlockPattern, k: int, a_dtype, b_dtype) -> bool:
+    def prefers_sdd(self, pattern: BlockPattern, k: int, a_dtype, b_dtype, fused: bool = False) -> bool:
         from . import pallas_mosaic_sdd
+
+        del fused  # an sdd has no epilogue
 
         return pallas_mosaic_sdd.prefers(pattern, k, a_dtype, b_dtype)
 
