@@ -49,8 +49,8 @@ _BACKEND_PATHS = {
 _BACKENDS: dict[str, object] = {}
 _DEFAULT = ("pallas", "xla")
 #: Tried before ``_DEFAULT`` (``implementation=None``) for the static products ``W @ x`` their
-#: ``prefers(pattern, n, w_dtype, x_dtype)`` claims, and ``x @ W`` their
-#: ``prefers_dds(pattern, m, w_dtype, x_dtype)`` claims: measured faster there (see ``_default_order``).
+#: ``prefers(pattern, n, w_dtype, x_dtype, fused=)`` claims, and ``x @ W`` their
+#: ``prefers_dds(pattern, m, w_dtype, x_dtype, fused=)`` claims: measured faster there (see ``_default_order``).
 _PREFERRED = ("mosaic",)
 
 
