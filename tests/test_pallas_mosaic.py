@@ -336,8 +336,9 @@ def test_matmul_fused_runs_on_mosaic_with_gradients():
 
 
 def test_fused_epilogue_the_kernel_cannot_take_falls_back_to_triton():
-    """32 x 32 blocks: the Mosaic backend refuses dsd_fused with its reason and the Triton kernel serves it."""
-    W = bs.random(jax.random.key(0), (128, 128), 32, 0.5, jnp.bfloat16)
+    """32 x 64 blocks (neither Mosaic kernel's): the Mosaic backend refuses dsd_fused with its reason and the Triton
+    kernel serves it."""
+    W = bs.random(jax.random.key(0), (128, 128), (32, 64), 0.5, jnp.bfloat16)
     x = jax.random.normal(jax.random.key(1), (128, 16), jnp.bfloat16)
     bias = jnp.ones(16, jnp.bfloat16)
     with bs.interpret(), bs.dispatch_log() as log:
@@ -347,7 +348,7 @@ def test_fused_epilogue_the_kernel_cannot_take_falls_back_to_triton():
     np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(ref, np.float32), rtol=2e-2, atol=2e-2)
     with bs.interpret(), pytest.raises(ExceptionGroup) as info:
         bs.matmul(W, x, bias=bias, implementation="mosaic")
-    assert re.search(r"mosaic: requires block sides in \(64, 128\).*got \(32, 32\)", str(info.value.exceptions[0]))
+    assert re.search(r"mosaic: requires block sides in \(64, 128\).*got \(32, 64\)", str(info.value.exceptions[0]))
 
 
 # ----------------------------------------------------------------------------- backend and dispatch
@@ -366,10 +367,10 @@ def test_backend_refuses_without_a_gpu_and_dispatch_falls_back():
 
 def test_backend_reasons():
     b = pallas_mosaic.MosaicBackend()
-    W = bs.random(jax.random.key(0), (128, 128), 32, 0.5, jnp.bfloat16)
+    W = bs.random(jax.random.key(0), (128, 128), (32, 64), 0.5, jnp.bfloat16)  # neither kernel's blocks
     s = api.OpStatic(("mosaic",), jnp.dtype(jnp.bfloat16), pattern=W.pattern)
     with bs.interpret():
-        with pytest.raises(NotImplementedError, match=r"got \(32, 32\)"):
+        with pytest.raises(NotImplementedError, match=r"got \(32, 64\)"):
             b.dsd(s, W.data, jnp.ones((128, 4), jnp.bfloat16))
         W = bs.random(jax.random.key(0), (128, 128), 64, 0.5, jnp.float32)
         s = s.but(pattern=W.pattern, out_dtype=jnp.dtype(jnp.float32))

@@ -911,13 +911,19 @@ class MosaicBackend:
         return interpret
 
     def prefers(self, pattern: BlockPattern, n: int, w_dtype, x_dtype, fused: bool = False) -> bool:
-        return prefers(pattern, n, w_dtype, x_dtype, fused)
+        from . import pallas_mosaic_bands
+
+        return prefers(pattern, n, w_dtype, x_dtype, fused) or pallas_mosaic_bands.prefers(
+            pattern, n, w_dtype, x_dtype, "dsd"
+        )
 
     def prefers_dds(self, pattern: BlockPattern, m: int, w_dtype, x_dtype, fused: bool = False) -> bool:
-        from . import pallas_mosaic_dds
+        from . import pallas_mosaic_bands, pallas_mosaic_dds
 
         del fused  # one rule for plain and fused x @ W
-        return pallas_mosaic_dds.prefers(pattern, m, x_dtype, w_dtype)
+        return pallas_mosaic_dds.prefers(pattern, m, x_dtype, w_dtype) or pallas_mosaic_bands.prefers(
+            pattern, m, w_dtype, x_dtype, "dds"
+        )
 
     def prefers_sdd(self, pattern: BlockPattern, k: int, a_dtype, b_dtype, fused: bool = False) -> bool:
         from . import pallas_mosaic_sdd
@@ -926,21 +932,31 @@ class MosaicBackend:
 
         return pallas_mosaic_sdd.prefers(pattern, k, a_dtype, b_dtype)
 
+    def _dsd(self, s, data, x, epi=None, bias=None):
+        from . import pallas_mosaic_bands
+
+        if pallas_mosaic_bands.takes(s.pattern):  # blocks of 16 and 32: the banded kernel
+            return pallas_mosaic_bands.dsd(s.pattern, data, x, s.out_dtype, epi, bias, interpret=self._interpret())
+        return dsd(s.pattern, data, x, s.out_dtype, interpret=self._interpret(), epi=epi, bias=bias)
+
+    def _dds(self, s, x, data, epi=None, bias=None):
+        from . import pallas_mosaic_bands, pallas_mosaic_dds
+
+        if pallas_mosaic_bands.takes(s.pattern):
+            return pallas_mosaic_bands.dds(s.pattern, data, x, s.out_dtype, epi, bias, interpret=self._interpret())
+        return pallas_mosaic_dds.dds(s.pattern, data, x, s.out_dtype, epi, bias, interpret=self._interpret())
+
     def dsd(self, s, data, x):
-        return dsd(s.pattern, data, x, s.out_dtype, interpret=self._interpret())
+        return self._dsd(s, data, x)
 
     def dsd_fused(self, s, data, x, bias):
-        return dsd(s.pattern, data, x, s.out_dtype, interpret=self._interpret(), epi=s.epilogue, bias=bias)
+        return self._dsd(s, data, x, s.epilogue, bias)
 
     def dds(self, s, x, data):
-        from . import pallas_mosaic_dds
-
-        return pallas_mosaic_dds.dds(s.pattern, data, x, s.out_dtype, interpret=self._interpret())
+        return self._dds(s, x, data)
 
     def dds_fused(self, s, x, data, bias):
-        from . import pallas_mosaic_dds
-
-        return pallas_mosaic_dds.dds(s.pattern, data, x, s.out_dtype, s.epilogue, bias, interpret=self._interpret())
+        return self._dds(s, x, data, s.epilogue, bias)
 
     def sdd(self, s, a, b):
         from . import pallas_mosaic_sdd
