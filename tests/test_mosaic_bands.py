@@ -86,6 +86,8 @@ def test_plan_tiles_and_refusals():
         pb.BandConfig(tm=128, width=256)
     with pytest.raises(ValueError, match="width in"):
         pb.BandConfig(width=96)
+    with pytest.raises(ValueError, match="2 <= stages <= 32. Got 33"):
+        pb.BandConfig(stages=33)
     x = jnp.zeros((8, 256), jnp.float32)
     data = jnp.zeros((pat.nnz_blocks, 32, 32), jnp.float32)
     with pytest.raises(NotImplementedError, match="float16 or bfloat16"):
@@ -172,7 +174,12 @@ def test_bands_long_band_interpret(getkey):
     pat = bs.BlockPattern.from_mask(mask, (16, 16))
     W = bs.BlockSparseMatrix(pat, jax.random.normal(getkey(), (pat.nnz_blocks, 16, 16), jnp.float16))
     x = jax.random.normal(getkey(), (8, gk * 16), jnp.float16)
-    y = pb.dds(pat, W.data, x, config=pb.BandConfig(tm=64, width=64), interpret=True)
+    from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks  # the interpreter's race detector
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    params = plgpu.InterpretGPUParams(detect_races=True)
+    y = pb.dds(pat, W.data, x, config=pb.BandConfig(tm=64, width=64), interpret=params)
+    assert not gpu_callbacks.get_races().races_found  # a chunk's slot is refilled only after its reads
     assert pb.bands(pat, 4).num_steps == gk
     want, scale = _oracle_dds(W, x)
     assert_close(y, want, scale, jnp.float16, "x @ W (long band)")

@@ -58,6 +58,10 @@ __all__ = ["BLOCKS", "BandConfig", "BandPlan", "BandSchedule", "bands", "dds", "
 
 #: Square block sides the kernel takes.
 BLOCKS = (16, 32)
+#: Mosaic GPU allocates at most 32 barriers in one group (a stage's ``x`` slab and each slot have one per stage);
+#: the metadata ring also needs ``stages <= CHUNK + 2`` (a chunk's slot is refilled while at most ``stages - 1``
+#: steps of the chunk two before are still unread).
+MAX_STAGES = 32
 #: Rows of ``x`` per program and output columns per band (``tm * width <= 128 * 128``: the float32
 #: accumulator of one warpgroup).
 TILES = (64, 128)
@@ -87,8 +91,8 @@ class BandConfig:
             raise ValueError(f"Expected width in {WIDTHS}. Got {self.width}.")
         if self.tm is not None and self.width is not None and self.tm * self.width > _MAX_ACC:
             raise ValueError(f"Expected tm * width <= {_MAX_ACC}. Got {self.tm} * {self.width}.")
-        if self.stages is not None and self.stages < 2:
-            raise ValueError(f"Expected stages >= 2. Got {self.stages}.")
+        if self.stages is not None and not 2 <= self.stages <= MAX_STAGES:
+            raise ValueError(f"Expected 2 <= stages <= {MAX_STAGES}. Got {self.stages}.")
 
 
 #: Steps per chunk of the metadata table that the kernel copies to shared memory (three chunks in flight).
@@ -220,6 +224,7 @@ def plan(pattern: BlockPattern, m: int, itemsize: int = 2, config: BandConfig | 
     out_smem = tm * width * (out_itemsize or itemsize)
     stages = _stages(cfg.stages or min(DEFAULT_STAGES, (_SMEM_BYTES - extra_smem - out_smem) // per_stage),
                      per_stage, extra_smem + out_smem)  # fmt: skip
+    assert stages <= min(MAX_STAGES, CHUNK + 2), stages
     return BandPlan(tm=tm, tiles=max(cdiv(m, tm), 1), width=width, stages=stages, sched=sched)
 
 
@@ -257,8 +262,9 @@ def _kernel(bstart_g, meta_g, w_g, x_g, *refs, b, group, tm, stages, epi, w_tran
             c = lax.div(i, CHUNK)
 
             @pl.when((lax.rem(i, CHUNK) == 0) & (i > 0))
-            def _():  # a new chunk: wait for it, start the next (its slot held chunk c - 2, consumed long ago)
+            def _():  # a new chunk: wait for it, start the next into the slot of chunk c - 2, read long ago
                 plgpu.barrier_wait(meta_bar.at[lax.rem(c, 3)])
+                plgpu.commit_smem()  # those reads (every thread's) before the copy overwrites them
                 pl.when((c + 1) * CHUNK < count)(lambda: load_chunk(c + 1))
 
             slot = lax.rem(i, stages)
@@ -427,14 +433,15 @@ def dsd(pattern: BlockPattern, data, x, out_dtype=None, epi: _epilogue.Epilogue 
 #: Banded / Triton speedup (Triton's time over the banded kernel's, one jitted loop, bf16, uniform random b x b
 #: blocks at density d, default tiles 128 x 128 and 4 stages; ``benchmarks/bench_mosaic_bands.py``, H200; the
 #: smallest of the runs, ``benchmarks/results/mosaic_bands_*_h200*.json``). ``W @ x`` keyed by (b, n): W 8192 x
-#: 8192, x 8192 x n, XLA's transposes of x and y included (two runs at n = 4096, one at n = 256). ``x @ W`` keyed by
-#: (b, k): x 32768 x 384 @ W 384 x 1536, the inference layer (three runs at b = 32, d = 1/4; two elsewhere, the
-#: first before the kernel lost Pallas' barrier before every copy, which only made it faster), and x 8192 x 8192 @
-#: W 8192 x 8192 (one run). Times of the last run, ms (Triton / banded):
+#: 8192, x 8192 x n, XLA's transposes of x and y included (two or three runs at n = 4096, one at n = 256).
+#: ``x @ W`` keyed by (b, k): x 32768 x 384 @ W 384 x 1536, the inference layer (three runs at b = 32, d = 1/4;
+#: two elsewhere, the first before the kernel lost Pallas' barrier before every copy, which only made it faster),
+#: and x 8192 x 8192 @ W 8192 x 8192 (one run). The nearest cell decides (as for the other Mosaic kernels), fused
+#: calls too (only plain ones were measured). Times of the last run, ms (Triton / banded):
 #:
 #:     W @ x       d = 1/4              1/16                 1/64
 #:     (16, 4096)  0.57 (1.06/1.84)     0.43 (0.36/0.75)     0.55 (0.15/0.27)
-#:     (32, 4096)  1.01 (0.62/0.62)     0.82 (0.20/0.24)     0.70 (0.10/0.14)
+#:     (32, 4096)  0.95 (0.60/0.63)     0.82 (0.20/0.24)     0.70 (0.10/0.14)
 #:     (16, 256)   0.43 (0.15/0.34)     0.43 (0.06/0.14)     0.89 (0.07/0.07)
 #:     (32, 256)   0.96 (0.10/0.11)     0.68 (0.04/0.06)     0.87 (0.04/0.04)
 #:     x @ W       d = 1/4              1/8                  1/16
@@ -444,7 +451,7 @@ def dsd(pattern: BlockPattern, data, x, out_dtype=None, epi: _epilogue.Epilogue 
 #:     (32, 8192)  1.21 (1.35/1.12)     1.06 (0.69/0.65)     0.96 (0.39/0.41)
 DSD_SPEEDUP = {
     (16, 4096): {1 / 4: 0.57, 1 / 16: 0.43, 1 / 64: 0.55},
-    (32, 4096): {1 / 4: 1.01, 1 / 16: 0.82, 1 / 64: 0.70},
+    (32, 4096): {1 / 4: 0.95, 1 / 16: 0.82, 1 / 64: 0.70},
     (16, 256): {1 / 4: 0.43, 1 / 16: 0.43, 1 / 64: 0.89},
     (32, 256): {1 / 4: 0.96, 1 / 16: 0.68, 1 / 64: 0.87},
 }
