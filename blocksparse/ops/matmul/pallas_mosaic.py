@@ -896,7 +896,8 @@ class MosaicBackend:
     or with the fused epilogue (square blocks of 16 and 32: the banded kernel of :mod:`.pallas_mosaic_bands`), the
     static ``sdd`` (:mod:`.pallas_mosaic_sdd`: the weight gradient) and the dynamic ``W @ x`` / ``x @ W``
     (:func:`dsd_dynamic`, plain or fused; never first by default: its work list built on the device makes it slower
-    than the Triton scan kernel, docs/benchmarks.md); every other op (the dynamic ``sdd``) raises ``NotImplementedError`` so dispatch moves on to the next implementation.
+    than the Triton scan kernel, docs/benchmarks.md); every other op (the dynamic ``sdd``) raises
+    ``NotImplementedError`` so dispatch moves on to the next implementation.
     :meth:`prefers`, :meth:`prefers_dds` and :meth:`prefers_sdd` are the default order's rules (see
     :func:`prefers`, :func:`.pallas_mosaic_dds.prefers` and :func:`.pallas_mosaic_sdd.prefers`).
     """
