@@ -106,7 +106,7 @@ def _oracle_dds(W, x, bias=None, activation=None):
     return y, np.abs(_np(x)) @ np.abs(to_dense64(W)) + (0 if bias is None else np.abs(_np(bias))[None, :])
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(
     bst.block_sparse_matrices(
         dtype=st.sampled_from(HALF), block_size=st.sampled_from([(16, 16), (32, 32)]), max_blocks=5, kinds=KINDS
@@ -328,3 +328,23 @@ def test_default_rule_on_a_claimed_hopper(monkeypatch, op, shape, b, density, si
     pat = bs.BlockPattern.random(0, shape, (b, b), density)
     assert pb.prefers(pat, size, jnp.bfloat16, jnp.bfloat16, op) == want
     assert not pb.prefers(pat, size, jnp.bfloat16, jnp.float16, op)
+
+
+def test_benchmark_script_runs_in_the_interpreter(tmp_path):
+    """benchmarks/bench_mosaic_bands.py end to end on a tiny cell: every kernel checked against dense, a variant."""
+    import json
+
+    import bench_scripts
+
+    bench = bench_scripts.load("bench_mosaic_bands")
+    out = tmp_path / "bands.json"
+    argv = ["--interpret", "--shape", "32", "64", "64", "--b", "16", "--d", "2", "--tm", "64", "--width", "64",
+            "--iters", "1", "--trials", "1", "--json", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert (row["op"], row["b"], row["triton_implementation"]) == ("dsd", 16, "dsd: pallas")
+    for name in ("dense", "triton", "bands", "bands_kernel"):
+        assert row[f"{name}_ms"] > 0 and row[f"{name}_calls_ms"] > 0
+    assert row["bands_err"] <= 4 * 2**-7 and 0 < row["bands_share"]
+    ((v,),) = [row["variants"]]
+    assert (v["tm"], v["width"]) == (64, 64) and v["bands_err"] <= 4 * 2**-7
