@@ -8,33 +8,42 @@ are read through a transposed shared-memory view, so only ``x`` and ``y`` are tr
 
 Bands
 -----
-The block columns of ``W`` are grouped into *bands* of ``group`` consecutive block columns (``group * b``
-output columns, 128 or 256). A band's *steps* are the block rows of ``W`` that hold at least one block
-in the band, in order; step ``s`` multiplies one ``tm x b`` slab of ``x`` (columns ``[k_s b, (k_s + 1)
-b)``) by every block of the band in that block row. The slab is copied once per step and feeds all of
-the band's blocks there, so ``x`` is read ``group * d`` times less often than one slab per block (the
-bound of the Triton kernel on these blocks: each ``b x b`` block re-reads a ``b``-wide slab, an
-intensity of ``b`` flop per byte). On the IPU, PopSparse's planner forms column bands for the same
-reason. :func:`bands` builds the steps on the host (NumPy, cached): ``band_start``, ``step_row``,
-``step_mask`` (bit ``j``: slot ``j`` of the band holds a block) and ``step_ids`` (the block of each slot,
-``-1`` where empty).
+The block columns of ``W`` are grouped into *bands* of ``group`` consecutive block columns (``width = group *
+b`` output columns: 64, 128 or 256, default 128). A band's *steps* are the block rows of ``W`` that hold at least
+one block in the band, in order; step ``s`` multiplies one ``tm x b`` slab of ``x`` (columns ``[k_s b, (k_s + 1)
+b)``) by every block of the band in that block row. The slab is copied once per step and feeds all of the band's
+blocks there, instead of once per block (the bound of the Triton kernel on these blocks: each ``b x b`` block
+re-reads a ``b``-wide slab, an intensity of ``b`` flop per byte). On the IPU, PopSparse's planner forms column
+bands for the same reason. :func:`bands` builds the steps on the host (NumPy, cached) as one metadata table:
+per step the block row, the slot mask (bit ``j``: slot ``j`` of the band holds a block) and the block of each
+slot (``-1`` where empty).
 
 The kernel
 ----------
-One program (a warpgroup) per ``(row tile t of x, band g)``, bands launched fastest, so a row tile of
-``x`` stays in L2 while W's bands stream. The float32 accumulator ``(tm, group * b)`` lives in
-registers; slot ``j`` of the band owns its columns ``[j b, (j + 1) b)``. Per step, in a ``stages``-deep
-TMA pipeline: the slab of ``x`` (one barrier per stage) and each present block (one barrier per stage
-and slot: only the present blocks are copied) land in shared memory (a ``2 b``-byte swizzle, the width
-of a block row); then one ``wgmma`` per present block, ``acc[:, j b : (j + 1) b] += slab @ block``,
-each under its slot's bit (a static slot, a dynamic condition). After issuing step ``i``'s ``p_i``
-wgmmas the program waits until at most ``p_i`` are pending (step ``i - 1``'s are done), then refills
-that stage. At the end the accumulator gets the fused epilogue (bias along the output columns,
-activation), is cast and stored by TMA. A band with no step stores zeros (or ``activation(bias)``).
+One program (a warpgroup) per ``(row tile t of x, band g)``, bands launched fastest, so a row tile of ``x``
+stays in L2 while W's bands stream. The float32 accumulator ``(tm, width)`` lives in registers; slot ``j`` of
+the band owns its columns ``[j b, (j + 1) b)``. The band's metadata is copied to shared memory by TMA,
+:data:`CHUNK` steps at a time, into a ring of three chunks (a scalar load from global memory per step stalled
+the issue of the copies); a chunk's slot is refilled once its reads are fenced (``commit_smem``). Per step, in a
+``stages``-deep TMA pipeline, the slab of ``x`` (one barrier per stage) and each present block (one barrier per
+stage and slot: only the present blocks are copied) land in shared memory, with a ``2 b``-byte swizzle (the
+width of a block row; ``wgmma`` takes both operands in one swizzle); then one ``wgmma`` per present block,
+``acc[:, j b : (j + 1) b] += slab @ block``, each under its slot's bit (a static slot, a dynamic condition).
+Every step holds a block, so once at most one wgmma is pending the previous step's are done and its stage is
+refilled. Pallas' warpgroup barrier before every copy is off (``unsafe_no_auto_barriers``): only TMA writes
+shared memory, except the output tile, whose ``commit_smem`` syncs the warpgroup before its store. At the end
+the accumulator gets the fused epilogue (bias, activation), is cast and stored by TMA. A band with no step
+stores zeros (or ``activation(bias)``).
 
-Supported: square blocks of 16 or 32, float16 / bfloat16 operands of one dtype, float32 accumulation,
-output in float16, bfloat16 or float32; bias along the output columns of ``x @ W`` (``bias_axis=1``;
-for ``W @ x``: along its rows) and every activation of :mod:`.epilogue`.
+Supported: square blocks of 16 or 32, float16 / bfloat16 operands of one dtype, float32 accumulation, output
+in float16, bfloat16 or float32; a bias along either axis and every activation of :mod:`.epilogue`.
+
+Measured
+--------
+On an H200 (docs/benchmarks.md) it ties the Triton kernel on ``W @ x`` at b = 32 and loses at b = 16; on ``x
+@ W`` it is faster at b = 32 from density 1/8 up, and :func:`prefers` (the default order's rule) puts it first
+only where :data:`DSD_SPEEDUP` / :data:`DDS_SPEEDUP` say so. It is bound by the TMA copies' rate in rows: a
+slab is ``tm`` rows of 32 or 64 bytes.
 """
 
 from __future__ import annotations
@@ -199,9 +208,10 @@ class BandPlan:
 DEFAULT_STAGES = 4
 
 
-def _default_tiles(b: int, m: int, n: int) -> tuple[int, int]:
-    """``(tm, width)``: 128 x 128 (two row halves of a wgmma tile share each block), 64 rows where ``x`` is short."""
-    del b, n
+def _default_tiles(m: int) -> tuple[int, int]:
+    """``(tm, width)``: 128 x 128, the fastest tiles at b = 32 (``W @ x``, n = 4096; at b = 16 128 x 64 was 7%
+    faster, where this kernel is not the default anyway); 64 x 256 where ``x`` has at most 64 rows (not measured:
+    fewer padded rows)."""
     return (64, 256) if m <= 64 else (128, 128)
 
 
@@ -214,7 +224,7 @@ def plan(pattern: BlockPattern, m: int, itemsize: int = 2, config: BandConfig | 
     if bh != bw or bh not in BLOCKS:
         raise NotImplementedError(f"requires square blocks of {BLOCKS} (got ({bh}, {bw}))")
     b = bh
-    tm0, w0 = _default_tiles(b, m, pattern.shape[0 if transposed else 1])
+    tm0, w0 = _default_tiles(m)
     tm, width = cfg.tm or tm0, cfg.width or w0
     if tm * width > _MAX_ACC:
         raise NotImplementedError(f"requires tm * width <= {_MAX_ACC} (got {tm} * {width})")
