@@ -605,18 +605,12 @@ def dsd(pattern: BlockPattern, data, x, out_dtype=None, *, config: MosaicConfig 
     """
     m, k = pattern.shape
     bh, bw = pattern.block_size
-    if tuple(data.shape) != (pattern.nnz_blocks, bh, bw):
-        raise ValueError(f"Expected data of shape {(pattern.nnz_blocks, bh, bw)}. Got {tuple(data.shape)}.")
     if x.ndim != 2 or x.shape[0] != k:
         raise ValueError(f"Expected x of shape ({k}, n). Got {tuple(x.shape)}.")
-    dt, out_dtype = _dtypes(data.dtype, x.dtype, out_dtype)
     n = x.shape[1]
+    _check_operands(pattern, data, epi, bias, (m, n))
+    dt, out_dtype = _dtypes(data.dtype, x.dtype, out_dtype)
     with_bias = epi is not None and epi.bias
-    if with_bias != (bias is not None):
-        raise ValueError(f"Expected a bias array exactly when the epilogue has a bias ({epi}). Got {bias is not None}.")
-    if with_bias and tuple(bias.shape) != ((n,) if epi.bias_axis == 1 else (m,)):
-        want = (n,) if epi.bias_axis == 1 else (m,)
-        raise ValueError(f"Expected a bias of shape {want} (bias_axis={epi.bias_axis}). Got {tuple(bias.shape)}.")
     if epi is not None and config is not None and config.consumers > 1:
         raise NotImplementedError("requires consumers=1 for a fused epilogue (not written for two warpgroups)")
     if epi is not None and config is not None and config.persistent:
@@ -704,6 +698,20 @@ def dsd_dynamic(rows, cols, keep, valid, data, x, num_rows: int, out_dtype=None,
                           transposed=transposed)  # fmt: skip
     y = _combine(y, partials, sched, bh, epi, b)
     return poison(valid, y[:, :n] if p.n_pad != n else y)
+
+
+def _check_operands(pattern: BlockPattern, data, epi, bias, lengths: tuple[int, int]) -> None:
+    """``ValueError`` unless ``data`` holds ``pattern``'s blocks and ``bias`` is given exactly when ``epi`` has one,
+    of the product's length along ``epi.bias_axis`` (``lengths``: the product's two dimensions)."""
+    want = (pattern.nnz_blocks, *pattern.block_size)
+    if tuple(data.shape) != want:
+        raise ValueError(f"Expected data of shape {want}. Got {tuple(data.shape)}.")
+    with_bias = epi is not None and epi.bias
+    if with_bias != (bias is not None):
+        raise ValueError(f"Expected a bias array exactly when the epilogue has a bias ({epi}). Got {bias is not None}.")
+    if with_bias and tuple(bias.shape) != (lengths[epi.bias_axis],):
+        want = (lengths[epi.bias_axis],)
+        raise ValueError(f"Expected a bias of shape {want} (bias_axis={epi.bias_axis}). Got {tuple(bias.shape)}.")
 
 
 def _dtypes(a_dtype, b_dtype, out_dtype) -> tuple[jnp.dtype, jnp.dtype]:
@@ -865,11 +873,12 @@ def prefers(pattern: BlockPattern, n: int, w_dtype, x_dtype, fused: bool = False
     return measured_speedup(pattern.block_size[0], n, density) >= PREFER_MARGIN or (not fused and skewed(pattern, n))
 
 
-def _preferable(pattern: BlockPattern, size: int, min_size: int, w_dtype, x_dtype) -> float | None:
-    """The density of ``pattern`` if the static facts both default rules need hold (square measured blocks,
-    something to compute, ``size >= min_size``, one half dtype, a Hopper GPU), else ``None``."""
+def _preferable(pattern: BlockPattern, size: int, min_size: int, w_dtype, x_dtype,
+                blocks=SUPPORTED_BLOCKS) -> float | None:  # fmt: skip
+    """The density of ``pattern`` if the static facts every default rule needs hold (square blocks of ``blocks``,
+    the measured ones; something to compute, ``size >= min_size``, one half dtype, a Hopper GPU), else ``None``."""
     bh, bw = pattern.block_size
-    if bh != bw or bh not in SUPPORTED_BLOCKS or pattern.nnz_blocks == 0 or size < min_size:
+    if bh != bw or bh not in blocks or pattern.nnz_blocks == 0 or size < min_size:
         return None
     if jnp.dtype(w_dtype) != jnp.dtype(x_dtype) or jnp.dtype(w_dtype) not in _DTYPES:
         return None

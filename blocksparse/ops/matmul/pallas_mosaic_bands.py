@@ -61,7 +61,7 @@ from ..._pattern import BlockPattern
 from ..._util import cdiv
 from .. import _dispatch
 from . import epilogue as _epilogue
-from .pallas_mosaic import _SMEM_BYTES, _apply_epilogue, _dtypes, _stages, _with_bias_buffer
+from .pallas_mosaic import _SMEM_BYTES, _apply_epilogue, _check_operands, _dtypes, _stages, _with_bias_buffer
 
 __all__ = ["BLOCKS", "BandConfig", "BandPlan", "BandSchedule", "bands", "dds", "dsd", "plan"]
 
@@ -220,10 +220,9 @@ def plan(pattern: BlockPattern, m: int, itemsize: int = 2, config: BandConfig | 
     """The host-side preparation of ``x @ W`` for ``x`` of ``m`` rows (``transposed``: of ``x @ pattern.T``);
     ``NotImplementedError`` where the kernel cannot take the blocks or tiles."""
     cfg = config or BandConfig()
-    bh, bw = pattern.block_size
-    if bh != bw or bh not in BLOCKS:
-        raise NotImplementedError(f"requires square blocks of {BLOCKS} (got ({bh}, {bw}))")
-    b = bh
+    if not takes(pattern):
+        raise NotImplementedError(f"requires square blocks of {BLOCKS} (got {pattern.block_size})")
+    b = pattern.block_size[0]
     tm0, w0 = _default_tiles(m)
     tm, width = cfg.tm or tm0, cfg.width or w0
     if tm * width > _MAX_ACC:
@@ -373,19 +372,6 @@ def _launch(p: BandPlan, data, xp, out_dtype, *, interpret, epi=None, bias=(), w
     return kernel(jnp.asarray(s.band_start), jnp.asarray(s.meta), data.reshape(-1, b), xp, *bias)
 
 
-def _check(pattern: BlockPattern, data, epi, bias, lengths: tuple[int, int]):
-    """Shapes of ``data`` and of the bias (``lengths``: its length along axis 0 and along axis 1 of the product)."""
-    b = pattern.block_size
-    if tuple(data.shape) != (pattern.nnz_blocks, *b):
-        raise ValueError(f"Expected data of shape {(pattern.nnz_blocks, *b)}. Got {tuple(data.shape)}.")
-    with_bias = epi is not None and epi.bias
-    if with_bias != (bias is not None):
-        raise ValueError(f"Expected a bias array exactly when the epilogue has a bias ({epi}). Got {bias is not None}.")
-    if with_bias and tuple(bias.shape) != (lengths[epi.bias_axis],):
-        want = (lengths[epi.bias_axis],)
-        raise ValueError(f"Expected a bias of shape {want} (bias_axis={epi.bias_axis}). Got {tuple(bias.shape)}.")
-
-
 def _run(pattern, data, xt, out_dtype, epi, bias, config, interpret, transposed):
     """``xt @ W`` for ``W`` of ``pattern`` (``transposed``: ``xt @ W^T``, W's blocks read transposed): ``(m, n)``
     in ``out_dtype``."""
@@ -419,7 +405,7 @@ def dds(pattern: BlockPattern, data, x, out_dtype=None, epi: _epilogue.Epilogue 
     k, n = pattern.shape
     if x.ndim != 2 or x.shape[1] != k:
         raise ValueError(f"Expected x of shape (m, {k}). Got {tuple(x.shape)}.")
-    _check(pattern, data, epi, bias, (x.shape[0], n))
+    _check_operands(pattern, data, epi, bias, (x.shape[0], n))
     return _run(pattern, data, x, out_dtype, epi, bias, config, interpret, transposed=False)
 
 
@@ -431,7 +417,7 @@ def dsd(pattern: BlockPattern, data, x, out_dtype=None, epi: _epilogue.Epilogue 
     m, k = pattern.shape
     if x.ndim != 2 or x.shape[0] != k:
         raise ValueError(f"Expected x of shape ({k}, n). Got {tuple(x.shape)}.")
-    _check(pattern, data, epi, bias, (m, x.shape[1]))
+    _check_operands(pattern, data, epi, bias, (m, x.shape[1]))
     if epi is not None:  # the kernel computes y^T: its columns are W's rows
         epi = dataclasses.replace(epi, bias_axis=1 - epi.bias_axis)
     return _run(pattern, data, x.T, out_dtype, epi, bias, config, interpret, transposed=True).T
@@ -480,15 +466,13 @@ def prefers(pattern: BlockPattern, size: int, w_dtype, x_dtype, op: str) -> bool
     :data:`BLOCKS`, something to compute, one half dtype, a Hopper GPU, ``size`` (the tokens: ``n`` for ``W @ x``,
     ``m`` for ``x @ W``) at least :data:`PREFER_MIN`, and the nearest cell of :data:`DSD_SPEEDUP` (by ``(b, n,
     density)``) / :data:`DDS_SPEEDUP` (by ``(b, k, density)``) at least ``PREFER_MARGIN``."""
-    from .pallas_mosaic import _DTYPES, PREFER_MARGIN, _nearest_cell, hopper_problem
+    from .pallas_mosaic import PREFER_MARGIN, _nearest_cell, _preferable
 
-    bh, bw = pattern.block_size
-    if bh != bw or bh not in BLOCKS or pattern.nnz_blocks == 0 or size < PREFER_MIN[op]:
-        return False
-    if jnp.dtype(w_dtype) != jnp.dtype(x_dtype) or jnp.dtype(w_dtype) not in _DTYPES or hopper_problem() is not None:
+    density = _preferable(pattern, size, PREFER_MIN[op], w_dtype, x_dtype, BLOCKS)
+    if density is None:
         return False
     table, key = (DSD_SPEEDUP, size) if op == "dsd" else (DDS_SPEEDUP, pattern.shape[0])
-    return _nearest_cell(table, bh, key, pattern.density) >= PREFER_MARGIN
+    return _nearest_cell(table, pattern.block_size[0], key, density) >= PREFER_MARGIN
 
 
 def takes(pattern: BlockPattern) -> bool:

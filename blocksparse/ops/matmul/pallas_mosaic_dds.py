@@ -88,6 +88,7 @@ from .pallas_mosaic import (
     PREFER_MARGIN,
     SUPPORTED_BLOCKS,
     _apply_epilogue,
+    _check_operands,
     _dtypes,
     _nearest_cell,
     _pipelined_wgmma,
@@ -381,18 +382,12 @@ def dds(
     """
     k, n = pattern.shape
     bh, bw = pattern.block_size
-    if tuple(data.shape) != (pattern.nnz_blocks, bh, bw):
-        raise ValueError(f"Expected data of shape {(pattern.nnz_blocks, bh, bw)}. Got {tuple(data.shape)}.")
     if x.ndim != 2 or x.shape[1] != k:
         raise ValueError(f"Expected x of shape (m, {k}). Got {tuple(x.shape)}.")
-    dt, out_dtype = _dtypes(data.dtype, x.dtype, out_dtype)
     m = x.shape[0]
+    _check_operands(pattern, data, epi, bias, (m, n))
+    dt, out_dtype = _dtypes(data.dtype, x.dtype, out_dtype)
     with_bias = epi is not None and epi.bias
-    if with_bias != (bias is not None):
-        raise ValueError(f"Expected a bias array exactly when the epilogue has a bias ({epi}). Got {bias is not None}.")
-    if with_bias and tuple(bias.shape) != ((n,) if epi.bias_axis == 1 else (m,)):
-        want = (n,) if epi.bias_axis == 1 else (m,)
-        raise ValueError(f"Expected a bias of shape {want} (bias_axis={epi.bias_axis}). Got {tuple(bias.shape)}.")
     if epi is not None and config is not None and config.persistent:
         raise NotImplementedError("requires persistent=False for a fused epilogue (not written for that kernel)")
     if interpret is None:
