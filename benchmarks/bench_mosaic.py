@@ -93,18 +93,18 @@ def _time(name, fn, a, x, want, dtype, timer, flops, out: dict, unrolled: int = 
     return got
 
 
-def _matrix(kind: str, m: int, b: int, d: int, dtype) -> bs.BlockSparseMatrix:
-    """W of ``m x m`` with ``b x b`` blocks at density ``1/d``: uniform random blocks, or rows of power-law
+def _matrix(kind: str, shape: tuple[int, int], b: int, d: int, dtype) -> bs.BlockSparseMatrix:
+    """W of ``shape`` with ``b x b`` blocks at density ``1/d``: uniform random blocks, or rows of power-law
     lengths (``BlockPattern.power_law``: a few very long rows) with the same number of blocks."""
     if kind == "uniform":
-        return bs.random(jax.random.key(0), (m, m), b, 1.0 / d, dtype)
-    pattern = bs.BlockPattern.power_law(0, (m, m), (b, b), 1.0 / d)
+        return bs.random(jax.random.key(0), shape, b, 1.0 / d, dtype)
+    pattern = bs.BlockPattern.power_law(0, shape, (b, b), 1.0 / d)
     return bs.BlockSparseMatrix(pattern, jax.random.normal(jax.random.key(0), (pattern.nnz_blocks, b, b), dtype))
 
 
 def bench_cell(m: int, n: int, b: int, d: int, dtype, timer: Timer, configs, activation=None,
                pattern: str = "uniform", unrolled: int = 0) -> dict:  # fmt: skip
-    W = _matrix(pattern, m, b, d, dtype)
+    W = _matrix(pattern, (m, m), b, d, dtype)
     x = jax.random.normal(jax.random.key(1), (m, n), dtype)
     bias = None if activation is None else jax.random.normal(jax.random.key(2), (n,), jnp.float32)
     flops = 2.0 * W.nnz_blocks * b * b * n

@@ -39,23 +39,14 @@ from blocksparse.ops.matmul import pallas_mosaic_bands as pb
 from blocksparse.ops.matmul.pallas_mosaic import hopper_problem
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_mosaic import add_row, finish, new_doc  # noqa: E402
+from bench_mosaic import _matrix, add_row, finish, new_doc  # noqa: E402
 from bench_mosaic_dds import _time  # noqa: E402  (run, check and time one kernel into a row)
 
 SHAPES = {"dsd": [(8192, 8192, 4096), (8192, 8192, 256)], "dds": [(32768, 384, 1536)]}
 
 
-def _matrix(op, m, k, n, b, d, dtype, pattern):
-    shape = (m, k) if op == "dsd" else (k, n)
-    if pattern == "powerlaw":
-        pat = bs.BlockPattern.power_law(0, shape, b, 1.0 / d)
-        data = jax.random.normal(jax.random.key(0), (pat.nnz_blocks, b, b), dtype)
-        return bs.BlockSparseMatrix(pat, data)
-    return bs.random(jax.random.key(0), shape, b, 1.0 / d, dtype)
-
-
 def bench_cell(op, m, k, n, b, d, dtype, timer, configs, pattern="uniform") -> dict:
-    W = _matrix(op, m, k, n, b, d, dtype, pattern)
+    W = _matrix(pattern, (m, k) if op == "dsd" else (k, n), b, d, dtype)
     x = jax.random.normal(jax.random.key(1), (k, n) if op == "dsd" else (m, k), dtype)
     tokens = n if op == "dsd" else m
     flops = 2.0 * tokens * W.nnz_blocks * b * b
@@ -64,15 +55,12 @@ def bench_cell(op, m, k, n, b, d, dtype, timer, configs, pattern="uniform") -> d
     p = pb.plan(W.pattern, tokens, jnp.dtype(dtype).itemsize, transposed=op == "dsd")
     row.update(bands_tm=p.tm, bands_width=p.width, bands_stages=p.stages, steps=p.sched.num_steps)
     kernel = pb.dsd if op == "dsd" else pb.dds
-    if op == "dsd":
-        kernels = {"dense": (lambda x, w: jnp.dot(w, x, preferred_element_type=jnp.float32).astype(x.dtype),
-                             W.to_dense())}  # fmt: skip
-        kernels["triton"] = (lambda x, W: bs.matmul(W, x, implementation="pallas"), W)
-    else:
-        kernels = {"dense": (lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype),
-                             W.to_dense())}  # fmt: skip
-        kernels["triton"] = (lambda x, W: bs.matmul(x, W, implementation="pallas"), W)
-    kernels["bands"] = (lambda x, W: kernel(W.pattern, W.data, x), W)
+    order = (lambda x, w: (w, x)) if op == "dsd" else (lambda x, w: (x, w))  # noqa: E731  (the product's operands)
+    kernels = {
+        "dense": (lambda x, w: jnp.dot(*order(x, w), preferred_element_type=jnp.float32).astype(x.dtype), W.to_dense()),
+        "triton": (lambda x, W: bs.matmul(*order(x, W), implementation="pallas"), W),
+        "bands": (lambda x, W: kernel(W.pattern, W.data, x), W),
+    }
     want = None
     for name, (fn, a) in kernels.items():
         got = _time(name, fn, x, a, want, dtype, timer, 2.0 * m * k * n if name == "dense" else flops, row)
