@@ -408,12 +408,16 @@ def test_gpu_split_rows_and_tiles(getkey):
 
 
 @pytest.mark.gpu
-def test_gpu_default_dispatch_is_pallas(getkey):
+def test_gpu_default_dispatch_follows_the_measured_rules(getkey):
+    """Pallas by default, or Mosaic first where its measured rule claims the product (on a Hopper GPU)."""
+    from blocksparse.ops.matmul.pallas_mosaic import MosaicBackend
+
     W = bs.random(getkey(), (512, 512), (64, 64), 0.25, dtype=jnp.bfloat16)
     x = jax.random.normal(getkey(), (512, 128), jnp.bfloat16)
     with bs.dispatch_log() as log:
         bs.matmul(W, x)
-    assert log == [("dsd", "pallas")]
+    first = "mosaic" if MosaicBackend().prefers(W.pattern, 128, jnp.bfloat16, jnp.bfloat16) else "pallas"
+    assert log == [("dsd", first)]
     W8 = bs.random(getkey(), (512, 512), (8, 8), 0.25, dtype=jnp.bfloat16)
     with bs.dispatch_log() as log:
         bs.matmul(W8, x)

@@ -151,6 +151,12 @@ class Timer:
         pytree of arrays.
         """
         iters = self._iters(iters)
+        return self._median(self.loop_function(fn, iters), args, iters)
+
+    def loop_function(self, fn: Callable, iters: int | None = None) -> Callable:
+        """The jitted function :meth:`loop` times: ``f(args)`` runs ``fn(*args)`` ``iters`` times in one
+        ``fori_loop`` and returns a float32 scalar (for a profiler's trace of exactly what was timed)."""
+        iters = self._iters(iters)
 
         def looped(args):
             def body(_, carry):
@@ -160,7 +166,7 @@ class Timer:
 
             return jax.lax.fori_loop(0, iters, body, (args, jnp.float32(0)))[1]
 
-        return self._median(jax.jit(looped), args, iters)
+        return jax.jit(looped)
 
     def unrolled(self, fn: Callable, *args, iters: int | None = None) -> float:
         """Median ms per call of ``iters`` calls of ``fn(*args)`` written out one after another in one jitted

@@ -75,7 +75,7 @@ from ..._util import cdiv
 from .. import _dispatch
 from . import epilogue as _epilogue
 from . import pallas_mosaic_persistent as pp
-from .lowering import GpuLowering, RowSplitSchedule, combine_partials, lower
+from .lowering import GpuLowering, RowSplitSchedule, combine_partials, kernel_constant, lower
 
 __all__ = [
     "MEASURED_SPEEDUP",
@@ -562,11 +562,7 @@ def _launch(p: MosaicPlan, m: int, data, xp, out_dtype, *, interpret, epi=None, 
         **threads,
     )
     return kernel(
-        jnp.asarray(s.unit_start),
-        jnp.asarray(s.unit_len),
-        jnp.asarray(s.unit_dest),
-        jnp.asarray(s.block_col),
-        jnp.asarray(s.block_id),
+        *map(kernel_constant, (s.unit_start, s.unit_len, s.unit_dest, s.block_col, s.block_id)),
         data.reshape(-1, data.shape[-1]),
         xp,
         *bias,

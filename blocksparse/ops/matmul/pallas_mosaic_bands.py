@@ -61,6 +61,7 @@ from ..._pattern import BlockPattern
 from ..._util import cdiv
 from .. import _dispatch
 from . import epilogue as _epilogue
+from .lowering import kernel_constant
 from .pallas_mosaic import _SMEM_BYTES, _apply_epilogue, _check_operands, _dtypes, _stages, _with_bias_buffer
 
 __all__ = ["BLOCKS", "BandConfig", "BandPlan", "BandSchedule", "bands", "dds", "dsd", "plan"]
@@ -369,7 +370,7 @@ def _launch(p: BandPlan, data, xp, out_dtype, *, interpret, epi=None, bias=(), w
         # here: shared memory is written by TMA copies only, except the output tile, whose commit_smem syncs.
         compiler_params=plgpu.CompilerParams(unsafe_no_auto_barriers=True),
     )
-    return kernel(jnp.asarray(s.band_start), jnp.asarray(s.meta), data.reshape(-1, b), xp, *bias)
+    return kernel(kernel_constant(s.band_start), jnp.asarray(s.meta), data.reshape(-1, b), xp, *bias)
 
 
 def _run(pattern, data, xt, out_dtype, epi, bias, config, interpret, transposed):

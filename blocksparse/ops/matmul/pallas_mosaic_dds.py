@@ -82,7 +82,7 @@ from ..._util import cdiv
 from .. import _dispatch
 from . import epilogue as _epilogue
 from . import pallas_mosaic_persistent as pp
-from .lowering import GpuLowering, RowSplitSchedule, lower
+from .lowering import GpuLowering, RowSplitSchedule, kernel_constant, lower
 from .pallas_mosaic import (
     _MAX_ACC,
     PREFER_MARGIN,
@@ -324,11 +324,7 @@ def _launch(p: DdsPlan, n: int, data, xp, out_dtype, *, interpret, epi=None, bia
         interpret=plgpu.InterpretGPUParams() if interpret is True else interpret,
     )
     return kernel(
-        jnp.asarray(s.unit_start),
-        jnp.asarray(s.unit_len),
-        jnp.asarray(s.unit_dest),
-        jnp.asarray(s.block_col),
-        jnp.asarray(s.block_id),
+        *map(kernel_constant, (s.unit_start, s.unit_len, s.unit_dest, s.block_col, s.block_id)),
         data.reshape(-1, bw),
         xp,
         *bias,

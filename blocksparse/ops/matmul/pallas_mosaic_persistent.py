@@ -78,7 +78,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from .lowering import H200, RowSplitSchedule
+from .lowering import H200, RowSplitSchedule, kernel_constant
 
 __all__ = [
     "REDUCTIONS",
@@ -494,4 +494,4 @@ def launch(ps: PersistentSchedule, op: str, y_shape: tuple[int, int], t: int, st
     )
     arrays = (ps.prog_item_start, ps.prog_step_start, ps.item_len, ps.item_dest, ps.item_tile, ps.item_sem,
               ps.item_wait, ps.item_src, ps.step_id, ps.step_col, ps.step_tile)  # fmt: skip
-    return kernel(*(jnp.asarray(a) for a in arrays), data.reshape(-1, bw), xp)
+    return kernel(*map(kernel_constant, arrays), data.reshape(-1, bw), xp)

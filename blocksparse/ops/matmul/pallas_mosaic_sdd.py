@@ -54,7 +54,7 @@ from jax.experimental import pallas as pl
 from ..._pattern import BlockPattern
 from ..._util import cdiv
 from .. import _dispatch
-from .lowering import H200
+from .lowering import H200, kernel_constant
 from .pallas_mosaic import (
     _SMEM_BYTES,
     SUPPORTED_BLOCKS,
@@ -274,7 +274,7 @@ def _launch(p: SddPlan, pattern: BlockPattern, a, b, out_dtype, a_t: bool, b_t: 
         kernel_name=f"bs_mgpu_sdd_{bh}x{bw}_tk{p.tk}_{layout}" + (f"_split{p.splits}" if p.splits > 1 else ""),
         interpret=plgpu.InterpretGPUParams() if interpret is True else interpret,
     )
-    return kernel(jnp.asarray(pattern.rows, jnp.int32), jnp.asarray(pattern.cols, jnp.int32), a, b)
+    return kernel(kernel_constant(pattern.rows), kernel_constant(pattern.cols), a, b)
 
 
 # --------------------------------------------------------------------------------------------

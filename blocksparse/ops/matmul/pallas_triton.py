@@ -49,7 +49,7 @@ from ..._pattern import BlockPattern
 from ..._util import cdiv, next_power_of_2
 from .. import _dispatch
 from . import epilogue as _epilogue
-from .lowering import GpuLowering, lower, redistribute
+from .lowering import GpuLowering, kernel_constant, lower, redistribute
 from .reference import poison
 
 __all__ = ["PallasBackend", "KernelConfig", "SUPPORTED_BLOCKS", "kernel_config"]
@@ -313,7 +313,7 @@ def _combine_rows(y, p, sched, block: int, tile: int, axis: int, num_warps: int,
         compiler_params=_params(num_warps, 2),
         interpret=_interpret(),
         name=f"bs_combine_{block}_{tile}_{axis}",
-    )(jnp.asarray(sched.split_rows), jnp.asarray(offsets), y, p, *bias)
+    )(kernel_constant(sched.split_rows), kernel_constant(offsets), y, p, *bias)
 
 
 def _walk(kernel, sched, tiles: int, shapes, out_dtype, data, x, num_warps: int, num_stages: int, name: str,
@@ -330,11 +330,7 @@ def _walk(kernel, sched, tiles: int, shapes, out_dtype, data, x, num_warps: int,
         interpret=_interpret(),
         name=name,
     )(
-        jnp.asarray(sched.unit_start),
-        jnp.asarray(sched.unit_len),
-        jnp.asarray(sched.unit_dest),
-        jnp.asarray(sched.block_col),
-        jnp.asarray(sched.block_id),
+        *map(kernel_constant, (sched.unit_start, sched.unit_len, sched.unit_dest, sched.block_col, sched.block_id)),
         data.reshape(-1, data.shape[-1]),
         x,
         *bias,
@@ -615,15 +611,18 @@ def _sdd_kernel(row_ref, col_ref, a_ref, b_ref, o_ref, *, bh, bw, tk, steps, exa
 
 def sdd(a, b, pattern: BlockPattern, out_dtype, *, exact: bool = False, config: KernelConfig | None = None):
     """``(a @ b)`` at the blocks of ``pattern``, laid out like ``.data``: ``(nnz, bh, bw)``."""
-    rows, cols = jnp.asarray(pattern.rows), jnp.asarray(pattern.cols)
-    return sdd_coords(a, b, rows, cols, pattern.block_size, out_dtype, exact=exact, config=config)
+    rows, cols = kernel_constant(pattern.rows), kernel_constant(pattern.cols)  # one unread element more
+    return sdd_coords(a, b, rows, cols, pattern.block_size, out_dtype, exact=exact, config=config,
+                      nnz=pattern.nnz_blocks)  # fmt: skip
 
 
-def sdd_coords(a, b, rows, cols, block_size, out_dtype, *, exact: bool = False, config: KernelConfig | None = None):
-    """``(a @ b)`` at block coordinates ``rows``, ``cols`` (host or traced, all in range)."""
+def sdd_coords(a, b, rows, cols, block_size, out_dtype, *, exact: bool = False, config: KernelConfig | None = None,
+               nnz: int | None = None):  # fmt: skip
+    """``(a @ b)`` at block coordinates ``rows``, ``cols`` (host or traced, all in range); ``nnz``: the number of
+    blocks, the first ``nnz`` coordinates (default: all of them)."""
     cfg = config or current_config()
     bh, bw = block_size
-    nnz = rows.shape[0]
+    nnz = rows.shape[0] if nnz is None else nnz
     n = a.shape[1]
     if nnz == 0:
         return jnp.zeros((0, bh, bw), out_dtype)

@@ -1,0 +1,371 @@
+"""Hardware counters of the library's GPU kernels, read with Nsight Compute (``ncu``), next to their timings.
+
+For each case (an implementation of ``W @ x``, W ``m x m`` with ``b x b`` uniform random blocks at density
+``1/d``, x ``m x n``, bf16) the script:
+
+1. times the jitted product in this process (:class:`blocksparse.bench.Timer`: ``loop_ms``, device time inside
+   one jitted loop; ``calls_ms``, back-to-back jitted calls);
+2. runs itself again under ``ncu`` on that case alone (``--child``): the child compiles and warms up the product,
+   then runs it once between ``cuProfilerStart`` / ``cuProfilerStop``, so that ncu profiles exactly the kernels
+   of one call (the Pallas kernel and any XLA kernels around it, the transposes and sums of the glue);
+3. records, per kernel, its duration and the counters of ncu's sections (speed of light, compute and memory
+   workload, occupancy, launch statistics, warp states) and a few metrics of its own: DRAM and L2 bytes, the
+   tensor pipe's active cycles (``wgmma``), shared-memory wavefronts. A metric this ncu does not know is left
+   out (the list is checked against ``ncu --query-metrics``).
+
+4. traces the timed loop itself (``jax.profiler.trace``, read back with ``jax.profiler.ProfileData``): per
+   iteration, the span of the GPU's activity, the time some kernel or copy was running (``busy``), and each
+   kernel's count and time, the loop's own kernels and copies included.
+
+``kernel_sum_us`` (the kernels' durations under ncu, which serialises them) and the trace's ``busy`` against
+``loop_ms`` say how much of a short product is its kernels and how much is the gaps between them.
+
+Cases are ``IMPL:B:D:N`` with IMPL ``dense`` (``jnp.dot``), ``pallas`` (Triton), ``mosaic`` (the Mosaic backend:
+the banded kernel for b = 16 / 32, the TMA + wgmma kernel for 64 / 128) or ``default`` (``implementation=None``);
+``mosaic:B:D:N:KEY=VALUE,...`` runs the Mosaic kernel with those tiles (``MosaicConfig`` / ``BandConfig`` fields).
+
+Usage (on the GPU machine; ncu reads the counters on a Firecracker machine, with ``--clock-control none``)::
+
+    python3 benchmarks/profile_kernels.py --json $OUT/profile.json
+    python3 benchmarks/profile_kernels.py --cases mosaic:64:4:4096 pallas:64:4:4096 --json $OUT/p.json
+    python3 benchmarks/profile_kernels.py --cases mosaic:64:4:4096:tn=256,stages=4 --json $OUT/p_tn256.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import ctypes
+import io
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+
+DEFAULT_CASES = [
+    "dense:128:4:4096", "mosaic:128:4:4096", "mosaic:64:4:4096", "pallas:64:4:4096", "mosaic:64:16:4096",
+    "mosaic:32:4:4096", "pallas:32:4:4096", "mosaic:16:4:4096", "pallas:16:4:4096",
+    "dense:128:4:256", "mosaic:128:16:256", "mosaic:128:64:256", "mosaic:64:64:256", "pallas:64:64:256",
+]  # fmt: skip
+SECTIONS = ["SpeedOfLight", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis", "Occupancy", "LaunchStats",
+            "WarpStateStats", "SchedulerStats"]  # fmt: skip
+# (metric, short name); kept where ncu --query-metrics lists the metric's base name
+METRICS = [
+    ("dram__bytes_read.sum", "dram_read_bytes"),
+    ("dram__bytes_write.sum", "dram_write_bytes"),
+    ("lts__t_bytes.sum", "l2_bytes"),
+    ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "tensor_active_pct"),
+    ("sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active", "tensor_active_pct"),
+    ("sm__inst_executed_pipe_tensor_op_gmma.sum", "gmma_instructions"),
+    ("l1tex__data_pipe_lsu_wavefronts_mem_shared.sum", "smem_wavefronts"),
+    ("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_gmma.sum", "smem_gmma_bank_conflicts"),
+    ("sm__cycles_elapsed.avg", "sm_cycles"),
+]
+# (section, metric name in ncu's details page, short name) summarised in the table
+SUMMARY = [
+    ("GPU Speed Of Light Throughput", "Duration", "duration"),
+    ("GPU Speed Of Light Throughput", "Compute (SM) Throughput", "sm_pct"),
+    ("GPU Speed Of Light Throughput", "Memory Throughput", "mem_pct"),
+    ("GPU Speed Of Light Throughput", "L2 Cache Throughput", "l2_pct"),
+    ("GPU Speed Of Light Throughput", "DRAM Throughput", "dram_pct"),
+    ("Occupancy", "Achieved Occupancy", "occupancy_pct"),
+    ("Launch Statistics", "Registers Per Thread", "registers"),
+    ("Launch Statistics", "Grid Size", "grid"),
+    ("Launch Statistics", "Waves Per SM", "waves"),
+    ("Warp State Statistics", "Warp Cycles Per Issued Instruction", "cycles_per_issue"),
+]
+
+
+def _value(text: str):
+    """A config value from the command line: an integer, ``true`` / ``false``, ``none``, or the text."""
+    low = text.lower()
+    if low in ("true", "false", "none"):
+        return {"true": True, "false": False, "none": None}[low]
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
+def parse_case(case: str) -> tuple[str, int, int, int, dict]:
+    """``"IMPL:B:D:N[:KEY=VALUE,...]"`` -> ``(impl, b, d, n, config)``; ``ValueError`` naming the expected form.
+
+    A config (``mosaic`` only) sets the fields of ``MosaicConfig`` (b >= 64) or ``BandConfig`` (b = 16, 32), e.g.
+    ``mosaic:64:4:4096:tn=256,consumers=2``."""
+    parts = case.split(":")
+    impls = ("dense", "pallas", "mosaic", "default")
+    form = f"Expected a case IMPL:B:D:N[:KEY=VALUE,...] with IMPL in {impls}, positive integers"
+    if len(parts) not in (4, 5) or parts[0] not in impls or not all(p.isdigit() and int(p) > 0 for p in parts[1:4]):
+        raise ValueError(f"{form}. Got {case!r}.")
+    config = {}
+    if len(parts) == 5:
+        items = [kv.split("=", 1) for kv in parts[4].split(",")]
+        if parts[0] != "mosaic" or not all(len(kv) == 2 and kv[0] for kv in items):
+            raise ValueError(f"{form} and KEY=VALUE pairs for IMPL mosaic only. Got {case!r}.")
+        config = {k: _value(v) for k, v in items}
+    return parts[0], int(parts[1]), int(parts[2]), int(parts[3]), config
+
+
+def build(case: str, m: int):
+    """``(fn, args)`` of one case: the product to run, jitted, and its operands (bf16, fixed seeds)."""
+    import jax
+    import jax.numpy as jnp
+
+    import blocksparse as bs
+    from blocksparse.ops.matmul import pallas_mosaic, pallas_mosaic_bands
+
+    impl, b, d, n, config = parse_case(case)
+    W = bs.random(jax.random.key(0), (m, m), b, 1.0 / d, jnp.bfloat16)
+    x = jax.random.normal(jax.random.key(1), (m, n), jnp.bfloat16)
+    if impl == "dense":
+        return jax.jit(lambda a, x: jnp.dot(a, x, preferred_element_type=jnp.float32).astype(x.dtype)), (
+            W.to_dense(), x)  # fmt: skip
+    if config:
+        module, cls = ((pallas_mosaic_bands, pallas_mosaic_bands.BandConfig) if b in pallas_mosaic_bands.BLOCKS
+                       else (pallas_mosaic, pallas_mosaic.MosaicConfig))  # fmt: skip
+        cfg = cls(**config)
+        return jax.jit(lambda W, x: module.dsd(W.pattern, W.data, x, config=cfg)), (W, x)
+    implementation = None if impl == "default" else impl
+    return jax.jit(lambda W, x: bs.matmul(W, x, implementation=implementation)), (W, x)
+
+
+def _cuda_profiler(start: bool) -> None:
+    """``cuProfilerStart`` / ``Stop`` on the device's primary context (the one XLA runs on)."""
+    cuda = ctypes.CDLL("libcuda.so.1")
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    calls = [("cuInit", (0,)), ("cuDeviceGet", (ctypes.byref(dev), 0)),
+             ("cuDevicePrimaryCtxRetain", (ctypes.byref(ctx), dev)), ("cuCtxSetCurrent", (ctx,)),
+             ("cuProfilerStart" if start else "cuProfilerStop", ())]  # fmt: skip
+    for call, args in calls:
+        rc = getattr(cuda, call)(*args)
+        if rc != 0:
+            raise RuntimeError(f"Expected {call} to return CUDA_SUCCESS (0). Got {rc}.")
+
+
+def child(case: str, m: int) -> int:
+    """Compile and warm up one case, then run it once inside the profiler's range."""
+    import jax
+
+    fn, args = build(case, m)
+    for _ in range(2):
+        jax.block_until_ready(fn(*args))
+    _cuda_profiler(True)
+    jax.block_until_ready(fn(*args))
+    _cuda_profiler(False)
+    return 0
+
+
+def available_metrics(ncu: str) -> list[tuple[str, str]]:
+    """The entries of ``METRICS`` whose base name this ncu lists for the GPU (all of them if it lists none)."""
+    try:
+        out = subprocess.run([ncu, "--query-metrics"], capture_output=True, text=True, timeout=120).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    names = {line.split()[0] for line in out.splitlines() if line.strip() and "__" in line.split()[0]}
+    return [(m, s) for m, s in METRICS if m.split(".")[0] in names] if names else []
+
+
+def parse_ncu_csv(text: str) -> list[dict]:
+    """ncu's ``--csv --page details`` output -> one dict per profiled kernel launch, in launch order:
+    ``{"id", "name", "grid", "block", "metrics": {"Section / Metric": [value, unit]}}``. Lines before the CSV
+    header (ncu's own messages) are skipped; values are floats where they parse as numbers."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    if start is None:
+        return []
+    kernels: dict[str, dict] = {}
+    for row in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
+        if not row.get("ID") or not row.get("Metric Name"):
+            continue
+        k = kernels.setdefault(row["ID"], {"id": int(row["ID"]), "name": row.get("Kernel Name", ""),
+                                           "grid": row.get("Grid Size", ""), "block": row.get("Block Size", ""),
+                                           "metrics": {}})  # fmt: skip
+        value = row.get("Metric Value", "").replace(",", "")
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+        k["metrics"][f"{row.get('Section Name', '')} / {row['Metric Name']}"] = [value, row.get("Metric Unit", "")]
+    return sorted(kernels.values(), key=lambda k: k["id"])
+
+
+def summarise(kernel: dict, extra: list[tuple[str, str]]) -> dict:
+    """The ``SUMMARY`` and ``METRICS`` values of one parsed kernel (durations in us, bytes in bytes)."""
+    out = {"name": kernel["name"][:120], "grid": kernel["grid"], "block": kernel["block"]}
+    metrics = kernel["metrics"]
+    for section, metric, short in SUMMARY:
+        value, unit = metrics.get(f"{section} / {metric}", [None, ""])
+        if short == "duration" and isinstance(value, float):
+            value = value * {"ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}.get(unit, 1e-3)
+            short = "duration_us"
+        out[short] = value
+    for name, short in extra:
+        hit = [v for k, v in metrics.items() if k.endswith(f"/ {name}")]
+        out[short] = hit[0][0] if hit else None
+    return out
+
+
+def profile(case: str, m: int, ncu: str, extra: list[tuple[str, str]], timeout: int) -> dict:
+    """Run one case under ncu (a child process); the parsed kernels, or the reason none came back."""
+    cmd = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "details",
+           "--target-processes", "all"]  # fmt: skip
+    for s in SECTIONS:
+        cmd += ["--section", s]
+    if extra:
+        cmd += ["--metrics", ",".join(name for name, _ in extra)]
+    cmd += [sys.executable, os.path.abspath(__file__), "--child", case, "--m", str(m)]
+    t0 = time.perf_counter()
+    try:
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"ncu ran past {timeout} s", "seconds": time.perf_counter() - t0}
+    kernels = parse_ncu_csv(run.stdout)
+    result = {"seconds": time.perf_counter() - t0, "kernels": [summarise(k, extra) for k in kernels],
+              "raw": kernels}  # fmt: skip
+    if not kernels:
+        result["error"] = f"ncu exited {run.returncode} with no kernel: {(run.stderr or run.stdout)[-1500:]}"
+    durations = [k.get("duration_us") for k in result["kernels"]]
+    if durations and all(isinstance(v, float) for v in durations):
+        result["kernel_sum_us"] = sum(durations)
+    return result
+
+
+def trace_events(xplane_path: str) -> tuple[list[tuple[str, float, float]], list[tuple[str, float, float]]]:
+    """``(gpu, host)`` events of a ``jax.profiler`` trace as ``(name, start_us, end_us)``, sorted by start: every
+    kernel and copy on the GPU's streams, and the runtime's own events on the host's threads (Python's left out)."""
+    import jax
+
+    gpu, host = [], []
+    for plane in jax.profiler.ProfileData.from_file(xplane_path).planes:
+        on_gpu = plane.name.startswith("/device:GPU")
+        if not on_gpu and plane.name != "/host:CPU":
+            continue
+        for line in plane.lines:
+            # on the GPU the derived lines ("XLA Ops", ...) repeat the stream events
+            if (on_gpu and not line.name.startswith("Stream")) or (not on_gpu and line.name == "python"):
+                continue
+            out = gpu if on_gpu else host
+            out += [(e.name, e.start_ns / 1e3, (e.start_ns + e.duration_ns) / 1e3) for e in line.events]
+    return sorted(gpu, key=lambda e: e[1]), sorted(host, key=lambda e: e[1])
+
+
+def _per_iteration(events, iters: int, top: int | None = None) -> dict:
+    """``{name: [count per iteration, us per iteration]}``, the most time first."""
+    per = {}
+    for name, a, b in events:
+        c = per.setdefault(name[:120], [0.0, 0.0])
+        c[0] += 1 / iters
+        c[1] += (b - a) / iters
+    return dict(sorted(per.items(), key=lambda kv: -kv[1][1])[:top])
+
+
+def busy_time(events: list[tuple[str, float, float]]) -> float:
+    """The length of the union of the events' intervals (us): the time something ran on the GPU."""
+    total, end = 0.0, float("-inf")
+    for _, a, b in events:
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def trace_loop(fn, args, timer, iters: int) -> dict:
+    """One run of :meth:`Timer.loop_function` under ``jax.profiler.trace``: per-iteration span, busy time, kernels
+    and the host runtime's events (``{name: [count per iteration, us per iteration]}``)."""
+    import glob
+    import tempfile
+
+    import jax
+
+    looped = timer.loop_function(fn, iters)
+    jax.block_until_ready(looped(args))
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d):
+            jax.block_until_ready(looped(args))
+        paths = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
+        events, host = trace_events(paths[0]) if paths else ([], [])
+    if not events:
+        return {"error": "the trace holds no GPU stream events"}
+    return {"iters": iters, "span_us": (events[-1][2] - events[0][1]) / iters, "busy_us": busy_time(events) / iters,
+            "events": _per_iteration(events, iters), "host_events": _per_iteration(host, iters, top=25)}  # fmt: skip
+
+
+def _fmt(v, spec="{:.3g}") -> str:
+    return "-" if v is None else spec.format(v) if isinstance(v, float) else str(v)
+
+
+def table(rows: list[dict]) -> str:
+    head = ("case", "loop us", "calls us", "kernel", "us", "SM%", "mem%", "L2%", "DRAM MB", "L2 MB", "tensor%", "occ%",
+            "regs", "cyc/issue")  # fmt: skip
+    lines = [" | ".join(head)]
+    for r in rows:
+        for i, k in enumerate(r.get("kernels") or [{}]):
+            mb = [None if k.get(f) is None else k[f] / 1e6 for f in ("dram_read_bytes", "l2_bytes")]
+            if mb[0] is not None and k.get("dram_write_bytes") is not None:
+                mb[0] += k["dram_write_bytes"] / 1e6
+            lead = (r["case"], _fmt(r.get("loop_ms") and r["loop_ms"] * 1e3), _fmt(r.get("calls_ms") and r["calls_ms"]
+                    * 1e3)) if i == 0 else ("", "", "")  # fmt: skip
+            lines.append(" | ".join(lead + (k.get("name", r.get("error", ""))[:48], _fmt(k.get("duration_us")),
+                         *(_fmt(k.get(f)) for f in ("sm_pct", "mem_pct", "l2_pct")), _fmt(mb[0]), _fmt(mb[1]),
+                         *(_fmt(k.get(f)) for f in ("tensor_active_pct", "occupancy_pct", "registers",
+                                                    "cycles_per_issue")))))  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cases", nargs="+", default=DEFAULT_CASES, help="IMPL:B:D:N (see the module docstring)")
+    ap.add_argument("--m", type=int, default=8192, help="W is m x m, x m x n")
+    ap.add_argument("--ncu", default=shutil.which("ncu") or "ncu")
+    ap.add_argument("--timeout", type=int, default=240, help="seconds for one case under ncu")
+    ap.add_argument("--no-ncu", action="store_true", help="time (and trace) only")
+    ap.add_argument("--no-trace", action="store_true", help="no jax.profiler trace of the timed loop")
+    ap.add_argument("--json")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        return child(args.child, args.m)
+    for case in args.cases:
+        parse_case(case)
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave the GPU's memory to the ncu child
+
+    import jax
+
+    from blocksparse.bench import Timer
+
+    timer = Timer(iters=10, trials=3)
+    extra = [] if args.no_ncu else available_metrics(args.ncu)
+    doc = {"benchmark": "profile_kernels", "environment": {"device": str(jax.devices()[0].device_kind),
+           "jax": jax.__version__, "python": platform.python_version(), "ncu": args.ncu, "metrics": extra},
+           "rows": []}  # fmt: skip
+    status = 0
+    for case in args.cases:
+        row = {"case": case, "m": args.m}
+        try:
+            fn, ops = build(case, args.m)
+            row["loop_ms"] = timer.loop(fn, *ops)
+            row["calls_ms"] = timer.calls(fn, *ops)
+            if not args.no_trace:
+                row["trace"] = trace_loop(fn, ops, timer, timer.iters)
+            del fn, ops
+        except Exception as e:  # noqa: BLE001 - one broken case must not stop the run
+            row["error"] = f"{type(e).__name__}: {e}"[:400]
+        if not args.no_ncu:
+            row.update(profile(case, args.m, args.ncu, extra, args.timeout))
+        status |= "error" in row
+        doc["rows"].append(row)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(doc, f, indent=1)
+        print(table([row]).split("\n", 1)[1], flush=True)
+        t = row.get("trace", {})
+        if "busy_us" in t:
+            top = ", ".join(f"{k[:40]} {v[0]:.3g}x {v[1]:.3g} us" for k, v in list(t["events"].items())[:6])
+            print(f"  trace per iteration: span {t['span_us']:.1f} us, busy {t['busy_us']:.1f} us: {top}", flush=True)
+    print(table(doc["rows"]))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
