@@ -28,6 +28,7 @@ Usage (the brief's grid, about a minute on an H200; the b = 64 sweep of forced t
     python3 benchmarks/bench_mosaic.py --b 64 --tn 128 256 --stages 2 3 4 --json $OUT/mosaic_b64.json
     python3 benchmarks/bench_mosaic.py --n 256 --b 64 --tn 64 128 256 --json $OUT/mosaic_b64_n256.json
     python3 benchmarks/bench_mosaic.py --b 64 --tn 64 128 --consumers 1 2 --json $OUT/mosaic_b64_2wg.json
+    python3 benchmarks/bench_mosaic.py --cluster 1 2 --tn 128 256 --json $OUT/mosaic_cluster.json
     python3 benchmarks/bench_mosaic.py --epilogue gelu --json $OUT/mosaic_gelu.json
     python3 benchmarks/bench_mosaic.py --pattern uniform powerlaw --json $OUT/mosaic_skew.json
     python3 benchmarks/bench_mosaic.py --pattern uniform powerlaw --persistent --reduce kernel xla --json $OUT/r.json
@@ -127,7 +128,7 @@ def bench_cell(m: int, n: int, b: int, d: int, dtype, timer: Timer, configs, act
     for cfg in configs:
         v = {"tn": cfg.tn, "stages": cfg.stages, "max_len": cfg.max_len, "consumers": cfg.consumers,
              "grid_order": cfg.grid_order, "persistent": cfg.persistent, "programs": cfg.programs,
-             "reduce": cfg.reduce}  # fmt: skip
+             "reduce": cfg.reduce, "cluster": cfg.cluster}  # fmt: skip
         try:
             if cfg.consumers > 1 and activation is not None:
                 raise NotImplementedError("two warpgroups have no fused epilogue")
@@ -167,6 +168,8 @@ def _variant_label(v) -> str:
     if v.get("persistent"):
         order += f" persistent programs={v.get('programs')} max_steps={v.get('max_steps')}"
         order += f" partials={v.get('partials')} reduce={v.get('reduce')}"
+    if v.get("cluster", 1) > 1:
+        order += f" cluster={v['cluster']}"
     return f"tn={v['tn']} stages={v['stages']} consumers={v['consumers']} max_len={v['max_len']}{order}:"
 
 
@@ -227,6 +230,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-len", type=int, default=None, help="Mosaic variants: force the cap on blocks per program")
     ap.add_argument("--consumers", type=int, nargs="+", default=None, choices=[1, 2],
                     help="Mosaic variants: warpgroups per program (2: two column tiles share W's copy)")  # fmt: skip
+    ap.add_argument("--cluster", type=int, nargs="+", default=None, choices=[1, 2],
+                    help="Mosaic variants: programs per cluster (2: two column tiles share W's copies, a multicast)")
     ap.add_argument("--grid-order", nargs="+", default=None, choices=pallas_mosaic.GRID_ORDERS,
                     help="Mosaic variants: which programs launch fastest (column tiles or units)")  # fmt: skip
     ap.add_argument("--persistent", action="store_true",
@@ -251,14 +256,16 @@ def main(argv=None) -> int:
         print(f"bench_mosaic: the Mosaic kernel needs a Hopper GPU: {why}", file=sys.stderr)
         return 2
     configs = []
-    if args.tn or args.stages or args.max_len or args.consumers or args.grid_order or args.persistent:
-        grid = itertools.product(
-            args.tn or [None], args.stages or [None], args.consumers or [1], args.grid_order or [None]
-        )
-        for tn, stages, c, order in grid:
+    if args.tn or args.stages or args.max_len or args.consumers or args.grid_order or args.persistent or args.cluster:
+        grid = itertools.product(args.tn or [None], args.stages or [None], args.consumers or [1],
+                                 args.grid_order or [None], args.cluster or [1])  # fmt: skip
+        for tn, stages, c, order, cluster in grid:
+            if cluster > 1 and c > 1:
+                continue  # a cluster shares W between two programs of one warpgroup each
             kw = dict(tn=tn, stages=stages, max_len=args.max_len, consumers=c, grid_order=order)
-            configs.append(pallas_mosaic.MosaicConfig(**kw, persistent=False if args.persistent else None))
-            if args.persistent and c == 1:
+            configs.append(pallas_mosaic.MosaicConfig(**kw, cluster=cluster,
+                                                      persistent=False if args.persistent or cluster > 1 else None))
+            if args.persistent and c == 1 and cluster == 1:
                 for programs, reduce in itertools.product(args.programs or [None], args.reduce or [None]):
                     configs.append(pallas_mosaic.MosaicConfig(**kw, persistent=True, programs=programs, reduce=reduce))
     dtype = jnp.dtype(args.dtype)

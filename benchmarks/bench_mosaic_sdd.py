@@ -10,7 +10,8 @@ Timed in one process, each checked against the dense product at the blocks (rela
 
 - ``dense``: ``jnp.dot`` of the whole ``m x n`` product (a dense layer's weight gradient; cuBLAS);
 - ``triton``: ``bs.sdd(..., implementation="pallas")`` on the transposed operand (XLA's transpose copy
-  included, as the backward runs it today);
+  included, as the backward runs it today), its default splits of the contracted dimension;
+- ``triton_unsplit``: the same with one program per block (``KernelConfig(sdd_splits=1)``);
 - ``mosaic``: ``pallas_mosaic_sdd.sdd`` with its default plan on the same materialised transpose;
 - ``mosaic_view``: the same kernel reading the stored operand through a transposed shared-memory view
   (``a_transposed`` / ``b_transposed``: no copy);
@@ -24,8 +25,10 @@ Usage::
 
     python3 benchmarks/bench_mosaic_sdd.py --json $OUT/mosaic_sdd.json
     python3 benchmarks/bench_mosaic_sdd.py --cell dsd 8192 8192 4096 --tk 64 128 --stages 3 4 --json $OUT/t.json
+    python3 benchmarks/bench_mosaic_sdd.py --cell dds 384 1536 32768 --b 16 32 --triton-splits 2 4 8 --json $OUT/s.json
 
-``--interpret`` runs every kernel in Pallas' interpreter (the CPU; tiny shapes only, to check the script).
+``--interpret`` runs every kernel in Pallas' interpreter (the CPU; tiny shapes only, to check the script). Blocks
+the Mosaic kernel does not take (16, 32) time the others and record its reason.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import jax.numpy as jnp
 import blocksparse as bs
 from blocksparse.bench import Timer
 from blocksparse.ops.matmul import pallas_mosaic_sdd as ps
+from blocksparse.ops.matmul import pallas_triton as pt
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_mosaic import add_row, finish, new_doc  # noqa: E402  (the same report and failure rule)
@@ -63,9 +67,14 @@ def _kernels(kind: str, W, cfg=None):
     pattern = W.pattern
     a_t, b_t = kind == "dds", kind == "dsd"  # which operand is stored transposed
     mat = lambda p, q: (p.T if a_t else p, q.T if b_t else q)  # noqa: E731  (materialised transposes)
+    def triton_unsplit(p, q):
+        with pt.kernel_config(sdd_splits=1):  # traced inside: the Triton kernel with one program per block
+            return bs.sdd(*mat(p, q), W, implementation="pallas").data
+
     return {
         "dense": lambda p, q: jnp.dot(*mat(p, q), preferred_element_type=jnp.float32).astype(p.dtype),
         "triton": lambda p, q: bs.sdd(*mat(p, q), W, implementation="pallas").data,
+        "triton_unsplit": triton_unsplit,
         "mosaic": lambda p, q: ps.sdd(pattern, *mat(p, q), config=cfg),
         "mosaic_view": lambda p, q: ps.sdd(pattern, p, q, a_transposed=a_t, b_transposed=b_t, config=cfg),
     }
@@ -77,18 +86,43 @@ def _at_blocks(dense, W):
     return g[W.pattern.rows, :, W.pattern.cols, :]  # (nnz, bh, bw)
 
 
-def bench_cell(kind, m, n, k, b, d, dtype, timer: Timer, configs) -> dict:
+def _triton_split(kind: str, W, splits: int):
+    a_t, b_t = kind == "dds", kind == "dsd"
+
+    def fn(p, q):
+        with pt.kernel_config(sdd_splits=splits):
+            return bs.sdd(p.T if a_t else p, q.T if b_t else q, W, implementation="pallas").data
+
+    return fn
+
+
+def bench_cell(kind, m, n, k, b, d, dtype, timer: Timer, configs, triton_splits=()) -> dict:
     W = bs.random(jax.random.key(0), (m, n), b, 1.0 / d, dtype)
     p_, q_ = _operands(kind, m, n, k, dtype)
     flops = 2.0 * k * W.nnz_blocks * b * b
     row = {"kind": kind, "m": m, "n": n, "K": k, "b": b, "density": 1.0 / d, "dtype": jnp.dtype(dtype).name}
-    p = ps.plan(W.pattern, k, jnp.dtype(dtype).itemsize)
-    row.update(nnz_blocks=W.nnz_blocks, mosaic_tk=p.tk, mosaic_stages=p.stages, mosaic_splits=p.splits)
+    row["nnz_blocks"] = W.nnz_blocks
+    row["triton_splits"] = pt.sdd_splits(W.nnz_blocks, k, W.block_size)
+    kernels = _kernels(kind, W)
+    try:
+        p = ps.plan(W.pattern, k, jnp.dtype(dtype).itemsize)
+        row.update(mosaic_tk=p.tk, mosaic_stages=p.stages, mosaic_splits=p.splits)
+    except NotImplementedError as e:  # blocks of 16 / 32: Triton and dense only
+        row["mosaic_refused"] = f"NotImplementedError: {e}"  # not a failure of the cell
+        kernels = {name: fn for name, fn in kernels.items() if not name.startswith("mosaic")}
+        configs = ()
     want = None
-    for name, fn in _kernels(kind, W).items():
+    for name, fn in kernels.items():
         got = _time(name, fn, p_, q_, want, dtype, timer, 2.0 * m * n * k if name == "dense" else flops, row)
         if name == "dense" and got is not None:
             want = _at_blocks(got.astype(jnp.float32), W)
+    if "triton_ms" in row and "triton_unsplit_ms" in row:
+        row["triton_split_speedup"] = row["triton_unsplit_ms"] / row["triton_ms"]
+    row["triton_variants"] = []
+    for splits in triton_splits:
+        v = {"sdd_splits": splits}
+        _time("triton", _triton_split(kind, W, splits), p_, q_, want, dtype, timer, flops, v)
+        row["triton_variants"].append(v)
     for name in ("triton", "dense"):
         for mine in ("mosaic", "mosaic_view"):
             if f"{mine}_ms" in row and f"{name}_ms" in row:
@@ -111,7 +145,8 @@ def bench_cell(kind, m, n, k, b, d, dtype, timer: Timer, configs) -> dict:
 
 
 COLUMNS = [("kind", "{}"), ("m", "{}"), ("n", "{}"), ("K", "{}"), ("b", "{}"), ("density", "{:.4g}"),
-           ("dense_ms", "{:.3f}"), ("triton_ms", "{:.3f}"), ("mosaic_ms", "{:.3f}"), ("mosaic_view_ms", "{:.3f}"),
+           ("dense_ms", "{:.3f}"), ("triton_ms", "{:.3f}"), ("triton_unsplit_ms", "{:.3f}"), ("triton_splits", "{}"),
+           ("triton_split_speedup", "{:.2f}"), ("mosaic_ms", "{:.3f}"), ("mosaic_view_ms", "{:.3f}"),
            ("mosaic_view_calls_ms", "{:.3f}"), ("mosaic_view_tflops", "{:.0f}"),
            ("mosaic_view_speedup_vs_triton", "{:.2f}"), ("mosaic_view_err", "{:.2e}"), ("mosaic_tk", "{}"),
            ("mosaic_splits", "{}")]  # fmt: skip
@@ -131,6 +166,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tk", type=int, nargs="+", default=None, help="variants: force these contracted tiles")
     ap.add_argument("--stages", type=int, nargs="+", default=None, help="variants: force these depths")
     ap.add_argument("--splits", type=int, nargs="+", default=None, help="variants: force these splits")
+    ap.add_argument("--triton-splits", type=int, nargs="+", default=None,
+                    help="Triton variants: force these programs per block (KernelConfig(sdd_splits=...))")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--interpret", action="store_true", help="Pallas' interpreter on the CPU (tiny shapes only)")
@@ -153,7 +190,8 @@ def main(argv=None) -> int:
         for (kind, m, n, k), b, d in itertools.product(cells, args.b, args.d):
             if kind not in ("dsd", "dds"):
                 raise SystemExit(f"Expected a cell kind 'dsd' or 'dds'. Got {kind!r}.")
-            add_row(doc, bench_cell(kind, m, n, k, b, d, dtype, timer, configs), args.json)
+            row = bench_cell(kind, m, n, k, b, d, dtype, timer, configs, args.triton_splits or ())
+            add_row(doc, row, args.json)
     return finish(doc, args.json, COLUMNS, _variant_label)
 
 

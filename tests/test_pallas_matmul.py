@@ -167,6 +167,51 @@ def _check_all_ops(p, dtype, key, n, cfg=None, table=RTOL):
     _close(pt.sdd(a, b, p, dtype, config=cfg), REF.sdd(s, a.astype(f32), b.astype(f32)), dtype, table, f"sdd {p}")
 
 
+@settings(max_examples=10, deadline=None)
+@given(
+    kind=st.sampled_from(["random", "single", "full_row", "empty"]),
+    block=st.sampled_from([(16, 16), (32, 16), (16, 64)]),
+    chunks=st.integers(1, 9),
+    splits=st.integers(1, 6),
+    dtype=st.sampled_from([jnp.float32, jnp.bfloat16]),
+    seed=st.integers(0, 2**16),
+)
+def test_sdd_split_over_the_contracted_dimension_matches_the_reference(kind, block, chunks, splits, dtype, seed):
+    """sdd_splits programs per block, each over a share of the contracted chunks (a last short share, more splits
+    than chunks), their float32 partials summed; against the XLA reference."""
+    p = _pattern(kind, seed, (64, 128), block)
+    k1, k2 = jax.random.split(jax.random.key(seed))
+    n = 16 * chunks - 3  # padded to chunks of tk = 16
+    a = jax.random.normal(k1, (64, n), jnp.float32).astype(dtype)
+    b = jax.random.normal(k2, (n, 128), jnp.float32).astype(dtype)
+    with dispatch.interpret(True):
+        got = pt.sdd(a, b, p, dtype, config=pt.KernelConfig(tk=16, sdd_splits=splits))
+    _close(got, REF.sdd(_static(p), a.astype(jnp.float32), b.astype(jnp.float32)), dtype, RTOL, f"{p} {splits}")
+
+
+def test_sdd_splits_by_default_only_for_few_blocks_per_sm():
+    """The default: unsplit for SDD_WAVES blocks per SM; fewer blocks over a long contracted dimension are split
+    (the kernel's name says how many ways) and still match."""
+    from blocksparse.ops.matmul.lowering import contraction_splits
+
+    target = pt.SDD_WAVES * 132
+    assert contraction_splits(target, 4096, target, target, 32) == 1  # enough blocks: one program each
+    assert contraction_splits(144, 256, target, target, 32) == 4  # 4 programs per SM
+    assert contraction_splits(36, 256, target, target, 32) == 8  # 32 chunks a program at least
+    assert contraction_splits(2, 7, target, target, 32) == 1 and contraction_splits(2, 4096, 132, 264, 8) == 132
+    p = _pattern("single", 0, (32, 32), (16, 16))
+    a = jax.random.normal(jax.random.key(0), (32, 16 * 96), jnp.float32)
+    b = jax.random.normal(jax.random.key(1), (16 * 96, 32), jnp.float32)
+    f = jax.jit(lambda a, b: pt.sdd(a, b, p, jnp.float32, config=pt.KernelConfig(tk=16)))
+    with dispatch.interpret(True):
+        assert "bs_sdd_16x16_tk16_split3" in str(jax.make_jaxpr(f)(a, b))  # 1 block, 96 chunks: 3 of 32
+        got = f(a, b)
+    _close(got, REF.sdd(_static(p), a, b), jnp.float32, RTOL, "default split")
+    assert pt.sdd_splits(1, 16 * 96, (16, 16), pt.KernelConfig(tk=16)) == 3 and pt.sdd_splits(1, 0, (16, 16)) == 1
+    with pytest.raises(ValueError, match="Expected sdd_splits >= 1. Got 0."):
+        pt.KernelConfig(sdd_splits=0)
+
+
 @settings(max_examples=8)
 @given(
     gm=st.integers(1, 4),

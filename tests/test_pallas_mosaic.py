@@ -540,6 +540,47 @@ def test_default_dispatch_off_hopper_is_unchanged():
 
 
 # ----------------------------------------------------------------------------- real Hopper GPU
+@pytest.mark.parametrize("kind,order,block,n,cfg", [
+    ("full_row", "tiles", (64, 64), 200, dict(tn=64, stages=2, max_len=2)),
+    ("random", "units", (64, 128), 130, dict(tn=64, stages=3)),
+    ("single", "tiles", (128, 64), 64, dict(tn=64)),
+    ("empty_rows", "units", (64, 64), 300, dict(tn=128, stages=2)),
+])  # fmt: skip
+def test_interpreter_cluster_of_two_multicasts_w(kind, order, block, n, cfg):
+    """cluster=2: two programs on adjacent column tiles of one unit share each W block's copy (a multicast);
+    a stage is refilled once both have finished with it. Split rows, an odd number of column tiles padded to an
+    even one, a unit of one block, empty rows; interpreted with the race detector."""
+    from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    pattern, data, x, want, scale = _problem(kind, block, jnp.bfloat16, shape=(256, 512), n=n, seed=n)
+    config = pallas_mosaic.MosaicConfig(cluster=2, grid_order=order, **cfg)
+    p = pallas_mosaic.plan(pattern, n, config=config)
+    assert p.cluster == 2 and p.tiles % 2 == 0 and p.n_pad == p.tiles * p.tn >= n and p.persistent is None
+    tiles_axis = p.grid[1].index("t")
+    assert p.grid[0][tiles_axis] == p.tiles // 2 and p.cluster_shape["cluster"][tiles_axis] == 2
+    y = pallas_mosaic.dsd(pattern, data, x, config=config, interpret=plgpu.InterpretGPUParams(detect_races=True))
+    assert not gpu_callbacks.get_races().races_found
+    assert_close(y, want, scale, jnp.bfloat16, what=f"{kind} {order} {block} n={n}")
+
+
+def test_cluster_lowers_for_cuda_with_an_epilogue_and_refuses_what_it_lacks():
+    pattern, data, x, want, scale = _problem("random", (128, 128), jnp.bfloat16, shape=(512, 512), n=512)
+    cfg = pallas_mosaic.MosaicConfig(cluster=2)
+    bias = jnp.zeros((512,), jnp.float32)
+    fn = jax.jit(lambda d, x, c: pallas_mosaic.dsd(pattern, d, x, config=cfg, interpret=False,
+                                                   epi=epilogue.Epilogue("gelu", True, 1), bias=c))  # fmt: skip
+    text = fn.trace(data, x, bias).lower(lowering_platforms=("cuda",)).as_text()
+    assert "_cluster2" in text
+    assert pallas_mosaic.plan(pattern, 512, config=pallas_mosaic.MosaicConfig(cluster=2, persistent=None)).cluster == 2
+    with pytest.raises(ValueError, match="Expected cluster 1 or 2. Got 4."):
+        pallas_mosaic.MosaicConfig(cluster=4)
+    with pytest.raises(ValueError, match="Expected persistent not True and consumers=1 with cluster=2"):
+        pallas_mosaic.MosaicConfig(cluster=2, persistent=True)
+    with pytest.raises(ValueError, match="Expected persistent not True and consumers=1 with cluster=2"):
+        pallas_mosaic.MosaicConfig(cluster=2, consumers=2)
+
+
 def _hopper():
     why = pallas_mosaic.hopper_problem()
     if why is not None:
@@ -565,7 +606,8 @@ def test_gpu_matmul_matches_oracle(b, dtype, data, seed):
     assert log == [("dsd", "mosaic")]
     assert_close(y, wd @ xd, np.abs(wd) @ np.abs(xd), dtype, what=f"b={b} {dtype}")
     for cfg in (pallas_mosaic.MosaicConfig(max_len=3), pallas_mosaic.MosaicConfig(max_len=3, persistent=True),
-                pallas_mosaic.MosaicConfig(persistent=True, grid_order="units")):  # fmt: skip
+                pallas_mosaic.MosaicConfig(persistent=True, grid_order="units"),
+                pallas_mosaic.MosaicConfig(cluster=2, max_len=3)):  # fmt: skip
         y = jax.jit(lambda d, x, cfg=cfg: pallas_mosaic.dsd(pattern, d, x, config=cfg))(W.data, x)
         assert_close(y, wd @ xd, np.abs(wd) @ np.abs(xd), dtype, what=f"b={b} {dtype} {cfg}")
 
@@ -597,11 +639,13 @@ def test_gpu_fused_epilogue(b, dtype, activation):
     "config",
     [dict(tn=256, stages=4), dict(tn=128, stages=3, consumers=2), dict(tn=64, consumers=2, max_len=3),
      dict(tn=256, stages=2), dict(grid_order="units"), dict(grid_order="tiles", max_len=3),
-     dict(persistent=True), dict(persistent=True, grid_order="tiles", max_len=3, programs=7)],
+     dict(persistent=True), dict(persistent=True, grid_order="tiles", max_len=3, programs=7),
+     dict(cluster=2), dict(cluster=2, tn=256, stages=4), dict(cluster=2, grid_order="units", max_len=3),
+     dict(cluster=2, tn=64, stages=2)],
 )  # fmt: skip
 def test_gpu_forced_variants(kind, config):
     """The variants bench_mosaic.py can force for b = 64 (4 stages, two consumer warpgroups, tn = 256 at
-    n = 256) against the float64 oracle, before their times mean anything."""
+    n = 256, clusters of two sharing W's copies) against the float64 oracle, before their times mean anything."""
     _hopper()
     cfg = pallas_mosaic.MosaicConfig(**config)
     for n in (256, 1000):

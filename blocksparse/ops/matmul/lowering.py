@@ -98,6 +98,8 @@ __all__ = [
     "kernel_constant",
     "TracedSchedule",
     "choose_max_len",
+    "contraction_splits",
+    "device_sms",
     "dynamic_max_len",
     "estimate_seconds",
     "execute_dsd",
@@ -399,6 +401,34 @@ def lower(pattern: BlockPattern, options: GpuLowering = GpuLowering()) -> RowSpl
     return _row_split(
         indptr, np.asarray(cols, np.int64), np.asarray(ids, np.int64), max_len, pattern.fingerprint + options.op
     )
+
+
+def device_sms() -> int:
+    """Streaming multiprocessors of the default device where it is a GPU (an H100 PCIe has 114, an H20 78, a MIG
+    slice fewer), else the H200's 132 (plans made on a CPU for the GPU)."""
+    try:
+        device = jax.devices()[0]
+    except RuntimeError:  # no backend at all
+        return H200.num_sms
+    return int(getattr(device, "core_count", 0) or H200.num_sms) if device.platform == "gpu" else H200.num_sms
+
+
+def contraction_splits(blocks: int, steps: int, split_below: int, programs: int, min_steps: int) -> int:
+    """Programs per output block of an ``sdd``, each over a share of the contracted dimension's ``steps``.
+
+    1 for at least ``split_below`` blocks; else the fewest splits that give ``programs`` programs, each of at
+    least ``min_steps`` steps (and never more splits than steps).
+
+    Example::
+
+        >>> contraction_splits(4096, 64, 132, 264, 8), contraction_splits(36, 512, 132, 264, 8)
+        (1, 8)
+        >>> contraction_splits(36, 20, 132, 264, 8)  # 8 steps a split at least
+        2
+    """
+    if blocks >= split_below:
+        return 1
+    return max(1, min(cdiv(programs, max(blocks, 1)), steps // min_steps, steps))
 
 
 def kernel_constant(a) -> jax.Array:

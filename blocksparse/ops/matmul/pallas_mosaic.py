@@ -139,6 +139,9 @@ class MosaicConfig:
             must be resident at once) or ``"xla"`` (every piece writes a partial, XLA sums them after the
             kernel). ``None``: ``"kernel"``, but ``"xla"`` in Pallas' GPU interpreter (it has no semaphores)
             and where ``programs`` exceeds the resident slots.
+        cluster: programs per cluster along x's columns (1 or 2). With 2, the programs of two adjacent column
+            tiles of one unit run as a cluster and each W block is copied once for both (a TMA multicast),
+            halving W's reads from L2; one program per item (not the persistent kernel), one warpgroup.
     """
 
     tn: int | None = None
@@ -149,6 +152,7 @@ class MosaicConfig:
     persistent: bool | None = None
     programs: int | None = None
     reduce: str | None = None
+    cluster: int = 1
 
     def __post_init__(self):
         if self.tn is not None and self.tn not in _TILES:
@@ -164,6 +168,13 @@ class MosaicConfig:
         if self.persistent and self.consumers != 1:
             raise ValueError(f"Expected consumers=1 with persistent=True. Got {self.consumers}.")
         pp.check_reduce(self.reduce)
+        if self.cluster not in (1, 2):
+            raise ValueError(f"Expected cluster 1 or 2. Got {self.cluster}.")
+        if self.cluster > 1 and (self.persistent or self.consumers != 1):
+            raise ValueError(
+                f"Expected persistent not True and consumers=1 with cluster={self.cluster}. "
+                f"Got persistent={self.persistent}, consumers={self.consumers}."
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +189,7 @@ class MosaicPlan:
         sched: the work list.
         consumers: warpgroups per program, each on ``tn`` columns (a program covers ``consumers * tn``).
         grid_order: ``"tiles"`` or ``"units"``: which programs launch fastest (see :class:`MosaicConfig`).
+        cluster: programs per cluster along the column tiles (``tiles`` is then a multiple of it).
     """
 
     tn: int
@@ -188,14 +200,25 @@ class MosaicPlan:
     consumers: int = 1
     grid_order: str = "tiles"
     persistent: object = None  # a pallas_mosaic_persistent.PersistentSchedule, or None: one program per item
+    cluster: int = 1
 
     @property
     def grid(self) -> tuple[tuple[int, int], tuple[str, str]]:
-        """The kernel's grid and axis names: Mosaic GPU launches the *last* dimension fastest (it reverses
-        the grid onto CUDA's ``x, y, z``)."""
+        """The kernel's grid (of clusters) and axis names: Mosaic GPU launches the *last* dimension fastest (it
+        reverses the grid onto CUDA's ``x, y, z``)."""
+        tiles = self.tiles // self.cluster
         if self.grid_order == "tiles":
-            return (self.sched.num_units, self.tiles), ("u", "t")
-        return (self.tiles, self.sched.num_units), ("t", "u")
+            return (self.sched.num_units, tiles), ("u", "t")
+        return (tiles, self.sched.num_units), ("t", "u")
+
+    @property
+    def cluster_shape(self) -> dict:
+        """``plgpu.kernel``'s cluster arguments: ``cluster`` programs along the column tiles, axis ``"c"``."""
+        if self.cluster == 1:
+            return {}
+        along_tiles = self.grid_order == "tiles"
+        shape = (1, self.cluster) if along_tiles else (self.cluster, 1)
+        return dict(cluster=shape, cluster_names=("cu", "c") if along_tiles else ("c", "cu"))
 
     def smem_bytes(self, bh: int, bw: int, itemsize: int, out_itemsize: int | None = None) -> int:
         """Shared memory of the pipeline (one warpgroup: the output staging buffer reuses it afterwards;
@@ -245,6 +268,8 @@ def plan(
     ``NotImplementedError`` if the kernel cannot take these blocks or tiles.
     """
     cfg = config or MosaicConfig()
+    if cfg.persistent is None and cfg.cluster > 1:
+        cfg = dataclasses.replace(cfg, persistent=False)
     if cfg.persistent is None:  # the measured rules; where the persistent kernel cannot take the tiles, the other
         per_item = functools.partial(plan, pattern, n, itemsize, dataclasses.replace(cfg, persistent=False),
                                      extra_smem, out_itemsize, fused)  # fmt: skip
@@ -269,7 +294,7 @@ def plan(
             f"requires bh * tn <= {_MAX_ACC} (a float32 accumulator in one warpgroup's registers) (got {bh} * {tn})"
         )
     c = cfg.consumers
-    tiles = cdiv(n, tn * c)
+    tiles = cdiv(n, tn * c * cfg.cluster) * cfg.cluster
     max_len = cfg.max_len
     if cfg.persistent and max_len is None:  # split only rows longer than a program's share of the steps
         # The share of one program per SM, even where two fit: a finer cap would split more rows (b = 64:
@@ -289,7 +314,7 @@ def plan(
                           persistent=persistent)  # fmt: skip
     stages = _stages(cfg.stages, per_stage, extra_smem)
     return MosaicPlan(tn=tn, tiles=tiles, n_pad=tiles * tn * c, stages=stages, sched=sched, consumers=c,
-                      grid_order=order)  # fmt: skip
+                      grid_order=order, cluster=cfg.cluster)  # fmt: skip
 
 
 def _stages(forced: int | None, per_stage: int, extra_smem: int) -> int:
@@ -311,13 +336,16 @@ def _operand_transforms(dtype):
     return (plgpu.TilingTransform((8, _SWIZZLE // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(_SWIZZLE))
 
 
-def _consume(acc_ref, a_smem, b_smem, a_bar, b_bar, i, stages: int, count, fetch, transposed=(False, False)):
+def _consume(acc_ref, a_smem, b_smem, a_bar, b_bar, i, stages: int, count, fetch, transposed=(False, False),
+             free=None):  # fmt: skip
     """Step ``i`` of a ``stages``-deep pipeline of ``count`` steps: wait for stage ``i % stages``, issue
     ``acc_ref += a @ b`` on it, wait until at most that wgmma is pending (step ``i - 1``'s stage is then
     free) and refill that stage with ``fetch(i + stages - 1)``.
 
     ``transposed``: whether the ``a`` / ``b`` tiles are stored transposed (wgmma reads them through a
-    transposed view of shared memory)."""
+    transposed view of shared memory). ``free``: the cluster barriers of a multicast ``a`` (see
+    :func:`_pipelined_wgmma`): this program says it is done with step ``i - 1``'s stage, and ``fetch`` waits
+    for every program of the cluster to have said so before the multicast refills that stage in all of them."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     slot = lax.rem(i, stages)
@@ -329,10 +357,20 @@ def _consume(acc_ref, a_smem, b_smem, a_bar, b_bar, i, stages: int, count, fetch
     plgpu.wgmma(acc_ref, a, b)
     plgpu.wgmma_wait(1)
     nxt = i + stages - 1
-    pl.when(nxt < count)(lambda: fetch(nxt))
+    if free is None:
+        pl.when(nxt < count)(lambda: fetch(nxt))
+        return
+
+    # Only a stage that is refilled is announced: every arrival then lands on a barrier its program still waits on
+    # (the programs of a cluster run the same steps), so none reaches a program that has exited.
+    @pl.when(nxt < count)
+    def _():
+        pl.when(i > 0)(lambda: plgpu.barrier_arrive(free.at[lax.rem(nxt, stages)]))
+        fetch(nxt, wait=i > 0)
 
 
-def _pipelined_wgmma(acc_ref, length, stages: int, a_src, b_src, a_tile, b_tile, dtype, transposed=(False, False)):
+def _pipelined_wgmma(acc_ref, length, stages: int, a_src, b_src, a_tile, b_tile, dtype, transposed=(False, False),
+                     a_cluster: str | None = None):  # fmt: skip
     """``acc_ref += a_src(i) @ b_src(i)`` for ``i < length`` and the accumulator's value.
 
     ``a_src(i)`` / ``b_src(i)``: global-memory slices of shapes ``a_tile`` / ``b_tile``, TMA-copied into
@@ -340,32 +378,46 @@ def _pipelined_wgmma(acc_ref, length, stages: int, a_src, b_src, a_tile, b_tile,
     wgmma, waits until at most one wgmma is pending (step ``i - 1``'s stage is then free) and refills
     that stage with step ``i + stages - 1``. ``transposed``: the tiles of ``a`` / ``b`` are stored
     transposed (``a_tile`` / ``b_tile`` are then the stored shapes).
+
+    ``a_cluster``: a cluster axis whose programs all run this pipeline with the same ``a_src`` and ``length``
+    (their own ``b_src``): ``a`` is then copied once for all of them (a TMA multicast), and a stage is refilled
+    only once every program of the cluster has finished with it (a cluster barrier per stage).
     """
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    def pipeline(a_smem, b_smem, a_bar, b_bar):
-        def fetch(i):  # step i's operands into stage i % stages
+    def pipeline(a_smem, b_smem, a_bar, b_bar, *free):
+        free = free[0] if free else None
+
+        def fetch(i, wait=False):  # step i's operands into stage i % stages
             slot = lax.rem(i, stages)
-            plgpu.copy_gmem_to_smem(a_src(i), a_smem.at[slot], a_bar.at[slot])
-            plgpu.copy_gmem_to_smem(b_src(i), b_smem.at[slot], b_bar.at[slot])
+            if a_cluster is None:
+                plgpu.copy_gmem_to_smem(a_src(i), a_smem.at[slot], a_bar.at[slot])
+                plgpu.copy_gmem_to_smem(b_src(i), b_smem.at[slot], b_bar.at[slot])
+                return
+            plgpu.copy_gmem_to_smem(b_src(i), b_smem.at[slot], b_bar.at[slot])  # this program's own: no wait
+            if wait is not False:  # the stage's previous step is done in every program of the cluster
+                pl.when(wait)(lambda: plgpu.barrier_wait(free.at[slot]))
+            plgpu.copy_gmem_to_smem(a_src(i), a_smem.at[slot], a_bar.at[slot], collective_axes=a_cluster)
 
         for i in range(stages - 1):  # prologue: fill all stages but one
             pl.when(i < length)(functools.partial(fetch, i))
 
         def step(i, carry):
-            _consume(acc_ref, a_smem, b_smem, a_bar, b_bar, i, stages, length, fetch, transposed)
+            _consume(acc_ref, a_smem, b_smem, a_bar, b_bar, i, stages, length, fetch, transposed, free)
             return carry
 
         lax.fori_loop(0, length, step, None)
         plgpu.wgmma_wait(0)
 
     transforms = _operand_transforms(dtype)
+    free = () if a_cluster is None else (plgpu.ClusterBarrier(collective_axes=(a_cluster,), num_barriers=stages),)
     pl.run_scoped(
         pipeline,
         plgpu.SMEM((stages, *a_tile), dtype, transforms=transforms),
         plgpu.SMEM((stages, *b_tile), dtype, transforms=transforms),
         plgpu.Barrier(num_barriers=stages),
         plgpu.Barrier(num_barriers=stages),
+        *free,
     )
     return acc_ref[...]
 
@@ -409,17 +461,19 @@ def _with_bias_buffer(run, bias_g, size: int):
 
 
 def _dsd_kernel(start_g, len_g, dest_g, col_g, id_g, w_g, x_g, *refs, bh, bw, tn, stages, epi=None,
-                transposed=False):  # fmt: skip
+                transposed=False, cluster=1):  # fmt: skip
     """Program ``(u, t)``: unit ``u`` of the schedule times columns ``[t * tn, (t + 1) * tn)``.
 
     ``refs``: ``(bias_g,)`` when ``epi`` has a bias, then ``y_g, p_g``. ``transposed``: ``w_g`` holds each
     block transposed (``bw x bh``, a dynamic ``x @ D``'s blocks), read through a transposed shared-memory view.
+    ``cluster``: programs per cluster (axis ``"c"``) on adjacent column tiles of one unit, W's blocks multicast.
     """
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     bias_g, (y_g, p_g) = (refs[0], refs[1:]) if epi is not None and epi.bias else (None, refs)
     u = lax.axis_index("u")
-    n0 = pl.multiple_of(lax.axis_index("t") * tn, tn)
+    t = lax.axis_index("t") if cluster == 1 else lax.axis_index("t") * cluster + lax.axis_index("c")
+    n0 = pl.multiple_of(t * tn, tn)
     start = start_g[u]
     length = len_g[u]
     dest = dest_g[u]
@@ -430,7 +484,7 @@ def _dsd_kernel(start_g, len_g, dest_g, col_g, id_g, w_g, x_g, *refs, bh, bw, tn
             acc_ref, length, stages,
             lambda i: w_g.at[pl.ds(id_g[start + i] * wr, wr), :],
             lambda i: x_g.at[pl.ds(col_g[start + i] * bw, bw), pl.ds(n0, tn)],
-            w_tile, (bw, tn), w_g.dtype, transposed=(transposed, False),
+            w_tile, (bw, tn), w_g.dtype, transposed=(transposed, False), a_cluster=None if cluster == 1 else "c",
         )  # fmt: skip
 
     def run(bias_smem=None, bias_bar=None):
@@ -545,8 +599,9 @@ def _launch(p: MosaicPlan, m: int, data, xp, out_dtype, *, interpret, epi=None, 
         body = functools.partial(_dsd_kernel_2wg, bh=bh, bw=bw, tn=p.tn, stages=p.stages)
         threads = dict(num_threads=2, thread_name="wg")
     else:
-        body = functools.partial(_dsd_kernel, bh=bh, bw=bw, tn=p.tn, stages=p.stages, epi=epi, transposed=transposed)
-        threads = {}
+        body = functools.partial(_dsd_kernel, bh=bh, bw=bw, tn=p.tn, stages=p.stages, epi=epi, transposed=transposed,
+                                 cluster=p.cluster)  # fmt: skip
+        threads = p.cluster_shape
     kernel = plgpu.kernel(
         body,
         out_type=(
@@ -557,7 +612,7 @@ def _launch(p: MosaicPlan, m: int, data, xp, out_dtype, *, interpret, epi=None, 
         grid_names=p.grid[1],
         kernel_name=f"bs_mgpu_dsd_{bh}x{bw}_tn{p.tn}" + ("_epi" if epi is not None else "")
         + ("_2wg" if p.consumers == 2 else "") + ("_units_fastest" if p.grid_order == "units" else "")
-        + ("_wt" if transposed else ""),
+        + ("_wt" if transposed else "") + (f"_cluster{p.cluster}" if p.cluster > 1 else ""),
         interpret=plgpu.InterpretGPUParams() if interpret is True else interpret,
         **threads,
     )

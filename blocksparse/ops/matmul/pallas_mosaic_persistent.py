@@ -78,7 +78,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from .lowering import H200, RowSplitSchedule, kernel_constant
+from .lowering import H200, RowSplitSchedule, device_sms, kernel_constant
 
 __all__ = [
     "REDUCTIONS",
@@ -148,16 +148,6 @@ CTA_SMEM_OVERHEAD = 2048
 #: 128 threads uses at most 255 registers a thread, so 2 always fit in 64 K registers; 3 or more would need a
 #: register count nobody checks.
 MAX_RESIDENT_PER_SM = 2
-
-
-def device_sms() -> int:
-    """Streaming multiprocessors of the default device where it is a GPU (an H100 PCIe has 114, an H20 78, a MIG
-    slice fewer), else the H200's 132 (plans made on a CPU for the GPU)."""
-    try:
-        device = jax.devices()[0]
-    except RuntimeError:  # no backend at all
-        return H200.num_sms
-    return int(getattr(device, "core_count", 0) or H200.num_sms) if device.platform == "gpu" else H200.num_sms
 
 
 def default_programs(smem_bytes: int, items: int, num_sms: int | None = None, smem_per_sm: int = H200.smem_per_sm,

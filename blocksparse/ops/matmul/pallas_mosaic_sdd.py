@@ -54,7 +54,7 @@ from jax.experimental import pallas as pl
 from ..._pattern import BlockPattern
 from ..._util import cdiv
 from .. import _dispatch
-from .lowering import H200, kernel_constant
+from .lowering import H200, contraction_splits, kernel_constant
 from .pallas_mosaic import (
     _SMEM_BYTES,
     SUPPORTED_BLOCKS,
@@ -137,10 +137,8 @@ class SddPlan:
 
 def _default_splits(nnz: int, steps: int) -> int:
     """1 where there is a block for every SM, else the fewest splits that fill the SMs ``_WAVES`` times, each of
-    at least ``_MIN_SPLIT_STEPS`` steps."""
-    if nnz >= H200.num_sms:
-        return 1
-    return max(1, min(cdiv(_WAVES * H200.num_sms, max(nnz, 1)), steps // _MIN_SPLIT_STEPS))
+    at least ``_MIN_SPLIT_STEPS`` steps (:func:`~.lowering.contraction_splits`)."""
+    return contraction_splits(nnz, steps, H200.num_sms, _WAVES * H200.num_sms, _MIN_SPLIT_STEPS)
 
 
 def plan(pattern: BlockPattern, k: int, itemsize: int = 2, config: SddConfig | None = None) -> SddPlan:
