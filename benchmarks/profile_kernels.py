@@ -156,7 +156,8 @@ def child(case: str, m: int) -> int:
 
 
 def available_metrics(ncu: str) -> list[tuple[str, str]]:
-    """The entries of ``METRICS`` whose base name this ncu lists for the GPU (all of them if it lists none)."""
+    """The entries of ``METRICS`` whose base name this ncu lists for the GPU; none where the query fails or lists
+    nothing (an unknown metric would fail the whole ncu run; the sections' counters are read either way)."""
     try:
         out = subprocess.run([ncu, "--query-metrics"], capture_output=True, text=True, timeout=120).stdout
     except (OSError, subprocess.TimeoutExpired):
@@ -352,7 +353,10 @@ def main(argv=None) -> int:
         except Exception as e:  # noqa: BLE001 - one broken case must not stop the run
             row["error"] = f"{type(e).__name__}: {e}"[:400]
         if not args.no_ncu:
-            row.update(profile(case, args.m, args.ncu, extra, args.timeout))
+            prof = profile(case, args.m, args.ncu, extra, args.timeout)
+            if "error" in row and "error" in prof:  # keep both reasons
+                prof["error"] = f"{row['error']}; ncu: {prof['error']}"
+            row.update(prof)
         status |= "error" in row
         doc["rows"].append(row)
         if args.json:

@@ -208,6 +208,8 @@ def test_sdd_splits_by_default_only_for_few_blocks_per_sm():
         got = f(a, b)
     _close(got, REF.sdd(_static(p), a, b), jnp.float32, RTOL, "default split")
     assert pt.sdd_splits(1, 16 * 96, (16, 16), pt.KernelConfig(tk=16)) == 3 and pt.sdd_splits(1, 0, (16, 16)) == 1
+    # the measured layer (32768 tokens, chunks of 128): 144 blocks in 4, 36 in 8, 4 per SM unsplit (132 SMs here)
+    assert [pt.sdd_splits(n, 32768, (32, 32)) for n in (144, 36, 528, 4096)] == [4, 8, 1, 1]
     with pytest.raises(ValueError, match="Expected sdd_splits >= 1. Got 0."):
         pt.KernelConfig(sdd_splits=0)
 

@@ -549,7 +549,10 @@ def test_default_dispatch_off_hopper_is_unchanged():
 def test_interpreter_cluster_of_two_multicasts_w(kind, order, block, n, cfg):
     """cluster=2: two programs on adjacent column tiles of one unit share each W block's copy (a multicast);
     a stage is refilled once both have finished with it. Split rows, an odd number of column tiles padded to an
-    even one, a unit of one block, empty rows; interpreted with the race detector."""
+    even one, a unit of one block, empty rows; interpreted with the race detector. Pallas' GPU interpreter does
+    not model the multicast (each program copies the block itself), so this checks the cluster's index mapping,
+    padding, barriers' bookkeeping and the numbers; the multicast itself is checked on the GPU
+    (test_gpu_forced_variants, test_gpu_matmul_matches_oracle)."""
     from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -579,6 +582,10 @@ def test_cluster_lowers_for_cuda_with_an_epilogue_and_refuses_what_it_lacks():
         pallas_mosaic.MosaicConfig(cluster=2, persistent=True)
     with pytest.raises(ValueError, match="Expected persistent not True and consumers=1 with cluster=2"):
         pallas_mosaic.MosaicConfig(cluster=2, consumers=2)
+    rows, cols = jnp.asarray(pattern.rows), jnp.asarray(pattern.cols)
+    keep = jnp.ones(rows.shape, bool)
+    with pytest.raises(NotImplementedError, match="cluster=1 for a dynamic matrix"):
+        pallas_mosaic.dsd_dynamic(rows, cols, keep, jnp.bool_(True), data, x, pattern.grid[0], config=cfg)
 
 
 def _hopper():

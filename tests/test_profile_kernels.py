@@ -28,7 +28,9 @@ def _compiled_text(wrap, a) -> str:
 
 
 @pytest.mark.parametrize(
-    "a", [np.arange(64), np.full(64, 3), np.full(64, -1), np.full(2, -2)], ids=["iota", "equal", "minus-one", "pair"]
+    "a",
+    [np.arange(64), np.arange(0, 64, 4), np.full(64, 3), np.full(64, -1), np.full(2, -2), np.array([0, 7])],
+    ids=["iota", "strided", "equal", "minus-one", "pair", "two-from-zero"],
 )
 def test_xla_rewrites_these_constants_and_kernel_constant_keeps_them(a):
     """The rewrite is real (an iota or a broadcast in XLA's output), and kernel_constant's operand avoids it."""
@@ -39,16 +41,23 @@ def test_xla_rewrites_these_constants_and_kernel_constant_keeps_them(a):
     assert "iota" not in kept and "broadcast" not in kept
 
 
+@pytest.mark.parametrize("a", [np.array([0]), np.array([-1]), np.array([5]), np.zeros(0)], ids=str)
+def test_kernel_constant_of_one_element_or_none_stays_a_constant(a):
+    """One element is never rewritten, but one element and one tail would be (``0, x`` is a strided iota)."""
+    kept = _compiled_text(kernel_constant, a.astype(np.int32))
+    assert "iota" not in kept and "broadcast" not in kept
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(-(2**31), 2**31 - 1), max_size=40))
 def test_kernel_constant_keeps_every_value_and_appends_one_breaking_the_patterns(values):
     a = np.asarray(values, np.int64).astype(np.int32)
     out = np.asarray(kernel_constant(a))
-    assert out.dtype == np.int32 and out.shape == (a.size + 1,)
-    np.testing.assert_array_equal(out[:-1], a)
-    if a.size:
-        assert out[-1] != a[0]  # never all equal
-        assert not np.array_equal(out, np.arange(out.size))  # never 0, 1, 2, ...
+    assert out.dtype == np.int32 and out.shape == (a.size + 2,)
+    np.testing.assert_array_equal(out[: a.size], a)
+    assert np.unique(out).size > 1  # never all equal
+    steps = np.diff(out.astype(np.int64))
+    assert out[0] != 0 or np.unique(steps).size > 1  # never 0, s, 2s, ...
 
 
 def test_kernel_constant_passes_traced_arrays_through():
@@ -69,12 +78,17 @@ def test_the_products_still_match_the_dense_product_with_the_padded_constants():
     np.testing.assert_allclose(grad, want, rtol=2e-2, atol=2e-2)  # the sdd at the pattern's constant coordinates
 
 
-def test_loop_function_is_what_loop_times():
+def test_loop_function_is_what_loop_times(monkeypatch):
     timer = Timer(iters=3, trials=1, warmup=0)
     x = jnp.arange(4.0)
     f = timer.loop_function(lambda a: a * 2, 3)
     assert float(f((x,))) == pytest.approx(0.0)  # three probes of the first element, 0 * 2
     assert float(timer.loop_function(lambda a: a + 1, 3)((x,))) == pytest.approx(3.0)
+    built = []
+    original = Timer.loop_function
+    monkeypatch.setattr(Timer, "loop_function", lambda self, fn, iters=None: built.append(iters) or original(
+        self, fn, iters))  # fmt: skip
+    assert timer.loop(lambda a: a + 1, x, iters=2) > 0 and built == [2]  # loop() times exactly that function
 
 
 # -- the script ---------------------------------------------------------------------------------------------

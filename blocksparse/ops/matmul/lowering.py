@@ -435,22 +435,23 @@ def kernel_constant(a) -> jax.Array:
     """A host index array as a kernel operand, kept by XLA as the stored constant it is.
 
     XLA's simplifier rewrites a constant whose elements are all equal into a broadcast, and a rank-1
-    ``0, 1, 2, ...`` into an iota; either then runs as a kernel of its own on every call (measured on an
-    H200: 0.7-2.5 us and one more launch per product, next to a 4-9 us kernel at ``n = 256``). A host
-    :class:`numpy.ndarray` gets one trailing element that breaks both patterns; the kernels never read it
-    (they index these arrays only through the schedule's counts). A traced array is returned as it is.
+    ``0, s, 2s, ...`` (any two elements starting at 0 are one) into an iota; either then runs as a kernel of its
+    own on every call (measured on an H200: 0.7-2.5 us and one more launch per product, next to a 4-9 us kernel at
+    ``n = 256``). A host :class:`numpy.ndarray` gets two trailing elements that break both patterns; the kernels
+    never read them (they index these arrays only through the schedule's counts). A traced array is returned as
+    it is.
 
     Example::
 
         >>> import numpy as np
-        >>> kernel_constant(np.arange(4)).tolist()
-        [0, 1, 2, 3, -1]
+        >>> kernel_constant(np.arange(4)).tolist(), kernel_constant(np.array([0])).tolist()
+        ([0, 1, 2, 3, -1, -3], [0, -1, -3])
     """
     if not isinstance(a, np.ndarray):
         return jnp.asarray(a)
     a = np.asarray(a, np.int32).reshape(-1)
-    tail = -2 if a.size and a[0] == -1 else -1
-    return jnp.asarray(np.append(a, np.int32(tail)))
+    t = -2 if a.size and a[0] == -1 else -1  # never equal to the first element; t, t - 2: no common step with it
+    return jnp.asarray(np.concatenate([a, np.array([t, t - 2], np.int32)]))
 
 
 def estimate_seconds(flops: float, bytes_moved: float, machine: GpuMachine = H200) -> float:

@@ -140,8 +140,10 @@ class MosaicConfig:
             kernel). ``None``: ``"kernel"``, but ``"xla"`` in Pallas' GPU interpreter (it has no semaphores)
             and where ``programs`` exceeds the resident slots.
         cluster: programs per cluster along x's columns (1 or 2). With 2, the programs of two adjacent column
-            tiles of one unit run as a cluster and each W block is copied once for both (a TMA multicast),
-            halving W's reads from L2; one program per item (not the persistent kernel), one warpgroup.
+            tiles of one unit run as a cluster and each W block is copied once for both (a TMA multicast); the
+            column tiles are padded to an even count (for ``n <= tn`` that is a second, empty tile); one program
+            per item (not the persistent kernel), one warpgroup, static matrices. Measured no faster on an H200
+            (docs/benchmarks.md): never chosen by default.
     """
 
     tn: int | None = None
@@ -716,10 +718,10 @@ def dsd_dynamic(rows, cols, keep, valid, data, x, num_rows: int, out_dtype=None,
     from .reference import poison
 
     cfg = config or MosaicConfig()
-    if cfg.persistent or cfg.consumers != 1:
+    if cfg.persistent or cfg.consumers != 1 or cfg.cluster != 1:
         raise NotImplementedError(
-            f"requires persistent=False and consumers=1 for a dynamic matrix (got persistent={cfg.persistent}, "
-            f"consumers={cfg.consumers})"
+            f"requires persistent=False, consumers=1 and cluster=1 for a dynamic matrix (got persistent="
+            f"{cfg.persistent}, consumers={cfg.consumers}, cluster={cfg.cluster})"
         )
     bh, bw = data.shape[1:][::-1] if transposed else data.shape[1:]
     if bh not in SUPPORTED_BLOCKS or bw not in SUPPORTED_BLOCKS:

@@ -65,8 +65,8 @@ from .pallas_mosaic import (
     hopper_problem,
 )
 
-__all__ = ["DEFAULT_STAGES", "DEFAULT_TK", "PREFER_MIN_SPLITS", "SddConfig", "SddPlan", "TILES_K", "hopper_problem",
-           "plan", "prefers", "sdd"]
+__all__ = ["DEFAULT_STAGES", "DEFAULT_TK", "PREFER_BLOCKS", "PREFER_MIN_SPLITS", "SddConfig", "SddPlan", "TILES_K",
+           "hopper_problem", "plan", "prefers", "sdd"]
 
 #: Contracted elements per pipeline step (>= 64: a tile row of two-byte elements fills the 128-byte swizzle).
 TILES_K = (64, 128)
@@ -278,21 +278,27 @@ def _launch(p: SddPlan, pattern: BlockPattern, a, b, out_dtype, a_t: bool, b_t: 
 # --------------------------------------------------------------------------------------------
 # Default dispatch: where this kernel goes before the Triton one.
 # --------------------------------------------------------------------------------------------
-#: The kernel goes first where its default plan splits the contracted dimension at least this many ways: a
-#: pattern with too few blocks for the GPU over many tokens, which Triton's one program per block leaves
-#: mostly idle. Measured on an H200 (bf16, ``benchmarks/bench_mosaic_sdd.py``, the Mosaic time over Triton's,
-#: each in one jitted loop): the weight gradient of the inference layer 384 x 1536 over 32768 tokens, b = 64
-#: and 128 at d = 1/4, 1/16, 1/64 (8 to 64 splits): 2.2-10.4x faster (0.021-0.061 ms against 0.114-0.257).
-#: W 8192 x 8192 over 4096 tokens (1 to 5 splits): 0.87-1.09x, a tie that stays with Triton.
+#: The kernel goes first for blocks of 128 where its default plan splits the contracted dimension at least
+#: this many ways: a pattern with too few blocks for the GPU over many tokens. Measured on an H200 (bf16,
+#: ``benchmarks/bench_mosaic_sdd.py``, each in one jitted loop): the weight gradient of the inference layer
+#: 384 x 1536 over 32768 tokens, b = 64 and 128 at d = 1/4, 1/16, 1/64 (8 to 64 splits), was 2.2-10.4x faster
+#: than Triton's kernel when that ran one program per block (0.021-0.061 ms against 0.114-0.257). Triton's
+#: kernel now splits too (``pallas_triton.SDD_WAVES``); against it b = 64 is a tie (36 blocks: 1.04 / 1.19x in
+#: two runs; 9 blocks: 1.09 / 0.80x), so b = 64 stays with Triton. b = 128 was not measured against the split
+#: Triton kernel: its 5.3-8.4x over the unsplit one exceeds what splitting gained Triton at b = 64 (1.8-3.2x),
+#: so it keeps the claim. W 8192 x 8192 over 4096 tokens (1 to 5 splits): 0.87-1.09x, a tie that stays with
+#: Triton.
 PREFER_MIN_SPLITS = 8
+#: The block sizes the rule claims (see :data:`PREFER_MIN_SPLITS`).
+PREFER_BLOCKS = (128,)
 #: Nothing was measured below this contracted dimension.
 PREFER_MIN_K = 4096
 
 
 def prefers(pattern: BlockPattern, k: int, a_dtype, b_dtype) -> bool:
     """Whether ``implementation=None`` should try this kernel before the Triton one for an ``sdd`` contracting
-    ``k``: static facts only (trace time): a Hopper GPU, operands of one half dtype, square blocks of 64 or
-    128, ``k >= PREFER_MIN_K`` and a default plan of at least :data:`PREFER_MIN_SPLITS` splits."""
-    if _preferable(pattern, k, PREFER_MIN_K, a_dtype, b_dtype) is None:
+    ``k``: static facts only (trace time): a Hopper GPU, operands of one half dtype, square blocks of
+    :data:`PREFER_BLOCKS`, ``k >= PREFER_MIN_K`` and a default plan of at least :data:`PREFER_MIN_SPLITS` splits."""
+    if _preferable(pattern, k, PREFER_MIN_K, a_dtype, b_dtype, blocks=PREFER_BLOCKS) is None:
         return False
     return plan(pattern, k, jnp.dtype(a_dtype).itemsize).splits >= PREFER_MIN_SPLITS

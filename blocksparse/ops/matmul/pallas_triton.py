@@ -614,7 +614,11 @@ def _sdd_kernel(row_ref, col_ref, a_ref, b_ref, o_ref, *, bh, bw, tk, steps, per
         b = b_ref[pl.ds(k0, tk), pl.ds(c0, bw)]  # (tk, bw)
         return acc + _dot(a, b, exact=exact)
 
-    acc = lax.fori_loop(first, jnp.minimum(first + per_split, steps), body, jnp.zeros((bh, bw), jnp.float32))
+    zero = jnp.zeros((bh, bw), jnp.float32)
+    if per_split >= steps:  # one program per block: the loop's bounds stay static
+        acc = lax.fori_loop(0, steps, body, zero)
+    else:
+        acc = lax.fori_loop(first, jnp.minimum(first + per_split, steps), body, zero)
     o_ref[pl.ds(pl.multiple_of((split * nnz + i) * bh, bh), bh), :] = acc.astype(o_ref.dtype)
 
 
