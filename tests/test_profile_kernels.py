@@ -76,6 +76,14 @@ def test_the_products_still_match_the_dense_product_with_the_padded_constants():
     mask = np.kron(W.pattern.mask(), np.ones((16, 16), np.float32))
     want = np.asarray(jax.grad(lambda a: (a @ x).sum())(W.to_dense())) * mask
     np.testing.assert_allclose(grad, want, rtol=2e-2, atol=2e-2)  # the sdd at the pattern's constant coordinates
+    from blocksparse.ops.matmul import pallas_triton as pt
+
+    full = bs.BlockSparseMatrix(bs.BlockPattern.from_mask(np.ones((2, 6), bool), (16, 16)),
+                                jax.random.normal(jax.random.key(2), (12, 16, 16), jnp.float32))  # fmt: skip
+    with bs.interpret(), pt.kernel_config(max_len=2):  # rows split in three: partials, the combine kernel's offsets
+        got = np.asarray(bs.matmul(full, x, implementation="pallas"))
+        assert "bs_combine" in str(jax.make_jaxpr(lambda W, x: bs.matmul(W, x, implementation="pallas"))(full, x))
+    np.testing.assert_allclose(got, np.asarray(full.to_dense() @ x), rtol=2e-2, atol=2e-2)
 
 
 def test_loop_function_is_what_loop_times(monkeypatch):
