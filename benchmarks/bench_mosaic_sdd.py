@@ -62,19 +62,26 @@ def _operands(kind: str, m: int, n: int, k: int, dtype):
     return jax.random.normal(jax.random.key(1), (k, m), dtype), jax.random.normal(jax.random.key(2), (k, n), dtype)
 
 
+def _triton_split(kind: str, W, splits: int):
+    """Triton's sdd of the two stored operands with ``splits`` programs per block (materialised transposes)."""
+    a_t, b_t = kind == "dds", kind == "dsd"
+
+    def fn(p, q):
+        with pt.kernel_config(sdd_splits=splits):  # traced inside: the config reaches the kernel
+            return bs.sdd(p.T if a_t else p, q.T if b_t else q, W, implementation="pallas").data
+
+    return fn
+
+
 def _kernels(kind: str, W, cfg=None):
     """name -> function of the two stored operands."""
     pattern = W.pattern
     a_t, b_t = kind == "dds", kind == "dsd"  # which operand is stored transposed
     mat = lambda p, q: (p.T if a_t else p, q.T if b_t else q)  # noqa: E731  (materialised transposes)
-    def triton_unsplit(p, q):
-        with pt.kernel_config(sdd_splits=1):  # traced inside: the Triton kernel with one program per block
-            return bs.sdd(*mat(p, q), W, implementation="pallas").data
-
     return {
         "dense": lambda p, q: jnp.dot(*mat(p, q), preferred_element_type=jnp.float32).astype(p.dtype),
         "triton": lambda p, q: bs.sdd(*mat(p, q), W, implementation="pallas").data,
-        "triton_unsplit": triton_unsplit,
+        "triton_unsplit": _triton_split(kind, W, 1),
         "mosaic": lambda p, q: ps.sdd(pattern, *mat(p, q), config=cfg),
         "mosaic_view": lambda p, q: ps.sdd(pattern, p, q, a_transposed=a_t, b_transposed=b_t, config=cfg),
     }
@@ -84,16 +91,6 @@ def _at_blocks(dense, W):
     bh, bw = W.block_size
     g = dense.reshape(W.pattern.grid[0], bh, W.pattern.grid[1], bw)
     return g[W.pattern.rows, :, W.pattern.cols, :]  # (nnz, bh, bw)
-
-
-def _triton_split(kind: str, W, splits: int):
-    a_t, b_t = kind == "dds", kind == "dsd"
-
-    def fn(p, q):
-        with pt.kernel_config(sdd_splits=splits):
-            return bs.sdd(p.T if a_t else p, q.T if b_t else q, W, implementation="pallas").data
-
-    return fn
 
 
 def bench_cell(kind, m, n, k, b, d, dtype, timer: Timer, configs, triton_splits=()) -> dict:
