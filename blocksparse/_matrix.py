@@ -13,22 +13,22 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
-from ._pattern import BlockPattern, _pair, check_block_size, check_density, num_blocks
+from ._pattern import BlockPattern, block_pair, check_block_size, check_density, num_blocks
 from ._util import Pytree, runtime_checks_enabled
 
 __all__ = ["BlockSparseMatrix", "DynamicBlockSparseMatrix", "random"]
 
 
-def _check_floating(dtype, what: str = "data") -> None:
+def check_floating(dtype, what: str = "data") -> None:
     if not jnp.issubdtype(dtype, jnp.floating):
         raise TypeError(f"Expected floating-point {what}. Got dtype {jnp.dtype(dtype)}.")
 
 
-def _is_concrete(x) -> bool:
+def is_concrete(x) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
-def _require_host(what: str, **values) -> None:
+def require_host(what: str, **values) -> None:
     """Raise a clear error for traced arguments of a function that builds a static pattern."""
     for name, value in values.items():
         if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(value)):
@@ -47,7 +47,7 @@ def _coords(name: str, idx) -> jax.Array:
 
     A plain ``astype(int32)`` would wrap ``2**32 + 1`` to ``1``, a plausible in-range coordinate.
     """
-    if _is_concrete(idx):
+    if is_concrete(idx):
         host = np.asarray(idx)
         if host.dtype == object or not np.issubdtype(host.dtype, np.integer):
             raise TypeError(f"Expected integer block {name}. Got dtype {host.dtype}; round or cast explicitly.")
@@ -73,7 +73,7 @@ def _called_by_jax_operator() -> bool:
     )
 
 
-def _inside_sparsify() -> bool:
+def inside_sparsify() -> bool:
     """Whether ``jax.experimental.sparse.sparsify`` is tracing the caller (its frames are on the stack)."""
     frame = sys._getframe(1)
     while frame is not None:
@@ -83,7 +83,7 @@ def _inside_sparsify() -> bool:
     return False
 
 
-class _NoImplicitDense:
+class NoImplicitDense:
     """Refuse silent or cryptic conversions of a block-sparse matrix to a dense array."""
 
     __slots__ = ()
@@ -106,7 +106,7 @@ class _NoImplicitDense:
         raise NotImplementedError
 
     def _matmul(self, other, swap: bool):
-        if _inside_sparsify():
+        if inside_sparsify():
             return self._sparsify_matmul(other, swap)
         from .ops.matmul.api import matmul
 
@@ -119,7 +119,7 @@ class _NoImplicitDense:
         return self._matmul(other, swap=True)
 
 
-class BlockSparseMatrix(_NoImplicitDense, Pytree):
+class BlockSparseMatrix(NoImplicitDense, Pytree):
     """An ``m x k`` matrix of ``bh x bw`` blocks whose pattern is fixed when the program is built.
 
     The pattern (a :class:`BlockPattern`, NumPy on the host) is part of the pytree's static
@@ -147,7 +147,7 @@ class BlockSparseMatrix(_NoImplicitDense, Pytree):
         if not isinstance(pattern, BlockPattern):
             raise TypeError(f"Expected a BlockPattern. Got {type(pattern).__name__}.")
         data = jnp.asarray(data)
-        _check_floating(data.dtype)
+        check_floating(data.dtype)
         expected = (pattern.nnz_blocks, *pattern.block_size)
         if data.shape[-3:] != expected or data.ndim != 3:
             raise ValueError(f"Expected data of shape {expected} (nnz_blocks, bh, bw). Got {data.shape}.")
@@ -158,11 +158,11 @@ class BlockSparseMatrix(_NoImplicitDense, Pytree):
     @classmethod
     def from_dense(cls, x, block_size) -> BlockSparseMatrix:
         """Keep the blocks of ``x`` (a concrete 2-D array) that hold at least one non-zero."""
-        _require_host("BlockSparseMatrix.from_dense", x=x)
+        require_host("BlockSparseMatrix.from_dense", x=x)
         x_np = np.asarray(x)
         if x_np.ndim != 2:
             raise ValueError(f"Expected a 2-D dense matrix. Got shape {x_np.shape}.")
-        _check_floating(x_np.dtype, "x")
+        check_floating(x_np.dtype, "x")
         bh, bw = check_block_size(x_np.shape, block_size)
         m, k = x_np.shape
         blocks = x_np.reshape(m // bh, bh, k // bw, bw).swapaxes(1, 2)
@@ -175,10 +175,10 @@ class BlockSparseMatrix(_NoImplicitDense, Pytree):
 
         ``values`` may be traced; ``mask`` must be concrete.
         """
-        _require_host("BlockSparseMatrix.from_mask", mask=mask)
-        bh, bw = _pair(block_size)
+        require_host("BlockSparseMatrix.from_mask", mask=mask)
+        bh, bw = block_pair(block_size)
         values = jnp.asarray(values)
-        _check_floating(values.dtype, "values")
+        check_floating(values.dtype, "values")
         if values.ndim != 2:
             raise ValueError(f"Expected 2-D values. Got shape {values.shape}.")
         check_block_size(values.shape, (bh, bw))
@@ -196,9 +196,9 @@ class BlockSparseMatrix(_NoImplicitDense, Pytree):
     @classmethod
     def from_blocks(cls, rows, cols, blocks, shape) -> BlockSparseMatrix:
         """From block coordinates (concrete, any order, no duplicates) and blocks ``(nnz, bh, bw)``."""
-        _require_host("BlockSparseMatrix.from_blocks", rows=rows, cols=cols)
+        require_host("BlockSparseMatrix.from_blocks", rows=rows, cols=cols)
         blocks = jnp.asarray(blocks)
-        _check_floating(blocks.dtype, "blocks")
+        check_floating(blocks.dtype, "blocks")
         rows, cols = np.asarray(rows), np.asarray(cols)
         if blocks.ndim != 3 or blocks.shape[0] != rows.shape[0]:
             raise ValueError(
@@ -243,7 +243,7 @@ class BlockSparseMatrix(_NoImplicitDense, Pytree):
         return self.T
 
     def astype(self, dtype) -> BlockSparseMatrix:
-        _check_floating(dtype)
+        check_floating(dtype)
         return self.with_data(self.data.astype(dtype))
 
     def with_data(self, data) -> BlockSparseMatrix:
@@ -285,13 +285,13 @@ class BlockSparseMatrix(_NoImplicitDense, Pytree):
         Converted block by block: only the touched blocks are materialised (never the dense matrix),
         and duplicate entries add up, as in ``mat.todense()``.
         """
-        _require_host("BlockSparseMatrix.from_bcoo", indices=mat.indices)
+        require_host("BlockSparseMatrix.from_bcoo", indices=mat.indices)
         bh, bw = check_block_size(mat.shape, block_size)
         idx = np.asarray(mat.indices).astype(np.int64)  # block keys below can exceed int32
         if idx.ndim != 2 or idx.shape[1] != 2 or mat.n_batch or mat.n_dense:
             raise ValueError("Expected a 2-D BCOO with no batch or dense dimensions.")
         data = jnp.asarray(mat.data)
-        _check_floating(data.dtype, "BCOO data")
+        check_floating(data.dtype, "BCOO data")
         m, k = mat.shape
         gk = k // bw
         valid = (idx[:, 0] >= 0) & (idx[:, 0] < m) & (idx[:, 1] >= 0) & (idx[:, 1] < k)  # BCOO pads out of range
@@ -326,7 +326,7 @@ class BlockSparseMatrix(_NoImplicitDense, Pytree):
             if not (sp.issparse(mat) and mat.format == "bsr"):
                 raise ValueError(f"Expected block_size for a scipy {mat.format} matrix; only BSR carries one.")
             block_size = mat.blocksize
-        bsr = sp.bsr_array(mat, blocksize=tuple(_pair(block_size)))
+        bsr = sp.bsr_array(mat, blocksize=tuple(block_pair(block_size)))
         bsr.sum_duplicates()
         bsr.sort_indices()
         gm = bsr.shape[0] // bsr.blocksize[0]
@@ -343,8 +343,8 @@ def random(
     (call it outside ``jit``). Its seed comes from ``key`` unless ``pattern_seed`` is given. A
     positive density that keeps no block at all (``round(density * blocks) == 0``) raises.
     """
-    _require_host("bs.random", key=key, density=density, pattern_seed=pattern_seed)
-    _check_floating(dtype)
+    require_host("bs.random", key=key, density=density, pattern_seed=pattern_seed)
+    check_floating(dtype)
     density = check_density(density)
     bh, bw = check_block_size(shape, block_size)
     num_blocks(density, (int(shape[0]) // bh) * (int(shape[1]) // bw))  # a positive density keeping 0 blocks raises
@@ -355,7 +355,7 @@ def random(
     return BlockSparseMatrix(pattern, data)
 
 
-class DynamicBlockSparseMatrix(_NoImplicitDense, Pytree):
+class DynamicBlockSparseMatrix(NoImplicitDense, Pytree):
     """A block-sparse matrix whose pattern is traced: it may change every call without recompiling.
 
     Only the shape, block size and ``capacity`` (the maximum number of blocks) are static.
@@ -374,10 +374,10 @@ class DynamicBlockSparseMatrix(_NoImplicitDense, Pytree):
 
     def __init__(self, rows, cols, data, nnz, shape, block_size=None):
         data = jnp.asarray(data)
-        _check_floating(data.dtype)
+        check_floating(data.dtype)
         if data.ndim != 3:
             raise ValueError(f"Expected data of shape (capacity, bh, bw). Got {data.shape}.")
-        block_size = data.shape[1:] if block_size is None else _pair(block_size)
+        block_size = data.shape[1:] if block_size is None else block_pair(block_size)
         if tuple(data.shape[1:]) != tuple(block_size):
             raise ValueError(f"Expected blocks of shape {tuple(block_size)}. Got {data.shape[1:]}.")
         self.shape = (int(shape[0]), int(shape[1]))
@@ -388,7 +388,7 @@ class DynamicBlockSparseMatrix(_NoImplicitDense, Pytree):
             if np.shape(idx) != (cap,):
                 raise ValueError(f"Expected {name} of shape ({cap},) to match data. Got {np.shape(idx)}.")
             coords.append(_coords(name, idx))
-        if _is_concrete(nnz):
+        if is_concrete(nnz):
             host = np.asarray(nnz)
             if host.shape != () or not np.issubdtype(host.dtype, np.integer):
                 raise TypeError(f"Expected nnz as an integer scalar. Got shape {host.shape}, dtype {host.dtype}.")
@@ -411,7 +411,7 @@ class DynamicBlockSparseMatrix(_NoImplicitDense, Pytree):
         may be traced.
         """
         blocks = jnp.asarray(blocks)
-        _check_floating(blocks.dtype, "blocks")
+        check_floating(blocks.dtype, "blocks")
         if blocks.ndim != 3:
             raise ValueError(f"Expected blocks of shape (L, bh, bw). Got {blocks.shape}.")
         n = blocks.shape[0]
@@ -419,9 +419,9 @@ class DynamicBlockSparseMatrix(_NoImplicitDense, Pytree):
         if n > capacity:
             raise ValueError(f"Expected at most capacity={capacity} blocks. Got {n}.")
         nnz = n if nnz is None else nnz
-        if _is_concrete(nnz) and int(nnz) > capacity:
+        if is_concrete(nnz) and int(nnz) > capacity:
             raise ValueError(f"Expected nnz <= capacity={capacity}. Got nnz={int(nnz)}; raise the capacity.")
-        if _is_concrete(nnz) and int(nnz) > n:
+        if is_concrete(nnz) and int(nnz) > n:
             raise ValueError(f"Expected nnz <= the number of blocks given ({n}). Got nnz={int(nnz)}.")
         pad = capacity - n
         rows = jnp.pad(_coords("rows", rows), (0, pad))
@@ -505,7 +505,7 @@ class DynamicBlockSparseMatrix(_NoImplicitDense, Pytree):
         )
 
     def astype(self, dtype) -> DynamicBlockSparseMatrix:
-        _check_floating(dtype)
+        check_floating(dtype)
         return self.with_data(self.data.astype(dtype))
 
     def with_data(self, data) -> DynamicBlockSparseMatrix:

@@ -21,7 +21,7 @@ def check_block_size(shape: tuple[int, int], block_size: tuple[int, int]) -> tup
     """Validate ``block_size`` against ``shape`` and return it as a pair of ints."""
     if len(shape) != 2:
         raise ValueError(f"Expected a 2-D shape (m, k). Got {tuple(shape)}.")
-    bh, bw = _pair(block_size)
+    bh, bw = block_pair(block_size)
     m, k = (int(s) for s in shape)
     if m < 0 or k < 0:
         raise ValueError(f"Expected a non-negative shape. Got {(m, k)}.")
@@ -157,7 +157,7 @@ class BlockPattern:
         mask = np.asarray(mask)
         if mask.ndim != 2:
             raise ValueError(f"Expected a 2-D block mask. Got {mask.ndim} dimensions (shape {mask.shape}).")
-        bh, bw = _pair(block_size)
+        bh, bw = block_pair(block_size)
         rows, cols = np.nonzero(mask)
         return cls((mask.shape[0] * bh, mask.shape[1] * bw), (bh, bw), rows, cols)
 
@@ -200,7 +200,7 @@ def _is_int(b) -> bool:
     return isinstance(b, int | np.integer) and not isinstance(b, bool | np.bool_)
 
 
-def _pair(block_size) -> tuple[int, int]:
+def block_pair(block_size) -> tuple[int, int]:
     """``b`` or ``(bh, bw)`` as a pair of positive Python ints; anything else raises."""
     expected = "block_size as a positive int or a pair (bh, bw) of positive ints"
     if isinstance(block_size, np.ndarray) and block_size.ndim == 0:

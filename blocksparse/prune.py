@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, _check_floating, _is_concrete, _require_host
+from ._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, check_floating, is_concrete, require_host
 from ._pattern import BlockPattern, check_block_size, check_density, num_blocks
 
 __all__ = ["magnitude", "magnitude_global", "block_norms", "rigl_update"]
@@ -20,7 +20,7 @@ _ORDS = {"l1": 1, "l2": 2, "max": np.inf}
 
 def block_norms(w, block_size, norm: str = "l2") -> np.ndarray:
     """Norm of each ``bh x bw`` block of a concrete 2-D ``w``: an array of shape ``(m // bh, k // bw)``."""
-    _require_host("bs.prune.block_norms", w=w)
+    require_host("bs.prune.block_norms", w=w)
     w = np.asarray(w, np.float32)
     if w.ndim != 2:
         raise ValueError(f"Expected a 2-D weight. Got shape {w.shape}.")
@@ -51,9 +51,9 @@ def magnitude(w, block_size, density: float, *, norm: str = "l2") -> BlockSparse
     Returns:
         A :class:`BlockSparseMatrix` with ``w``'s values on the kept blocks.
     """
-    _require_host("bs.prune.magnitude", w=w, density=density)
+    require_host("bs.prune.magnitude", w=w, density=density)
     w = jnp.asarray(w)
-    _check_floating(w.dtype, "w")
+    check_floating(w.dtype, "w")
     density = check_density(density)
     scores = block_norms(w, block_size, norm)
     if np.isnan(scores).any():
@@ -104,7 +104,7 @@ def magnitude_global(weights, block_size, density: float, *, norm: str = "l2") -
         >>> [W.nnz_blocks for W in bs.prune.magnitude_global([big, small], 4, 0.5)]
         [3, 1]
     """
-    _require_host("bs.prune.magnitude_global", density=density)
+    require_host("bs.prune.magnitude_global", density=density)
     if isinstance(weights, np.ndarray | jax.Array) or not hasattr(weights, "__len__") or len(weights) == 0:
         raise TypeError(f"Expected weights as a non-empty sequence of 2-D arrays. Got {type(weights).__name__}.")
     density = check_density(density)
@@ -115,9 +115,9 @@ def magnitude_global(weights, block_size, density: float, *, norm: str = "l2") -
         raise ValueError(f"Expected one block size per weight ({len(weights)}). Got {len(sizes)}.")
     ws, scores, shapes = [], [], []
     for i, (w, b) in enumerate(zip(weights, sizes, strict=True)):
-        _require_host("bs.prune.magnitude_global", w=w)
+        require_host("bs.prune.magnitude_global", w=w)
         w = jnp.asarray(w)
-        _check_floating(w.dtype, f"weights[{i}]")
+        check_floating(w.dtype, f"weights[{i}]")
         if w.ndim != 2:
             raise ValueError(f"Expected weights[{i}] 2-D. Got shape {tuple(w.shape)}.")
         bh, bw = check_block_size(w.shape, b)
@@ -206,12 +206,12 @@ def rigl_update(
             f"bs.prune.rigl_update: expected a DynamicBlockSparseMatrix. Got {type(D).__name__}; convert a static "
             "matrix with DynamicBlockSparseMatrix.from_static(W)."
         )
-    _require_host("bs.prune.rigl_update", drop_fraction=drop_fraction, num_candidates=num_candidates)
+    require_host("bs.prune.rigl_update", drop_fraction=drop_fraction, num_candidates=num_candidates)
     cap = D.capacity
     gm, gk = D.grid
     bh, bw = D.block_size
     free = gm * gk - cap  # positions D does not hold (with distinct coordinates)
-    if _is_concrete(D.nnz) and int(D.nnz) != cap:
+    if is_concrete(D.nnz) and int(D.nnz) != cap:
         raise ValueError(
             f"bs.prune.rigl_update: expected every slot active (nnz == capacity == {cap}). Got nnz={int(D.nnz)}; "
             "build the matrix with capacity=nnz (RigL keeps the number of blocks fixed)."

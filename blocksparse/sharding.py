@@ -36,7 +36,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, _NoImplicitDense
+from ._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, NoImplicitDense
 from ._pattern import BlockPattern
 from ._util import Pytree
 from .ops.matmul.api import apply_2d
@@ -264,8 +264,17 @@ def shard(W: BlockSparseMatrix, mesh: Mesh, axis: str, *, split: str | None = No
     itemsize = jnp.dtype(W.dtype).itemsize
     counts_of = {"rows": np.bincount(p.rows, minlength=p.grid[0]), "cols": np.bincount(p.cols, minlength=p.grid[1])}
     candidates = tuple(
-        _candidate(s, bal, counts_of[s], p.grid, p.block_size, itemsize, parts,
-                   collective if s == "cols" else None, x_placement)  # fmt: skip
+        _candidate(
+            s,
+            bal,
+            counts_of[s],
+            p.grid,
+            p.block_size,
+            itemsize,
+            parts,
+            collective if s == "cols" else None,
+            x_placement,
+        )  # fmt: skip
         for s in _SPLITS
         for bal in ("blocks", "lines")
     )
@@ -298,7 +307,7 @@ def shard(W: BlockSparseMatrix, mesh: Mesh, axis: str, *, split: str | None = No
     )  # fmt: skip
 
 
-class ShardedBlockSparseMatrix(_NoImplicitDense, Pytree):
+class ShardedBlockSparseMatrix(NoImplicitDense, Pytree):
     """A block-sparse matrix whose blocks are partitioned over the devices of one mesh axis.
 
     Made by :func:`shard`. Leaves (each with a leading device axis, sharded ``P(axis)``):
@@ -411,11 +420,11 @@ def _static_forward(ctx, data, x2):
     (pattern, mesh, axis, plan), kwargs = ctx
     from .ops import _dispatch
     from .ops.matmul import pallas_triton as pt
-    from .ops.matmul.api import _out_dtype, _precision
+    from .ops.matmul.api import canonical_precision, result_dtype
 
     kw = dict(kwargs)
-    out_dtype = _out_dtype(kw["preferred_element_type"], data.dtype, x2.dtype)
-    exact = _precision(kw["precision"]) == lax.Precision.HIGHEST
+    out_dtype = result_dtype(kw["preferred_element_type"], data.dtype, x2.dtype)
+    exact = canonical_precision(kw["precision"]) == lax.Precision.HIGHEST
     n = x2.shape[1]
     bh = pattern.block_size[0]
     tn = pt.tile_for(bh, n, plan.band)

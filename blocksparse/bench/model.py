@@ -222,7 +222,7 @@ def importlib_find(name: str):
 
 
 def _embed(model, tokens, batch: int = 256) -> np.ndarray:
-    from ..models.study import _embed as embed
+    from ..models.study import embed
 
     return embed(model, tokens, batch)
 
@@ -329,8 +329,9 @@ def _ffn(ctx: _Context, b, d, timer: Timer) -> dict:
         return dict(loop_ms=loop_ms, calls_ms=calls_ms, tflops=flops / (loop_ms * 1e-3) / 1e12, speedup_vs_dense=1.0,
                     implementation="dense: xla dot")  # fmt: skip
     layer_in, layer_out = (
-        bs.nn.SparseLinear.from_dense(p.weight.astype(jnp.float32), p.bias, block_size=b, density=d,
-                                      activation=p.activation)  # fmt: skip
+        bs.nn.SparseLinear.from_dense(
+            p.weight.astype(jnp.float32), p.bias, block_size=b, density=d, activation=p.activation
+        )  # fmt: skip
         for p in (dense_in, dense_out)
     )
     layer_in, layer_out = (jax.tree.map(lambda a: a.astype(x.dtype), p) for p in (layer_in, layer_out))
@@ -343,5 +344,11 @@ def _ffn(ctx: _Context, b, d, timer: Timer) -> dict:
     tol = None if x.dtype == jnp.float32 else 0.03  # bf16: the two products round differently
     rel_err = check_close(got, want, dtype=x.dtype, tol=tol, what="sparse FFN vs its weights held densely")
     kept = flops * _overall_density_layers(layer_in, layer_out)  # TFLOP/s on the kept blocks
-    return dict(loop_ms=loop_ms, calls_ms=calls_ms, tflops=kept / (loop_ms * 1e-3) / 1e12, rel_err=rel_err,
-                speedup_vs_dense=ctx.dense_time("ffn", timer)[0] / loop_ms, implementation=implementation(log))
+    return dict(
+        loop_ms=loop_ms,
+        calls_ms=calls_ms,
+        tflops=kept / (loop_ms * 1e-3) / 1e12,
+        rel_err=rel_err,
+        speedup_vs_dense=ctx.dense_time("ffn", timer)[0] / loop_ms,
+        implementation=implementation(log),
+    )

@@ -237,9 +237,7 @@ def check_features(num_nodes: int, x, what: str, ndim: int | tuple[int, ...] = (
         span = f"{ndims[0]} to {ndims[-1]}" if len(ndims) > 2 else " or ".join(map(str, ndims))
         raise ValueError(f"Expected {what} with {span} dimensions. Got shape {x.shape}.")
     if x.shape[0] != num_nodes:
-        raise ValueError(
-            f"Expected {what} with one row per node: leading dimension {num_nodes}. Got shape {x.shape}."
-        )
+        raise ValueError(f"Expected {what} with one row per node: leading dimension {num_nodes}. Got shape {x.shape}.")
     return x
 
 

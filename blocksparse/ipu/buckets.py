@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._pattern import _pair
+from .._pattern import block_pair
 from .._util import cdiv
 from . import cost as _cost
 from ._checks import advice, check_common, check_int, check_machine
@@ -182,7 +182,7 @@ def dynamic_plan(
         raise ValueError(f"Expected shape as a pair of integers (m, k). Got {shape!r}.") from None
     if m <= 0 or k <= 0:
         raise ValueError(f"Expected a positive shape (m, k). Got {shape!r}.")
-    bh, bw = _pair(block_size)
+    bh, bw = block_pair(block_size)
     if bh <= 0 or bw <= 0 or m % bh or k % bw:
         raise ValueError(f"Expected a positive block size dividing shape {(m, k)}. Got {(bh, bw)}.")
     gm, gk = m // bh, k // bw

@@ -14,5 +14,14 @@ and ``optax`` (``blocksparse[train]``) for recovery.
 from . import corpus, minilm, study
 from ._bert import PROJECTIONS, BertConfig, BertEncoder, BertLayer, LayerNorm, prune_encoder
 
-__all__ = ["PROJECTIONS", "BertConfig", "BertEncoder", "BertLayer", "LayerNorm", "corpus", "minilm",
-           "prune_encoder", "study"]
+__all__ = [
+    "PROJECTIONS",
+    "BertConfig",
+    "BertEncoder",
+    "BertLayer",
+    "LayerNorm",
+    "corpus",
+    "minilm",
+    "prune_encoder",
+    "study",
+]

@@ -314,8 +314,14 @@ class BertEncoder(Pytree):
             "embeddings.LayerNorm.weight": self.embeddings_norm.weight,
             "embeddings.LayerNorm.bias": self.embeddings_norm.bias,
         }
-        hf = {"query": "attention.self.query", "key": "attention.self.key", "value": "attention.self.value",
-              "attn_out": "attention.output.dense", "ffn_in": "intermediate.dense", "ffn_out": "output.dense"}
+        hf = {
+            "query": "attention.self.query",
+            "key": "attention.self.key",
+            "value": "attention.self.value",
+            "attn_out": "attention.output.dense",
+            "ffn_in": "intermediate.dense",
+            "ffn_out": "output.dense",
+        }
         for i, layer in enumerate(self.layers):
             p = f"encoder.layer.{i}."
             for name, hf_name in hf.items():

@@ -188,7 +188,7 @@ def _unit(x):
     return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
-def _embed(model, tokens, batch_size: int = 256) -> np.ndarray:
+def embed(model, tokens, batch_size: int = 256) -> np.ndarray:
     fn = jax.jit(lambda m, a, b, c: m(a, b, c))
     n = len(tokens["input_ids"])
     out = [np.asarray(fn(model, *(jnp.asarray(tokens[k][i : i + batch_size])
@@ -215,7 +215,7 @@ def quality_table(model: BertEncoder, train_tokens: dict, eval_tokens: dict, *, 
         One dict per row: ``block_size``, ``density``, ``scope``, ``before`` (see :func:`quality`),
         and, where recovered, ``after``, ``loss_first``, ``loss_last``, ``train_s``.
     """
-    dense_eval = _embed(model, eval_tokens)
+    dense_eval = embed(model, eval_tokens)
     dense_train = None
     rows = []
     for b in block_sizes:
@@ -224,14 +224,14 @@ def quality_table(model: BertEncoder, train_tokens: dict, eval_tokens: dict, *, 
                 t0 = time.perf_counter()
                 pruned = prune_encoder(model, b, d, scope=scope, targets=targets)
                 row = {"block_size": b, "density": d, "scope": scope,
-                       "before": quality(dense_eval, _embed(pruned, eval_tokens))}  # fmt: skip
+                       "before": quality(dense_eval, embed(pruned, eval_tokens))}  # fmt: skip
                 if b in recover and scope in recover_scopes and steps > 0:
                     if dense_train is None:
-                        dense_train = _embed(model, train_tokens)
+                        dense_train = embed(model, train_tokens)
                     t1 = time.perf_counter()
                     rec, losses = distill(pruned, train_tokens, dense_train, steps=steps, batch_size=batch_size,
                                           learning_rate=learning_rate)  # fmt: skip
-                    row.update(after=quality(dense_eval, _embed(rec, eval_tokens)), loss_first=losses[0],
+                    row.update(after=quality(dense_eval, embed(rec, eval_tokens)), loss_first=losses[0],
                                loss_last=float(np.mean(losses[-10:])), train_s=time.perf_counter() - t1)  # fmt: skip
                 row["seconds"] = time.perf_counter() - t0
                 rows.append(row)

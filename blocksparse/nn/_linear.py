@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import prune as _prune
-from .._matrix import BlockSparseMatrix, _require_host
+from .._matrix import BlockSparseMatrix, require_host
 from .._pattern import BlockPattern, check_block_size, check_density, num_blocks
 from .._util import Pytree
 from ..ops.matmul import epilogue as _epilogue
@@ -145,7 +145,7 @@ class SparseLinear(Pytree):
         ``fan_in`` counts only the inputs a unit actually sees (``in_features * density``), so
         activations keep the scale of a dense layer's.
         """
-        _require_host("SparseLinear.init", key=key, density=density)
+        require_host("SparseLinear.init", key=key, density=density)
         check_activation(activation)
         kw, kp = jax.random.split(key)
         pattern = random_pattern(kw, (in_features, out_features), block_size, density)
@@ -172,7 +172,7 @@ class SparseLinear(Pytree):
 
         The pattern is host data: call it outside ``jit`` with a concrete ``weight``.
         """
-        _require_host("SparseLinear.from_dense", weight=weight, density=density)
+        require_host("SparseLinear.from_dense", weight=weight, density=density)
         check_activation(activation)
         w = dense_in_out(weight, layout=layout, in_features=in_features, out_features=out_features, bias=bias)
         bias = None if bias is None else jnp.asarray(bias)

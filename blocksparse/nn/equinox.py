@@ -16,7 +16,7 @@ except ImportError as e:  # ModuleNotFoundError carries the package's name, as a
     raise ModuleNotFoundError("bs.nn.equinox needs Equinox: pip install 'blocksparse[equinox]'", name="equinox") from e
 
 from .. import prune as _prune
-from .._matrix import BlockSparseMatrix, _require_host
+from .._matrix import BlockSparseMatrix, require_host
 from ..ops.matmul.api import matmul
 from ._linear import check_activation, dense_in_out, random_pattern
 from ._product import sparse_linear
@@ -71,7 +71,7 @@ class SparseLinear(eqx.Module):
         self, in_features: int, out_features: int, *, block_size, density: float, use_bias: bool = True,
         dtype=None, activation: str | None = None, implementation=None, key,
     ):  # fmt: skip
-        _require_host("bs.nn.equinox.SparseLinear", key=key, density=density)
+        require_host("bs.nn.equinox.SparseLinear", key=key, density=density)
         check_activation(activation)
         dtype = jnp.float32 if dtype is None else dtype
         kp, kw, kb = jax.random.split(key, 3)
@@ -99,7 +99,7 @@ class SparseLinear(eqx.Module):
         ``SparseLinear.from_dense(lin.weight, lin.bias, block_size=16, density=0.25)``. If given,
         ``in_features`` / ``out_features`` are checked against the weight.
         """
-        _require_host("bs.nn.equinox.SparseLinear.from_dense", weight=weight, density=density)
+        require_host("bs.nn.equinox.SparseLinear.from_dense", weight=weight, density=density)
         check_activation(activation)
         w = dense_in_out(weight, layout=layout, in_features=in_features, out_features=out_features, bias=bias)
         W = _prune.magnitude(w, block_size, density, norm=norm)

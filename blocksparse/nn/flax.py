@@ -16,8 +16,8 @@ except ImportError as e:  # ModuleNotFoundError carries the package's name, as a
     raise ModuleNotFoundError("bs.nn.flax needs Flax: pip install 'blocksparse[flax]'", name="flax") from e
 
 from .. import prune as _prune
-from .._matrix import BlockSparseMatrix, _require_host
-from .._pattern import BlockPattern, _pair
+from .._matrix import BlockSparseMatrix, require_host
+from .._pattern import BlockPattern, block_pair
 from ._linear import check_activation, dense_in_out, random_pattern
 from ._product import sparse_linear
 
@@ -28,7 +28,7 @@ _ZEROS = nnx.initializers.zeros_init()
 
 def _check_pattern_matches(pattern: BlockPattern, block_size, density: float) -> None:
     """A given pattern must agree with the layer's ``block_size`` and ``density`` (to one block)."""
-    bs_pair = _pair(block_size)
+    bs_pair = block_pair(block_size)
     if bs_pair != pattern.block_size:
         raise ValueError(f"Expected block_size {pattern.block_size} (the pattern's). Got {block_size!r}.")
     total = pattern.grid[0] * pattern.grid[1]
@@ -79,7 +79,7 @@ class SparseLinear(nnx.Module):
         bias_init=_ZEROS, pattern: BlockPattern | None = None, implementation=None,
         rngs: nnx.Rngs,
     ):  # fmt: skip
-        _require_host("bs.nn.flax.SparseLinear", density=density)
+        require_host("bs.nn.flax.SparseLinear", density=density)
         check_activation(activation)
         if pattern is None:
             pattern = random_pattern(rngs.params(), (in_features, out_features), block_size, density)
@@ -117,7 +117,7 @@ class SparseLinear(nnx.Module):
         random is drawn); ``param_dtype`` defaults to the kernel's dtype. If given, ``in_features`` /
         ``out_features`` are checked against the kernel. Call it outside ``jit``.
         """
-        _require_host("bs.nn.flax.SparseLinear.from_dense", kernel=kernel, density=density)
+        require_host("bs.nn.flax.SparseLinear.from_dense", kernel=kernel, density=density)
         kernel, bias = (v.get_value() if isinstance(v, nnx.Variable) else v for v in (kernel, bias))  # nnx.Param
         w = dense_in_out(kernel, layout=layout, in_features=in_features, out_features=out_features, bias=bias)
         W = _prune.magnitude(w, block_size, density, norm=norm)

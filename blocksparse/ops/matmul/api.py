@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, _check_floating, _inside_sparsify
+from ..._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, check_floating, inside_sparsify
 from ..._pattern import BlockPattern
 from .._dispatch import cotangent_like, differentiable, dispatch_log, resolve, run, varying_axes
 from . import epilogue as _epilogue
@@ -281,6 +281,7 @@ def _fused_table(kind: str):
     def table(name: str):
         fn = getattr(get_backend(name), f"{kind}_fused", None)
         if fn is None:  # a registered backend without the fused ops: the next implementation runs
+
             def refuse(*_):
                 raise NotImplementedError(f"the backend has no {kind}_fused method (no fused epilogue)")
 
@@ -334,7 +335,7 @@ _PRECISION_NAMES = {
 }
 
 
-def _precision(precision) -> lax.Precision | None:
+def canonical_precision(precision) -> lax.Precision | None:
     """Canonical precision: the argument, else ``jax.default_matmul_precision`` (read at trace time;
     it is part of JAX's jit cache key), else ``None`` (the backend default)."""
     where = "precision"
@@ -357,11 +358,11 @@ def _precision(precision) -> lax.Precision | None:
 
 def _dense(x, what: str) -> jax.Array:
     x = jnp.asarray(x)
-    _check_floating(x.dtype, what)
+    check_floating(x.dtype, what)
     return x
 
 
-def _out_dtype(preferred_element_type, *dtypes) -> np.dtype:
+def result_dtype(preferred_element_type, *dtypes) -> np.dtype:
     if preferred_element_type is None:
         return jnp.dtype(jnp.result_type(*dtypes))
     try:
@@ -422,9 +423,9 @@ def matmul(
                     preferred_element_type=acc_dtype(out.dtype))  # fmt: skip
             return _epilogue.apply(y, b1, activation).astype(out.dtype)
     impls = resolve(implementation, _DEFAULT if implementation is not None else _default_order(a, b, fused))
-    prec = _precision(precision)
+    prec = canonical_precision(precision)
     a_sparse, b_sparse = isinstance(a, _SPARSE), isinstance(b, _SPARSE)
-    if a_sparse != b_sparse and _inside_sparsify():  # its interpreter cannot run our custom VJPs
+    if a_sparse != b_sparse and inside_sparsify():  # its interpreter cannot run our custom VJPs
         return a._sparsify_matmul(b, swap=False) if a_sparse else b._sparsify_matmul(a, swap=True)
     if a_sparse == b_sparse:
         raise TypeError(
@@ -433,7 +434,7 @@ def matmul(
         )
     if a_sparse:
         W, x = a, _dense(b, "dense operand")
-        s = OpStatic(impls, _out_dtype(preferred_element_type, W.dtype, x.dtype), prec, auto=implementation is None)
+        s = OpStatic(impls, result_dtype(preferred_element_type, W.dtype, x.dtype), prec, auto=implementation is None)
         if not fused:
             return apply_2d(W.shape, x, lambda x2: _sparse_dense(W, x2, s), sparse_first=True)
         if x.ndim == 1:  # (m,) output: the bias runs along the rows of the (m, 1) product
@@ -446,7 +447,7 @@ def matmul(
         tile = lambda x2: None if b1 is None else jnp.tile(b1, math.prod(x.shape[:-2]))  # noqa: E731
         return apply_2d(W.shape, x, lambda x2: _sparse_dense(W, x2, s, tile(x2)), sparse_first=True)
     x, W = _dense(a, "dense operand"), b
-    s = OpStatic(impls, _out_dtype(preferred_element_type, W.dtype, x.dtype), prec, auto=implementation is None)
+    s = OpStatic(impls, result_dtype(preferred_element_type, W.dtype, x.dtype), prec, auto=implementation is None)
     if not fused:
         return apply_2d(W.shape, x, lambda x2: _dense_sparse(x2, W, s), sparse_first=False)
     b1 = _bias(bias, (W.shape[1],))
@@ -545,8 +546,8 @@ def sdd(a, b, like, *, implementation=None, precision=None, preferred_element_ty
         )
     static = isinstance(like, BlockSparseMatrix)
     default = _sdd_order(like.pattern, a, b) if static and implementation is None else _DEFAULT
-    s = OpStatic(resolve(implementation, default), _out_dtype(preferred_element_type, a.dtype, b.dtype),
-                 _precision(precision), auto=static and implementation is None)  # fmt: skip
+    s = OpStatic(resolve(implementation, default), result_dtype(preferred_element_type, a.dtype, b.dtype),
+                 canonical_precision(precision), auto=static and implementation is None)  # fmt: skip
     if static:
         return like._replace(data=_sdd(s.but(pattern=like.pattern), a, b))
     keep, valid = _keep_and_validity(like)

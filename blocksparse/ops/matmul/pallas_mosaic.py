@@ -612,9 +612,12 @@ def _launch(p: MosaicPlan, m: int, data, xp, out_dtype, *, interpret, epi=None, 
         ),
         grid=p.grid[0],
         grid_names=p.grid[1],
-        kernel_name=f"bs_mgpu_dsd_{bh}x{bw}_tn{p.tn}" + ("_epi" if epi is not None else "")
-        + ("_2wg" if p.consumers == 2 else "") + ("_units_fastest" if p.grid_order == "units" else "")
-        + ("_wt" if transposed else "") + (f"_cluster{p.cluster}" if p.cluster > 1 else ""),
+        kernel_name=f"bs_mgpu_dsd_{bh}x{bw}_tn{p.tn}"
+        + ("_epi" if epi is not None else "")
+        + ("_2wg" if p.consumers == 2 else "")
+        + ("_units_fastest" if p.grid_order == "units" else "")
+        + ("_wt" if transposed else "")
+        + (f"_cluster{p.cluster}" if p.cluster > 1 else ""),
         interpret=plgpu.InterpretGPUParams() if interpret is True else interpret,
         **threads,
     )

@@ -65,8 +65,19 @@ from .pallas_mosaic import (
     hopper_problem,
 )
 
-__all__ = ["DEFAULT_STAGES", "DEFAULT_TK", "PREFER_BLOCKS", "PREFER_MIN_SPLITS", "SddConfig", "SddPlan", "TILES_K",
-           "hopper_problem", "plan", "prefers", "sdd"]
+__all__ = [
+    "DEFAULT_STAGES",
+    "DEFAULT_TK",
+    "PREFER_BLOCKS",
+    "PREFER_MIN_SPLITS",
+    "SddConfig",
+    "SddPlan",
+    "TILES_K",
+    "hopper_problem",
+    "plan",
+    "prefers",
+    "sdd",
+]
 
 #: Contracted elements per pipeline step (>= 64: a tile row of two-byte elements fills the 128-byte swizzle).
 TILES_K = (64, 128)
@@ -260,7 +271,15 @@ def _launch(p: SddPlan, pattern: BlockPattern, a, b, out_dtype, a_t: bool, b_t: 
     bh, bw = pattern.block_size
     nnz = pattern.nnz_blocks
     body = functools.partial(
-        _sdd_kernel, bh=bh, bw=bw, tk=p.tk, stages=p.stages, steps=p.steps, per_split=p.per_split, nnz=nnz, a_t=a_t,
+        _sdd_kernel,
+        bh=bh,
+        bw=bw,
+        tk=p.tk,
+        stages=p.stages,
+        steps=p.steps,
+        per_split=p.per_split,
+        nnz=nnz,
+        a_t=a_t,
         b_t=b_t,
     )
     layout = ("t" if a_t else "n") + ("t" if b_t else "n")
