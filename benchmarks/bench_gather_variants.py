@@ -9,11 +9,12 @@ Graph: ``gnn.power_law(262144, 8388608)`` (mean in-degree 32, heavy nodes split 
 ``blocksparse.bench.Timer``: ``ms`` = ``Timer.loop`` (median device time per call inside one jitted loop),
 ``calls_ms`` = ``Timer.calls``; plus the XLA reference (``variant = "xla"``: ``segment_sum`` / ``segment_max``
 on the sorted destination ids) as a baseline. SpMM is ``csr_sum(g, None, x)`` (default: the one-node kernel,
-``DEFAULT_VARIANT``); max is ``segment_extreme(g, x, True, with_arg=False)`` (default:
-``default_values_only``, per dtype). ``--with-arg`` sweeps the arg-max path instead (``with_arg=True``, the
-forward that training runs), with its own rows (:data:`MAX_WITH_ARG`: warps, prefetch, nodes per program,
-pairs, byte-sized tiles; ``key_reduce`` does not apply there); its ``default`` is that path's default
-(``default_with_arg``: the packed kernel with one warp, 2 nodes per program at this mean in-degree). Every
+``blocksparse.ops.gnn.order.spmm_variant``); max is ``segment_extreme(g, x, True, with_arg=False)``
+(default: ``order.aggregate_variant(dtype, False)``, per dtype). ``--with-arg`` sweeps the arg-max path instead
+(``with_arg=True``, the forward that training runs), with its own rows (:data:`MAX_WITH_ARG`: warps, prefetch,
+nodes per program, pairs, byte-sized tiles; ``key_reduce`` does not apply there); its ``default`` is that
+path's default (``order.aggregate_variant(dtype, True)``: the packed kernel with one warp, 2 nodes per program
+at this mean in-degree). Every
 result is checked against the reference: SpMM by ``rel_err`` (relative Frobenius error, failing above
 ``blocksparse.bench.tolerance``), max by exact equality (``exact``: values, and with ``--with-arg`` the
 arg-max positions). ``speedup`` = the default variant's ``ms`` / this row's; ``gather_tbps`` = the bytes of
@@ -44,11 +45,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import blocksparse.gnn as gnn
 from blocksparse.bench import Timer, check_close
-from blocksparse.ops._gnn_triton import GatherVariant as V
-from blocksparse.ops.gnn_aggregate import pallas_triton as AK
-from blocksparse.ops.gnn_aggregate import reference as AR
-from blocksparse.ops.gnn_spmm import pallas_triton as SK
-from blocksparse.ops.gnn_spmm import reference as SR
+from blocksparse.ops.gnn.aggregate import pallas_triton as AK
+from blocksparse.ops.gnn.aggregate import reference as AR
+from blocksparse.ops.gnn.config import GatherVariant as V
+from blocksparse.ops.gnn.spmm import pallas_triton as SK
+from blocksparse.ops.gnn.spmm import reference as SR
 
 #: SpMM rows: name -> (nodes_per_program, variant); ``None`` nodes: the one-node kernel (the default).
 SPMM = {

@@ -1,4 +1,4 @@
-"""GATv2 kernel variants (``kernel_config=``): forward and forward+backward per variant, on one graph.
+"""GATv2 kernel variants (``config=``): forward and forward+backward per variant, on one graph.
 
     python benchmarks/bench_gatv2_variants.py --json out.json [--shapes 1x128 8x16] [--variants NAME ...]
         [--modes fwd fwd+bwd] [--calls best|all|none] [--budget-s 190] [--small]
@@ -6,7 +6,7 @@
 Graph ``gnn.power_law(262144, 8388608)`` (seed 0; heavy nodes split into chunks), float32 ``x_src``,
 ``x_dst`` of shape ``(N, H, D)`` and ``att (H, D)`` for each ``HxD`` in ``--shapes``: ``H = 1, D = 128``
 (one head per program) and ``H = 8, D = 16`` (eight heads per program). Each variant is an
-:class:`~blocksparse.ops.gnn_attention.AttentionConfig` (see :data:`VARIANTS`; ``flat`` and ``groups``
+:class:`~blocksparse.ops.gnn.config.AttentionConfig` (see :data:`VARIANTS`; ``flat`` and ``groups``
 change only one-head programs, so they run for ``H = 1`` only). ``ms`` = ``Timer.loop`` (median device
 time per call inside one jitted loop) of ``gatv2`` (``fwd``) or of its output and VJP (``fwd+bwd``,
 cotangent fixed); ``calls_ms`` = ``Timer.calls`` (back-to-back jitted calls) for the default and the
@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import blocksparse.gnn as gnn
 from blocksparse.bench import Timer, check_close
-from blocksparse.ops.gnn_attention import AttentionConfig
+from blocksparse.ops.gnn.config import AttentionConfig
 
 C = AttentionConfig
 #: name -> (config, whether it differs from the default only with one head per program)
@@ -84,7 +84,7 @@ def functions(g, ct, impl: str, config: AttentionConfig | None):
     """(forward, forward+backward): ``gatv2`` and ``(out, d x_src, d x_dst, d att)`` for cotangent ``ct``."""
 
     def fwd(xs, xd, att):
-        return gnn.gatv2(g, xs, xd, att, implementation=impl, kernel_config=config)
+        return gnn.gatv2(g, xs, xd, att, implementation=impl, config=config)
 
     def fb(xs, xd, att):
         out, vjp = jax.vjp(fwd, xs, xd, att)

@@ -21,8 +21,8 @@ printed and stored under ``meta.torch_rows``. The library's own suite is ``block
 
 Ours are the library's defaults (``bs.gnn.spmm``, ``bs.gnn.aggregate``, ``bs.gnn.gatv2`` with no tuning
 argument; ``meta.defaults`` names the kernel configurations they resolve to per dtype). Max runs two
-ways: ``bs-{impl}`` is ``aggregate``'s forward alone (values only: ``default_values_only``), and
-``bs-{impl}-with_arg`` the forward that training runs (values and arg-max, ``segment_extreme(...,
+ways: ``bs-{impl}`` is ``aggregate``'s forward alone (values only: ``ops.gnn.order.aggregate_variant``),
+and ``bs-{impl}-with_arg`` the forward that training runs (values and arg-max, ``segment_extreme(...,
 with_arg=True)``; checked exactly against the XLA reference's values and arg-max).
 
 ``--dtype`` takes one or more dtypes; each runs every op, ours and the peers', on features of that
@@ -62,7 +62,6 @@ sys.path.insert(0, ".")
 import blocksparse.gnn as gnn  # noqa: E402
 from blocksparse.bench import CellFailed, Timer, check_close  # noqa: E402
 from blocksparse.bench.gnn import references  # noqa: E402
-from blocksparse.ops import _dispatch  # noqa: E402
 
 ROWS: list[dict] = []
 META: dict = {}  # the run's description, written with the rows
@@ -144,20 +143,21 @@ OPS = ("spmm_sum", "max", "gatv2", "transformer")
 
 def extreme(impl):
     """The ``segment_extreme`` of an implementation (the kernel module, or the XLA reference)."""
-    return _dispatch.op_module("blocksparse.ops.gnn_aggregate", impl).segment_extreme
+    from blocksparse.ops.gnn import registry
+
+    return registry.module("aggregate", impl).segment_extreme
 
 
 def kernel_defaults(g, dtype) -> dict:
     """What the defaults resolve to on ``g`` for ``dtype`` (the Pallas kernels' configurations)."""
-    from blocksparse.ops.gnn_aggregate import pallas_triton as AK
-    from blocksparse.ops.gnn_spmm import pallas_triton as SK
+    from blocksparse.ops.gnn import order
 
-    rule = AK.default_nodes_per_program(g.edge_capacity / max(g.num_nodes, 1))
+    rule = order.aggregate_nodes_per_program(g.edge_capacity / max(g.num_nodes, 1))
     tag = lambda v: (v.tag() if v else "") or "plain"  # noqa: E731
-    npp, variant = AK.default_values_only(dtype)
-    npp_arg, variant_arg = AK.default_with_arg(dtype)
+    npp, variant = order.aggregate_variant(dtype, False)
+    npp_arg, variant_arg = order.aggregate_variant(dtype, True)
     return dict(
-        spmm=dict(nodes_per_program=1, variant=tag(SK.DEFAULT_VARIANT)),
+        spmm=dict(nodes_per_program=1, variant=tag(order.spmm_variant(1))),
         max_values=dict(nodes_per_program=npp or rule, variant=tag(variant)),
         max_with_arg=dict(nodes_per_program=npp_arg or rule, variant=tag(variant_arg)),
     )
@@ -253,8 +253,8 @@ def bench_jax(g, x, feat, heads, iters, impls, do_reorder, sweep=False, ops=OPS,
                 )
 
     if sweep and "pallas" in impls:
-        from blocksparse.ops.gnn_aggregate.pallas_triton import segment_extreme
-        from blocksparse.ops.gnn_spmm.pallas_triton import csr_sum
+        from blocksparse.ops.gnn.aggregate.pallas_triton import segment_extreme
+        from blocksparse.ops.gnn.spmm.pallas_triton import csr_sum
 
         for be in (16, 32, 64):
             if "spmm_sum" in ops:
@@ -316,7 +316,7 @@ def bench_jax(g, x, feat, heads, iters, impls, do_reorder, sweep=False, ops=OPS,
 
 def sweep_nodes_per_program(g, x, npp, bes, iters, grad_of):
     """The max kernel at each ``nodes_per_program`` (and edge-tile length): checked, then timed."""
-    from blocksparse.ops.gnn_aggregate.pallas_triton import one_node_tiles, packed_tiles, segment_extreme
+    from blocksparse.ops.gnn.aggregate.pallas_triton import one_node_tiles, packed_tiles, segment_extreme
 
     want = jax.jit(lambda x: gnn.aggregate(g, x, "max", implementation="xla"))(x)
     f = x.shape[1]
@@ -345,7 +345,9 @@ def sweep_nodes_per_program(g, x, npp, bes, iters, grad_of):
             if with_bwd:
 
                 def api(x, nodes=nodes):
-                    return gnn.aggregate(g, x, "max", implementation="pallas", nodes_per_program=nodes)
+                    return gnn.aggregate(
+                        g, x, "max", implementation="pallas", config=gnn.GatherConfig(nodes_per_program=nodes)
+                    )
 
                 record("max", impl, "fwd+bwd", lambda api=api: jax_time(grad_of(api), x, iters=iters), **meta)
 
@@ -359,14 +361,20 @@ def check(g, x, feat, heads, impls, ops=OPS):
     refs = references(jnp.asarray(g.src), jnp.asarray(g.dst), n)
     x32 = x.astype(jnp.float32)
     for impl in impls:
-        cases = [("spmm_sum", lambda: gnn.spmm(g, x, implementation=impl), lambda: refs["spmm_sum"](x32)),
-                 ("max", lambda: gnn.aggregate(g, x, implementation=impl), lambda: refs["aggregate_max"](x32))]
+        cases = [
+            ("spmm_sum", lambda: gnn.spmm(g, x, implementation=impl), lambda: refs["spmm_sum"](x32)),
+            ("max", lambda: gnn.aggregate(g, x, implementation=impl), lambda: refs["aggregate_max"](x32)),
+        ]
         for h in heads:
             xh, xh32 = x.reshape(n, h, feat // h), x32.reshape(n, h, feat // h)
             att = jnp.ones((h, feat // h)) / feat
-            cases.append((f"gatv2 H={h}",
-                          lambda xh=xh, att=att: gnn.gatv2(g, xh, xh, att.astype(x.dtype), implementation=impl),
-                          lambda xh=xh32, att=att: refs["gatv2"](xh, xh, att)))
+            cases.append(
+                (
+                    f"gatv2 H={h}",
+                    lambda xh=xh, att=att: gnn.gatv2(g, xh, xh, att.astype(x.dtype), implementation=impl),
+                    lambda xh=xh32, att=att: refs["gatv2"](xh, xh, att),
+                )
+            )
             cases.append((f"transformer H={h}", lambda xh=xh: gnn.graph_attention(g, xh, xh, xh, implementation=impl),
                           lambda xh=xh32: refs["graph_attention"](xh, xh, xh)))  # fmt: skip
         for name, ours, ref in cases:

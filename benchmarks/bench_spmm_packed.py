@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import blocksparse.gnn as gnn
 from blocksparse.bench import Timer, check_close
 from blocksparse.gnn.generators import paper_graph_edges
-from blocksparse.ops.gnn_spmm import pallas_triton as K
-from blocksparse.ops.gnn_spmm import reference as R
+from blocksparse.ops.gnn.spmm import pallas_triton as K
+from blocksparse.ops.gnn.spmm import reference as R
 
 GRAPHS = ("power-law-32", "arxiv-like")
 

@@ -52,7 +52,8 @@ def check_config(op: str, config):
     """``config`` if it is ``None`` or of :func:`config_type` ``op``; else a ``TypeError`` naming the type."""
     want = config_type(op)
     if config is not None and not isinstance(config, want):
-        raise TypeError(f"Expected config None or a {want.__name__} for {op}. Got {type(config).__name__}.")
+        article = "an" if want.__name__[0] in "AEIOU" else "a"
+        raise TypeError(f"Expected config None or {article} {want.__name__} for {op}. Got {type(config).__name__}.")
     return config
 
 

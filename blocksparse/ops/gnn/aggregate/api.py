@@ -126,7 +126,7 @@ def aggregate(
         return own(g, x, reduce, implementation=implementation)
     check_graph(g)
     _dispatch.check_choice("reduce", reduce, ("max", "min"))
-    impls = order.implementations("aggregate", implementation, x.dtype if hasattr(x, "dtype") else None, strict)
+    impls = order.implementations("aggregate", implementation, getattr(x, "dtype", None), strict)
     s = AggregateStatic(impls, reduce == "max", config)
     x = g.check_features(x, "features", ndim=tuple(range(1, 8)))
     valid = g.validity() if isinstance(g, DynamicGraph) else None  # NaN out (and NaN gradients) if invalid
