@@ -13,7 +13,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
-from ._pattern import BlockPattern, block_pair, check_block_size, check_density, num_blocks
+from ._pattern import (
+    BlockPattern,
+    block_pair,
+    check_block_size,
+    check_density,
+    check_grid,
+    check_num_blocks,
+    check_shape,
+    num_blocks,
+)
 from ._util import Pytree, runtime_checks_enabled
 
 __all__ = ["BlockSparseMatrix", "DynamicBlockSparseMatrix", "random"]
@@ -347,12 +356,36 @@ def random(
     check_floating(dtype)
     density = check_density(density)
     bh, bw = check_block_size(shape, block_size)
-    num_blocks(density, (int(shape[0]) // bh) * (int(shape[1]) // bw))  # a positive density keeping 0 blocks raises
+    gm, gk = check_grid(check_shape(shape), (bh, bw))
+    check_num_blocks(num_blocks(density, gm * gk))  # before drawing; a positive density keeping 0 blocks raises
     kp, kv = jax.random.split(key)
     seed = pattern_seed if pattern_seed is not None else int(jax.random.randint(kp, (), 0, 2**31 - 1))
     pattern = BlockPattern.random(seed, shape, block_size, density)
     data = jax.random.normal(kv, (pattern.nnz_blocks, *pattern.block_size), dtype)
     return BlockSparseMatrix(pattern, data)
+
+
+def _capacity(capacity) -> int:
+    """``capacity`` as an int in ``[0, MAX_BLOCKS]``; a float is refused, never truncated."""
+    if isinstance(capacity, np.ndarray) and capacity.ndim == 0:
+        capacity = capacity[()]
+    if not isinstance(capacity, int | np.integer) or isinstance(capacity, bool | np.bool_):
+        raise TypeError(f"Expected capacity as a non-negative int. Got {capacity!r} of type {type(capacity).__name__}.")
+    if capacity < 0:
+        raise ValueError(f"Expected capacity >= 0 (the most blocks the matrix can hold). Got capacity={capacity}.")
+    return check_num_blocks(int(capacity), "blocks of capacity")
+
+
+def _nnz(nnz):
+    """A concrete ``nnz`` as a Python int (an integer scalar only); a traced one as it is (checked by the class)."""
+    if not is_concrete(nnz):
+        return nnz
+    host = np.asarray(nnz)
+    if host.shape != () or not np.issubdtype(host.dtype, np.integer):
+        raise TypeError(f"Expected nnz as an integer scalar. Got {nnz!r} (shape {host.shape}, dtype {host.dtype}).")
+    if int(host) < 0:
+        raise ValueError(f"Expected nnz >= 0. Got nnz={int(host)}.")
+    return int(host)
 
 
 class DynamicBlockSparseMatrix(NoImplicitDense, Pytree):
@@ -380,9 +413,9 @@ class DynamicBlockSparseMatrix(NoImplicitDense, Pytree):
         block_size = data.shape[1:] if block_size is None else block_pair(block_size)
         if tuple(data.shape[1:]) != tuple(block_size):
             raise ValueError(f"Expected blocks of shape {tuple(block_size)}. Got {data.shape[1:]}.")
-        self.shape = (int(shape[0]), int(shape[1]))
+        self.shape = check_shape(shape)
         self.block_size = check_block_size(self.shape, block_size)
-        cap = data.shape[0]
+        cap = check_num_blocks(data.shape[0], "blocks of capacity")
         coords = []
         for name, idx in (("rows", rows), ("cols", cols)):
             if np.shape(idx) != (cap,):
@@ -414,11 +447,12 @@ class DynamicBlockSparseMatrix(NoImplicitDense, Pytree):
         check_floating(blocks.dtype, "blocks")
         if blocks.ndim != 3:
             raise ValueError(f"Expected blocks of shape (L, bh, bw). Got {blocks.shape}.")
+        check_shape(shape)  # before any padding is allocated
         n = blocks.shape[0]
-        capacity = n if capacity is None else int(capacity)
+        capacity = n if capacity is None else _capacity(capacity)
         if n > capacity:
             raise ValueError(f"Expected at most capacity={capacity} blocks. Got {n}.")
-        nnz = n if nnz is None else nnz
+        nnz = n if nnz is None else _nnz(nnz)
         if is_concrete(nnz) and int(nnz) > capacity:
             raise ValueError(f"Expected nnz <= capacity={capacity}. Got nnz={int(nnz)}; raise the capacity.")
         if is_concrete(nnz) and int(nnz) > n:
