@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["MAX_BLOCKS", "MAX_BLOCK_ROWS", "MAX_DIM", "BlockPattern", "check_block_size", "check_density", "check_shape"]
+__all__ = [
+    "MAX_BLOCKS",
+    "MAX_BLOCK_ROWS",
+    "MAX_DIM",
+    "BlockPattern",
+    "check_block_size",
+    "check_density",
+    "check_shape",
+]
 
 
 #: The largest side of a matrix: kernels and XLA's index arithmetic use int32.
