@@ -92,6 +92,14 @@ def inside_sparsify() -> bool:
     return False
 
 
+def _leaf_repr(name: str, data) -> str:
+    """``dtype=...`` of an array leaf, or ``data=<repr>`` of whatever else a tree operation put there."""
+    dtype = getattr(data, "dtype", None)
+    if dtype is not None:
+        return f"{name}={dtype}"
+    return f"data={data!r}"
+
+
 class NoImplicitDense:
     """Refuse silent or cryptic conversions of a block-sparse matrix to a dense array."""
 
@@ -227,9 +235,11 @@ class BlockSparseMatrix(NoImplicitDense, Pytree):
     ndim = 2
 
     def __repr__(self) -> str:
+        # Any leaf prints: tree utilities (jax.tree.map, flax's state dicts) rebuild matrices whose data is a shape,
+        # None or a placeholder.
         return (
             f"BlockSparseMatrix(shape={self.shape}, block_size={self.block_size}, "
-            f"nnz_blocks={self.nnz_blocks}, density={self.density:.4g}, dtype={self.dtype})"
+            f"nnz_blocks={self.nnz_blocks}, density={self.density:.4g}, {_leaf_repr('dtype', self.data)})"
         )
 
     # -- conversions --------------------------------------------------------------------------
@@ -331,6 +341,11 @@ class BlockSparseMatrix(NoImplicitDense, Pytree):
         """From any ``scipy.sparse`` array or matrix; ``block_size`` defaults to a BSR's own."""
         import scipy.sparse as sp
 
+        if not sp.issparse(mat):
+            raise TypeError(
+                f"Expected a scipy.sparse array or matrix. Got {type(mat).__name__}; for a dense array use "
+                "BlockSparseMatrix.from_dense(x, block_size)."
+            )
         if block_size is None:
             if not (sp.issparse(mat) and mat.format == "bsr"):
                 raise ValueError(f"Expected block_size for a scipy {mat.format} matrix; only BSR carries one.")
@@ -477,9 +492,11 @@ class DynamicBlockSparseMatrix(NoImplicitDense, Pytree):
         return self.shape[0] // self.block_size[0], self.shape[1] // self.block_size[1]
 
     def __repr__(self) -> str:
+        data = self.data
+        cap = data.shape[-3] if hasattr(data, "shape") and len(getattr(data, "shape", ())) >= 3 else "?"
         return (
             f"DynamicBlockSparseMatrix(shape={self.shape}, block_size={self.block_size}, "
-            f"capacity={self.capacity}, dtype={self.dtype})"
+            f"capacity={cap}, {_leaf_repr('dtype', data)})"
         )
 
     def active(self) -> jax.Array:

@@ -113,3 +113,26 @@ def test_largest_grid_allowed_scales_with_its_blocks():
         tracemalloc.stop()
     assert W.shape == shape and W.nnz_blocks == 1
     assert peak < ALLOWANCE
+
+
+@pytest.mark.parametrize("leaf", [lambda a: a.shape, lambda a: None, lambda a: 3, lambda a: "x"])
+def test_matrices_print_with_any_leaves(leaf):
+    W = bs.random(jax.random.key(0), (64, 64), 16, 0.5)
+    D = bs.DynamicBlockSparseMatrix.from_static(W)
+    layer = bs.nn.SparseLinear.init(jax.random.key(1), 64, 32, block_size=16, density=0.5)
+    for tree in (W, D, layer):
+        text = repr(jax.tree.map(leaf, tree, is_leaf=lambda x: x is None))
+        assert "shape=(64, " in text
+
+
+def test_flax_state_dict_of_a_layer():
+    serialization = pytest.importorskip("flax.serialization")
+    layer = bs.nn.SparseLinear.init(jax.random.key(1), 64, 32, block_size=16, density=0.5)
+    state = serialization.to_state_dict(layer)
+    assert jax.tree.leaves(state)
+
+
+def test_from_scipy_refuses_a_dense_array():
+    pytest.importorskip("scipy")
+    with pytest.raises(TypeError, match="Expected a scipy.sparse array or matrix. Got ndarray"):
+        bs.BlockSparseMatrix.from_scipy(np.ones((4, 4)))
