@@ -243,6 +243,13 @@ def test_sparse_at_full_density_equals_dense(tiny):
 
 
 # -- pruning ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("scope", ["layer", "global"])
+def test_prune_encoder_refuses_density_zero(scope):
+    # as docs/models.md says: a density that keeps no block raises, 0 included (0.001 already did)
+    with pytest.raises(ValueError, match=r"density in \(0, 1\].*Got 0"):
+        prune_encoder(minilm.load(TINY), 8, 0, scope=scope)
+
+
 @settings(max_examples=8)
 @given(st.sampled_from([4, (4, 8)]), st.sampled_from([1 / 2, 1 / 4, 1 / 8]), st.sampled_from(["layer", "global"]))
 def test_prune_encoder_density_and_values(block, density, scope):
