@@ -136,3 +136,24 @@ def test_from_scipy_refuses_a_dense_array():
     pytest.importorskip("scipy")
     with pytest.raises(TypeError, match="Expected a scipy.sparse array or matrix. Got ndarray"):
         bs.BlockSparseMatrix.from_scipy(np.ones((4, 4)))
+
+
+@pytest.mark.parametrize("bad", ["scalar", 32.0, True, 0, -4])
+def test_layer_features_named_when_wrong(bad):
+    with pytest.raises((TypeError, ValueError), match="in_features as a positive int"):
+        bs.nn.SparseLinear.init(jax.random.key(0), bad, 32, 16, 0.5)
+    eqx = pytest.importorskip("equinox")  # noqa: F841
+    with pytest.raises((TypeError, ValueError), match="in_features as a positive int"):
+        bs.nn.equinox.SparseLinear(bad, 32, block_size=16, density=0.5, key=jax.random.key(0))
+
+
+def test_flax_layer_under_eval_shape():
+    nnx = pytest.importorskip("flax.nnx")
+    # The pattern is host data: with a traced key the error says what to do; with the pattern given, it works.
+    with pytest.raises(TypeError, match=r"Draw the pattern outside the trace.*pattern=pattern"):
+        nnx.eval_shape(lambda: bs.nn.flax.SparseLinear(64, 32, block_size=16, density=0.5, rngs=nnx.Rngs(0)))
+    pattern = bs.nn.random_pattern(jax.random.key(0), (64, 32), 16, 0.5)
+    layer = nnx.eval_shape(
+        lambda: bs.nn.flax.SparseLinear(64, 32, block_size=16, density=0.5, pattern=pattern, rngs=nnx.Rngs(0))
+    )
+    assert layer.pattern == pattern and layer.kernel.value.shape == (pattern.nnz_blocks, 16, 16)
