@@ -1,4 +1,4 @@
-"""Graphs partitioned over the devices of a mesh (``blocksparse.gnn.sharded``): SpMM and max / min
+"""Graphs partitioned over the devices of a mesh (``blocksparse.sharding.graph``): SpMM and max / min
 aggregation equal to one device (the ``DynamicGraph`` ops) and to the NumPy oracle, forward and gradients
 (w.r.t. the features and the edge weights), on random and adversarial graphs, for every split and every way
 of moving source features; the plan's choice; bad input. Four simulated CPU devices (tests/conftest.py)."""
@@ -16,8 +16,8 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import blocksparse.gnn as gnn
-from blocksparse.gnn import sharded
-from blocksparse.gnn.sharded import plan_graph, shard_graph
+from blocksparse import sharding as sharded
+from blocksparse.gnn import plan_graph, shard_graph
 
 DEVICES = jax.devices()[:4]
 MESH = Mesh(np.array(DEVICES), ("d",))

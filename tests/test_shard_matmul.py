@@ -220,11 +220,12 @@ def test_rows_split_on_static_kernels(getkey, kind, balance):
 def test_static_kernel_forward_with_dynamic_gradients(getkey, kind, monkeypatch):
     # The kernel's contract on the CPU: its plain-JAX twin (execute_dsd) runs the stacked work lists;
     # the gradient path (implementation "xla") must match dense gradients.
-    from blocksparse import sharding
     from blocksparse.ops.matmul import lowering
     from blocksparse.ops.matmul import pallas_triton as pt
+    from blocksparse.sharding import matrix as sharding
 
     monkeypatch.setattr(sharding, "_static_kernels_apply", lambda Ws, x2, kwargs: Ws.plan.split == "rows")
+
     def run_schedule(sched, m, data, x, out_dtype, tn, exact=False):
         return lowering.execute_dsd(sched, data, x, out_dtype)
 
@@ -252,6 +253,7 @@ def test_gpu_rows_split_static_kernels(getkey, b):
     x = jax.random.normal(getkey(), (512, 300), jnp.bfloat16)
     for balance in ("lines", "blocks"):
         Ws = bs.shard(W, mesh, "d", split="rows", balance=balance)
+
         def loss(d, x, Ws=Ws):
             return jnp.sum(jnp.sin((Ws.with_data(d) @ x).astype(jnp.float32)))
 

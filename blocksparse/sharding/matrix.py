@@ -36,12 +36,12 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, NoImplicitDense
-from ._pattern import BlockPattern
-from ._util import Pytree
-from .ops.matmul.api import apply_2d
-from .ops.matmul.api import matmul as _matmul
-from .ops.matmul.lowering import GpuLowering, TracedSchedule, lower
+from .._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, NoImplicitDense
+from .._pattern import BlockPattern
+from .._util import Pytree
+from ..ops.matmul.api import apply_2d
+from ..ops.matmul.api import matmul as _matmul
+from ..ops.matmul.lowering import GpuLowering, TracedSchedule, lower
 
 __all__ = ["ShardCandidate", "ShardPlan", "ShardedBlockSparseMatrix", "matmul", "shard"]
 
@@ -418,9 +418,9 @@ def _stacked_schedules(pattern: BlockPattern, plan: ShardPlan, tiles: int, max_l
 def _static_forward(ctx, data, x2):
     """``W @ x2`` for the rows split on the static-schedule kernels, one ``shard_map``."""
     (pattern, mesh, axis, plan), kwargs = ctx
-    from .ops import _dispatch
-    from .ops.matmul import pallas_triton as pt
-    from .ops.matmul.api import canonical_precision, result_dtype
+    from ..ops import _dispatch
+    from ..ops.matmul import pallas_triton as pt
+    from ..ops.matmul.api import canonical_precision, result_dtype
 
     kw = dict(kwargs)
     out_dtype = result_dtype(kw["preferred_element_type"], data.dtype, x2.dtype)
@@ -479,8 +479,8 @@ _static_product.defvjp(_static_product_fwd, _static_product_bwd)
 def _static_kernels_apply(Ws: ShardedBlockSparseMatrix, x2, kwargs) -> bool:
     """Whether ``Ws @ x2`` runs its forward on the static-schedule kernels: the rows split, with the
     Pallas kernels first in ``implementation`` and able to take these inputs."""
-    from .ops import _dispatch
-    from .ops.matmul import pallas_triton as pt
+    from ..ops import _dispatch
+    from ..ops.matmul import pallas_triton as pt
 
     if Ws.plan.split != "rows" or 0 in x2.shape:  # nothing to compute: the dynamic path returns zeros
         return False

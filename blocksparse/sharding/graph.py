@@ -39,11 +39,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .._util import Pytree, cdiv
+from ..gnn._dynamic import DynamicGraph, default_chunk
+from ..gnn._graph import Graph
 from ..ops.gnn_aggregate import aggregate as _aggregate
 from ..ops.gnn_spmm.api import accumulate as _spmm_into
-from ..sharding import LINK_BYTES_PER_S, _balanced_cuts
-from ._dynamic import DynamicGraph, default_chunk
-from ._graph import Graph
+from .matrix import LINK_BYTES_PER_S, _balanced_cuts
 
 __all__ = ["GraphShardCandidate", "GraphShardPlan", "ShardedGraph", "aggregate", "plan_graph", "shard_graph", "spmm"]
 
@@ -417,7 +417,7 @@ def shard_graph(
     Example::
 
         >>> import jax, numpy as np, blocksparse as bs
-        >>> from blocksparse.gnn.sharded import shard_graph
+        >>> from blocksparse.gnn import shard_graph
         >>> mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
         >>> sg = shard_graph(np.array([[0, 1, 2], [1, 2, 2]]), 3, mesh, "d")
         >>> sg.plan.edges_per_device, sg.plan.sources
