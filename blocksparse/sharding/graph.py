@@ -509,7 +509,10 @@ def _exchange(rows_, send, axis):
 
 
 def _others(xl, axis, parts):
-    """The rows of devices ``d - 1, d - 2, ..., d - parts + 1`` on device ``d`` (one permute each)."""
+    """The rows of devices ``d - 1, d - 2, ..., d - parts + 1`` on device ``d`` (one permute each; none for
+    one device)."""
+    if parts == 1:
+        return xl[:0]
     chunks = [lax.ppermute(xl, axis, [(j, (j + k) % parts) for j in range(parts)]) for k in range(1, parts)]
     return chunks[0] if len(chunks) == 1 else jnp.concatenate(chunks)
 
@@ -542,7 +545,9 @@ def _run(sg: ShardedGraph, x2, op, weights, *, skip_collectives: bool = False):
             table = lax.pcast(xl, axis, to="varying")  # the ops' custom VJPs expect per-device inputs
         else:
             own = xl
-            if plan.sources == "all_gather":
+            if parts == 1:  # every source is among the device's own rows: no collective
+                table = xl[:0]
+            elif plan.sources == "all_gather":
                 table = jnp.tile(xl, (parts - 1, 1)) if skip_collectives else _others(xl, axis, parts)
             else:
                 s = send[0]

@@ -497,6 +497,8 @@ def _local_product(Ws: ShardedBlockSparseMatrix, x2, transposed: bool, kwargs, s
         scatter = plan.collective != "psum" and out_dim % parts == 0
         collective = "psum_scatter" if scatter else "psum"
         out_spec = P(axis) if scatter else P()
+        if parts == 1:  # one device holds the whole sum: nothing to reduce (P(axis) is P() on one device)
+            collective, out_spec = None, P(axis)
 
     def local(rows, cols, data, nnz, xl):
         D = DynamicBlockSparseMatrix(rows[0], cols[0], data[0], nnz[0], local_shape, Ws.block_size)
