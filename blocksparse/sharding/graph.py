@@ -406,6 +406,8 @@ def shard_graph(
         >>> sg = shard_graph(np.array([[0, 1, 2], [1, 2, 2]]), 3, mesh, "d")
         >>> sg.plan.edges_per_device, sg.plan.sources
         ((3,), 'all_gather')
+        >>> bs.gnn.spmm(sg, np.ones((3, 1), np.float32)).ravel().tolist()  # one device: no collective
+        [0.0, 1.0, 2.0]
     """
     src, dst, n = _host_edges(edges, num_nodes)
     parts = _cuts.mesh_axis_size(mesh, axis)

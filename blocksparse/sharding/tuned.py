@@ -53,9 +53,9 @@ RATES: dict[str, Rates] = {
     "NVIDIA H200": Rates(
         link_bytes_per_s=Rate(
             2.7e11,
-            "two H200s of one host (NVLink, NCCL_NVLS_ENABLE=0): a plain lax.psum of 512 MiB per GPU, timed beside "
-            "benchmarks/bench_sharded.py (in no results file); the same rate as bench --suite sharded --full: graph "
-            "cell collective_only (one collective permute of 256 MiB per device; "
+            "two H200s of one host (NVLink, NCCL_NVLS_ENABLE=0): a plain lax.psum of 512 MiB per GPU, timed with the "
+            "matrix script that became bench --suite sharded (in no results file); the same rate as bench --suite "
+            "sharded --full: graph cell collective_only (one collective permute of 256 MiB per device; "
             "benchmarks/results/sharded_gnn_h200x2_run1.json to _run4.json)",
         ),
         block_flops_per_s=Rate(
