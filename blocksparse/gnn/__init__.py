@@ -15,12 +15,12 @@ from ..ops._dispatch import interpret
 from ..ops.gnn_aggregate import aggregate
 from ..ops.gnn_attention import gatv2, graph_attention
 from ..ops.gnn_spmm import spmm
+from ..sharding import GraphShardPlan, ShardedGraph, plan_graph, shard_graph
 from ._dynamic import DynamicGraph, batch, readout
 from ._graph import Graph
 from .generators import PAPER_GRAPH_SPECS, PAPER_GRAPHS, paper_graph, paper_graph_edges, power_law, rmat, synthetic
 from .layers import GATv2Conv, GCNConv, TransformerConv
 from .reorder import reorder
-from .sharded import GraphShardPlan, ShardedGraph, plan_graph, shard_graph
 
 __all__ = [
     "PAPER_GRAPHS",
