@@ -143,6 +143,12 @@ def test_missing_weights_package_names_the_install_command(monkeypatch):
         minilm.load()
 
 
+def test_export_fp16_files_share_one_mode(tmp_path):
+    out = minilm.export_fp16(tmp_path / "fp16", TINY)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir() if p.is_file()}
+    assert len(set(modes.values())) == 1, modes
+
+
 def test_export_fp16_round_trips(tmp_path, tiny):
     model, tok = tiny
     out = minilm.export_fp16(tmp_path / "fp16", TINY)
