@@ -175,12 +175,13 @@ def _impls(implementation, config, default) -> tuple[str, ...]:
 
 
 def _default_order(a, b, fused: bool) -> tuple[str, ...]:
-    """:func:`.order.of_product` of ``a @ b``: a static ``W @ x`` or ``x @ W``; a dynamic matrix and anything else
-    :data:`.order.DEFAULT`."""
-    if isinstance(a, BlockSparseMatrix) and not isinstance(b, _SPARSE):
-        return order.of_product("dsd", a.pattern, a.dtype, b, fused=fused)
-    if isinstance(b, BlockSparseMatrix) and not isinstance(a, _SPARSE):
-        return order.of_product("dds", b.pattern, b.dtype, a, fused=fused)
+    """:func:`.order.of_product` of ``a @ b`` (``W @ x`` or ``x @ W``); :data:`.order.DEFAULT` unless exactly one
+    operand is sparse."""
+    static = lambda M: M.pattern if isinstance(M, BlockSparseMatrix) else None  # noqa: E731
+    if isinstance(a, _SPARSE) and not isinstance(b, _SPARSE):
+        return order.of_product("dsd", static(a), a.dtype, b, fused=fused)
+    if isinstance(b, _SPARSE) and not isinstance(a, _SPARSE):
+        return order.of_product("dds", static(b), b.dtype, a, fused=fused)
     return order.DEFAULT
 
 

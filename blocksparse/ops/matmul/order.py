@@ -88,11 +88,14 @@ def default(op: str, pattern: BlockPattern, size: int, w_dtype, x_dtype, *, fuse
     return ("mosaic", *DEFAULT) if claimed else DEFAULT
 
 
-def of_product(op: str, pattern: BlockPattern, w_dtype, dense, *, fused: bool = False) -> tuple[str, ...]:
-    """:func:`default` of ``bs.matmul`` with a static sparse operand of ``pattern`` and the dense operand ``dense``:
+def of_product(op: str, pattern: BlockPattern | None, w_dtype, dense, *, fused: bool = False) -> tuple[str, ...]:
+    """:func:`default` of ``bs.matmul`` with a sparse operand of ``pattern`` and the dense operand ``dense``:
     ``op="dsd"`` for ``W @ x`` (``size``: the columns of ``x``, batch dimensions folded in), ``"dds"`` for ``x @
-    W`` (``size``: the rows of ``x``, batch dimensions folded in); :data:`DEFAULT` where ``dense`` is not an array
-    of at least one dimension (``matmul`` then raises its own error)."""
+    W`` (``size``: the rows of ``x``, batch dimensions folded in). :data:`DEFAULT` for a dynamic matrix
+    (``pattern=None``: the Triton scan kernel needs no plan built on the device) and where ``dense`` is not an
+    array of at least one dimension (``matmul`` then raises its own error)."""
+    if pattern is None:
+        return DEFAULT
     try:
         dtype, shape = jnp.result_type(dense), jnp.shape(dense)
     except TypeError:  # not an array: matmul raises the error

@@ -30,11 +30,17 @@ from .... import hardware
 from ...._pattern import BlockPattern
 from ... import _dispatch
 from .. import tuned
-from . import bands, dds, dsd, persistent, sdd
+from . import bands, persistent
+from . import dds as dds_kernel
+from . import dsd as dsd_kernel
+from . import sdd as sdd_kernel
 from .common import operand_dtypes
 
 __all__ = [
     "MosaicBackend",
+    "dds",
+    "dsd",
+    "dsd_dynamic",
     "default_grid_order",
     "dds_config",
     "dds_persistent",
@@ -97,15 +103,15 @@ def dsd_config(
     pattern: BlockPattern,
     n: int,
     itemsize: int = 2,
-    config: dsd.MosaicConfig | None = None,
+    config: dsd_kernel.MosaicConfig | None = None,
     extra_smem: int = 0,
     out_itemsize: int | None = None,
     fused: bool = False,
-) -> dsd.MosaicConfig:
+) -> dsd_kernel.MosaicConfig:
     """``config`` with the variant filled in: ``persistent`` (see the module docstring; never with a fused
     epilogue, two warpgroups or a cluster) and ``grid_order``. Raises ``NotImplementedError`` where the
     one-program-per-item kernel it falls back to cannot take the tiles."""
-    cfg = config or dsd.MosaicConfig()
+    cfg = config or dsd_kernel.MosaicConfig()
     if cfg.persistent is None:
         cfg = dataclasses.replace(cfg, persistent=_dsd_persistent(pattern, n, itemsize, cfg, extra_smem,
                                                                   out_itemsize, fused))  # fmt: skip
@@ -118,12 +124,12 @@ def _dsd_persistent(pattern, n, itemsize, cfg, extra_smem, out_itemsize, fused) 
     if fused or cfg.consumers != 1 or cfg.cluster > 1:
         return False
 
-    def plan(persistent: bool) -> dsd.MosaicPlan:
+    def plan(persistent: bool) -> dsd_kernel.MosaicPlan:
         c = dataclasses.replace(cfg, persistent=persistent)
         c = dataclasses.replace(c, grid_order=c.grid_order or default_grid_order(pattern, persistent))
-        return dsd.plan(pattern, n, itemsize, c, extra_smem, out_itemsize)
+        return dsd_kernel.plan(pattern, n, itemsize, c, extra_smem, out_itemsize)
 
-    if not dsd_persistent(pattern, n) and not dsd.splits_many(plan(False).sched):
+    if not dsd_persistent(pattern, n) and not dsd_kernel.splits_many(plan(False).sched):
         return False
     try:  # by the table, or skewed; where the persistent kernel cannot take the tiles, the other
         plan(True)
@@ -132,34 +138,95 @@ def _dsd_persistent(pattern, n, itemsize, cfg, extra_smem, out_itemsize, fused) 
     return True
 
 
-def dsd_plan(pattern: BlockPattern, n: int, itemsize: int = 2, config: dsd.MosaicConfig | None = None,
-             extra_smem: int = 0, out_itemsize: int | None = None, fused: bool = False) -> dsd.MosaicPlan:  # fmt: skip
+def dsd_plan(
+    pattern: BlockPattern,
+    n: int,
+    itemsize: int = 2,
+    config: dsd_kernel.MosaicConfig | None = None,
+    extra_smem: int = 0,
+    out_itemsize: int | None = None,
+    fused: bool = False,
+) -> dsd_kernel.MosaicPlan:
     """The plan this backend runs for ``W @ x`` (:func:`dsd_config`, then :func:`.dsd.plan`)."""
     cfg = dsd_config(pattern, n, itemsize, config, extra_smem, out_itemsize, fused)
-    return dsd.plan(pattern, n, itemsize, cfg, extra_smem, out_itemsize, fused)
+    return dsd_kernel.plan(pattern, n, itemsize, cfg, extra_smem, out_itemsize, fused)
 
 
-def dds_config(pattern: BlockPattern, m: int, itemsize: int = 2, config: dds.DdsConfig | None = None,
-               extra_smem: int = 0, out_itemsize: int | None = None, fused: bool = False) -> dds.DdsConfig:  # fmt: skip
+def dds_config(
+    pattern: BlockPattern,
+    m: int,
+    itemsize: int = 2,
+    config: dds_kernel.DdsConfig | None = None,
+    extra_smem: int = 0,
+    out_itemsize: int | None = None,
+    fused: bool = False,
+) -> dds_kernel.DdsConfig:
     """``config`` with ``persistent`` filled in: the persistent kernel for a plain product where
     :func:`dds_persistent` says so and it can take the tiles."""
-    cfg = config or dds.DdsConfig()
+    cfg = config or dds_kernel.DdsConfig()
     if cfg.persistent is not None:
         return cfg
     if not fused and dds_persistent(pattern, m):
         try:
-            dds.plan(pattern, m, itemsize, dataclasses.replace(cfg, persistent=True), extra_smem, out_itemsize)
+            dds_kernel.plan(pattern, m, itemsize, dataclasses.replace(cfg, persistent=True), extra_smem, out_itemsize)
             return dataclasses.replace(cfg, persistent=True)
         except NotImplementedError:
             pass
     return dataclasses.replace(cfg, persistent=False)
 
 
-def dds_plan(pattern: BlockPattern, m: int, itemsize: int = 2, config: dds.DdsConfig | None = None,
-             extra_smem: int = 0, out_itemsize: int | None = None, fused: bool = False) -> dds.DdsPlan:  # fmt: skip
+def dds_plan(
+    pattern: BlockPattern,
+    m: int,
+    itemsize: int = 2,
+    config: dds_kernel.DdsConfig | None = None,
+    extra_smem: int = 0,
+    out_itemsize: int | None = None,
+    fused: bool = False,
+) -> dds_kernel.DdsPlan:
     """The plan this backend runs for ``x @ W`` (:func:`dds_config`, then :func:`.dds.plan`)."""
     cfg = dds_config(pattern, m, itemsize, config, extra_smem, out_itemsize, fused)
-    return dds.plan(pattern, m, itemsize, cfg, extra_smem, out_itemsize, fused)
+    return dds_kernel.plan(pattern, m, itemsize, cfg, extra_smem, out_itemsize, fused)
+
+
+def dsd(pattern: BlockPattern, data, x, out_dtype=None, *, config: dsd_kernel.MosaicConfig | None = None,
+        interpret=None, epi=None, bias=None):  # fmt: skip
+    """``W @ x`` as this backend runs it: the variant of :func:`dsd_config`, then :func:`.dsd.dsd` (arguments as
+    there; no hardware check)."""
+    if interpret is None:
+        interpret = _dispatch.interpreting()
+    if x.ndim == 2 and data.ndim == 3:  # else the kernel raises its error
+        dt, out = operand_dtypes(data.dtype, x.dtype, out_dtype)
+        cfg = persistent.resolve_reduce(config or dsd_kernel.MosaicConfig(), interpret)
+        extra = dsd_kernel.BIAS_SMEM if epi is not None and epi.bias else 0
+        config = dsd_config(pattern, x.shape[1], jnp.dtype(dt).itemsize, cfg, extra, out.itemsize, epi is not None)
+    return dsd_kernel.dsd(pattern, data, x, out_dtype, config=config, interpret=interpret, epi=epi, bias=bias)
+
+
+def dds(pattern: BlockPattern, data, x, out_dtype=None, epi=None, bias=None, *,
+        config: dds_kernel.DdsConfig | None = None, interpret=None):  # fmt: skip
+    """``x @ W`` as this backend runs it: the variant of :func:`dds_config`, then :func:`.dds.dds` (arguments as
+    there; no hardware check)."""
+    if interpret is None:
+        interpret = _dispatch.interpreting()
+    if x.ndim == 2 and data.ndim == 3:
+        dt, out = operand_dtypes(data.dtype, x.dtype, out_dtype)
+        cfg = persistent.resolve_reduce(config or dds_kernel.DdsConfig(), interpret)
+        extra = dds_kernel.BIAS_SMEM if epi is not None and epi.bias else 0
+        config = dds_config(pattern, x.shape[0], jnp.dtype(dt).itemsize, cfg, extra, out.itemsize, epi is not None)
+    return dds_kernel.dds(pattern, data, x, out_dtype, epi, bias, config=config, interpret=interpret)
+
+
+def dsd_dynamic(rows, cols, keep, valid, data, x, num_rows: int, out_dtype=None, *, transposed: bool = False,
+                config: dsd_kernel.MosaicConfig | None = None, interpret=None, epi=None, bias=None):  # fmt: skip
+    """The dynamic ``W @ x`` as this backend runs it: the launch order of :func:`dynamic_grid_order` where the
+    config names none, then :func:`.dsd.dsd_dynamic` (arguments as there)."""
+    cfg = config or dsd_kernel.MosaicConfig()
+    if cfg.grid_order is None and data.ndim == 3 and x.ndim == 2:
+        bw = data.shape[1] if transposed else data.shape[2]
+        cfg = dataclasses.replace(cfg, grid_order=dynamic_grid_order(data.shape[0], num_rows, x.shape[0] // bw))
+    return dsd_kernel.dsd_dynamic(rows, cols, keep, valid, data, x, num_rows, out_dtype, transposed=transposed,
+                                  config=cfg, interpret=interpret, epi=epi, bias=bias)  # fmt: skip
 
 
 def _taken(config, cls):
@@ -198,24 +265,16 @@ class MosaicBackend:
         if takes(s.pattern):  # blocks of 16 and 32: the banded kernel
             return bands.dsd(s.pattern, data, x, s.out_dtype, epi, bias, config=_taken(s.config, bands.BandConfig),
                              interpret=interpret)  # fmt: skip
-        dt, out_dtype = operand_dtypes(data.dtype, x.dtype, s.out_dtype)
-        cfg = persistent.resolve_reduce(_taken(s.config, dsd.MosaicConfig) or dsd.MosaicConfig(), interpret)
-        extra = dsd.BIAS_SMEM if epi is not None and epi.bias else 0
-        cfg = dsd_config(s.pattern, x.shape[-1], jnp.dtype(dt).itemsize, cfg, extra, out_dtype.itemsize,
-                         fused=epi is not None)  # fmt: skip
-        return dsd.dsd(s.pattern, data, x, s.out_dtype, config=cfg, interpret=interpret, epi=epi, bias=bias)
+        return dsd(s.pattern, data, x, s.out_dtype, config=_taken(s.config, dsd_kernel.MosaicConfig),
+                   interpret=interpret, epi=epi, bias=bias)  # fmt: skip
 
     def _dds(self, s, x, data, epi=None, bias=None):
         interpret = self._interpret()
         if takes(s.pattern):
             return bands.dds(s.pattern, data, x, s.out_dtype, epi, bias, config=_taken(s.config, bands.BandConfig),
                              interpret=interpret)  # fmt: skip
-        dt, out_dtype = operand_dtypes(data.dtype, x.dtype, s.out_dtype)
-        cfg = persistent.resolve_reduce(_taken(s.config, dds.DdsConfig) or dds.DdsConfig(), interpret)
-        extra = dds.BIAS_SMEM if epi is not None and epi.bias else 0
-        cfg = dds_config(s.pattern, x.shape[0], jnp.dtype(dt).itemsize, cfg, extra, out_dtype.itemsize,
-                         fused=epi is not None)  # fmt: skip
-        return dds.dds(s.pattern, data, x, s.out_dtype, epi, bias, config=cfg, interpret=interpret)
+        return dds(s.pattern, data, x, s.out_dtype, epi, bias, config=_taken(s.config, dds_kernel.DdsConfig),
+                   interpret=interpret)  # fmt: skip
 
     def dsd(self, s, data, x):
         return self._dsd(s, data, x)
@@ -230,17 +289,13 @@ class MosaicBackend:
         return self._dds(s, x, data, s.epilogue, bias)
 
     def sdd(self, s, a, b):
-        return sdd.sdd(s.pattern, a, b, s.out_dtype, config=_taken(s.config, sdd.SddConfig),
+        return sdd_kernel.sdd(s.pattern, a, b, s.out_dtype, config=_taken(s.config, sdd_kernel.SddConfig),
                        interpret=self._interpret())  # fmt: skip
 
     def _dyn(self, s, rows, cols, keep, valid, data, x, epi=None, bias=None):
-        interpret = self._interpret()
-        cfg = _taken(s.config, dsd.MosaicConfig) or dsd.MosaicConfig()
-        if cfg.grid_order is None:
-            bw = data.shape[1] if s.transposed else data.shape[2]
-            cfg = dataclasses.replace(cfg, grid_order=dynamic_grid_order(data.shape[0], s.grid[0], x.shape[0] // bw))
-        return dsd.dsd_dynamic(rows, cols, keep, valid, data, x, s.grid[0], s.out_dtype, transposed=s.transposed,
-                               config=cfg, interpret=interpret, epi=epi, bias=bias)  # fmt: skip
+        return dsd_dynamic(rows, cols, keep, valid, data, x, s.grid[0], s.out_dtype, transposed=s.transposed,
+                           config=_taken(s.config, dsd_kernel.MosaicConfig), interpret=self._interpret(), epi=epi,
+                           bias=bias)  # fmt: skip
 
     def dyn_dsd(self, s, rows, cols, keep, valid, data, x):
         return self._dyn(s, rows, cols, keep, valid, data, x)
