@@ -43,7 +43,7 @@ from .._util import Pytree
 from ..ops import _dispatch
 from ..ops.matmul.api import apply_2d, canonical_precision, result_dtype
 from ..ops.matmul.api import matmul as _matmul
-from ..ops.matmul.lowering import GpuLowering, TracedSchedule, lower
+from ..ops.matmul.schedule import GpuLowering, TracedSchedule, lower
 from . import _cuts, tuned
 
 __all__ = ["ShardCandidate", "ShardPlan", "ShardedBlockSparseMatrix", "matmul", "shard"]
@@ -342,9 +342,9 @@ class ShardedBlockSparseMatrix(NoImplicitDense, Pytree):
 def _triton():
     """The Triton backend's module (its static-schedule kernel), imported on first use as ``bs.matmul`` loads
     its backends."""
-    from ..ops.matmul import pallas_triton
+    from ..ops.matmul import triton
 
-    return pallas_triton
+    return triton
 
 
 _SCHEDULE_FIELDS = ("unit_start", "unit_len", "unit_dest", "block_col", "block_id", "split_rows", "partial_seg")
@@ -352,7 +352,7 @@ _SCHEDULE_FIELDS = ("unit_start", "unit_len", "unit_dest", "block_col", "block_i
 
 @functools.lru_cache(maxsize=64)
 def _stacked_schedules(pattern: BlockPattern, plan: ShardPlan, tiles: int, max_len: int | None):
-    """Per-device :class:`~.ops.matmul.lowering.RowSplitSchedule` s, padded to one shape and stacked.
+    """Per-device :class:`~.ops.matmul.schedule.RowSplitSchedule` s, padded to one shape and stacked.
 
     Returns ``(arrays, num_rows, max_len)``: ``arrays`` maps each schedule field to an ``int32``
     array with a leading device axis, in the traced-schedule convention (a last dummy partial slot
