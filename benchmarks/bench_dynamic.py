@@ -25,15 +25,15 @@ import jax.numpy as jnp
 import numpy as np
 
 import blocksparse as bs
+from blocksparse import hardware
 from blocksparse.bench import Timer
-from blocksparse.ops.matmul import pallas_mosaic
-from blocksparse.ops.matmul import pallas_triton as pt
+from blocksparse.ops.matmul import triton as pt
+from blocksparse.ops.matmul.mosaic import common as pallas_mosaic
 
 
 def _dynamic(mode):
     def f(D, x):
-        with pt.kernel_config(dynamic=mode):
-            return bs.matmul(D, x, implementation="pallas")
+        return bs.matmul(D, x, implementation="pallas", config=pt.TritonConfig(dynamic=mode))
 
     return f
 
@@ -53,7 +53,7 @@ def bench_cell(m, n, b, d, reps, trials):
         "dynamic_xla": (lambda D, x: bs.matmul(D, x, implementation="xla"), D),
         "dynamic_default": (lambda D, x: bs.matmul(D, x), D),
     }
-    if b in pallas_mosaic.SUPPORTED_BLOCKS and pallas_mosaic.hopper_problem() is None:  # Hopper: the Mosaic kernels
+    if b in pallas_mosaic.SUPPORTED_BLOCKS and hardware.hopper_problem() is None:  # Hopper: the Mosaic kernels
         fns["static_mosaic"] = (lambda W, x: bs.matmul(W, x, implementation="mosaic"), W)
         fns["dynamic_mosaic"] = (lambda D, x: bs.matmul(D, x, implementation="mosaic"), D)
     row = {"m": m, "n": n, "b": b, "density": 1.0 / d, "nnz_blocks": W.nnz_blocks}

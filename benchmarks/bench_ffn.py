@@ -45,8 +45,9 @@ def _ffn_unfused(x, W1, b1, W2, b2):
     return (bs.matmul(h, W2).astype(jnp.float32) + b2).astype(x.dtype)
 
 
-def _ffn_fused(x, W1, b1, W2, b2):
-    return bs.matmul(bs.matmul(x, W1, bias=b1, activation="gelu"), W2, bias=b2)
+def _ffn_fused(x, W1, b1, W2, b2, config=None):
+    h = bs.matmul(x, W1, bias=b1, activation="gelu", config=config)
+    return bs.matmul(h, W2, bias=b2, config=config)
 
 
 def run(tokens, hidden, ffn, blocks, densities, dtype, timer):
@@ -92,7 +93,7 @@ def run(tokens, hidden, ffn, blocks, densities, dtype, timer):
 
 def sweep(tokens, b, inv_d, dtype, timer, path):
     """The fused FFN over the dds kernel's tiles: which configuration the default should be."""
-    from blocksparse.ops.matmul.pallas_triton import kernel_config
+    from blocksparse.ops.matmul import TritonConfig
 
     kx, k1, k2 = jax.random.split(jax.random.key(0), 3)
     x = jax.random.normal(kx, (tokens, 384), dtype)
@@ -103,12 +104,12 @@ def sweep(tokens, b, inv_d, dtype, timer, path):
     for tb in (64, 128, 256):
         for nw in (4, 8):
             for ns in (2, 3, 4):
-                with kernel_config(tb=tb, num_warps=nw, num_stages=ns):
-                    try:
-                        ms = timer.loop(_ffn_fused, x, W1, b1, W2, b2)
-                    except Exception as e:  # a configuration Triton cannot compile (shared memory)
-                        print(f"  tb={tb} warps={nw} stages={ns}: {type(e).__name__}")
-                        continue
+                config = TritonConfig(tb=tb, num_warps=nw, num_stages=ns)  # both products' forward
+                try:
+                    ms = timer.loop(lambda *a, config=config: _ffn_fused(*a, config=config), x, W1, b1, W2, b2)
+                except Exception as e:  # a configuration Triton cannot compile (shared memory)
+                    print(f"  tb={tb} warps={nw} stages={ns}: {type(e).__name__}")
+                    continue
                 rows.append(dict(tb=tb, num_warps=nw, num_stages=ns, loop_ms=ms))
                 print(f"  tb={tb:<4d} warps={nw} stages={ns}: {ms:.3f} ms")
     if path:

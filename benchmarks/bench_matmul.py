@@ -43,7 +43,7 @@ import numpy as np
 
 import blocksparse as bs
 from blocksparse.bench import CellFailed, Timer, check_close, implementation
-from blocksparse.ops.matmul import pallas_triton as pt
+from blocksparse.ops.matmul import triton as pt
 
 
 def _time_torch(fn, reps: int, trials: int) -> float:
@@ -117,16 +117,11 @@ def _torch_bsr(pattern, data_np, n, reps, trials):
         return None, f"{type(e).__name__}: {str(e)[:120]}"
 
 
-def _sparse_fn(impl, op="dsd"):
+def _sparse_fn(impl, op="dsd", config=None):
+    kw = dict(implementation=impl, config=config)
     if op == "dds":  # x (n, m) @ W (m, k): the linear-layer form, n = batch
-        return jax.jit(
-            lambda data, x, pattern: bs.matmul(x, bs.BlockSparseMatrix(pattern, data), implementation=impl),
-            static_argnums=2,
-        )
-    return jax.jit(
-        lambda data, x, pattern: bs.matmul(bs.BlockSparseMatrix(pattern, data), x, implementation=impl),
-        static_argnums=2,
-    )
+        return jax.jit(lambda data, x, p: bs.matmul(x, bs.BlockSparseMatrix(p, data), **kw), static_argnums=2)
+    return jax.jit(lambda data, x, p: bs.matmul(bs.BlockSparseMatrix(p, data), x, **kw), static_argnums=2)
 
 
 def _check(f, pattern, data, x, op) -> tuple[float, str]:
@@ -141,13 +136,14 @@ def _check(f, pattern, data, x, op) -> tuple[float, str]:
 
 
 def bench_cell(
-    pattern, n, reps, trials, dense, torch_bsr=True, impl=None, label="uniform", op="dsd", dtype=jnp.bfloat16
+    pattern, n, reps, trials, dense, torch_bsr=True, impl=None, label="uniform", op="dsd", dtype=jnp.bfloat16,
+    config=None,
 ):
     m, k = pattern.shape
     b = pattern.block_size[0]
     d = jax.random.normal(jax.random.key(10), (pattern.nnz_blocks, *pattern.block_size), dtype)
     x = jax.random.normal(jax.random.key(20), (k, n) if op == "dsd" else (n, m), dtype)
-    f = _sparse_fn(impl, op)
+    f = _sparse_fn(impl, op, config)
     err, ran = _check(f, pattern, d, x, op)  # first: the dispatch log is filled while tracing
     timer = Timer(iters=reps, trials=trials)
     t = timer.loop(lambda d, x: f(d, x, pattern), d, x) / 1e3
@@ -201,21 +197,21 @@ def print_table(rows, file=sys.stdout):
 
 
 VARIANTS = {
-    "default": pt.KernelConfig(),
-    "accT": pt.KernelConfig(transpose_acc=True),
-    "accN": pt.KernelConfig(transpose_acc=False),
-    "tn64": pt.KernelConfig(tn=64),
-    "tn128": pt.KernelConfig(tn=128),
-    "tn256": pt.KernelConfig(tn=256),
-    "w4": pt.KernelConfig(num_warps=4),
-    "w8": pt.KernelConfig(num_warps=8),
-    "s2": pt.KernelConfig(num_stages=2),
-    "s4": pt.KernelConfig(num_stages=4),
-    "tn256w8": pt.KernelConfig(tn=256, num_warps=8),
-    "ml4": pt.KernelConfig(max_len=4),
-    "ml8": pt.KernelConfig(max_len=8),
-    "ml16": pt.KernelConfig(max_len=16),
-    "tn64ml8": pt.KernelConfig(tn=64, max_len=8),
+    "default": pt.TritonConfig(),
+    "accT": pt.TritonConfig(transpose_acc=True),
+    "accN": pt.TritonConfig(transpose_acc=False),
+    "tn64": pt.TritonConfig(tn=64),
+    "tn128": pt.TritonConfig(tn=128),
+    "tn256": pt.TritonConfig(tn=256),
+    "w4": pt.TritonConfig(num_warps=4),
+    "w8": pt.TritonConfig(num_warps=8),
+    "s2": pt.TritonConfig(num_stages=2),
+    "s4": pt.TritonConfig(num_stages=4),
+    "tn256w8": pt.TritonConfig(tn=256, num_warps=8),
+    "ml4": pt.TritonConfig(max_len=4),
+    "ml8": pt.TritonConfig(max_len=8),
+    "ml16": pt.TritonConfig(max_len=16),
+    "tn64ml8": pt.TritonConfig(tn=64, max_len=8),
 }
 
 
@@ -260,11 +256,11 @@ def main(argv=None):
         names = args.variants if args.variants is not None else [None]
         for name in names or list(VARIANTS):
             try:
-                with pt.kernel_config(VARIANTS[name] if name is not None else None):
-                    r = bench_cell(
-                        p, n, args.reps, args.trials, dense, op=args.op, dtype=dtype,
-                        torch_bsr=not args.no_torch_bsr and name in (None, "default") and args.op == "dsd",
-                    )  # fmt: skip
+                r = bench_cell(  # a variant's config: the Pallas backend alone runs (config=)
+                    p, n, args.reps, args.trials, dense, op=args.op, dtype=dtype,
+                    torch_bsr=not args.no_torch_bsr and name in (None, "default") and args.op == "dsd",
+                    config=VARIANTS[name] if name is not None else None,
+                )  # fmt: skip
             except Exception as e:  # noqa: BLE001 - keep sweeping; recorded, and the exit status says so
                 why = str(e) if isinstance(e, CellFailed) else f"{type(e).__name__}: {str(e)[:300]}"
                 print(f"FAILED {(m, n, d, b, name)}: {why}", flush=True)

@@ -6,7 +6,7 @@ bf16 or fp16, float32 accumulation) one random pattern is timed in one process:
 - ``dense``: ``jnp.dot`` of the dense ``W`` (cuBLAS through XLA);
 - ``triton``: ``bs.matmul(W, x, implementation="pallas")`` (the Pallas Triton kernel);
 - ``mosaic``: ``bs.matmul(W, x, implementation="mosaic")`` (its default tiles), then each forced
-  variant of ``--tn`` x ``--stages`` x ``--consumers`` (``blocksparse.ops.matmul.pallas_mosaic.dsd``
+  variant of ``--tn`` x ``--stages`` x ``--consumers`` (``blocksparse.ops.matmul.mosaic.backend.dsd``
   with a ``MosaicConfig``), recorded under ``variants``; a variant the plan refuses (shared memory)
   records the reason and is not a failure.
 
@@ -19,7 +19,7 @@ dense product (relative Frobenius error); a kernel that fails to compile, run or
 its error in the row and the run goes on; the JSON is rewritten after every row (``bench_mosaic_dds.py`` and
 ``bench_mosaic_sdd.py`` share this report), so a run cut by its time limit keeps what it measured. Each row
 also records ``default``: the implementation
-``bs.matmul(W, x)`` picks for the cell (``pallas_mosaic.prefers``), to check the rule against the
+``bs.matmul(W, x)`` picks for the cell (``blocksparse.ops.matmul.order.default``), to check the rule against the
 measured speedup.
 
 Usage (the brief's grid, about a minute on an H200; the b = 64 sweep of forced tiles and depths)::
@@ -48,9 +48,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import blocksparse as bs
+from blocksparse import hardware
 from blocksparse.bench import Timer, check_close
-from blocksparse.ops.matmul import epilogue, pallas_mosaic
-from blocksparse.ops.matmul import pallas_mosaic_persistent as pp
+from blocksparse.ops.matmul import epilogue, order
+from blocksparse.ops.matmul.mosaic import backend
+from blocksparse.ops.matmul.mosaic import dsd as pallas_mosaic
+from blocksparse.ops.matmul.mosaic import persistent as pp
 
 
 def _kernels(W, bias, activation):
@@ -71,7 +74,7 @@ def _kernels(W, bias, activation):
 
 def _variant(W, bias, activation, cfg):
     epi = None if bias is None else epilogue.Epilogue(activation, True, 1)
-    return lambda W, x: pallas_mosaic.dsd(W.pattern, W.data, x, config=cfg, epi=epi, bias=bias)
+    return lambda W, x: backend.dsd(W.pattern, W.data, x, config=cfg, epi=epi, bias=bias)
 
 
 def _time(name, fn, a, x, want, dtype, timer, flops, out: dict, unrolled: int = 0):
@@ -112,8 +115,8 @@ def bench_cell(m: int, n: int, b: int, d: int, dtype, timer: Timer, configs, act
     row = {"m": m, "n": n, "b": b, "density": 1.0 / d, "dtype": jnp.dtype(dtype).name, "nnz_blocks": W.nnz_blocks}
     row.update(pattern=pattern, max_row=int(np.bincount(W.pattern.rows, minlength=W.pattern.grid[0]).max()))
     row["epilogue"] = activation
-    row["default"] = "mosaic" if pallas_mosaic.prefers(W.pattern, n, dtype, dtype) else "pallas"
-    p = pallas_mosaic.plan(W.pattern, n, jnp.dtype(dtype).itemsize)
+    row["default"] = order.default("dsd", W.pattern, n, dtype, dtype)[0]
+    p = backend.dsd_plan(W.pattern, n, jnp.dtype(dtype).itemsize)
     row.update(mosaic_tn=p.tn, mosaic_stages=p.stages, units=p.sched.num_units, partials=p.sched.num_partials)
     row["mosaic_kernel"] = "persistent" if p.persistent is not None else "per item"
     want = None
@@ -132,7 +135,7 @@ def bench_cell(m: int, n: int, b: int, d: int, dtype, timer: Timer, configs, act
         try:
             if cfg.consumers > 1 and activation is not None:
                 raise NotImplementedError("two warpgroups have no fused epilogue")
-            pv = pallas_mosaic.plan(W.pattern, n, jnp.dtype(dtype).itemsize, cfg)
+            pv = backend.dsd_plan(W.pattern, n, jnp.dtype(dtype).itemsize, cfg)
             v.update(tn=pv.tn, stages=pv.stages, grid_order=pv.grid_order)
             if pv.persistent is not None:
                 v.update(programs=pv.persistent.programs, max_steps=pv.persistent.max_steps_per_program(),
@@ -251,7 +254,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
 
-    why = pallas_mosaic.hopper_problem()
+    why = hardware.hopper_problem()
     if why is not None:
         print(f"bench_mosaic: the Mosaic kernel needs a Hopper GPU: {why}", file=sys.stderr)
         return 2

@@ -5,7 +5,7 @@ is timed in one process, bf16 or fp16, float32 accumulation:
 
 - ``dense``: ``jnp.dot`` of the dense matrix (cuBLAS through XLA);
 - ``triton``: ``bs.matmul(..., implementation="pallas")`` (the Pallas Triton kernel);
-- ``bands``: :func:`blocksparse.ops.matmul.pallas_mosaic_bands.dsd` / ``dds`` with the default plan, then each
+- ``bands``: :func:`blocksparse.ops.matmul.mosaic.bands.dsd` / ``dds`` with the default plan, then each
   forced variant of ``--tm`` x ``--width`` x ``--stages`` (a ``BandConfig``) under ``variants``;
 - ``bands_kernel`` (``W @ x`` only): the kernel alone on ``x^T``, without XLA's transposes of ``x`` and ``y``.
 
@@ -35,8 +35,8 @@ import jax.numpy as jnp
 
 import blocksparse as bs
 from blocksparse.bench import Timer
-from blocksparse.ops.matmul import pallas_mosaic_bands as pb
-from blocksparse.ops.matmul.pallas_mosaic import hopper_problem
+from blocksparse.hardware import hopper_problem
+from blocksparse.ops.matmul.mosaic import bands as pb
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_mosaic import _matrix, add_row, finish, new_doc  # noqa: E402

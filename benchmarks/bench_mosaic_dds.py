@@ -5,8 +5,8 @@ bf16 or fp16, float32 accumulation) one random pattern is timed in one process:
 
 - ``dense``: ``jnp.dot(x, W_dense)`` (cuBLAS through XLA);
 - ``triton``: ``bs.matmul(x, W, implementation="pallas")`` (the Pallas Triton ``dds`` kernel);
-- ``mosaic``: ``blocksparse.ops.matmul.pallas_mosaic_dds.dds`` with its default plan, then each forced
-  variant of ``--tm`` x ``--stages`` x ``--grid-order`` (a ``pallas_mosaic_dds.DdsConfig``), recorded
+- ``mosaic``: ``blocksparse.ops.matmul.mosaic.backend.dds`` with its default plan, then each forced
+  variant of ``--tm`` x ``--stages`` x ``--grid-order`` (a ``blocksparse.ops.matmul.DdsConfig``), recorded
   under ``variants``; a variant the plan refuses (shared memory, registers) records the reason and is
   not a failure.
 
@@ -44,10 +44,12 @@ import jax
 import jax.numpy as jnp
 
 import blocksparse as bs
+from blocksparse import hardware
 from blocksparse.bench import Timer, check_close, implementation
 from blocksparse.ops.matmul import epilogue
-from blocksparse.ops.matmul import pallas_mosaic_dds as pmd
-from blocksparse.ops.matmul import pallas_mosaic_persistent as pp
+from blocksparse.ops.matmul.mosaic import backend
+from blocksparse.ops.matmul.mosaic import dds as pmd
+from blocksparse.ops.matmul.mosaic import persistent as pp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_mosaic import add_row, finish, new_doc  # noqa: E402  (the same report and failure rule as for W @ x)
@@ -67,7 +69,7 @@ def _kernels(W, bias, activation, cfg=None):
     return {
         "dense": (dense_fn, W.to_dense()),
         "triton": (lambda x, W: bs.matmul(x, W, implementation="pallas", **fused), W),
-        "mosaic": (lambda x, W: pmd.dds(W.pattern, W.data, x, None, epi, bias, config=cfg), W),
+        "mosaic": (lambda x, W: backend.dds(W.pattern, W.data, x, None, epi, bias, config=cfg), W),
     }
 
 
@@ -99,7 +101,7 @@ def bench_cell(m: int, k: int, n: int, b: int, d: int, dtype, timer: Timer, conf
     flops = 2.0 * m * W.nnz_blocks * b * b
     row = {"m": m, "k": k, "n": n, "b": b, "density": 1.0 / d, "dtype": jnp.dtype(dtype).name}
     row.update(nnz_blocks=W.nnz_blocks, epilogue=activation)
-    p = pmd.plan(W.pattern, m, jnp.dtype(dtype).itemsize)
+    p = backend.dds_plan(W.pattern, m, jnp.dtype(dtype).itemsize)
     row.update(mosaic_tm=p.tm, mosaic_stages=p.stages, units=p.sched.num_units, partials=p.sched.num_partials)
     want = None
     for name, (fn, a) in _kernels(W, bias, activation).items():
@@ -114,7 +116,7 @@ def bench_cell(m: int, k: int, n: int, b: int, d: int, dtype, timer: Timer, conf
         v = {"tm": cfg.tm, "stages": cfg.stages, "max_len": cfg.max_len, "grid_order": cfg.grid_order,
              "persistent": cfg.persistent, "reduce": cfg.reduce}  # fmt: skip
         try:
-            pv = pmd.plan(W.pattern, m, jnp.dtype(dtype).itemsize, cfg)
+            pv = backend.dds_plan(W.pattern, m, jnp.dtype(dtype).itemsize, cfg)
             v.update(tm=pv.tm, stages=pv.stages, partials=pv.sched.num_partials)
             if pv.persistent is not None:
                 v.update(programs=pv.persistent.programs, max_steps=pv.persistent.max_steps_per_program(),
@@ -166,7 +168,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
 
-    why = pmd.hopper_problem()
+    why = hardware.hopper_problem()
     if why is not None and not args.interpret:
         print(f"bench_mosaic_dds: the Mosaic kernel needs a Hopper GPU: {why}", file=sys.stderr)
         return 2

@@ -12,7 +12,7 @@ Timed in one process, each checked against the dense product at the blocks (rela
 - ``triton``: ``bs.sdd(..., implementation="pallas")`` on the transposed operand (XLA's transpose copy
   included, as the backward runs it today), its default splits of the contracted dimension;
 - ``triton_unsplit``: the same with one program per block (``KernelConfig(sdd_splits=1)``);
-- ``mosaic``: ``pallas_mosaic_sdd.sdd`` with its default plan on the same materialised transpose;
+- ``mosaic``: ``blocksparse.ops.matmul.mosaic.sdd.sdd`` with its default plan on the same materialised transpose;
 - ``mosaic_view``: the same kernel reading the stored operand through a transposed shared-memory view
   (``a_transposed`` / ``b_transposed``: no copy);
 - variants of ``--tk`` x ``--stages`` x ``--splits`` (an ``SddConfig``, on the view), under ``variants``.
@@ -43,9 +43,10 @@ import jax
 import jax.numpy as jnp
 
 import blocksparse as bs
+from blocksparse import hardware
 from blocksparse.bench import Timer
-from blocksparse.ops.matmul import pallas_mosaic_sdd as ps
-from blocksparse.ops.matmul import pallas_triton as pt
+from blocksparse.ops.matmul import triton as pt
+from blocksparse.ops.matmul.mosaic import sdd as ps
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_mosaic import add_row, finish, new_doc  # noqa: E402  (the same report and failure rule)
@@ -67,8 +68,8 @@ def _triton_split(kind: str, W, splits: int):
     a_t, b_t = kind == "dds", kind == "dsd"
 
     def fn(p, q):
-        with pt.kernel_config(sdd_splits=splits):  # traced inside: the config reaches the kernel
-            return bs.sdd(p.T if a_t else p, q.T if b_t else q, W, implementation="pallas").data
+        config = pt.TritonConfig(sdd_splits=splits)
+        return bs.sdd(p.T if a_t else p, q.T if b_t else q, W, implementation="pallas", config=config).data
 
     return fn
 
@@ -171,7 +172,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
 
-    why = ps.hopper_problem()
+    why = hardware.hopper_problem()
     if why is not None and not args.interpret:
         print(f"bench_mosaic_sdd: the Mosaic kernel needs a Hopper GPU: {why}", file=sys.stderr)
         return 2

@@ -1,4 +1,4 @@
-"""One graph on one device against the same graph partitioned over every device (``blocksparse.gnn.sharded``).
+"""One graph on one device against the same graph partitioned over every device (``blocksparse.sharding.graph``).
 
 A synthetic power-law graph (``power_law_edges``: Zipf-like in-degrees, uniform sources, node ids
 shuffled), default ``N = 1,048,576`` nodes, ``E = 33,554,432`` edges, ``F = 128`` features, fp32.
@@ -44,8 +44,8 @@ from jax.sharding import PartitionSpec as P
 sys.path.insert(0, ".")
 import blocksparse.gnn as gnn  # noqa: E402
 from blocksparse.bench import Timer  # noqa: E402
-from blocksparse.gnn import sharded  # noqa: E402
 from blocksparse.gnn.generators import power_law_edges  # noqa: E402
+from blocksparse.sharding import graph as sharded  # noqa: E402
 
 OPS = {
     "spmm_sum": (lambda G, x: gnn.spmm(G, x), lambda sg, x, **kw: sharded.spmm(sg, x, **kw)),
