@@ -275,7 +275,9 @@ def test_pallas_on_gpus():
                 jax.jit(jax.grad(lambda x, op=op, sg=sg, impl=impl: jnp.sum(op(sg, x, implementation=impl) ** 2)))(x)
                 for impl in ("pallas", "xla")
             )
-            np.testing.assert_allclose(gx, wx, rtol=1e-4, atol=1e-4)
+            # float32 sums over a power-law hub in two orders: entries reach hundreds, so the absolute error is
+            # bounded relative to the largest one
+            np.testing.assert_allclose(gx, wx, rtol=1e-4, atol=1e-6 * float(np.abs(wx).max()) + 1e-4)
 
 
 @pytest.mark.parametrize("sources", [None, "all_gather", "exchange", "replicated"])
