@@ -41,6 +41,7 @@ from .._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, NoImplicitDen
 from .._pattern import BlockPattern
 from .._util import Pytree
 from ..ops import _dispatch
+from ..ops.matmul import order
 from ..ops.matmul.api import apply_2d, canonical_precision, result_dtype
 from ..ops.matmul.api import matmul as _matmul
 from ..ops.matmul.schedule import GpuLowering, TracedSchedule, lower
@@ -402,7 +403,7 @@ def _static_forward(ctx, data, x2):
     n = x2.shape[1]
     bh = pattern.block_size[0]
     tn = pt.tile_for(bh, n, plan.band)
-    arrays, num_rows, L = _stacked_schedules(pattern, plan, -(-n // tn), pt.current_config().max_len)
+    arrays, num_rows, L = _stacked_schedules(pattern, plan, -(-n // tn), pt.TritonConfig().max_len)
     fields = tuple(jnp.asarray(arrays[f]) for f in _SCHEDULE_FIELDS)
     dt = jnp.result_type(data.dtype, x2.dtype)
 
@@ -456,7 +457,7 @@ def _static_kernels_apply(Ws: ShardedBlockSparseMatrix, x2, kwargs) -> bool:
     pt = _triton()
     if Ws.plan.split != "rows" or 0 in x2.shape:  # nothing to compute: the dynamic path returns zeros
         return False
-    impls = _dispatch.resolve(kwargs["implementation"], ("pallas", "xla"))
+    impls = _dispatch.resolve(kwargs["implementation"], order.DEFAULT)
     return impls[0] == "pallas" and pt.kernels_accept(Ws.block_size, Ws.dtype, x2.dtype)
 
 

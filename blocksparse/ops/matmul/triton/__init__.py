@@ -6,12 +6,11 @@ registry of :mod:`blocksparse.ops.matmul.registry`).
 """
 
 from .common import SUPPORTED_BLOCKS, TritonConfig, kernels_accept
-from .kernels import current_config, dds, dsd, dsd_dynamic, run_schedule, sdd, sdd_coords, sdd_splits, tile_for
+from .kernels import dds, dsd, dsd_dynamic, run_schedule, sdd, sdd_coords, sdd_splits, tile_for
 
 __all__ = [
     "SUPPORTED_BLOCKS",
     "TritonConfig",
-    "current_config",
     "dds",
     "dsd",
     "dsd_dynamic",

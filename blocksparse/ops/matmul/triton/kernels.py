@@ -67,7 +67,6 @@ from .common import (
 )
 
 __all__ = [
-    "current_config",
     "dds",
     "dsd",
     "dsd_dynamic",
@@ -78,11 +77,6 @@ __all__ = [
     "tile_for",
 ]
 
-
-def current_config() -> TritonConfig:
-    """The default config (a config reaches a product through ``bs.matmul(..., config=)``; products run
-    elsewhere, as the sharded ones of :mod:`blocksparse.sharding`, take these defaults)."""
-    return TritonConfig()
 
 
 # --------------------------------------------------------------------------------------------
@@ -212,7 +206,7 @@ def dsd(pattern: BlockPattern, data, x, out_dtype, *, exact: bool = False, confi
 
     ``epi``: an optional :class:`~.epilogue.Epilogue` applied in the kernel's store (``bias`` its array).
     """
-    cfg = config or current_config()
+    cfg = config or TritonConfig()
     bh, bw = pattern.block_size
     m, _ = pattern.shape
     n = x.shape[1]
@@ -229,15 +223,15 @@ def dsd(pattern: BlockPattern, data, x, out_dtype, *, exact: bool = False, confi
 
 def tile_for(bh: int, n: int, rows: int, config: TritonConfig | None = None) -> int:
     """The dsd kernel's column tile for ``n`` columns and ``rows`` output block rows (``config``: default
-    :func:`current_config`)."""
-    cfg = config or current_config()
+    :class:`TritonConfig()`)."""
+    cfg = config or TritonConfig()
     return _tile(n, cfg.tn or default_tn(bh, n, rows))
 
 
 def run_schedule(sched, m: int, data, x, out_dtype, tn: int, *, exact: bool = False,
                  config: TritonConfig | None = None):  # fmt: skip
     """``W @ x`` on a given work list (host or traced), ``W`` of ``m`` rows with blocks ``data``."""
-    return _dsd_call(sched, m, data, x, out_dtype, tn, config or current_config(), exact)
+    return _dsd_call(sched, m, data, x, out_dtype, tn, config or TritonConfig(), exact)
 
 
 def _dsd_call(sched, m: int, data, x, out_dtype, tn: int, cfg: TritonConfig, exact: bool, epi=None, bias=None):
@@ -283,7 +277,7 @@ def dsd_dynamic(
     ``valid`` (traced bool): if false the result is NaN. The plan is built inside ``jit``; see
     :class:`TritonConfig` ``dynamic`` for the two designs (default: the scan kernel, no plan).
     """
-    cfg = config or current_config()
+    cfg = config or TritonConfig()
     bh, bw = data.shape[1:][::-1] if transposed else data.shape[1:]
     n = x.shape[1]
     if data.shape[0] == 0 or n == 0 or x.shape[0] == 0:  # k == 0: no block can be in range
@@ -426,7 +420,7 @@ def dds(x, pattern: BlockPattern, data, out_dtype, *, exact: bool = False, confi
 
     ``epi``: an optional :class:`~.epilogue.Epilogue` (bias along the output columns) applied in the store.
     """
-    cfg = config or current_config()
+    cfg = config or TritonConfig()
     bh, bw = pattern.block_size
     _, k = pattern.shape
     b = x.shape[0]
@@ -494,7 +488,7 @@ def _sdd_plan(nnz: int, k: int, block_size, cfg: TritonConfig) -> tuple[int, int
 
 def sdd_splits(nnz: int, k: int, block_size, config: TritonConfig | None = None) -> int:
     """Programs per block the sdd kernel runs for ``nnz`` blocks over a contracted dimension of ``k``."""
-    return _sdd_plan(nnz, k, block_size, config or current_config())[2] if k else 1
+    return _sdd_plan(nnz, k, block_size, config or TritonConfig())[2] if k else 1
 
 
 def sdd(a, b, pattern: BlockPattern, out_dtype, *, exact: bool = False, config: TritonConfig | None = None):
@@ -508,7 +502,7 @@ def sdd_coords(a, b, rows, cols, block_size, out_dtype, *, exact: bool = False, 
                nnz: int | None = None):  # fmt: skip
     """``(a @ b)`` at block coordinates ``rows``, ``cols`` (host or traced, all in range); ``nnz``: the number of
     blocks, the first ``nnz`` coordinates (default: all of them)."""
-    cfg = config or current_config()
+    cfg = config or TritonConfig()
     bh, bw = block_size
     nnz = rows.shape[0] if nnz is None else nnz
     n = a.shape[1]
