@@ -228,11 +228,12 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     be = sub.add_parser(
         "bench", formatter_class=fmt,
-        help="run the benchmark suites (matmul, gnn, plan, model): each cell checked against dense, timed; a table",
+        help="run the benchmark suites (matmul, gnn, plan, model, mosaic, ...): each cell checked, timed; a table",
     )  # fmt: skip
     be.add_argument(
         "--suite", type=_suites, action="append", metavar="NAME[,NAME]",
-        help="matmul, gnn, plan, model or all; repeatable or a comma list; None runs matmul,gnn,plan",
+        help="matmul, gnn, plan, model, mosaic, dynamic, sharded, training, gnn-variants, gnn-graphs or all; "
+        "repeatable or a comma list; None runs matmul,gnn,plan",
     )  # fmt: skip
     be.add_argument(
         "--filter", metavar="TEXT", action="append", default=None,

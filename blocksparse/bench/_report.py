@@ -37,7 +37,7 @@ def _generic_columns(results: Sequence[Result], limit: int = 8):
 def table(results: Sequence[Result], columns: dict[str, Sequence[tuple[str, str, str]] | None]) -> str:
     """One block per suite: label, status, the suite's columns, the implementation that ran.
 
-    A failed cell says ``FAILED`` and its reason in place of the metrics.
+    A failed cell says ``FAILED`` and its reason in place of the metrics; a skipped one ``skipped`` and why.
     """
     lines = []
     for suite in dict.fromkeys(r.suite for r in results):
@@ -46,20 +46,22 @@ def table(results: Sequence[Result], columns: dict[str, Sequence[tuple[str, str,
         header = ["cell", "status", *(c[0] for c in cols), "implementation"]
         body = []
         for r in rows:
-            if r.ok:
+            if r.skipped:
+                body.append([r.label, "skipped", f"{r.skipped}"])
+            elif r.ok:
                 vals = [_fmt(r.metrics.get(key), spec) for _, key, spec in cols]
                 body.append([r.label, "ok", *vals, str(r.metrics.get("implementation", "-"))])
             else:
                 body.append([r.label, "FAILED", f"{r.error}"])
         widths = [max(len(header[i]), *(len(b[i]) for b in body if len(b) == len(header))) for i in range(len(header))]
         lines.append(f"\n[{suite}]")
-        if any(r.ok for r in rows):
+        if any(r.ok and not r.skipped for r in rows):
             lines.append(_row(header, widths))
         for b in body:
             if len(b) == len(header):
                 lines.append(_row(b, widths))
-            else:  # failed: the reason runs to the end of the line
-                lines.append(f"{b[0].ljust(widths[0])}  FAILED  {b[2]}")
+            else:  # failed or skipped: the reason runs to the end of the line
+                lines.append(f"{b[0].ljust(widths[0])}  {b[1]}  {b[2]}")
     return "\n".join(lines)
 
 
@@ -73,7 +75,10 @@ def _row(values, widths) -> str:
 
 def summary(results: Sequence[Result], seconds: float | None = None) -> str:
     failed = [r for r in results if not r.ok]
-    text = f"\n{len(results)} cells, {len(results) - len(failed)} ok, {len(failed)} failed"
+    skipped = sum(1 for r in results if r.skipped)
+    text = f"\n{len(results)} cells, {len(results) - len(failed) - skipped} ok, {len(failed)} failed"
+    if skipped:
+        text += f", {skipped} skipped"
     if seconds is not None:
         text += f" in {seconds:.1f} s"
     for r in failed:
