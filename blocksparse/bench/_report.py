@@ -53,7 +53,9 @@ def table(results: Sequence[Result], columns: dict[str, Sequence[tuple[str, str,
                 body.append([r.label, "ok", *vals, str(r.metrics.get("implementation", "-"))])
             else:
                 body.append([r.label, "FAILED", f"{r.error}"])
-        widths = [max([len(header[i]), *(len(b[i]) for b in body if len(b) == len(header))]) for i in range(len(header))]
+        widths = [
+            max([len(header[i]), *(len(b[i]) for b in body if len(b) == len(header))]) for i in range(len(header))
+        ]
         lines.append(f"\n[{suite}]")
         if any(r.ok and not r.skipped for r in rows):
             lines.append(_row(header, widths))

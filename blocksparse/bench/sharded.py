@@ -84,7 +84,8 @@ def _mesh() -> Mesh:
     devices = jax.devices()
     if len(devices) < 2:
         raise CellSkipped(
-            f"needs 2 or more devices; got {len(devices)} (on a CPU: XLA_FLAGS=--xla_force_host_platform_device_count=4)"
+            f"needs 2 or more devices; got {len(devices)} "
+            "(on a CPU: XLA_FLAGS=--xla_force_host_platform_device_count=4)"
         )
     return Mesh(np.array(devices), ("d",))
 
