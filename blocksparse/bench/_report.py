@@ -107,7 +107,9 @@ def plot(doc: dict, out_dir: str) -> list[str]:
     ``matmul``: per ``n``, TFLOP/s (on the non-zeros) against density, one line per block size,
     dense ``jnp.dot`` as a horizontal line, for the static and the dynamic product and for the IPU
     model's estimate (the PopSparse paper's figure). ``gnn``: the speedup of each op over the JAX
-    segment-op reference. ``plan``: the IPU model's predicted speedup over dense per cell.
+    segment-op reference. ``plan``: the IPU model's predicted speedup over dense per cell. ``model``: the
+    Spearman correlation against density, and the encoder's and FFN's speedup over dense. The other suites: a
+    bar per cell of the ratio named in :data:`BARS`.
     """
     plt = require_matplotlib()
     os.makedirs(out_dir, exist_ok=True)
@@ -122,6 +124,60 @@ def plot(doc: dict, out_dir: str) -> list[str]:
     paths += _plot_bars(plt, [r for r in rows if r["suite"] == "plan"], "ipu_speedup",
                         "predicted speedup over dense (IPU model)", "IPU planner estimates",
                         os.path.join(out_dir, "plan_speedup.png"))  # fmt: skip
+    paths += _plot_model(plt, [r for r in rows if r["suite"] == "model"], out_dir)
+    for suite, (key, ylabel) in BARS.items():
+        paths += _plot_bars(plt, [r for r in rows if r["suite"] == suite], key, ylabel, f"{suite} ({where})",
+                            os.path.join(out_dir, f"{suite.replace('-', '_')}.png"))  # fmt: skip
+    return paths
+
+
+#: The bar figure of each other suite: the metric and its axis label.
+BARS = {
+    "mosaic": ("speedup_vs_triton", "Mosaic speedup over Triton"),
+    "dynamic": ("loop_vs_static", "dynamic time / static time"),
+    "sharded": ("speedup_vs_one_device", "speedup over one device"),
+    "training": ("loop_vs_dense", "step time / dense step time"),
+    "gnn-variants": ("best_speedup", "best variant's speedup over the default"),
+    "gnn-graphs": ("speedup_vs_segment", "speedup over the segment ops"),
+}
+
+
+def _plot_model(plt, rows, out_dir) -> list[str]:
+    """Spearman vs density (one line per block size and scope) and encoder/FFN speedup vs density."""
+    quality = [r for r in rows if r["params"].get("kind") == "quality"]
+    speed = [r for r in rows if r["params"].get("kind") in ("encoder", "ffn") and r["params"].get("block_size")]
+    paths = []
+    if quality:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for scope, style in (("layer", "-"), ("global", "--")):
+            for b in sorted({r["params"]["block_size"] for r in quality}):
+                pts = sorted((r["params"]["density"], r["metrics"]["spearman"]) for r in quality
+                             if r["params"]["block_size"] == b and r["params"]["scope"] == scope)  # fmt: skip
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), style, marker="o", label=f"b={b} {scope}")
+            pts = sorted((r["params"]["density"], r["metrics"]["recovered_spearman"]) for r in quality
+                         if r["params"]["scope"] == scope and "recovered_spearman" in r["metrics"])  # fmt: skip
+            if pts:
+                ax.plot(*zip(*pts, strict=True), style, marker="s", color="k", label=f"{scope} recovered")
+        ax.set(xscale="log", xlabel="density", ylabel="Spearman vs dense", title="all-MiniLM-L6-v2 block-pruned")
+        ax.legend(fontsize=7)
+        paths.append(os.path.join(out_dir, "model_quality.png"))
+        fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
+        plt.close(fig)
+    if speed:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for kind, style in (("encoder", "-"), ("ffn", "--")):
+            for b in sorted({r["params"]["block_size"] for r in speed}):
+                pts = sorted((r["params"]["density"], r["metrics"]["speedup_vs_dense"]) for r in speed
+                             if r["params"]["kind"] == kind and r["params"]["block_size"] == b)  # fmt: skip
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), style, marker="o", label=f"{kind} b={b}")
+        ax.axhline(1.0, color="gray", lw=1)
+        ax.set(xscale="log", xlabel="density", ylabel="speedup vs dense (Timer.loop)", title="model speed")
+        ax.legend(fontsize=7)
+        paths.append(os.path.join(out_dir, "model_speed.png"))
+        fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
+        plt.close(fig)
     return paths
 
 
