@@ -8,13 +8,17 @@ forward + backward w.r.t. ``x_src``, ``x_dst`` and ``att``), one cell measures `
 cell's own ``loop_ms`` / ``calls_ms`` / ``implementation``) and the sorted ``jax.ops.segment_*`` formulation
 (``segment_*``) in the same run, both checked against a float32 segment-op reference computed in chunks of
 destination nodes (:func:`reference`; on a reordered graph, permuted alike). ``gain`` is the time as generated
-over the time reordered (``segment_gain`` likewise). ``benchmarks/bench_gnn_graphs.py`` adds the torch and PyG
-peers on the same prepared graphs (:func:`prepared`).
+over the time reordered (``segment_gain`` likewise). A cell whose first call shows that its timings would take
+more than :data:`ROW_BUDGET_S` gets fewer iterations (:func:`capped_timer`; the slow baselines: the ``E x H x D``
+segment-op GATv2, bfloat16 segment sums), recorded in ``iters`` / ``timer`` (``segment_iters`` / ...); the
+full sizes only.
+``benchmarks/bench_gnn_graphs.py`` adds the torch and PyG peers on the same prepared graphs (:func:`prepared`).
 """
 
 from __future__ import annotations
 
 import functools
+import time
 
 import jax
 import jax.numpy as jnp
@@ -24,12 +28,16 @@ import blocksparse as bs
 
 from ._core import Cell, CellSkipped, Timer, measure, ratio, tolerance, variant
 
+#: Seconds a cell's timings may take (both timings, warm-up and trials) before it gets fewer iterations.
+ROW_BUDGET_S = 20.0
+
 SIZES = {
     "tiny": dict(graphs=("ogbn-arxiv",), edges=3000, dtypes=("float32",), orders=("as generated",), feat=16, heads=2),
     "quick": dict(graphs=("city-roads-L", "ogbn-arxiv"), edges=6000, dtypes=("float32",),
                   orders=("as generated", "degree"), feat=32, heads=4),
     "full": dict(graphs=("city-roads-L", "ogbn-arxiv", "twitch-views", "pokec", "ogbn-products"), edges=None,
-                 dtypes=("float32", "bfloat16"), orders=("as generated", "degree", "rcm"), feat=128, heads=8),
+                 dtypes=("float32", "bfloat16"), orders=("as generated", "degree", "rcm"), feat=128, heads=8,
+                 budget_s=ROW_BUDGET_S),
 }  # fmt: skip
 
 COLUMNS = (
@@ -48,22 +56,55 @@ RCM_MAX_EDGES = 40_000_000
 REFERENCE_CHUNK_EDGES = 1 << 24
 
 
+def capped_iters(iters: int, calls_per_iter: int, first_s: float, budget_s: float) -> int:
+    """At most ``iters``, as many as fit ``budget_s`` at ``first_s`` per call (``calls_per_iter`` calls each); >= 1."""
+    return int(max(1, min(iters, budget_s // max(first_s * calls_per_iter, 1e-9))))
+
+
+def capped_timer(timer: Timer, first_s: float, budget_s: float) -> Timer:
+    """``timer``, or one with fewer iterations if :meth:`Timer.loop` and :meth:`Timer.calls` would take more than
+    ``budget_s`` at ``first_s`` per call (down to one timed call each, without warm-up)."""
+    per_iter = 2 * (timer.warmup + timer.trials)  # loop and calls: warm-up and timed trials, iters calls each
+    iters = capped_iters(timer.iters, per_iter, first_s, budget_s)
+    if iters == timer.iters:
+        return timer
+    if per_iter * first_s > budget_s:  # even one iteration per trial is too long: one timed call, no warm-up
+        return Timer(iters=1, trials=1, warmup=0)
+    return Timer(iters=iters, trials=timer.trials, warmup=timer.warmup)
+
+
+def _budgeted(timer: Timer, fn, args, budget_s: float) -> Timer:
+    """The timer for ``fn``: one compiled call timed first (its compilation left out); ``budget_s`` None: no cap."""
+    if budget_s is None:
+        return timer
+    compiled = jax.jit(fn).lower(*args).compile()
+    jax.block_until_ready(compiled(*args))
+    t = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    return capped_timer(timer, time.perf_counter() - t, budget_s)
+
+
 def cells(*, full: bool) -> list[Cell]:
     return suite(**SIZES["full" if full else "quick"])
 
 
-def suite(*, graphs, edges, dtypes, orders, feat, heads, seed: int = 0) -> list[Cell]:
-    """``edges``: about this many edges per graph (a scale per graph); ``None``: the paper's sizes."""
+def suite(
+    *, graphs, edges, dtypes, orders, feat, heads, seed: int = 0, rcm_max_edges: int = RCM_MAX_EDGES,
+    budget_s: float | None = None,
+) -> list[Cell]:  # fmt: skip
+    """``edges``: about this many edges per graph (a scale per graph); ``None``: the paper's sizes. ``budget_s``:
+    see :func:`capped_timer` (``None``: every cell takes the run's timer)."""
     shared: dict = {}  # (graph, dtype, op) -> loop ms as generated, for the reordered cells' gain
     out = []
     for name in graphs:
-        prep = functools.partial(prepared, name, scale=scale_for(name, edges), feat=feat, heads=heads, seed=seed)
+        prep = functools.partial(prepared, name, scale=scale_for(name, edges), feat=feat, heads=heads, seed=seed,
+                                 rcm_max_edges=rcm_max_edges)  # fmt: skip
         for dtype in dtypes:
             for order in orders:
                 for op in OPS:
                     params = dict(graph=name, dtype=dtype, order=order, op=op, feat=feat, heads=heads,
                                   scale=scale_for(name, edges), mode="fwd+bwd" if op == "gatv2" else "fwd")  # fmt: skip
-                    run = _run(prep, dtype, order, op, shared)
+                    run = _run(prep, dtype, order, op, shared, budget_s)
                     out.append(Cell("gnn-graphs", f"{name} {dtype} {order} {op}", params, run))
     return out
 
@@ -80,19 +121,22 @@ def scale_for(name: str, edges: int | None) -> float:
 class Prepared:
     """One generated graph, its reorderings, and per dtype the inputs and their float32 reference (built lazily)."""
 
-    def __init__(self, name, scale, feat, heads, seed):
+    def __init__(self, name, scale, feat, heads, seed, rcm_max_edges=RCM_MAX_EDGES):
         src, dst, n = bs.gnn.paper_graph_edges(name, scale=scale, seed=seed)
         kind = "jittered grid" if bs.gnn.PAPER_GRAPH_SPECS[name].get("grid") else "degree-matched"
         self.graph = bs.gnn.Graph.from_edges(src, dst, n, name=f"synthetic {kind} like {name}")
-        self.name, self.feat, self.heads, self.seed = name, feat, heads, seed
+        self.name, self.feat, self.heads, self.seed, self.rcm_max_edges = name, feat, heads, seed, rcm_max_edges
         self._orders: dict = {"as generated": (self.graph, None)}
         self._data: dict = {}
 
     def order(self, order: str):
         """``(graph, permutation or None)`` in that order."""
         if order not in self._orders:
-            if order == "rcm" and self.graph.num_edges > RCM_MAX_EDGES:
-                raise NotImplementedError(f"rcm: {self.graph.num_edges:,} edges > RCM_MAX_EDGES={RCM_MAX_EDGES:,}")
+            if order == "rcm" and self.graph.num_edges > self.rcm_max_edges:
+                raise NotImplementedError(
+                    f"rcm: {self.graph.num_edges:,} edges > rcm_max_edges={self.rcm_max_edges:,} (RCM on the host "
+                    "would take more than about 30 s)"
+                )
             self._orders[order] = bs.gnn.reorder(self.graph, order)
         return self._orders[order]
 
@@ -117,13 +161,15 @@ class Prepared:
 _LAST: dict = {}  # the one graph kept: cells run graph by graph, and the large ones do not fit together
 
 
-def prepared(name: str, *, scale: float, feat: int, heads: int, seed: int = 0) -> Prepared:
+def prepared(
+    name: str, *, scale: float, feat: int, heads: int, seed: int = 0, rcm_max_edges: int = RCM_MAX_EDGES
+) -> Prepared:
     """The :class:`Prepared` graph ``name`` (the last one asked for is kept; asking for another drops it)."""
-    key = (name, scale, feat, heads, seed)
+    key = (name, scale, feat, heads, seed, rcm_max_edges)
     if key not in _LAST:
         _LAST.clear()
         jax.clear_caches()  # compiled programs hold the previous graph's index arrays as constants
-        _LAST[key] = Prepared(name, scale, feat, heads, seed)
+        _LAST[key] = Prepared(name, scale, feat, heads, seed, rcm_max_edges)
     return _LAST[key]
 
 
@@ -219,7 +265,7 @@ def functions(go, inputs, op):
                         (xs, xd, att, ct, src, dst))}, ("gatv2", "dxs", "dxd", "datt")  # fmt: skip
 
 
-def _run(prep, dtype, order, op, shared):
+def _run(prep, dtype, order, op, shared, budget_s):
     def run(timer: Timer) -> dict:
         p = prep()
         try:
@@ -230,10 +276,14 @@ def _run(prep, dtype, order, op, shared):
         want = tuple(ref[k] for k in keys) if len(keys) > 1 else ref[keys[0]]
         check = dict(want=want, tol=tolerance(dtype) if jnp.dtype(dtype) != jnp.float32 else None, dtype=dtype)
         fn, args = fns["ours"]
-        out = measure(timer, fn, *args, what=f"{op} on {p.name} ({order})", **check)
+        t = _budgeted(timer, fn, args, budget_s)
+        out = measure(t, fn, *args, what=f"{op} on {p.name} ({order})", **check)
+        out.update(iters=t.iters, timer=repr(t))
         fn, args = fns["segment"]
+        t = _budgeted(timer, fn, args, budget_s)
         # the baseline: recorded, never a failure (in bfloat16 JAX's segment ops accumulate in bfloat16)
-        out.update(variant(timer, "segment", fn, *args, want=want, tol=float("inf")))
+        out.update(variant(t, "segment", fn, *args, want=want, tol=float("inf")))
+        out.update(segment_iters=t.iters, segment_timer=repr(t))
         ratio(out, "segment_loop_ms", "loop_ms", "speedup_vs_segment")
         key = (p.name, dtype, op)
         if order == "as generated":
