@@ -107,16 +107,17 @@ def peer_cell(prep, ours: dict, dtype, order, op, peer, iters, trials, pyg_mem_g
     return Cell(SUITE, f"{prep.args[0]} {dtype} {order} {op} vs {peer}", params, run)
 
 
-def cells(graphs, edges, dtypes, orders, feat, heads, iters, trials, pyg_mem_gib) -> list[Cell]:
-    """The suite's cells of each graph, each followed by the peers' cells on that graph."""
+def cells(graphs, dtypes, orders, iters, trials, pyg_mem_gib, **sizes) -> list[Cell]:
+    """The suite's cells of each graph (``sizes``: :func:`blocksparse.bench.gnn_graphs.suite`'s), each followed by
+    the peers' cells on that graph."""
     ours: dict = {}  # (graph, dtype, order, op) -> our loop ms, filled as the suite's cells run
     out = []
     for name in graphs:
-        mine = suite.suite(graphs=(name,), edges=edges, dtypes=dtypes, orders=orders, feat=feat, heads=heads)
+        mine = suite.suite(graphs=(name,), dtypes=dtypes, orders=orders, **sizes)
+        prep = _prep(name, mine[0].run.prepare)
         for c in mine:
             c.run = _remember(c, ours)
         out += mine
-        prep = _prep(name, suite.scale_for(name, edges), feat, heads)
         for dtype in dtypes:
             for order in orders:
                 for op in suite.OPS:
@@ -125,13 +126,12 @@ def cells(graphs, edges, dtypes, orders, feat, heads, iters, trials, pyg_mem_gib
     return out
 
 
-class _prep:  # noqa: N801 - a partial of suite.prepared that names its graph
-    def __init__(self, name, scale, feat, heads):
-        self.args = (name,)
-        self.kw = dict(scale=scale, feat=feat, heads=heads)
+class _prep:  # noqa: N801 - the suite's prepared graph, named
+    def __init__(self, name, prepare):
+        self.args, self.prepare = (name,), prepare
 
     def __call__(self):
-        return suite.prepared(self.args[0], **self.kw)
+        return self.prepare()
 
 
 def _remember(cell, ours):
@@ -149,23 +149,31 @@ def _remember(cell, ours):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     full = suite.SIZES["full"]
-    p.add_argument("--graphs", nargs="+", default=list(full["graphs"]), choices=full["graphs"])
+    p.add_argument("--graphs", nargs="+", default=None, choices=full["graphs"], help="default: all (--small: arxiv)")
     p.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "bfloat16"])
-    p.add_argument("--orders", nargs="*", default=["degree", "rcm"], choices=["degree", "rcm"],
-                   help="reorderings after the graph as generated")  # fmt: skip
+    p.add_argument("--orders", nargs="*", default=None, choices=["degree", "rcm"],
+                   help="reorderings after the graph as generated (default: degree rcm; --small: none)")  # fmt: skip
     p.add_argument("--feat", type=int, default=128)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--pyg-mem-gib", type=float, default=60.0)
+    p.add_argument("--scale", type=float, default=1.0, help="of every graph's nodes and edges")
+    p.add_argument("--row-budget-s", type=float, default=suite.ROW_BUDGET_S,
+                   help="fewer iterations for a JAX cell whose first call says it would take longer")  # fmt: skip
+    p.add_argument("--rcm-max-edges", type=float, default=suite.RCM_MAX_EDGES, help="no RCM order above")
     p.add_argument("--small", action="store_true", help="tiny graphs (CPU: the suite's cells; the peers skipped)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     edges = None
     if a.small:
-        a.graphs, a.orders, a.feat, a.heads, a.iters, a.trials, edges = ["ogbn-arxiv"], [], 16, 2, 2, 1, 3000
+        a.feat, a.heads, a.iters, a.trials, edges = 16, 2, 2, 1, 3000
+    a.graphs = a.graphs or (["ogbn-arxiv"] if a.small else list(full["graphs"]))
+    a.orders = a.orders if a.orders is not None else ([] if a.small else ["degree", "rcm"])
     orders = ("as generated", *a.orders)
-    todo = cells(a.graphs, edges, tuple(a.dtype), orders, a.feat, a.heads, a.iters, a.trials, a.pyg_mem_gib)
+    sizes = dict(edges=edges, scale=a.scale, feat=a.feat, heads=a.heads, budget_s=a.row_budget_s,
+                 rcm_max_edges=int(a.rcm_max_edges))  # fmt: skip
+    todo = cells(a.graphs, tuple(a.dtype), orders, a.iters, a.trials, a.pyg_mem_gib, **sizes)
     meta = dict(script="benchmarks/bench_gnn_graphs.py", argv=list(sys.argv[1:] if argv is None else argv))
     timer = Timer(iters=a.iters, trials=a.trials)
     return run_cells(todo, full=not a.small, json_path=a.json, timer=timer, meta=meta,

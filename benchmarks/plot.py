@@ -182,8 +182,11 @@ def main(argv=None):
     ap.add_argument("--gnn", default="benchmarks/results/gnn_h200_run2.json")
     ap.add_argument("--mosaic", default="benchmarks/results/mosaic_persistent_h200_run3.json")
     ap.add_argument("--sharded-gnn", default="benchmarks/results/sharded_gnn_h200x2_run4.json")
-    ap.add_argument("--sdd", nargs="+", default=["benchmarks/results/mosaic_sdd_h200_run1.json",
-                                                 "benchmarks/results/mosaic_sdd_h200_run2.json"])
+    ap.add_argument(
+        "--sdd",
+        nargs="+",
+        default=["benchmarks/results/mosaic_sdd_h200_run1.json", "benchmarks/results/mosaic_sdd_h200_run2.json"],
+    )
     ap.add_argument("--out", default="docs/img")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)

@@ -246,8 +246,11 @@ def trace_events(xplane_path: str) -> tuple[list[tuple[str, float, float]], list
             if (on_gpu and not line.name.startswith("Stream")) or (not on_gpu and line.name == "python"):
                 continue
             out = gpu if on_gpu else host
-            out += [(e.name, e.start_ns / 1e3, (e.start_ns + e.duration_ns) / 1e3) for e in line.events
-                    if on_gpu or not e.name.startswith("$")]  # "$file:line name": Python's tracer, on any thread
+            out += [
+                (e.name, e.start_ns / 1e3, (e.start_ns + e.duration_ns) / 1e3)
+                for e in line.events
+                if on_gpu or not e.name.startswith("$")
+            ]  # "$file:line name": Python's tracer, on any thread
     return sorted(gpu, key=lambda e: e[1]), sorted(host, key=lambda e: e[1])
 
 

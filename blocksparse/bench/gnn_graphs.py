@@ -77,7 +77,7 @@ def _budgeted(timer: Timer, fn, args, budget_s: float) -> Timer:
     """The timer for ``fn``: one compiled call timed first (its compilation left out); ``budget_s`` None: no cap."""
     if budget_s is None:
         return timer
-    compiled = jax.jit(fn).lower(*args).compile()
+    compiled = jax.jit(lambda *a: fn(*a)).lower(*args).compile()  # its own trace: measure's still logs dispatch
     jax.block_until_ready(compiled(*args))
     t = time.perf_counter()
     jax.block_until_ready(compiled(*args))
@@ -90,21 +90,23 @@ def cells(*, full: bool) -> list[Cell]:
 
 def suite(
     *, graphs, edges, dtypes, orders, feat, heads, seed: int = 0, rcm_max_edges: int = RCM_MAX_EDGES,
-    budget_s: float | None = None,
+    budget_s: float | None = None, scale: float | None = None,
 ) -> list[Cell]:  # fmt: skip
-    """``edges``: about this many edges per graph (a scale per graph); ``None``: the paper's sizes. ``budget_s``:
-    see :func:`capped_timer` (``None``: every cell takes the run's timer)."""
+    """``edges``: about this many edges per graph (a scale per graph); ``None``: the paper's sizes, or ``scale``
+    for every graph. ``budget_s``: see :func:`capped_timer` (``None``: every cell takes the run's timer)."""
     shared: dict = {}  # (graph, dtype, op) -> loop ms as generated, for the reordered cells' gain
     out = []
     for name in graphs:
-        prep = functools.partial(prepared, name, scale=scale_for(name, edges), feat=feat, heads=heads, seed=seed,
+        sc = scale if scale is not None and edges is None else scale_for(name, edges)
+        prep = functools.partial(prepared, name, scale=sc, feat=feat, heads=heads, seed=seed,
                                  rcm_max_edges=rcm_max_edges)  # fmt: skip
         for dtype in dtypes:
             for order in orders:
                 for op in OPS:
                     params = dict(graph=name, dtype=dtype, order=order, op=op, feat=feat, heads=heads,
-                                  scale=scale_for(name, edges), mode="fwd+bwd" if op == "gatv2" else "fwd")  # fmt: skip
+                                  scale=sc, mode="fwd+bwd" if op == "gatv2" else "fwd")  # fmt: skip
                     run = _run(prep, dtype, order, op, shared, budget_s)
+                    run.prepare = prep  # the peer script's cells share the prepared graph
                     out.append(Cell("gnn-graphs", f"{name} {dtype} {order} {op}", params, run))
     return out
 
