@@ -117,7 +117,7 @@ def _sdd_mosaic_ms(row) -> float:
     """The time of the plan the kernel takes by default now (64-deep steps, 3 stages, its splits rule) where the
     row's forced variants include it, else the row's default."""
     from blocksparse import BlockPattern
-    from blocksparse.ops.matmul import pallas_mosaic_sdd as ps
+    from blocksparse.ops.matmul.mosaic import sdd as ps
 
     pattern = BlockPattern.random(0, (row["m"], row["n"]), (row["b"], row["b"]), row["density"])
     p = ps.plan(pattern, row["K"])

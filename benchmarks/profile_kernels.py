@@ -110,7 +110,9 @@ def build(case: str, m: int):
     import jax.numpy as jnp
 
     import blocksparse as bs
-    from blocksparse.ops.matmul import pallas_mosaic, pallas_mosaic_bands
+    from blocksparse.ops.matmul.mosaic import backend as pallas_mosaic
+    from blocksparse.ops.matmul.mosaic import bands as pallas_mosaic_bands
+    from blocksparse.ops.matmul.mosaic import dsd as mosaic_dsd
 
     impl, b, d, n, config = parse_case(case)
     W = bs.random(jax.random.key(0), (m, m), b, 1.0 / d, jnp.bfloat16)
@@ -120,7 +122,7 @@ def build(case: str, m: int):
             W.to_dense(), x)  # fmt: skip
     if config:
         module, cls = ((pallas_mosaic_bands, pallas_mosaic_bands.BandConfig) if b in pallas_mosaic_bands.BLOCKS
-                       else (pallas_mosaic, pallas_mosaic.MosaicConfig))  # fmt: skip
+                       else (pallas_mosaic, mosaic_dsd.MosaicConfig))  # fmt: skip
         cfg = cls(**config)
         return jax.jit(lambda W, x: module.dsd(W.pattern, W.data, x, config=cfg)), (W, x)
     implementation = None if impl == "default" else impl

@@ -41,7 +41,7 @@ from ._pattern import BlockPattern
 from ._util import Pytree
 from .ops.matmul.api import apply_2d
 from .ops.matmul.api import matmul as _matmul
-from .ops.matmul.lowering import GpuLowering, TracedSchedule, lower
+from .ops.matmul.schedule import GpuLowering, TracedSchedule, lower
 
 __all__ = ["ShardCandidate", "ShardPlan", "ShardedBlockSparseMatrix", "matmul", "shard"]
 
@@ -375,7 +375,7 @@ _SCHEDULE_FIELDS = ("unit_start", "unit_len", "unit_dest", "block_col", "block_i
 
 @functools.lru_cache(maxsize=64)
 def _stacked_schedules(pattern: BlockPattern, plan: ShardPlan, tiles: int, max_len: int | None):
-    """Per-device :class:`~.ops.matmul.lowering.RowSplitSchedule` s, padded to one shape and stacked.
+    """Per-device :class:`~.ops.matmul.schedule.RowSplitSchedule` s, padded to one shape and stacked.
 
     Returns ``(arrays, num_rows, max_len)``: ``arrays`` maps each schedule field to an ``int32``
     array with a leading device axis, in the traced-schedule convention (a last dummy partial slot
@@ -419,7 +419,7 @@ def _static_forward(ctx, data, x2):
     """``W @ x2`` for the rows split on the static-schedule kernels, one ``shard_map``."""
     (pattern, mesh, axis, plan), kwargs = ctx
     from .ops import _dispatch
-    from .ops.matmul import pallas_triton as pt
+    from .ops.matmul import triton as pt
     from .ops.matmul.api import canonical_precision, result_dtype
 
     kw = dict(kwargs)
@@ -480,7 +480,7 @@ def _static_kernels_apply(Ws: ShardedBlockSparseMatrix, x2, kwargs) -> bool:
     """Whether ``Ws @ x2`` runs its forward on the static-schedule kernels: the rows split, with the
     Pallas kernels first in ``implementation`` and able to take these inputs."""
     from .ops import _dispatch
-    from .ops.matmul import pallas_triton as pt
+    from .ops.matmul import triton as pt
 
     if Ws.plan.split != "rows" or 0 in x2.shape:  # nothing to compute: the dynamic path returns zeros
         return False

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import blocksparse as bs
-from blocksparse.ops.matmul.lowering import dynamic_max_len, execute_dsd, redistribute
+from blocksparse.ops.matmul.schedule import dynamic_max_len, execute_dsd, redistribute
 from blocksparse.testing import strategies as bst
 from blocksparse.testing.oracles import assert_close, to_dense64
 

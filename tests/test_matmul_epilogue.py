@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import blocksparse as bs
-from blocksparse.ops.matmul import pallas_triton as pt
+from blocksparse.ops.matmul import TritonConfig
 from blocksparse.ops.matmul.epilogue import ACTIVATIONS
 from blocksparse.testing import strategies as bst
 from blocksparse.testing.oracles import assert_close, to_dense64
@@ -39,7 +39,7 @@ def _np(x):
     return np.asarray(jnp.asarray(x, jnp.float32), np.float64)
 
 
-def _check_both_orders(M, key, dtype, activation, with_bias, impl, n=24):
+def _check_both_orders(M, key, dtype, activation, with_bias, impl, n=24, config=None):
     m, k = M.shape
     kx, kt, kb, kc = jax.random.split(key, 4)
     x = jax.random.normal(kx, (k, n), dtype)
@@ -49,8 +49,9 @@ def _check_both_orders(M, key, dtype, activation, with_bias, impl, n=24):
     w = to_dense64(M)
     f = ORACLE[activation]
     tol = jnp.float16 if ON_GPU and dtype == jnp.float32 else dtype
-    y = jax.jit(lambda M, x, b: bs.matmul(M, x, bias=b, activation=activation, implementation=impl))(M, x, b)
-    z = jax.jit(lambda M, x, b: bs.matmul(x, M, bias=b, activation=activation, implementation=impl))(M, xt, bt)
+    kw = dict(activation=activation, implementation=impl, config=config)
+    y = jax.jit(lambda M, x, b: bs.matmul(M, x, bias=b, **kw))(M, x, b)
+    z = jax.jit(lambda M, x, b: bs.matmul(x, M, bias=b, **kw))(M, xt, bt)
     assert y.dtype == z.dtype == jnp.dtype(dtype)
     zero = lambda b: 0.0 if b is None else _np(b)  # noqa: E731
     # Activations are 1.1-Lipschitz at most: the product's error bound carries over.
@@ -71,8 +72,9 @@ ACTS = st.sampled_from([None, *ACTIVATIONS])
 )
 def test_static_matches_oracle(W, activation, with_bias, impl, max_len):
     # max_len=1 splits every row of more than one block into partials: the combine kernel's epilogue.
-    with bs.interpret(not ON_GPU), pt.kernel_config(max_len=max_len):
-        _check_both_orders(W, jax.random.key(0), jnp.float32, activation, with_bias, impl)
+    config = TritonConfig(max_len=max_len) if impl == "pallas" else None
+    with bs.interpret(not ON_GPU):
+        _check_both_orders(W, jax.random.key(0), jnp.float32, activation, with_bias, impl, config=config)
 
 
 @settings(max_examples=10)
@@ -84,8 +86,9 @@ def test_static_matches_oracle(W, activation, with_bias, impl, max_len):
 )
 def test_dynamic_matches_oracle(D, activation, with_bias, design):
     impl = "xla" if design == "xla" else "pallas"
-    with bs.interpret(not ON_GPU), pt.kernel_config(dynamic=None if impl == "xla" else design):
-        _check_both_orders(D, jax.random.key(1), jnp.float32, activation, with_bias, impl)
+    config = None if impl == "xla" else TritonConfig(dynamic=design)
+    with bs.interpret(not ON_GPU):
+        _check_both_orders(D, jax.random.key(1), jnp.float32, activation, with_bias, impl, config=config)
 
 
 @pytest.mark.parametrize("impl", ["xla", "pallas"])
@@ -167,8 +170,7 @@ def test_gpu_kernels_with_epilogue(getkey, b, dtype):
             with bs.dispatch_log() as log:
                 _check_both_orders(M, getkey(), dtype, activation, True, "pallas", n=200)
             assert all(impl == "pallas" for _, impl in log)
-    with pt.kernel_config(max_len=1):
-        _check_both_orders(W, getkey(), dtype, "silu", True, "pallas", n=64)
+    _check_both_orders(W, getkey(), dtype, "silu", True, "pallas", n=64, config=TritonConfig(max_len=1))
 
 
 @pytest.mark.parametrize("activation", ["sigmoid", "silu"])

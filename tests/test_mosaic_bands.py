@@ -1,4 +1,4 @@
-"""The banded Mosaic GPU kernel for blocks of 16 and 32 (``pallas_mosaic_bands``).
+"""The banded Mosaic GPU kernel for blocks of 16 and 32 (``blocksparse.ops.matmul.mosaic.bands``).
 
 CPU (CI): the band schedule against a brute-force reading of the pattern, the kernel in Pallas' GPU interpreter
 against the float64 oracle (``x @ W`` and ``W @ x``, the epilogue, the strategies' patterns), its CUDA lowering
@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from test_pallas_mosaic import HALF, _hopper
 
 import blocksparse as bs
-from blocksparse.ops.matmul import epilogue
-from blocksparse.ops.matmul import pallas_mosaic_bands as pb
+from blocksparse import hardware
+from blocksparse.ops.matmul import epilogue, order
+from blocksparse.ops.matmul.mosaic import bands as pb
 from blocksparse.testing import strategies as bst
 from blocksparse.testing.oracles import assert_close, to_dense64
 
@@ -276,8 +277,6 @@ def test_bands_gpu_through_matmul_and_the_default_rule():
     """``bs.matmul(..., implementation="mosaic")`` runs the banded kernel for 32 x 32 blocks (plain, fused with the
     API's bias, both orders) and the default order puts it first for the inference layer at density 1/4."""
     _hopper()
-    from blocksparse.ops.matmul import api
-
     W = bs.random(jax.random.key(0), (384, 1536), 32, 0.25, jnp.bfloat16)
     x = jax.random.normal(jax.random.key(1), (8192, 384), jnp.bfloat16)
     c = jax.random.normal(jax.random.key(2), (1536,), jnp.bfloat16)
@@ -292,7 +291,7 @@ def test_bands_gpu_through_matmul_and_the_default_rule():
     want = np.asarray(epilogue.apply(jnp.asarray(pre), None, "gelu"), np.float64)
     assert_close(f, want, np.abs(_np(x)) @ np.abs(w) + np.abs(_np(c))[None, :], jnp.bfloat16, "gelu(x @ W + c)")
     assert_close(z, w @ _np(x[:1536]), np.abs(w) @ np.abs(_np(x[:1536])), jnp.bfloat16, "W @ x")
-    assert api._default_order(jnp.zeros((32768, 384), jnp.bfloat16), W)[0] == "mosaic"
+    assert order.default("dds", W.pattern, 32768, jnp.bfloat16, jnp.bfloat16)[0] == "mosaic"
 
 
 @pytest.mark.gpu
@@ -320,14 +319,12 @@ def test_bands_gpu_tiles_and_epilogue(tiles, stages):
      ("dds", (384, 1536), 32, 1 / 4, 1024, False), ("dsd", (8192, 8192), 32, 1 / 4, 4096, False),
      ("dsd", (1024, 1024), 64, 1 / 4, 4096, False)],
 )  # fmt: skip
-def test_default_rule_on_a_claimed_hopper(monkeypatch, op, shape, b, density, size, want):
+def test_default_rule_on_a_claimed_hopper(op, shape, b, density, size, want):
     """The rule reads the measured tables (on a device taken for a Hopper GPU): only cells measured faster claim."""
-    from blocksparse.ops.matmul import pallas_mosaic
-
-    monkeypatch.setattr(pallas_mosaic, "hopper_problem", lambda: None)
     pat = bs.BlockPattern.random(0, shape, (b, b), density)
-    assert pb.prefers(pat, size, jnp.bfloat16, jnp.bfloat16, op) == want
-    assert not pb.prefers(pat, size, jnp.bfloat16, jnp.float16, op)
+    with hardware.fake(hardware.H200):
+        assert (order.default(op, pat, size, jnp.bfloat16, jnp.bfloat16)[0] == "mosaic") == want
+        assert order.default(op, pat, size, jnp.bfloat16, jnp.float16) == order.DEFAULT
 
 
 def test_benchmark_script_runs_in_the_interpreter(tmp_path):

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from test_pallas_mosaic import HALF, _hopper
 
 import blocksparse as bs
-from blocksparse.ops.matmul import pallas_mosaic as pm
+from blocksparse.ops.matmul.mosaic import backend
+from blocksparse.ops.matmul.mosaic import dsd as pm
 from blocksparse.testing import strategies as bst
 from blocksparse.testing.oracles import assert_close, to_dense64
 
@@ -81,10 +82,10 @@ def test_dynamic_mosaic_long_row_invalid_and_gradients_interpret(getkey):
         cfg = pm.MosaicConfig(max_len=4)
         keep = jnp.arange(16) < 12
         x = jax.random.normal(getkey(), (320, 64), jnp.bfloat16)
-        y = pm.dsd_dynamic(D.rows, D.cols, keep, jnp.bool_(True), D.data, x, 3, config=cfg)
+        y = backend.dsd_dynamic(D.rows, D.cols, keep, jnp.bool_(True), D.data, x, 3, config=cfg)
         w = to_dense64(D)
         assert_close(y, w @ _np(x), np.abs(w) @ np.abs(_np(x)), jnp.bfloat16)
-        bad = pm.dsd_dynamic(D.rows, D.cols, keep, jnp.bool_(False), D.data, x, 3, config=cfg)
+        bad = backend.dsd_dynamic(D.rows, D.cols, keep, jnp.bool_(False), D.data, x, 3, config=cfg)
         assert np.isnan(np.asarray(bad, np.float32)).all()
 
         loss = _linear_loss(D, (192, 64), getkey())
@@ -102,19 +103,19 @@ def test_dynamic_mosaic_lowers_for_cuda_and_refuses_what_it_lacks(getkey):
     x = jnp.zeros((512, 4096), jnp.bfloat16)
     keep = jnp.ones(D.capacity, bool)
     for transposed in (False, True):
-        fn = jax.jit(lambda D, x, t=transposed: pm.dsd_dynamic(D.rows, D.cols, keep, jnp.bool_(True), D.data, x, 4,
+        fn = jax.jit(lambda D, x, t=transposed: backend.dsd_dynamic(D.rows, D.cols, keep, jnp.bool_(True), D.data, x, 4,
                                                                transposed=t, interpret=False))  # fmt: skip
         txt = fn.trace(D, x).lower(lowering_platforms=("cuda",)).as_text()
         assert "bs_mgpu_dsd_128x128" in txt and (("_wt" in txt) == transposed)
     with pytest.raises(NotImplementedError, match="persistent=False"):
-        pm.dsd_dynamic(D.rows, D.cols, keep, True, D.data, x, 4, config=pm.MosaicConfig(persistent=True))
+        backend.dsd_dynamic(D.rows, D.cols, keep, True, D.data, x, 4, config=pm.MosaicConfig(persistent=True))
     D32 = bs.DynamicBlockSparseMatrix.from_static(bs.random(getkey(), (64, 64), 32, 0.5, jnp.bfloat16))
     with pytest.raises(NotImplementedError, match="block sides"):
-        pm.dsd_dynamic(D32.rows, D32.cols, jnp.ones(D32.capacity, bool), True, D32.data, x[:64], 2)
+        backend.dsd_dynamic(D32.rows, D32.cols, jnp.ones(D32.capacity, bool), True, D32.data, x[:64], 2)
     with pytest.raises(NotImplementedError, match="float16 or bfloat16"):
-        pm.dsd_dynamic(D.rows, D.cols, keep, True, D.data.astype(jnp.float32), x, 4)
+        backend.dsd_dynamic(D.rows, D.cols, keep, True, D.data.astype(jnp.float32), x, 4)
     with pytest.raises(NotImplementedError, match="dyn_sdd"):
-        pm.MosaicBackend().dyn_sdd(None, D.rows, D.cols, keep, True, x, x)
+        backend.MosaicBackend().dyn_sdd(None, D.rows, D.cols, keep, True, x, x)
 
 
 # ---- on the GPU -----------------------------------------------------------------------------

@@ -14,10 +14,13 @@ from hypothesis import strategies as st
 from test_pallas_mosaic import HALF, _hopper
 
 import blocksparse as bs
-from blocksparse.ops.matmul import pallas_mosaic as pm
-from blocksparse.ops.matmul import pallas_mosaic_dds as pmd
-from blocksparse.ops.matmul import pallas_mosaic_persistent as pp
-from blocksparse.ops.matmul.lowering import GpuLowering, lower
+from blocksparse import hardware
+from blocksparse.ops.matmul import api, order, tuned, vjp
+from blocksparse.ops.matmul.mosaic import backend
+from blocksparse.ops.matmul.mosaic import dds as pmd
+from blocksparse.ops.matmul.mosaic import dsd as pm
+from blocksparse.ops.matmul.mosaic import persistent as pp
+from blocksparse.ops.matmul.schedule import GpuLowering, lower
 from blocksparse.testing.oracles import assert_close, to_dense64
 
 
@@ -140,17 +143,17 @@ def test_plan_sums_in_the_kernel_by_default_and_by_xla_in_the_interpreter():
     rng = np.random.default_rng(0)
     pattern = _pattern("full_row", (8, 8), (128, 128), rng)
     cfg = pm.MosaicConfig(persistent=True, max_len=2)
-    p = pm.plan(pattern, 512, config=cfg)
+    p = backend.dsd_plan(pattern, 512, config=cfg)
     assert p.persistent.reduce and p.persistent.num_sems > 0 and p.stages == 3
     cfg = pm.MosaicConfig(persistent=True, max_len=2, tn=128)
-    p = pm.plan(pattern, 512, config=cfg)
+    p = backend.dsd_plan(pattern, 512, config=cfg)
     assert p.persistent.reduce and p.persistent.num_sems > 0 and p.stages == 3
     assert p.smem_bytes(128, 128, 2) == 3 * 2 * 128 * 128 * 2 + 128 * 128 * 2
-    q = pm.plan(pattern, 512, config=pp.resolve_reduce(cfg, True))
+    q = backend.dsd_plan(pattern, 512, config=pp.resolve_reduce(cfg, True))
     assert not q.persistent.reduce and q.stages == 2  # the float32 staging tile costs a stage
     assert q.persistent.num_slots == q.sched.num_partials
     assert pp.resolve_reduce(cfg, False) is cfg
-    d = pmd.plan(pattern, 4096, config=pmd.DdsConfig(persistent=True, max_len=2))
+    d = backend.dds_plan(pattern, 4096, config=pmd.DdsConfig(persistent=True, max_len=2))
     assert d.persistent.reduce and d.stages == 3
     with pytest.raises(ValueError, match="reduce"):
         pm.MosaicConfig(reduce="atomic")
@@ -159,8 +162,8 @@ def test_plan_sums_in_the_kernel_by_default_and_by_xla_in_the_interpreter():
     many = pm.MosaicConfig(persistent=True, max_len=1, programs=10_000, reduce="kernel")
     big = _pattern("full", (16, 64), (64, 64), rng)
     with pytest.raises(NotImplementedError, match="resident"):
-        pm.plan(big, 8192, config=many)
-    fallback = pm.plan(big, 8192, config=pm.MosaicConfig(persistent=True, max_len=1, programs=10_000))
+        backend.dsd_plan(big, 8192, config=many)
+    fallback = backend.dsd_plan(big, 8192, config=pm.MosaicConfig(persistent=True, max_len=1, programs=10_000))
     assert not fallback.persistent.reduce
 
 
@@ -177,12 +180,13 @@ def test_reducing_kernels_lower_for_cuda(block):
         return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
     x = jnp.zeros((8 * block[1], 512), jnp.bfloat16)
-    assert "_persistent_reduce" in lowered(lambda d, x: pm.dsd(pattern, d, x, config=cfg, interpret=False), data, x)
+    dsd = lambda d, x: backend.dsd(pattern, d, x, config=cfg, interpret=False)  # noqa: E731
+    assert "_persistent_reduce" in lowered(dsd, data, x)
     xt = jnp.zeros((512, 8 * block[0]), jnp.bfloat16)
-    txt = lowered(lambda d, x: pmd.dds(pattern, d, x, jnp.float32, config=dcfg, interpret=False), data, xt)
+    txt = lowered(lambda d, x: backend.dds(pattern, d, x, jnp.float32, config=dcfg, interpret=False), data, xt)
     assert "_persistent_reduce" in txt
     whole = pm.MosaicConfig(persistent=True, max_len=8)
-    txt = lowered(lambda d, x: pm.dsd(pattern, d, x, config=whole, interpret=False), data, x)
+    txt = lowered(lambda d, x: backend.dsd(pattern, d, x, config=whole, interpret=False), data, x)
     assert "_persistent" in txt and "_reduce" not in txt
 
 
@@ -205,13 +209,13 @@ def test_gpu_kernel_sum_matches_oracle(b, dtype, kind):
     xtd = np.asarray(xt.astype(jnp.float32), np.float64)
     for extra in (dict(max_len=3), dict(max_len=2, programs=7), dict(max_len=4, programs=1), dict()):
         cfg = pm.MosaicConfig(persistent=True, reduce="kernel", **extra)
-        p = pm.plan(pattern, 1000, config=cfg)
+        p = backend.dsd_plan(pattern, 1000, config=cfg)
         assert p.persistent.reduce
         for out in (None, jnp.float32):
-            y = jax.jit(lambda d, x, cfg=cfg, out=out: pm.dsd(pattern, d, x, out, config=cfg))(W.data, x)
+            y = jax.jit(lambda d, x, cfg=cfg, out=out: backend.dsd(pattern, d, x, out, config=cfg))(W.data, x)
             assert_close(y, wd @ xd, np.abs(wd) @ np.abs(xd), dtype, what=f"dsd {kind} b={b} {extra} {out}")
         dcfg = pmd.DdsConfig(persistent=True, reduce="kernel", **extra)
-        y = jax.jit(lambda d, x, dcfg=dcfg: pmd.dds(pattern, d, x, config=dcfg))(W.data, xt)
+        y = jax.jit(lambda d, x, dcfg=dcfg: backend.dds(pattern, d, x, config=dcfg))(W.data, xt)
         assert_close(y, xtd @ wd, np.abs(xtd) @ np.abs(wd), dtype, what=f"dds {kind} b={b} {extra}")
 
 
@@ -224,10 +228,10 @@ def test_gpu_kernel_sum_is_repeatable_and_agrees_with_xla():
     pattern = _pattern("power_law", (32, 32), (128, 128), rng, density=0.25)
     data = jnp.asarray(rng.standard_normal((pattern.nnz_blocks, 128, 128)), jnp.bfloat16)
     x = jnp.asarray(rng.standard_normal((4096, 2048)), jnp.bfloat16)
-    fn = {r: jax.jit(lambda d, x, r=r: pm.dsd(pattern, d, x, jnp.float32, config=pm.MosaicConfig(
+    fn = {r: jax.jit(lambda d, x, r=r: backend.dsd(pattern, d, x, jnp.float32, config=pm.MosaicConfig(
         persistent=True, tn=64, max_len=4, reduce=r))) for r in pp.REDUCTIONS}  # fmt: skip
     cfg = pm.MosaicConfig(persistent=True, tn=64, max_len=4)  # 64 columns: XLA's sum fits its staging tile too
-    assert pm.plan(pattern, 2048, config=cfg).persistent.num_sems > 0
+    assert backend.dsd_plan(pattern, 2048, config=cfg).persistent.num_sems > 0
     first = np.asarray(fn["kernel"](data, x))
     for _ in range(5):
         np.testing.assert_array_equal(np.asarray(fn["kernel"](data, x)), first)
@@ -240,11 +244,11 @@ def test_skewed_patterns_take_the_persistent_kernel():
     uniform = bs.random(jax.random.key(0), (8192, 8192), 64, 1 / 16, jnp.bfloat16).pattern
     skew = bs.BlockPattern.power_law(0, (8192, 8192), (64, 64), 1 / 16)
     assert skew.nnz_blocks == uniform.nnz_blocks
-    per_item = pm.plan(skew, 4096, config=pm.MosaicConfig(persistent=False)).sched
-    assert per_item.num_partials >= pm.SKEW_SPLIT_SHARE * per_item.num_units
+    per_item = backend.dsd_plan(skew, 4096, config=pm.MosaicConfig(persistent=False)).sched
+    assert per_item.num_partials >= tuned.H200.SKEW_SPLIT_SHARE * per_item.num_units
     assert pm.skewed(skew, 4096) and not pm.skewed(uniform, 4096)
-    assert pm.plan(skew, 4096).persistent is not None and pm.plan(uniform, 4096).persistent is None
-    assert pm.plan(skew, 4096, fused=True).persistent is None  # no epilogue in the persistent kernel
+    assert backend.dsd_plan(skew, 4096).persistent is not None and backend.dsd_plan(uniform, 4096).persistent is None
+    assert backend.dsd_plan(skew, 4096, fused=True).persistent is None  # no epilogue in the persistent kernel
     assert not pm.skewed(bs.BlockPattern.power_law(0, (512, 512), (32, 32), 1 / 4), 4096)  # blocks it cannot take
 
 
@@ -252,40 +256,38 @@ def test_skew_rule_holds_for_plain_products_and_their_own_backward(monkeypatch):
     """On a (pretended) Hopper GPU the skewed pattern puts Mosaic first for a plain W @ x only: not for a fused one
     (the persistent kernel has no epilogue), and not for the x-gradient W^T @ g (the transposed pattern has no long
     rows), which takes its own rule in the backward of a default-order product."""
-    from blocksparse.ops.matmul import api
-
-    monkeypatch.setattr(pm, "hopper_problem", lambda: None)
+    bf = jnp.bfloat16
     skew = bs.BlockPattern.power_law(0, (8192, 8192), (64, 64), 1 / 16)
-    assert pm.prefers(skew, 4096, jnp.bfloat16, jnp.bfloat16)
-    assert not pm.prefers(skew, 4096, jnp.bfloat16, jnp.bfloat16, fused=True)
-    assert api._claimed("prefers", skew, 4096, jnp.bfloat16, jnp.bfloat16, fused=True) == api._DEFAULT
     t, _ = skew.transpose()
-    assert not pm.skewed(t, 4096) and api._claimed("prefers", t, 4096, jnp.bfloat16, jnp.bfloat16) == api._DEFAULT
     seen = []
-    monkeypatch.setattr(api, "_dsd", lambda s, *a: seen.append((s.pattern.grid, s.impls)) or a[1])
-    monkeypatch.setattr(api, "_grad_sdd", lambda s, a, b: None)
+    monkeypatch.setattr(vjp, "dsd", lambda s, *a: seen.append((s.pattern.grid, s.impls)) or a[1])
+    monkeypatch.setattr(vjp, "_grad_sdd", lambda s, a, b: None)
     W = bs.BlockSparseMatrix(skew, jnp.zeros((skew.nnz_blocks, 64, 64), jnp.bfloat16))
     g = jnp.zeros((8192, 4096), jnp.bfloat16)
     s = api.OpStatic(("mosaic", "pallas", "xla"), jnp.dtype(jnp.bfloat16), pattern=skew, auto=True)
-    api._dsd_bwd(s, (W.data, g), None, g)
-    assert seen == [(t.grid, api._DEFAULT)]
+    with hardware.fake(hardware.H200):
+        assert order.default("dsd", skew, 4096, bf, bf) == ("mosaic", "pallas", "xla")
+        assert order.default("dsd", skew, 4096, bf, bf, fused=True) == order.DEFAULT
+        assert not pm.skewed(t, 4096) and order.default("dsd", t, 4096, bf, bf) == order.DEFAULT
+        vjp._dsd_bwd(s, (W.data, g), None, g)
+    assert seen == [(t.grid, order.DEFAULT)]
 
 
 def test_resident_programs_are_counted_conservatively():
     """A 57344-byte program: Mosaic adds its barriers, so 3 fit an SM's 228 KiB, not 4; where owners wait, at most
     2 an SM (registers); on the device's SMs (the H200's 132 on a CPU)."""
-    assert pp.device_sms() == 132 or jax.default_backend() == "gpu"
+    assert hardware.gpu().num_sms == 132 or jax.default_backend() == "gpu"
     assert pp.default_programs(57344, 10**6, num_sms=132) == 3 * 132
     assert pp.default_programs(57344, 10**6, num_sms=132, max_per_sm=pp.MAX_RESIDENT_PER_SM) == 2 * 132
     assert pp.default_programs(57344, 10**6, num_sms=114) == 3 * 114
     rng = np.random.default_rng(0)
     pattern = _pattern("full", (64, 64), (64, 64), rng)
-    p = pm.plan(pattern, 4096, config=pm.MosaicConfig(persistent=True, tn=64, max_len=2))
-    assert p.persistent.reduce and p.persistent.programs == 2 * pp.device_sms()
-    q = pm.plan(pattern, 4096, config=pm.MosaicConfig(persistent=True, tn=64, max_len=2, reduce="xla"))
-    assert q.persistent.programs == 3 * pp.device_sms()  # nobody waits: every slot that fits
+    p = backend.dsd_plan(pattern, 4096, config=pm.MosaicConfig(persistent=True, tn=64, max_len=2))
+    assert p.persistent.reduce and p.persistent.programs == 2 * hardware.gpu().num_sms
+    q = backend.dsd_plan(pattern, 4096, config=pm.MosaicConfig(persistent=True, tn=64, max_len=2, reduce="xla"))
+    assert q.persistent.programs == 3 * hardware.gpu().num_sms  # nobody waits: every slot that fits
     with pytest.raises(NotImplementedError, match="interpreter has no semaphores"):
-        pm.dsd(pattern, jnp.zeros((pattern.nnz_blocks, 64, 64), jnp.bfloat16), jnp.zeros((4096, 64), jnp.bfloat16),
+        backend.dsd(pattern, jnp.zeros((pattern.nnz_blocks, 64, 64), jnp.bfloat16), jnp.zeros((4096, 64), jnp.bfloat16),
                config=pm.MosaicConfig(persistent=True, reduce="kernel"), interpret=True)  # fmt: skip
 
 
@@ -293,7 +295,7 @@ def test_persistent_schedules_are_cached_and_read_only():
     rng = np.random.default_rng(2)
     pattern = _pattern("full_row", (8, 8), (64, 64), rng)
     cfg = pm.MosaicConfig(persistent=True, max_len=2)
-    a, b = pm.plan(pattern, 512, config=cfg).persistent, pm.plan(pattern, 512, config=cfg).persistent
+    a, b = backend.dsd_plan(pattern, 512, config=cfg).persistent, backend.dsd_plan(pattern, 512, config=cfg).persistent
     assert a is b
     with pytest.raises(ValueError, match="read-only"):
         a.item_dest[0] = 0

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import blocksparse as bs
-from blocksparse.ops.matmul import pallas_triton as pt
+from blocksparse.ops.matmul import TritonConfig
 from blocksparse.testing import strategies as bst
 from blocksparse.testing.oracles import assert_close, to_dense64
 
@@ -23,8 +23,9 @@ def _np(x):
     return np.asarray(jnp.asarray(x, jnp.float32), np.float64)
 
 
-def _check(D, n, key, dtype):
-    """Forward both orders, sdd, and gradients of the Pallas path against oracles / the reference."""
+def _check(D, n, key, dtype, config=None):
+    """Forward both orders, sdd, and gradients of the Pallas path against oracles / the reference; ``config``
+    applies to the forward products (the backward's take the defaults)."""
     m, k = D.shape
     kx, kt, kg = jax.random.split(key, 3)
     x = jax.random.normal(kx, (k, n), dtype)
@@ -33,22 +34,26 @@ def _check(D, n, key, dtype):
     # On the GPU, float32 dots run on TF32 tensor cores (like XLA's default): float16's mantissa.
     tol = jnp.float16 if ON_GPU and dtype == jnp.float32 else dtype
     with bs.dispatch_log() as log:
-        y = jax.jit(lambda D, x: bs.matmul(D, x, implementation="pallas"))(D, x)
-        z = jax.jit(lambda D, x: bs.matmul(x, D, implementation="pallas"))(D, xt)
+        y = jax.jit(lambda D, x: bs.matmul(D, x, implementation="pallas", config=config))(D, x)
+        z = jax.jit(lambda D, x: bs.matmul(x, D, implementation="pallas", config=config))(D, xt)
     assert set(log) == {("dyn_dsd", "pallas")}
     assert_close(y, w64 @ _np(x), np.abs(w64) @ np.abs(_np(x)), tol, "D @ x")
     assert_close(z, _np(xt) @ w64, np.abs(_np(xt)) @ np.abs(w64), tol, "x @ D")
 
-    def loss(impl):
-        return lambda d, x: jnp.sum(jnp.sin(bs.matmul(D.with_data(d), x, implementation=impl).astype(jnp.float32)))
+    def loss(impl, config=None):
+        def f(d, x):
+            y = bs.matmul(D.with_data(d), x, implementation=impl, config=config)
+            return jnp.sum(jnp.sin(y.astype(jnp.float32)))
 
-    gp = jax.jit(jax.grad(loss("pallas"), (0, 1)))(D.data, x)
+        return f
+
+    gp = jax.jit(jax.grad(loss("pallas", config), (0, 1)))(D.data, x)
     gx = jax.jit(jax.grad(loss("xla"), (0, 1)))(D.data, x)
     scale = float(np.abs(w64).sum() + np.abs(_np(x)).sum() + 1.0)
     assert_close(gp[0], _np(gx[0]), scale, tol, "d data")
     assert_close(gp[1], _np(gx[1]), scale, tol, "d x")
     a = jax.random.normal(kg, (m, n), dtype)
-    s_p = bs.sdd(a, x.T, D, implementation="pallas")
+    s_p = bs.sdd(a, x.T, D, implementation="pallas", config=config)
     s_x = bs.sdd(a, x.T, D, implementation="xla")
     bound = float(np.abs(_np(a)).max() * np.abs(_np(x)).max() * n)
     assert_close(s_p.data, _np(s_x.data), bound, tol, "sdd")
@@ -63,8 +68,8 @@ def _check(D, n, key, dtype):
     st.integers(0, 2**16),
 )
 def test_dynamic_pallas_interpret(D, n, max_len, mode, seed):
-    with pt.kernel_config(max_len=max_len, dynamic=mode), bs.interpret():
-        _check(D, n, jax.random.key(seed), jnp.float32)
+    with bs.interpret():
+        _check(D, n, jax.random.key(seed), jnp.float32, TritonConfig(max_len=max_len, dynamic=mode))
 
 
 @pytest.mark.parametrize("mode", ["scan", "worklist"])
@@ -86,8 +91,8 @@ def test_dynamic_pallas_adversarial_interpret(mode, kind, getkey):
     D = bs.DynamicBlockSparseMatrix.from_blocks(
         rows, cols, jax.random.normal(getkey(), (cap, 16, 16)), nnz, shape=(64, 64), capacity=cap
     )
-    with pt.kernel_config(dynamic=mode), bs.interpret():
-        _check(D, 16, getkey(), jnp.float32)
+    with bs.interpret():
+        _check(D, 16, getkey(), jnp.float32, TritonConfig(dynamic=mode))
 
 
 def test_dynamic_pallas_one_long_row_interpret(getkey):
@@ -98,8 +103,8 @@ def test_dynamic_pallas_one_long_row_interpret(getkey):
         rows, cols, jax.random.normal(getkey(), (40, 16, 16)), 38, shape=(64, 64), capacity=48
     )
     for mode in ("scan", "worklist"):
-        with pt.kernel_config(dynamic=mode), bs.interpret():
-            _check(D, 16, getkey(), jnp.float32)
+        with bs.interpret():
+            _check(D, 16, getkey(), jnp.float32, TritonConfig(dynamic=mode))
 
 
 def test_dynamic_falls_back_without_gpu(getkey):
@@ -138,8 +143,7 @@ def test_dynamic_pallas_gpu(b, dtype, skew, mode):
     gm, gk = 1024 // b, 768 // b
     capacity = gm * gk // 4
     D = _random_dynamic(rng, gm, gk, b, capacity, capacity - 7, skew, dtype)
-    with pt.kernel_config(dynamic=mode):
-        _check(D, 96, jax.random.key(b), dtype)
+    _check(D, 96, jax.random.key(b), dtype, TritonConfig(dynamic=mode))
 
 
 @pytest.mark.gpu

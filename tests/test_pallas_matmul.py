@@ -17,14 +17,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import blocksparse as bs
+from blocksparse import hardware
 from blocksparse.ops import _dispatch as dispatch
-from blocksparse.ops.matmul import pallas_triton as pt
+from blocksparse.ops.matmul import triton as pt
+from blocksparse.ops.matmul import tuned
 from blocksparse.ops.matmul.api import OpStatic
-from blocksparse.ops.matmul.lowering import H200, GpuLowering, choose_max_len, lower
 from blocksparse.ops.matmul.reference import XlaBackend
+from blocksparse.ops.matmul.schedule import PROGRAMS_PER_SM, GpuLowering, choose_max_len, lower
+from blocksparse.ops.matmul.triton.backend import PallasBackend
 
 REF = XlaBackend()
-PAL = pt.PallasBackend()
+PAL = PallasBackend()
+#: The H200's slots (programs running at once), as the load-balance heuristic counts them.
+H200_SLOTS = hardware.H200.num_sms * PROGRAMS_PER_SM
 RTOL = {jnp.dtype(jnp.float32): 2e-5, jnp.dtype(jnp.float16): 4e-3, jnp.dtype(jnp.bfloat16): 3e-2}
 # TF32 tensor-core dots on the GPU (10-bit mantissa), like XLA's default there.
 RTOL_GPU = {**RTOL, jnp.dtype(jnp.float32): 4e-3}
@@ -32,7 +37,7 @@ RTOL_GPU = {**RTOL, jnp.dtype(jnp.float32): 4e-3}
 
 @pytest.fixture
 def interpret():
-    with dispatch.interpret(True), pt.kernel_config():
+    with dispatch.interpret(True):
         yield
 
 
@@ -122,7 +127,7 @@ def test_schedule_is_cached_and_balanced(tiles):
     assert sk.unit_len.sum() == su.unit_len.sum()
     # The longest program is at most one slot's share of one tile's work (or twice the mean row).
     mean = skew.nnz_blocks / (skew.row_lengths > 0).sum()
-    assert sk.unit_len.max() <= max(skew.nnz_blocks / H200.slots, 2 * mean) + 1
+    assert sk.unit_len.max() <= max(skew.nnz_blocks / H200_SLOTS, 2 * mean) + 1
     assert skew.row_lengths.max() > sk.max_len  # long rows really were split
     assert sk.num_partials > 0
     # A uniform pattern is not split for nothing.
@@ -133,7 +138,7 @@ def test_schedule_splits_for_parallelism():
     # 64 block rows x 2 column tiles = 128 programs < 264 slots: rows are split to fill the GPU.
     p = bs.BlockPattern.random(0, (8192, 8192), (128, 128), 1 / 4)
     s = lower(p, GpuLowering(tiles=2))
-    assert s.num_units * 2 >= H200.slots
+    assert s.num_units * 2 >= H200_SLOTS
     s.check()
 
 
@@ -185,16 +190,16 @@ def test_sdd_split_over_the_contracted_dimension_matches_the_reference(kind, blo
     a = jax.random.normal(k1, (64, n), jnp.float32).astype(dtype)
     b = jax.random.normal(k2, (n, 128), jnp.float32).astype(dtype)
     with dispatch.interpret(True):
-        got = pt.sdd(a, b, p, dtype, config=pt.KernelConfig(tk=16, sdd_splits=splits))
+        got = pt.sdd(a, b, p, dtype, config=pt.TritonConfig(tk=16, sdd_splits=splits))
     _close(got, REF.sdd(_static(p), a.astype(jnp.float32), b.astype(jnp.float32)), dtype, RTOL, f"{p} {splits}")
 
 
 def test_sdd_splits_by_default_only_for_few_blocks_per_sm():
     """The default: unsplit for SDD_WAVES blocks per SM; fewer blocks over a long contracted dimension are split
     (the kernel's name says how many ways) and still match."""
-    from blocksparse.ops.matmul.lowering import contraction_splits
+    from blocksparse.ops.matmul.schedule import contraction_splits
 
-    target = pt.SDD_WAVES * 132
+    target = tuned.H200.TRITON_SDD_WAVES * hardware.H200.num_sms
     assert contraction_splits(target, 4096, target, target, 32) == 1  # enough blocks: one program each
     assert contraction_splits(144, 256, target, target, 32) == 4  # 4 programs per SM
     assert contraction_splits(36, 256, target, target, 32) == 8  # 32 chunks a program at least
@@ -202,16 +207,16 @@ def test_sdd_splits_by_default_only_for_few_blocks_per_sm():
     p = _pattern("single", 0, (32, 32), (16, 16))
     a = jax.random.normal(jax.random.key(0), (32, 16 * 96), jnp.float32)
     b = jax.random.normal(jax.random.key(1), (16 * 96, 32), jnp.float32)
-    f = jax.jit(lambda a, b: pt.sdd(a, b, p, jnp.float32, config=pt.KernelConfig(tk=16)))
+    f = jax.jit(lambda a, b: pt.sdd(a, b, p, jnp.float32, config=pt.TritonConfig(tk=16)))
     with dispatch.interpret(True):
         assert "bs_sdd_16x16_tk16_split3" in str(jax.make_jaxpr(f)(a, b))  # 1 block, 96 chunks: 3 of 32
         got = f(a, b)
     _close(got, REF.sdd(_static(p), a, b), jnp.float32, RTOL, "default split")
-    assert pt.sdd_splits(1, 16 * 96, (16, 16), pt.KernelConfig(tk=16)) == 3 and pt.sdd_splits(1, 0, (16, 16)) == 1
+    assert pt.sdd_splits(1, 16 * 96, (16, 16), pt.TritonConfig(tk=16)) == 3 and pt.sdd_splits(1, 0, (16, 16)) == 1
     # the measured layer (32768 tokens, chunks of 128): 144 blocks in 4, 36 in 8, 4 per SM unsplit (132 SMs here)
     assert [pt.sdd_splits(n, 32768, (32, 32)) for n in (144, 36, 528, 4096)] == [4, 8, 1, 1]
     with pytest.raises(ValueError, match="Expected sdd_splits >= 1. Got 0."):
-        pt.KernelConfig(sdd_splits=0)
+        pt.TritonConfig(sdd_splits=0)
 
 
 @settings(max_examples=8)
@@ -232,20 +237,20 @@ def test_kernels_match_reference_interpret(gm, gk, bh, bw, n, density, skew, max
     with dispatch.interpret():
         gen = bs.BlockPattern.power_law if skew else bs.BlockPattern.random
         p = gen(seed, (gm * bh, gk * bw), (bh, bw), density)
-        cfg = pt.KernelConfig(max_len=max_len, transpose_acc=transpose_acc)
+        cfg = pt.TritonConfig(max_len=max_len, transpose_acc=transpose_acc)
         _check_all_ops(p, dtype, jax.random.key(seed), n, cfg)
 
 
 @pytest.mark.parametrize("kind", ["empty", "single", "full_row", "empty_rows", "full_col"])
 def test_adversarial_patterns_interpret(interpret, kind, getkey):
     p = _pattern(kind, 3, (64, 128), (16, 16))
-    _check_all_ops(p, jnp.float32, getkey(), 24, pt.KernelConfig(max_len=2))
+    _check_all_ops(p, jnp.float32, getkey(), 24, pt.TritonConfig(max_len=2))
 
 
 def test_tiles_and_padding_interpret(interpret, getkey):
     # n not a multiple of the tile, several column tiles, several batch tiles in dds.
     p = _pattern("power_law", 1, (64, 64), (16, 16), 0.6)
-    _check_all_ops(p, jnp.float32, getkey(), 70, pt.KernelConfig(tn=32, tb=32, tk=16, max_len=2))
+    _check_all_ops(p, jnp.float32, getkey(), 70, pt.TritonConfig(tn=32, tb=32, tk=16, max_len=2))
 
 
 # --------------------------------------------------------------------------------------------
@@ -302,15 +307,14 @@ def test_kernel_config_is_part_of_the_jit_cache_key(interpret, getkey):
     x = jax.random.normal(getkey(), (64, 40))
     seen = []
 
-    @jax.jit
-    def f(d, x):
-        seen.append(pt.current_config().tn)  # runs only when traced
-        return bs.matmul(W.with_data(d), x, implementation="pallas")
+    @functools.partial(jax.jit, static_argnums=2)
+    def f(d, x, config):
+        seen.append(config.tn)  # runs only when traced
+        return bs.matmul(W.with_data(d), x, implementation="pallas", config=config)
 
-    with pt.kernel_config(tn=16):
-        y16 = f(W.data, x)
-    with pt.kernel_config(tn=32):
-        y32 = f(W.data, x)
+    y16 = f(W.data, x, pt.TritonConfig(tn=16))
+    y32 = f(W.data, x, pt.TritonConfig(tn=32))
+    f(W.data, x, pt.TritonConfig(tn=16))  # a cache hit: not traced again
     assert seen == [16, 32]
     _close(y16, y32, jnp.float32)
 
@@ -396,14 +400,15 @@ GPU_DTYPES = [jnp.bfloat16, jnp.float16, jnp.float32]
 
 
 @functools.cache
-def _fwd_bwd(impl: str, config: pt.KernelConfig | None = None):
-    # `config` is only part of this cache's key: the kernels read pt.current_config() when traced.
+def _fwd_bwd(impl: str, config: pt.TritonConfig | None = None):
+    # `config` applies to the forward products (the backward's take the defaults).
     def f(data, x, xb, gy, gz, pattern):
         W = bs.BlockSparseMatrix(pattern, data)
 
         def fwd(data, x, xb):
             Wd = W.with_data(data)
-            return bs.matmul(Wd, x, implementation=impl), bs.matmul(xb, Wd, implementation=impl)
+            return bs.matmul(Wd, x, implementation=impl, config=config), bs.matmul(xb, Wd, implementation=impl,
+                                                                                  config=config)  # fmt: skip
 
         (y, z), vjp = jax.vjp(fwd, data, x, xb)
         return (y, z, *vjp((gy, gz)))
@@ -411,7 +416,7 @@ def _fwd_bwd(impl: str, config: pt.KernelConfig | None = None):
     return jax.jit(f, static_argnums=5)
 
 
-def _gpu_check(p, dtype, key, n=256, batch=192):
+def _gpu_check(p, dtype, key, n=256, batch=192, config=None):
     ks = jax.random.split(key, 5)
     m, k = p.shape
     data = _data(ks[0], p, dtype)
@@ -420,7 +425,7 @@ def _gpu_check(p, dtype, key, n=256, batch=192):
     gy = jax.random.normal(ks[3], (m, n), jnp.float32).astype(dtype)
     gz = jax.random.normal(ks[4], (batch, k), jnp.float32).astype(dtype)
     with bs.dispatch_log() as log:
-        got = _fwd_bwd("pallas", pt.current_config())(data, x, xb, gy, gz, p)
+        got = _fwd_bwd("pallas", config)(data, x, xb, gy, gz, p)
     assert {name for _, name in log} == {"pallas"}, log
     f32 = [t.astype(jnp.float32) for t in (data, x, xb, gy, gz)]
     with jax.default_matmul_precision("highest"):
@@ -450,20 +455,19 @@ def test_gpu_adversarial(kind, getkey):
 def test_gpu_split_rows_and_tiles(getkey):
     # Force heavy splitting so partial-combine paths run on the device.
     p = _pattern("power_law", 2, (2048, 2048), (64, 64), 0.2)
-    with pt.kernel_config(max_len=3, tn=64, tb=64, tk=32):
-        _gpu_check(p, jnp.bfloat16, getkey(), n=320, batch=130)
+    _gpu_check(p, jnp.bfloat16, getkey(), n=320, batch=130, config=pt.TritonConfig(max_len=3, tn=64, tb=64, tk=32))
 
 
 @pytest.mark.gpu
 def test_gpu_default_dispatch_follows_the_measured_rules(getkey):
     """Pallas by default, or Mosaic first where its measured rule claims the product (on a Hopper GPU)."""
-    from blocksparse.ops.matmul.pallas_mosaic import MosaicBackend
+    from blocksparse.ops.matmul import order
 
     W = bs.random(getkey(), (512, 512), (64, 64), 0.25, dtype=jnp.bfloat16)
     x = jax.random.normal(getkey(), (512, 128), jnp.bfloat16)
     with bs.dispatch_log() as log:
         bs.matmul(W, x)
-    first = "mosaic" if MosaicBackend().prefers(W.pattern, 128, jnp.bfloat16, jnp.bfloat16) else "pallas"
+    first = order.default("dsd", W.pattern, 128, jnp.bfloat16, jnp.bfloat16)[0]
     assert log == [("dsd", first)]
     W8 = bs.random(getkey(), (512, 512), (8, 8), 0.25, dtype=jnp.bfloat16)
     with bs.dispatch_log() as log:
@@ -476,8 +480,7 @@ def test_gpu_default_dispatch_follows_the_measured_rules(getkey):
 @pytest.mark.parametrize("block", [(16, 16), (32, 32), (64, 64)], ids=str)
 def test_gpu_both_accumulator_layouts(block, transpose_acc, getkey):
     p = _pattern("power_law", 4, (1024, 1024), block, 0.3)
-    with pt.kernel_config(transpose_acc=transpose_acc):
-        _gpu_check(p, jnp.bfloat16, getkey(), n=384, batch=64)
+    _gpu_check(p, jnp.bfloat16, getkey(), n=384, batch=64, config=pt.TritonConfig(transpose_acc=transpose_acc))
 
 
 @pytest.mark.gpu

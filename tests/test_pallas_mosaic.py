@@ -14,8 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import blocksparse as bs
-from blocksparse.ops.matmul import api, epilogue, pallas_mosaic
-from blocksparse.ops.matmul.lowering import execute_dsd
+from blocksparse import hardware
+from blocksparse.ops.matmul import api, epilogue, order, tuned
+from blocksparse.ops.matmul.mosaic import backend
+from blocksparse.ops.matmul.mosaic import dsd as mdsd
+from blocksparse.ops.matmul.schedule import execute_dsd
 from blocksparse.testing import strategies as bst
 from blocksparse.testing.oracles import assert_close, to_dense64
 
@@ -65,7 +68,7 @@ def test_plan_pads_and_schedules_like_the_oracle(block, grid, n, density, max_le
     rng = np.random.default_rng(seed)
     (bh, bw), (gm, gk) = block, grid
     pattern = bs.BlockPattern.from_mask(rng.random((gm, gk)) < density, block)
-    p = pallas_mosaic.plan(pattern, n, 2, pallas_mosaic.MosaicConfig(max_len=max_len))
+    p = backend.dsd_plan(pattern, n, 2, mdsd.MosaicConfig(max_len=max_len))
     p.sched.check()
     assert p.n_pad % p.tn == 0 and p.n_pad - p.tn < n <= p.n_pad and p.tiles == p.n_pad // p.tn
     assert bh * p.tn <= 128 * 128 and 1 <= p.stages <= 3
@@ -73,7 +76,7 @@ def test_plan_pads_and_schedules_like_the_oracle(block, grid, n, density, max_le
     data = jnp.asarray(rng.standard_normal((pattern.nnz_blocks, bh, bw)), jnp.float32)
     x = jnp.asarray(rng.standard_normal((gk * bw, n)), jnp.float32)
     if pattern.nnz_blocks == 0:  # no launch: zeros
-        y = pallas_mosaic.dsd(pattern, data.astype(jnp.bfloat16), x.astype(jnp.bfloat16), interpret=False)
+        y = backend.dsd(pattern, data.astype(jnp.bfloat16), x.astype(jnp.bfloat16), interpret=False)
         assert y.shape == (gm * bh, n) and not np.asarray(y, np.float32).any()
         return
     xp = jnp.pad(x, ((0, 0), (0, p.n_pad - n)))
@@ -89,36 +92,36 @@ def test_plan_pads_and_schedules_like_the_oracle(block, grid, n, density, max_le
 def test_plan_tiles_and_stages():
     p64 = bs.BlockPattern.random(0, (8192, 8192), (64, 64), 1 / 16)
     p128 = bs.BlockPattern.random(0, (8192, 8192), (128, 128), 1 / 16)
-    wide = pallas_mosaic.plan(p64, 4096)
+    wide = backend.dsd_plan(p64, 4096)
     assert (wide.tn, wide.tiles, wide.stages) == (128, 32, 3)  # 3 x (8 + 16) KiB; 128 columns measured faster
-    big = pallas_mosaic.plan(p128, 4096)
+    big = backend.dsd_plan(p128, 4096)
     assert (big.tn, big.stages) == (128, 3)  # 3 x 64 KiB
     tall_pattern = bs.BlockPattern.random(0, (1024, 1024), (64, 128), 0.5)
-    tall = pallas_mosaic.plan(tall_pattern, 4096, config=pallas_mosaic.MosaicConfig(tn=256))
+    tall = backend.dsd_plan(tall_pattern, 4096, config=mdsd.MosaicConfig(tn=256))
     assert (tall.tn, tall.stages) == (256, 2)  # 80 KiB a stage: 3 would not fit
-    assert pallas_mosaic.plan(p64, 10).tn == 64
+    assert backend.dsd_plan(p64, 10).tn == 64
 
 
 def test_plan_refuses_what_the_kernel_cannot_take():
     p = bs.BlockPattern.random(0, (256, 256), (32, 32), 0.5)
     with pytest.raises(NotImplementedError, match=r"block sides in \(64, 128\).*got \(32, 32\)"):
-        pallas_mosaic.plan(p, 128)
+        backend.dsd_plan(p, 128)
     p = bs.BlockPattern.random(0, (256, 256), (128, 128), 0.5)
     with pytest.raises(NotImplementedError, match=r"bh \* tn <= 16384.*got 128 \* 256"):
-        pallas_mosaic.plan(p, 128, config=pallas_mosaic.MosaicConfig(tn=256))
+        backend.dsd_plan(p, 128, config=mdsd.MosaicConfig(tn=256))
     with pytest.raises(NotImplementedError, match="shared memory.*got stages=4"):
-        pallas_mosaic.plan(p, 4096, config=pallas_mosaic.MosaicConfig(stages=4))
+        backend.dsd_plan(p, 4096, config=mdsd.MosaicConfig(stages=4))
     with pytest.raises(ValueError, match="Expected stages >= 2. Got 1."):
-        pallas_mosaic.MosaicConfig(stages=1)
+        mdsd.MosaicConfig(stages=1)
     with pytest.raises(ValueError, match="Expected tn in"):
-        pallas_mosaic.MosaicConfig(tn=96)
+        mdsd.MosaicConfig(tn=96)
 
 
 # ----------------------------------------------------------------------------- lowering for CUDA
 def _lower_for_cuda(block, dtype, n, stages=None, out_dtype=None, tn=None):
     pattern, data, x, _, _ = _problem("random", block, dtype, shape=(512, 512), n=n)
-    cfg = pallas_mosaic.MosaicConfig(stages=stages, max_len=2, tn=tn)  # max_len=2: split rows, partials too
-    fn = jax.jit(lambda d, x: pallas_mosaic.dsd(pattern, d, x, out_dtype, config=cfg, interpret=False))
+    cfg = mdsd.MosaicConfig(stages=stages, max_len=2, tn=tn)  # max_len=2: split rows, partials too
+    fn = jax.jit(lambda d, x: backend.dsd(pattern, d, x, out_dtype, config=cfg, interpret=False))
     return fn.trace(data, x).lower(lowering_platforms=("cuda",)).as_text()
 
 
@@ -137,10 +140,9 @@ def test_kernel_lowers_for_cuda(block, dtype, n):
 def test_lowering_checks_the_shared_memory_budget_the_plan_uses():
     """The largest stage the plan allows (64 x 128 blocks, tn = 256: 2 stages) lowers; one more does not."""
     assert "mosaic_gpu" in _lower_for_cuda((64, 128), jnp.bfloat16, 4096, tn=256)
-    from blocksparse.ops.matmul import pallas_mosaic as pm
-
+    pm = mdsd
     pattern, data, x, _, _ = _problem("random", (64, 128), jnp.bfloat16, shape=(512, 512), n=4096)
-    p = pm.plan(pattern, 4096, config=pm.MosaicConfig(tn=256))
+    p = backend.dsd_plan(pattern, 4096, config=pm.MosaicConfig(tn=256))
     p3 = pm.MosaicPlan(p.tn, p.tiles, p.n_pad, 3, p.sched)
     fn = jax.jit(lambda d, x: pm._launch(p3, 512, d, x, jnp.bfloat16, interpret=False))
     with pytest.raises(ValueError, match="exceeds available shared memory"):
@@ -153,30 +155,30 @@ def test_interpreter_matches_oracle(kind):
     """The kernel itself (TMA copies, barriers, the pipeline, partial slots) in Pallas' GPU interpreter."""
     block, dtype = ((64, 64), jnp.bfloat16) if kind != "full_col" else ((128, 64), jnp.float16)
     pattern, data, x, want, scale = _problem(kind, block, dtype, n=200)
-    cfg = pallas_mosaic.MosaicConfig(max_len=2)  # the full row is split into partials
-    y = pallas_mosaic.dsd(pattern, data, x, config=cfg, interpret=True)
+    cfg = mdsd.MosaicConfig(max_len=2)  # the full row is split into partials
+    y = backend.dsd(pattern, data, x, config=cfg, interpret=True)
     assert y.dtype == dtype
     assert_close(y, want, scale, dtype)
     if kind == "full_row":
-        assert pallas_mosaic.plan(pattern, 200, config=cfg).sched.num_partials == 2
+        assert backend.dsd_plan(pattern, 200, config=cfg).sched.num_partials == 2
 
 
-@pytest.mark.parametrize("order", pallas_mosaic.GRID_ORDERS)
+@pytest.mark.parametrize("order", mdsd.GRID_ORDERS)
 def test_interpreter_both_grid_orders(order):
     """Either launch order (units or column tiles fastest) computes the same product: split rows, several
     column tiles, both stores."""
     pattern, data, x, want, scale = _problem("full_row", (64, 64), jnp.bfloat16, n=200)
-    cfg = pallas_mosaic.MosaicConfig(tn=64, max_len=2, grid_order=order)
-    p = pallas_mosaic.plan(pattern, 200, config=cfg)
+    cfg = mdsd.MosaicConfig(tn=64, max_len=2, grid_order=order)
+    p = backend.dsd_plan(pattern, 200, config=cfg)
     assert p.grid_order == order and sorted(p.grid[0]) == sorted((p.sched.num_units, p.tiles))
     assert p.grid[1][-1] == ("t" if order == "tiles" else "u")  # Mosaic GPU launches the last axis fastest
-    assert_close(pallas_mosaic.dsd(pattern, data, x, config=cfg, interpret=True), want, scale, jnp.bfloat16)
-    assert pallas_mosaic.plan(pattern, 200).grid_order == pallas_mosaic.default_grid_order(pattern)
+    assert_close(backend.dsd(pattern, data, x, config=cfg, interpret=True), want, scale, jnp.bfloat16)
+    assert backend.dsd_plan(pattern, 200).grid_order == backend.default_grid_order(pattern)
     sparse = bs.BlockPattern.from_mask(np.eye(64, dtype=bool), (64, 64))  # density 1/64: units first
-    assert pallas_mosaic.default_grid_order(sparse) == "units"
-    assert pallas_mosaic.default_grid_order(pattern) == "tiles"  # a full row of 4 x 4 blocks
+    assert backend.default_grid_order(sparse) == "units"
+    assert backend.default_grid_order(pattern) == "tiles"  # a full row of 4 x 4 blocks
     with pytest.raises(ValueError, match="grid_order"):
-        pallas_mosaic.MosaicConfig(grid_order="rows")
+        mdsd.MosaicConfig(grid_order="rows")
 
 
 @pytest.mark.parametrize("kind,order,programs", [("full_row", "units", 3), ("random", "tiles", None),
@@ -187,9 +189,9 @@ def test_interpreter_persistent_kernel(kind, order, programs):
     block = (64, 64) if kind != "full_col" else (128, 64)
     pattern, data, x, want, scale = _problem(kind, block, jnp.bfloat16, n=200)
     # the interpreter has no semaphores: XLA sums the split rows (the in-kernel sum: test_mosaic_split_reduce.py)
-    cfg = pallas_mosaic.MosaicConfig(tn=64, max_len=2, grid_order=order, persistent=True, programs=programs,
+    cfg = mdsd.MosaicConfig(tn=64, max_len=2, grid_order=order, persistent=True, programs=programs,
                                      reduce="xla")  # fmt: skip
-    p = pallas_mosaic.plan(pattern, 200, config=cfg)
+    p = backend.dsd_plan(pattern, 200, config=cfg)
     ps, s = p.persistent, p.sched
     assert ps.programs == (programs or min(s.num_units * p.tiles, ps.programs))
     assert ps.prog_item_start[-1] == s.num_units * p.tiles and ps.num_steps == s.nnz * p.tiles
@@ -201,28 +203,28 @@ def test_interpreter_persistent_kernel(kind, order, programs):
     bh, bw = block
     staging = bh * 64 * (2 + (4 if s.num_partials else 0))  # the output tile, and a float32 one for split rows
     assert p.smem_bytes(bh, bw, 2) == p.stages * (bh * bw + bw * 64) * 2 + staging
-    y = pallas_mosaic.dsd(pattern, data, x, config=cfg, interpret=True)
+    y = backend.dsd(pattern, data, x, config=cfg, interpret=True)
     assert_close(y, want, scale, jnp.bfloat16)
 
 
 def test_persistent_kernel_lowers_for_cuda_and_refuses_what_it_lacks():
     for block, ml in (((64, 64), 2), ((128, 128), None)):
         pattern, data, x, _, _ = _problem("random", block, jnp.bfloat16, shape=(512, 512), n=4096)
-        cfg = pallas_mosaic.MosaicConfig(max_len=ml, persistent=True)
-        fn = jax.jit(lambda d, x, p=pattern, cfg=cfg: pallas_mosaic.dsd(p, d, x, config=cfg, interpret=False))
+        cfg = mdsd.MosaicConfig(max_len=ml, persistent=True)
+        fn = jax.jit(lambda d, x, p=pattern, cfg=cfg: backend.dsd(p, d, x, config=cfg, interpret=False))
         assert "bs_mgpu_dsd" in fn.trace(data, x).lower(lowering_platforms=("cuda",)).as_text()
     with pytest.raises(ValueError, match="programs"):
-        pallas_mosaic.MosaicConfig(programs=4)
+        mdsd.MosaicConfig(programs=4)
     with pytest.raises(ValueError, match="consumers=1"):
-        pallas_mosaic.MosaicConfig(persistent=True, consumers=2)
+        mdsd.MosaicConfig(persistent=True, consumers=2)
     epi = epilogue.Epilogue("relu", False, 1)
     with pytest.raises(NotImplementedError, match="persistent=False"):
-        pallas_mosaic.dsd(pattern, data, x, config=pallas_mosaic.MosaicConfig(persistent=True), epi=epi)
+        backend.dsd(pattern, data, x, config=mdsd.MosaicConfig(persistent=True), epi=epi)
 
 
 def test_interpreter_float32_output_and_two_stages():
     pattern, data, x, want, scale = _problem("random", (64, 128), jnp.float16, n=64)
-    y = pallas_mosaic.dsd(pattern, data, x, jnp.float32, config=pallas_mosaic.MosaicConfig(stages=2), interpret=True)
+    y = backend.dsd(pattern, data, x, jnp.float32, config=mdsd.MosaicConfig(stages=2), interpret=True)
     assert y.dtype == jnp.float32
     assert_close(y, want, scale, jnp.float16)
 
@@ -230,11 +232,11 @@ def test_interpreter_float32_output_and_two_stages():
 def test_interpreter_four_stages_and_wide_tiles_at_small_n():
     """Knobs the benchmark can force for b = 64: a 4-stage pipeline (4 x 40 KiB) and tn = 256 at n = 256."""
     pattern, data, x, want, scale = _problem("full_row", (64, 64), jnp.bfloat16, n=256)
-    cfg = pallas_mosaic.MosaicConfig(tn=256, stages=4, persistent=False)  # the one-program-per-item kernel
-    assert pallas_mosaic.plan(pattern, 256, config=cfg).smem_bytes(64, 64, 2) == 4 * 40 * 1024
+    cfg = mdsd.MosaicConfig(tn=256, stages=4, persistent=False)  # the one-program-per-item kernel
+    assert backend.dsd_plan(pattern, 256, config=cfg).smem_bytes(64, 64, 2) == 4 * 40 * 1024
     both = dataclasses.replace(cfg, persistent=True)  # plus its 256 x 64 bfloat16 staging tile (no split rows)
-    assert pallas_mosaic.plan(pattern, 256, config=both).smem_bytes(64, 64, 2) == 4 * 40 * 1024 + 64 * 256 * 2
-    assert_close(pallas_mosaic.dsd(pattern, data, x, config=cfg, interpret=True), want, scale, jnp.bfloat16)
+    assert backend.dsd_plan(pattern, 256, config=both).smem_bytes(64, 64, 2) == 4 * 40 * 1024 + 64 * 256 * 2
+    assert_close(backend.dsd(pattern, data, x, config=cfg, interpret=True), want, scale, jnp.bfloat16)
     txt = _lower_for_cuda((64, 64), jnp.bfloat16, 4096, stages=4, tn=256)
     assert "bs_mgpu_dsd_64x64_tn256" in txt
 
@@ -244,20 +246,20 @@ def test_two_consumer_warpgroups():
     empty units; the interpreter runs both warpgroups and counts the "free" barrier's two arrivals);
     b = 64, tn = 128, 3 stages (216 KiB) lowers for CUDA; the plan counts the staging buffers."""
     pattern, data, x, want, scale = _problem("full_row", (64, 64), jnp.bfloat16, n=200)
-    cfg = pallas_mosaic.MosaicConfig(tn=64, consumers=2, max_len=2)
-    p = pallas_mosaic.plan(pattern, 200, config=cfg)
+    cfg = mdsd.MosaicConfig(tn=64, consumers=2, max_len=2)
+    p = backend.dsd_plan(pattern, 200, config=cfg)
     assert (p.tn, p.tiles, p.n_pad, p.consumers) == (64, 2, 256, 2) and p.sched.num_partials == 2
-    assert_close(pallas_mosaic.dsd(pattern, data, x, config=cfg, interpret=True), want, scale, jnp.bfloat16)
-    big = pallas_mosaic.MosaicConfig(tn=128, stages=3, consumers=2)
-    assert pallas_mosaic.plan(pattern, 4096, config=big).smem_bytes(64, 64, 2) == 3 * 40 * 1024 + 2 * 64 * 128 * 6
-    fn = jax.jit(lambda d, x: pallas_mosaic.dsd(pattern, d, x, config=big, interpret=False))
+    assert_close(backend.dsd(pattern, data, x, config=cfg, interpret=True), want, scale, jnp.bfloat16)
+    big = mdsd.MosaicConfig(tn=128, stages=3, consumers=2)
+    assert backend.dsd_plan(pattern, 4096, config=big).smem_bytes(64, 64, 2) == 3 * 40 * 1024 + 2 * 64 * 128 * 6
+    fn = jax.jit(lambda d, x: backend.dsd(pattern, d, x, config=big, interpret=False))
     assert "_2wg" in fn.trace(data, jnp.zeros((256, 4096), jnp.bfloat16)).lower(lowering_platforms=("cuda",)).as_text()
     with pytest.raises(NotImplementedError, match="shared memory"):  # float32 staging: 3 stages no longer fit
-        pallas_mosaic.plan(pattern, 4096, config=big, out_itemsize=4)
+        backend.dsd_plan(pattern, 4096, config=big, out_itemsize=4)
     with pytest.raises(NotImplementedError, match="requires consumers=1 for a fused epilogue"):
-        pallas_mosaic.dsd(pattern, data, x, config=cfg, epi=epilogue.Epilogue("relu"))
+        backend.dsd(pattern, data, x, config=cfg, epi=epilogue.Epilogue("relu"))
     with pytest.raises(ValueError, match="Expected consumers 1 or 2. Got 3."):
-        pallas_mosaic.MosaicConfig(consumers=3)
+        mdsd.MosaicConfig(consumers=3)
 
 
 # ----------------------------------------------------------------------------- fused epilogue
@@ -277,12 +279,12 @@ def test_fused_epilogue_lowers_for_cuda(activation):
     for axis in (0, 1):
         epi = epilogue.Epilogue(activation, True, axis)
         bias = jnp.zeros(300 if axis == 1 else 512, jnp.float32)
-        fn = jax.jit(lambda d, x, b, epi=epi: pallas_mosaic.dsd(
-            pattern, d, x, jnp.bfloat16, config=pallas_mosaic.MosaicConfig(max_len=2), interpret=False, epi=epi,
+        fn = jax.jit(lambda d, x, b, epi=epi: backend.dsd(
+            pattern, d, x, jnp.bfloat16, config=mdsd.MosaicConfig(max_len=2), interpret=False, epi=epi,
             bias=b))  # fmt: skip
         txt = fn.trace(data, x, bias).lower(lowering_platforms=("cuda",)).as_text()
         assert re.search(r"bs_mgpu_dsd_64x64_tn\d+_epi", txt)
-    fn = jax.jit(lambda d, x: pallas_mosaic.dsd(pattern, d, x, interpret=False, epi=epilogue.Epilogue(activation)))
+    fn = jax.jit(lambda d, x: backend.dsd(pattern, d, x, interpret=False, epi=epilogue.Epilogue(activation)))
     assert "_epi" in fn.trace(data, x).lower(lowering_platforms=("cuda",)).as_text()  # no bias operand
 
 
@@ -295,8 +297,8 @@ def test_interpreter_fused_epilogue_matches_oracle(kind, block, dtype, out_dtype
     pattern, data, x, want, scale = _problem(kind, block, dtype, n=200)
     bias = jnp.asarray(np.random.default_rng(1).standard_normal(200 if axis == 1 else pattern.shape[0]), jnp.float32)
     epi = epilogue.Epilogue(activation, True, axis)
-    cfg = pallas_mosaic.MosaicConfig(max_len=2)
-    y = pallas_mosaic.dsd(pattern, data, x, out_dtype, config=cfg, interpret=True, epi=epi, bias=bias)
+    cfg = mdsd.MosaicConfig(max_len=2)
+    y = backend.dsd(pattern, data, x, out_dtype, config=cfg, interpret=True, epi=epi, bias=bias)
     assert y.dtype == (out_dtype or dtype)
     assert_close(y, *_epilogue_oracle(want, scale, bias, axis, activation), out_dtype or dtype)
 
@@ -304,9 +306,9 @@ def test_interpreter_fused_epilogue_matches_oracle(kind, block, dtype, out_dtype
 def test_fused_epilogue_checks_its_bias():
     pattern, data, x, _, _ = _problem("random", (64, 64), jnp.bfloat16, n=8)
     with pytest.raises(ValueError, match=r"Expected a bias of shape \(8,\) \(bias_axis=1\). Got \(256,\)."):
-        pallas_mosaic.dsd(pattern, data, x, epi=epilogue.Epilogue(None, True, 1), bias=jnp.zeros(256))
+        backend.dsd(pattern, data, x, epi=epilogue.Epilogue(None, True, 1), bias=jnp.zeros(256))
     with pytest.raises(ValueError, match="Expected a bias array exactly when the epilogue has a bias"):
-        pallas_mosaic.dsd(pattern, data, x, epi=epilogue.Epilogue("relu"), bias=jnp.zeros(8))
+        backend.dsd(pattern, data, x, epi=epilogue.Epilogue("relu"), bias=jnp.zeros(8))
 
 
 def test_matmul_fused_runs_on_mosaic_with_gradients():
@@ -358,7 +360,7 @@ def test_backend_refuses_without_a_gpu_and_dispatch_falls_back():
     x = jnp.ones((256, 8), jnp.bfloat16)
     s = api.OpStatic(("mosaic",), jnp.dtype(jnp.bfloat16), pattern=W.pattern)
     with pytest.raises(NotImplementedError, match="no GPU"):
-        pallas_mosaic.MosaicBackend().dsd(s, W.data, x)
+        backend.MosaicBackend().dsd(s, W.data, x)
     with bs.dispatch_log() as log:
         y = bs.matmul(W, x, implementation=("mosaic", "xla"))
     assert log == [("dsd", "xla")]
@@ -366,7 +368,7 @@ def test_backend_refuses_without_a_gpu_and_dispatch_falls_back():
 
 
 def test_backend_reasons():
-    b = pallas_mosaic.MosaicBackend()
+    b = backend.MosaicBackend()
     W = bs.random(jax.random.key(0), (128, 128), (32, 64), 0.5, jnp.bfloat16)  # neither kernel's blocks
     s = api.OpStatic(("mosaic",), jnp.dtype(jnp.bfloat16), pattern=W.pattern)
     with bs.interpret():
@@ -385,14 +387,9 @@ def test_backend_reasons():
     [("gpu", "NVIDIA H200", "9.0", None), ("gpu", "NVIDIA A100-SXM4-80GB", "8.0", "requires a Hopper GPU.*A100.*8.0"),
      ("gpu", "NVIDIA B200", "10.0", "requires a Hopper GPU.*B200"), ("cpu", "cpu", None, "no GPU")],
 )  # fmt: skip
-def test_hopper_check(monkeypatch, platform, kind, cc, reason):
-    class Fake:
-        pass
-
-    dev = Fake()
-    dev.platform, dev.device_kind, dev.compute_capability = platform, kind, cc
-    monkeypatch.setattr(pallas_mosaic.jax, "devices", lambda: [dev])
-    why = pallas_mosaic.hopper_problem()
+def test_hopper_check(platform, kind, cc, reason):
+    with hardware.fake(hardware.Device(kind=kind, platform=platform, compute_capability=cc, num_sms=132)):
+        why = hardware.hopper_problem()
     if reason is None:
         assert why is None
     else:
@@ -414,20 +411,11 @@ def test_dispatch_runs_the_kernel_in_the_interpreter_with_gradients():
 
 # ----------------------------------------------------------------------------- default dispatch
 FAKE_DEVICES = {
-    "H200": ("gpu", "NVIDIA H200", "9.0"),
-    "A100": ("gpu", "NVIDIA A100-SXM4-80GB", "8.0"),
-    "B200": ("gpu", "NVIDIA B200", "10.0"),
-    "CPU": ("cpu", "cpu", None),
+    "H200": hardware.H200,
+    "A100": hardware.Device(kind="NVIDIA A100-SXM4-80GB", compute_capability="8.0", num_sms=108),
+    "B200": hardware.Device(kind="NVIDIA B200", compute_capability="10.0", num_sms=148),
+    "CPU": hardware.Device(kind="cpu", platform="cpu"),
 }
-
-
-def _fake_device(monkeypatch, name):
-    class Fake:
-        pass
-
-    dev = Fake()
-    dev.platform, dev.device_kind, dev.compute_capability = FAKE_DEVICES[name]
-    monkeypatch.setattr(pallas_mosaic.jax, "devices", lambda: [dev])
 
 
 def _matrix(block, nnz, grid=(8, 8), dtype=jnp.bfloat16):
@@ -439,12 +427,14 @@ def _matrix(block, nnz, grid=(8, 8), dtype=jnp.bfloat16):
 
 
 def test_measured_speedup_reads_the_nearest_cell():
-    ms = pallas_mosaic.measured_speedup
+    def ms(b, n, d):
+        return tuned.nearest_cell(tuned.H200.MOSAIC_DSD_SPEEDUP, b, n, d)
+
     assert ms(128, 4096, 1 / 4) == 1.52 and ms(128, 100_000, 1.0) == 1.52  # beyond the table: the nearest cell
     assert ms(128, 1023, 1 / 16) == 0.78 and ms(128, 1024, 1 / 16) == 1.51  # n: 1024 is the log midpoint
     assert ms(64, 256, 1 / 8) == 1.33 and ms(64, 256, 0.124) == 1.00  # density 1/8: midpoint of 1/4 and 1/16
     assert ms(64, 256, 1 / 32) == 1.00 and ms(64, 256, 0.031) == 0.88 and ms(64, 1, 1e-6) == 0.88
-    for (b, n), row in pallas_mosaic.MEASURED_SPEEDUP.items():  # every measured cell reads itself
+    for (b, n), row in tuned.H200.MOSAIC_DSD_SPEEDUP.items():  # every measured cell reads itself
         for d, speedup in row.items():
             assert ms(b, n, d) == speedup
 
@@ -485,55 +475,54 @@ DDS_RULE_CASES = [
 
 
 @pytest.mark.parametrize("device", list(FAKE_DEVICES))
-def test_default_order_rule_on_fake_devices(monkeypatch, device):
+def test_default_order_rule_on_fake_devices(device):
     """implementation=None puts "mosaic" first exactly where the measured rule says, on a Hopper GPU only."""
-    _fake_device(monkeypatch, device)
-    for block, nnz, x_shape, x_dtype, w_dtype, on_hopper in RULE_CASES:
-        W = _matrix(block, nnz, dtype=w_dtype)
-        x = np.zeros(x_shape, x_dtype)
-        want = ("mosaic", "pallas", "xla") if on_hopper and device == "H200" else ("pallas", "xla")
-        assert api._default_order(W, x) == want, (device, block, nnz, x_shape, x_dtype, w_dtype)
-    W = _matrix((128, 128), 16)
-    for x_shape, x_dtype, on_hopper in DDS_RULE_CASES:  # x @ W: the dds rule
-        want = ("mosaic", "pallas", "xla") if on_hopper and device == "H200" else ("pallas", "xla")
-        assert api._default_order(np.zeros(x_shape, x_dtype), W) == want, (device, x_shape, x_dtype)
-    zeros = jnp.zeros(16, jnp.int32)
-    D = bs.DynamicBlockSparseMatrix(zeros, zeros, W.data, 16, W.shape)
-    assert api._default_order(D, np.zeros((1024, 4096), jnp.bfloat16)) == ("pallas", "xla")  # dynamic
-    assert api._default_order(W, [[1.0]]) == ("pallas", "xla")  # not an array: matmul's own error follows
+    with hardware.fake(FAKE_DEVICES[device]):
+        for block, nnz, x_shape, x_dtype, w_dtype, on_hopper in RULE_CASES:
+            W = _matrix(block, nnz, dtype=w_dtype)
+            x = np.zeros(x_shape, x_dtype)
+            want = ("mosaic", "pallas", "xla") if on_hopper and device == "H200" else ("pallas", "xla")
+            assert order.of_product("dsd", W.pattern, W.dtype, x) == want, (device, block, nnz, x_shape, x_dtype)
+        W = _matrix((128, 128), 16)
+        for x_shape, x_dtype, on_hopper in DDS_RULE_CASES:  # x @ W: the dds rule
+            want = ("mosaic", "pallas", "xla") if on_hopper and device == "H200" else ("pallas", "xla")
+            assert order.of_product("dds", W.pattern, W.dtype, np.zeros(x_shape, x_dtype)) == want, (device, x_shape)
+        dense = np.zeros((1024, 4096), jnp.bfloat16)
+        assert order.of_product("dsd", None, jnp.bfloat16, dense) == ("pallas", "xla")  # dynamic: no static pattern
+        assert order.of_product("dsd", W.pattern, W.dtype, [[1.0]]) == ("pallas", "xla")  # not an array
 
 
-def test_default_dispatch_on_a_claimed_hopper_runs_the_rule_in_the_interpreter(monkeypatch):
+def test_default_dispatch_on_a_claimed_hopper_runs_the_rule_in_the_interpreter():
     """With the device taken for a Hopper GPU, bs.matmul(W, x) runs the kernel the rule picks (interpreted):
     b = 64 at density 1/4 and n = 128 (the n = 256 row, 1.33; the persistent kernel) on Mosaic, forward and
     dx, the sdd on Triton; b = 64 at density 1/16 (1.00) on Triton. An explicit implementation="mosaic"
     ignores the rule."""
-    monkeypatch.setattr(pallas_mosaic, "hopper_problem", lambda: None)
-    W = _matrix((64, 64), 16, grid=(8, 8))
-    assert pallas_mosaic.plan(W.pattern, 128).persistent is not None
-    W = W.with_data(jax.random.normal(jax.random.key(0), W.data.shape, jnp.bfloat16))
-    x = jax.random.normal(jax.random.key(1), (2, 512, 64), jnp.bfloat16)  # batch folded in: n = 2 x 64 = 128
-    with bs.interpret(), bs.dispatch_log() as log:
-        y = bs.matmul(W, x)
-        jax.grad(lambda x: bs.matmul(W, x).astype(jnp.float32).sum())(x)
-    assert log == [("dsd", "mosaic")] * 3 + [("sdd", "pallas")]
-    wd, xd = to_dense64(W), np.asarray(x.astype(jnp.float32), np.float64)
-    assert_close(y, wd @ xd, np.abs(wd) @ np.abs(xd), jnp.bfloat16)
-    V = _matrix((64, 64), 1, grid=(4, 4))
-    x = x[:, :256]
-    with bs.interpret(), bs.dispatch_log() as log:
-        bs.matmul(V, x)
-        bs.matmul(V, x, implementation="mosaic")
-    assert log == [("dsd", "pallas"), ("dsd", "mosaic")]
+    with hardware.fake(hardware.H200):
+        W = _matrix((64, 64), 16, grid=(8, 8))
+        assert backend.dsd_plan(W.pattern, 128).persistent is not None
+        W = W.with_data(jax.random.normal(jax.random.key(0), W.data.shape, jnp.bfloat16))
+        x = jax.random.normal(jax.random.key(1), (2, 512, 64), jnp.bfloat16)  # batch folded in: n = 2 x 64 = 128
+        with bs.interpret(), bs.dispatch_log() as log:
+            y = bs.matmul(W, x)
+            jax.grad(lambda x: bs.matmul(W, x).astype(jnp.float32).sum())(x)
+        assert log == [("dsd", "mosaic")] * 3 + [("sdd", "pallas")]
+        wd, xd = to_dense64(W), np.asarray(x.astype(jnp.float32), np.float64)
+        assert_close(y, wd @ xd, np.abs(wd) @ np.abs(xd), jnp.bfloat16)
+        V = _matrix((64, 64), 1, grid=(4, 4))
+        x = x[:, :256]
+        with bs.interpret(), bs.dispatch_log() as log:
+            bs.matmul(V, x)
+            bs.matmul(V, x, implementation="mosaic")
+        assert log == [("dsd", "pallas"), ("dsd", "mosaic")]
 
 
 def test_default_dispatch_off_hopper_is_unchanged():
     """On this machine (no Hopper GPU) implementation=None means ("pallas", "xla") for every product."""
-    if pallas_mosaic.hopper_problem() is None:
+    if hardware.hopper_problem() is None:
         pytest.skip("runs where the default device is not a Hopper GPU")
     W = _matrix((128, 128), 16)
     x = jnp.ones((1024, 4096), jnp.bfloat16)
-    assert api._default_order(W, x) == ("pallas", "xla")
+    assert order.of_product("dsd", W.pattern, W.dtype, x) == ("pallas", "xla")
     with bs.dispatch_log() as log:
         bs.matmul(_matrix((128, 128), 1, grid=(2, 2)), jnp.ones((256, 4), jnp.bfloat16))
     assert log[0][1] in ("pallas", "xla") and log[0][1] == ("pallas" if jax.default_backend() == "gpu" else "xla")
@@ -557,39 +546,39 @@ def test_interpreter_cluster_of_two_multicasts_w(kind, order, block, n, cfg):
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     pattern, data, x, want, scale = _problem(kind, block, jnp.bfloat16, shape=(256, 512), n=n, seed=n)
-    config = pallas_mosaic.MosaicConfig(cluster=2, grid_order=order, **cfg)
-    p = pallas_mosaic.plan(pattern, n, config=config)
+    config = mdsd.MosaicConfig(cluster=2, grid_order=order, **cfg)
+    p = backend.dsd_plan(pattern, n, config=config)
     assert p.cluster == 2 and p.tiles % 2 == 0 and p.n_pad == p.tiles * p.tn >= n and p.persistent is None
     tiles_axis = p.grid[1].index("t")
     assert p.grid[0][tiles_axis] == p.tiles // 2 and p.cluster_shape["cluster"][tiles_axis] == 2
-    y = pallas_mosaic.dsd(pattern, data, x, config=config, interpret=plgpu.InterpretGPUParams(detect_races=True))
+    y = backend.dsd(pattern, data, x, config=config, interpret=plgpu.InterpretGPUParams(detect_races=True))
     assert not gpu_callbacks.get_races().races_found
     assert_close(y, want, scale, jnp.bfloat16, what=f"{kind} {order} {block} n={n}")
 
 
 def test_cluster_lowers_for_cuda_with_an_epilogue_and_refuses_what_it_lacks():
     pattern, data, x, want, scale = _problem("random", (128, 128), jnp.bfloat16, shape=(512, 512), n=512)
-    cfg = pallas_mosaic.MosaicConfig(cluster=2)
+    cfg = mdsd.MosaicConfig(cluster=2)
     bias = jnp.zeros((512,), jnp.float32)
-    fn = jax.jit(lambda d, x, c: pallas_mosaic.dsd(pattern, d, x, config=cfg, interpret=False,
+    fn = jax.jit(lambda d, x, c: backend.dsd(pattern, d, x, config=cfg, interpret=False,
                                                    epi=epilogue.Epilogue("gelu", True, 1), bias=c))  # fmt: skip
     text = fn.trace(data, x, bias).lower(lowering_platforms=("cuda",)).as_text()
     assert "_cluster2" in text
-    assert pallas_mosaic.plan(pattern, 512, config=pallas_mosaic.MosaicConfig(cluster=2, persistent=None)).cluster == 2
+    assert backend.dsd_plan(pattern, 512, config=mdsd.MosaicConfig(cluster=2, persistent=None)).cluster == 2
     with pytest.raises(ValueError, match="Expected cluster 1 or 2. Got 4."):
-        pallas_mosaic.MosaicConfig(cluster=4)
+        mdsd.MosaicConfig(cluster=4)
     with pytest.raises(ValueError, match="Expected persistent not True and consumers=1 with cluster=2"):
-        pallas_mosaic.MosaicConfig(cluster=2, persistent=True)
+        mdsd.MosaicConfig(cluster=2, persistent=True)
     with pytest.raises(ValueError, match="Expected persistent not True and consumers=1 with cluster=2"):
-        pallas_mosaic.MosaicConfig(cluster=2, consumers=2)
+        mdsd.MosaicConfig(cluster=2, consumers=2)
     rows, cols = jnp.asarray(pattern.rows), jnp.asarray(pattern.cols)
     keep = jnp.ones(rows.shape, bool)
     with pytest.raises(NotImplementedError, match="cluster=1 for a dynamic matrix"):
-        pallas_mosaic.dsd_dynamic(rows, cols, keep, jnp.bool_(True), data, x, pattern.grid[0], config=cfg)
+        backend.dsd_dynamic(rows, cols, keep, jnp.bool_(True), data, x, pattern.grid[0], config=cfg)
 
 
 def _hopper():
-    why = pallas_mosaic.hopper_problem()
+    why = hardware.hopper_problem()
     if why is not None:
         pytest.skip(why)
 
@@ -612,10 +601,10 @@ def test_gpu_matmul_matches_oracle(b, dtype, data, seed):
         y = jax.jit(lambda W, x: bs.matmul(W, x, implementation="mosaic"))(W, x)
     assert log == [("dsd", "mosaic")]
     assert_close(y, wd @ xd, np.abs(wd) @ np.abs(xd), dtype, what=f"b={b} {dtype}")
-    for cfg in (pallas_mosaic.MosaicConfig(max_len=3), pallas_mosaic.MosaicConfig(max_len=3, persistent=True),
-                pallas_mosaic.MosaicConfig(persistent=True, grid_order="units"),
-                pallas_mosaic.MosaicConfig(cluster=2, max_len=3)):  # fmt: skip
-        y = jax.jit(lambda d, x, cfg=cfg: pallas_mosaic.dsd(pattern, d, x, config=cfg))(W.data, x)
+    for cfg in (mdsd.MosaicConfig(max_len=3), mdsd.MosaicConfig(max_len=3, persistent=True),
+                mdsd.MosaicConfig(persistent=True, grid_order="units"),
+                mdsd.MosaicConfig(cluster=2, max_len=3)):  # fmt: skip
+        y = jax.jit(lambda d, x, cfg=cfg: backend.dsd(pattern, d, x, config=cfg))(W.data, x)
         assert_close(y, wd @ xd, np.abs(wd) @ np.abs(xd), dtype, what=f"b={b} {dtype} {cfg}")
 
 
@@ -626,8 +615,8 @@ def test_gpu_fused_epilogue(b, dtype, activation):
     _hopper()
     pattern, data, x, want, scale = _problem("full_row", (b, b), dtype, shape=(2048, 1024), n=1000, seed=b)
     bias = jnp.asarray(np.random.default_rng(b).standard_normal(1000), jnp.float32)
-    for cfg in (None, pallas_mosaic.MosaicConfig(max_len=3)):
-        fn = jax.jit(lambda d, x, c, cfg=cfg: pallas_mosaic.dsd(
+    for cfg in (None, mdsd.MosaicConfig(max_len=3)):
+        fn = jax.jit(lambda d, x, c, cfg=cfg: backend.dsd(
             pattern, d, x, config=cfg, epi=epilogue.Epilogue(activation, True, 1), bias=c))  # fmt: skip
         assert_close(fn(data, x, bias), *_epilogue_oracle(want, scale, bias, 1, activation), dtype, what=f"{cfg}")
     W = bs.BlockSparseMatrix(pattern, data)
@@ -654,10 +643,10 @@ def test_gpu_forced_variants(kind, config):
     """The variants bench_mosaic.py can force for b = 64 (4 stages, two consumer warpgroups, tn = 256 at
     n = 256, clusters of two sharing W's copies) against the float64 oracle, before their times mean anything."""
     _hopper()
-    cfg = pallas_mosaic.MosaicConfig(**config)
+    cfg = mdsd.MosaicConfig(**config)
     for n in (256, 1000):
         pattern, data, x, want, scale = _problem(kind, (64, 64), jnp.bfloat16, shape=(2048, 1024), n=n, seed=n)
-        y = jax.jit(lambda d, x, pattern=pattern: pallas_mosaic.dsd(pattern, d, x, config=cfg))(data, x)
+        y = jax.jit(lambda d, x, pattern=pattern: backend.dsd(pattern, d, x, config=cfg))(data, x)
         assert_close(y, want, scale, jnp.bfloat16, what=f"{kind} n={n} {cfg}")
 
 
@@ -681,7 +670,7 @@ def test_gpu_default_order():
 def test_gpu_rectangular_blocks_and_wide_tiles(block, n):
     _hopper()
     pattern, data, x, want, scale = _problem("random", block, jnp.bfloat16, shape=(1024, 1024), n=n)
-    y = jax.jit(lambda d, x: pallas_mosaic.dsd(pattern, d, x, jnp.float32))(data, x)
+    y = jax.jit(lambda d, x: backend.dsd(pattern, d, x, jnp.float32))(data, x)
     assert_close(y, want, scale, jnp.bfloat16)
 
 

@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 from test_pallas_mosaic import HALF, _epilogue_oracle, _hopper  # the dsd tests' helpers
 
 import blocksparse as bs
-from blocksparse.ops.matmul import epilogue, pallas_mosaic
-from blocksparse.ops.matmul import pallas_mosaic_dds as pmd
+from blocksparse import hardware
+from blocksparse.ops.matmul import epilogue, order, tuned
+from blocksparse.ops.matmul.mosaic import backend
+from blocksparse.ops.matmul.mosaic import dds as pmd
 from blocksparse.testing import strategies as bst
 from blocksparse.testing.oracles import assert_close, to_dense64
 
@@ -100,7 +102,7 @@ def _run_schedule(p: pmd.DdsPlan, pattern, data, x) -> np.ndarray:
 def test_plan_schedule_computes_x_at_w(block, pattern_seed, m, tm, max_len, seed):
     """The plan's work list run as the kernel runs it (NumPy, float64) covers every output column once: x @ W."""
     pattern = pattern_seed.draw(bst.block_patterns(block_size=block, max_blocks=5, kinds=KINDS))
-    p = pmd.plan(pattern, m, 2, pmd.DdsConfig(tm=tm, max_len=max_len))
+    p = backend.dds_plan(pattern, m, 2, pmd.DdsConfig(tm=tm, max_len=max_len))
     p.sched.check()
     assert p.sched.num_rows == pattern.grid[1]  # units walk W's block columns
     assert p.m_pad % p.tm == 0 and p.m_pad - p.tm < m <= p.m_pad and p.tiles == p.m_pad // p.tm
@@ -120,24 +122,24 @@ def test_plan_tiles_and_stages():
     per_item = pmd.DdsConfig(persistent=False)
     for b in (64, 128):
         pattern = bs.BlockPattern.random(0, (384, 1536), (b, b), 1 / 4)
-        p = pmd.plan(pattern, 32768)
+        p = backend.dds_plan(pattern, 32768)
         assert p.persistent is not None and p.sched.num_partials == 0
         assert (p.tm, p.tiles, p.m_pad, p.stages) == (128, 256, 32768, 3)
         assert p.smem_bytes(b, b, 2) == 3 * (128 * b + b * b) * 2 + 128 * b * 2
-        q = pmd.plan(pattern, 32768, config=per_item)
+        q = backend.dds_plan(pattern, 32768, config=per_item)
         assert q.persistent is None and (q.tm, q.tiles, q.stages) == (128, 256, 3)
         assert q.smem_bytes(b, b, 2) == 3 * (128 * b + b * b) * 2
         assert q.sched.num_units >= pattern.grid[1]  # one unit per block column at least (empty ones too)
-        assert pmd.plan(pattern, 100).tm == 64
+        assert backend.dds_plan(pattern, 100).tm == 64
     pattern = bs.BlockPattern.random(0, (512, 512), (64, 64), 0.5)
-    wide = pmd.plan(pattern, 4096, config=pmd.DdsConfig(tm=256, persistent=False))
+    wide = backend.dds_plan(pattern, 4096, config=pmd.DdsConfig(tm=256, persistent=False))
     assert (wide.tm, wide.stages) == (256, 3)  # 3 x 40 KiB
-    deep = pmd.plan(pattern, 4096, config=pmd.DdsConfig(stages=5, persistent=False))
+    deep = backend.dds_plan(pattern, 4096, config=pmd.DdsConfig(stages=5, persistent=False))
     assert deep.stages == 5  # 5 x 24 KiB
     # Mosaic GPU launches the last grid dimension fastest: units (W's block columns) by default
     assert deep.grid == ((32, deep.sched.num_units), ("t", "u"))
-    tiles_first = pmd.plan(pattern, 4096, config=pmd.DdsConfig(grid_order="tiles", persistent=False))
-    assert tiles_first.grid == ((pmd.plan(pattern, 4096, config=per_item).sched.num_units, 32), ("u", "t"))
+    tiles_first = backend.dds_plan(pattern, 4096, config=pmd.DdsConfig(grid_order="tiles", persistent=False))
+    assert tiles_first.grid == ((backend.dds_plan(pattern, 4096, config=per_item).sched.num_units, 32), ("u", "t"))
 
 
 def _exact_pattern(k: int, b: int, density: float, rect: bool = False, gn: int = 16) -> bs.BlockPattern:
@@ -152,19 +154,19 @@ def _exact_pattern(k: int, b: int, density: float, rect: bool = False, gn: int =
 def test_prefers_persistent_reads_the_nearest_cell():
     """Every measured cell decides for itself (>= PREFER_MARGIN); k and density go to the nearest cell on
     log scales, as measured_speedup reads its table; m does not enter; rectangular or empty W: never."""
-    for (b, k), row in pmd.PERSISTENT_SPEEDUP.items():
+    for (b, k), row in tuned.H200.MOSAIC_DDS_PERSISTENT_SPEEDUP.items():
         for d, speedup in row.items():
             pattern = _exact_pattern(k, b, d)
-            assert pmd.prefers_persistent(pattern, 32768) == (speedup >= pmd.PREFER_MARGIN), (b, k, d)
-            assert pmd.prefers_persistent(pattern, 1) == pmd.prefers_persistent(pattern, 32768)
+            assert backend.dds_persistent(pattern, 32768) == (speedup >= tuned.H200.PREFER_MARGIN), (b, k, d)
+            assert backend.dds_persistent(pattern, 1) == backend.dds_persistent(pattern, 32768)
     # b = 128, d = 1/4: 1.27 at k = 384, 1.04 at k = 8192; k = 1664 < 1774 (the log midpoint) reads k = 384
-    assert pmd.prefers_persistent(_exact_pattern(1664, 128, 1 / 4), 8192)
-    assert not pmd.prefers_persistent(_exact_pattern(1792, 128, 1 / 4), 8192)
+    assert backend.dds_persistent(_exact_pattern(1664, 128, 1 / 4), 8192)
+    assert not backend.dds_persistent(_exact_pattern(1792, 128, 1 / 4), 8192)
     # b = 128, k = 8192: d = 1/2 reads the 1/4 column (1.04), d = 1/32 the 1/16 one (1.25)
-    assert not pmd.prefers_persistent(_exact_pattern(8192, 128, 1 / 2), 8192)
-    assert pmd.prefers_persistent(_exact_pattern(8192, 128, 1 / 32), 8192)
-    assert not pmd.prefers_persistent(_exact_pattern(384, 128, 1 / 4, rect=True), 32768)  # 128 x 64 blocks
-    assert not pmd.prefers_persistent(_exact_pattern(384, 128, 0.0), 32768)  # nothing to compute
+    assert not backend.dds_persistent(_exact_pattern(8192, 128, 1 / 2), 8192)
+    assert backend.dds_persistent(_exact_pattern(8192, 128, 1 / 32), 8192)
+    assert not backend.dds_persistent(_exact_pattern(384, 128, 1 / 4, rect=True), 32768)  # 128 x 64 blocks
+    assert not backend.dds_persistent(_exact_pattern(384, 128, 0.0), 32768)  # nothing to compute
 
 
 def test_plan_takes_the_persistent_kernel_by_the_rule_and_falls_back():
@@ -172,18 +174,18 @@ def test_plan_takes_the_persistent_kernel_by_the_rule_and_falls_back():
     one-program-per-item plan elsewhere and where the persistent kernel cannot take the forced tiles."""
     fast = _exact_pattern(384, 128, 1 / 4)  # 1.27
     slow = _exact_pattern(384, 128, 1 / 16)  # 0.86
-    assert pmd.plan(fast, 32768).persistent is not None
-    assert pmd.plan(fast, 32768, fused=True).persistent is None  # the persistent kernel has no epilogue
-    assert pmd.plan(slow, 32768).persistent is None
-    assert pmd.plan(slow, 32768, config=pmd.DdsConfig(persistent=True)).persistent is not None  # forced
-    assert pmd.plan(fast, 32768, config=pmd.DdsConfig(persistent=False)).persistent is None
+    assert backend.dds_plan(fast, 32768).persistent is not None
+    assert backend.dds_plan(fast, 32768, fused=True).persistent is None  # the persistent kernel has no epilogue
+    assert backend.dds_plan(slow, 32768).persistent is None
+    assert backend.dds_plan(slow, 32768, config=pmd.DdsConfig(persistent=True)).persistent is not None  # forced
+    assert backend.dds_plan(fast, 32768, config=pmd.DdsConfig(persistent=False)).persistent is None
     # b = 128, tm = 128, 3 stages and split columns: 3 x 64 KiB fit, plus the persistent kernel's 32 KiB
     # output tile; its 64 KiB float32 staging tile (split columns summed by XLA) does not
     cfg = pmd.DdsConfig(tm=128, stages=3, max_len=1)
     with pytest.raises(NotImplementedError, match=r"shared memory.*got stages=3"):
-        pmd.plan(fast, 4096, config=dataclasses.replace(cfg, persistent=True, reduce="xla"))
-    assert pmd.plan(fast, 4096, config=dataclasses.replace(cfg, persistent=True)).persistent.reduce
-    p = pmd.plan(fast, 4096, config=dataclasses.replace(cfg, reduce="xla"))  # the rule's pick does not fit
+        backend.dds_plan(fast, 4096, config=dataclasses.replace(cfg, persistent=True, reduce="xla"))
+    assert backend.dds_plan(fast, 4096, config=dataclasses.replace(cfg, persistent=True)).persistent.reduce
+    p = backend.dds_plan(fast, 4096, config=dataclasses.replace(cfg, reduce="xla"))  # the rule's pick does not fit
     assert p.persistent is None and (p.tm, p.stages) == (128, 3) and p.sched.num_partials > 0
     with pytest.raises(ValueError, match="programs"):
         pmd.DdsConfig(persistent=False, programs=4)
@@ -202,13 +204,13 @@ def test_dds_takes_the_persistent_kernel_by_the_rule_but_never_fused(monkeypatch
     monkeypatch.setattr(pmd.pp, "launch", launch)
     rng = np.random.default_rng(0)
     pattern = _exact_pattern(256, 64, 1 / 4, gn=4)  # the k = 384 row: 1.19
-    assert pmd.prefers_persistent(pattern, 64)
+    assert backend.dds_persistent(pattern, 64)
     data = jnp.asarray(rng.standard_normal((pattern.nnz_blocks, 64, 64)), jnp.bfloat16)
     x = jnp.asarray(rng.standard_normal((64, 256)), jnp.bfloat16)
     with pytest.raises(Launched):
-        pmd.dds(pattern, data, x, interpret=True)
+        backend.dds(pattern, data, x, interpret=True)
     want, scale = _oracle(pattern, data, x)
-    y = pmd.dds(pattern, data, x, None, epilogue.Epilogue("relu"), interpret=True)
+    y = backend.dds(pattern, data, x, None, epilogue.Epilogue("relu"), interpret=True)
     assert_close(y, *_epilogue_oracle(want, scale, np.zeros(256), 1, "relu"), jnp.bfloat16)
 
 
@@ -221,21 +223,21 @@ def test_refuses_what_the_kernel_cannot_take():
 
     x = jnp.ones((64, 256), jnp.bfloat16)
     with pytest.raises(NotImplementedError, match=r"block sides in \(64, 128\).*got \(32, 32\)"):
-        pmd.dds(*matrix((32, 32)), x)
+        backend.dds(*matrix((32, 32)), x)
     with pytest.raises(NotImplementedError, match=r"block sides in \(64, 128\).*got \(64, 32\)"):
-        pmd.dds(*matrix((64, 32)), x)
+        backend.dds(*matrix((64, 32)), x)
     pattern, data = matrix((64, 64), jnp.float32)
     with pytest.raises(NotImplementedError, match="float16 or bfloat16 operands.*got float32, float32"):
-        pmd.dds(pattern, data, x.astype(jnp.float32))
+        backend.dds(pattern, data, x.astype(jnp.float32))
     with pytest.raises(NotImplementedError, match="float16 or bfloat16 operands.*got float16, bfloat16"):
-        pmd.dds(pattern, data.astype(jnp.float16), x)  # a mix promotes to float32
+        backend.dds(pattern, data.astype(jnp.float16), x)  # a mix promotes to float32
     with pytest.raises(NotImplementedError, match=r"float16, bfloat16 or float32 output \(got int32\)"):
-        pmd.dds(pattern, data.astype(jnp.bfloat16), x, jnp.int32)
+        backend.dds(pattern, data.astype(jnp.bfloat16), x, jnp.int32)
     pattern, data = matrix((128, 128))
     with pytest.raises(NotImplementedError, match=r"tm \* bw <= 16384.*got 256 \* 128"):
-        pmd.dds(pattern, data, x, config=pmd.DdsConfig(tm=256))
+        backend.dds(pattern, data, x, config=pmd.DdsConfig(tm=256))
     with pytest.raises(NotImplementedError, match=r"shared memory.*got stages=4"):
-        pmd.plan(pattern, 4096, config=pmd.DdsConfig(tm=128, stages=4))  # 4 x 64 KiB
+        backend.dds_plan(pattern, 4096, config=pmd.DdsConfig(tm=128, stages=4))  # 4 x 64 KiB
     with pytest.raises(ValueError, match=r"Expected tm in \(64, 128, 256\). Got 96."):
         pmd.DdsConfig(tm=96)
     with pytest.raises(ValueError, match="Expected stages >= 2. Got 1."):
@@ -247,34 +249,34 @@ def test_refuses_what_the_kernel_cannot_take():
 def test_bad_shapes_raise_with_expected_and_actual():
     pattern, data, x, _, _ = _problem("random", (64, 64), jnp.bfloat16, m=8)
     with pytest.raises(ValueError, match=r"Expected x of shape \(m, 256\). Got \(8, 384\)."):
-        pmd.dds(pattern, data, jnp.zeros((8, 384), jnp.bfloat16))
+        backend.dds(pattern, data, jnp.zeros((8, 384), jnp.bfloat16))
     with pytest.raises(ValueError, match=r"Expected data of shape \(\d+, 64, 64\). Got \(1, 64, 64\)."):
-        pmd.dds(pattern, data[:1], x)
+        backend.dds(pattern, data[:1], x)
     with pytest.raises(ValueError, match=r"Expected a bias of shape \(384,\) \(bias_axis=1\). Got \(8,\)."):
-        pmd.dds(pattern, data, x, epi=epilogue.Epilogue(None, True, 1), bias=jnp.zeros(8))
+        backend.dds(pattern, data, x, epi=epilogue.Epilogue(None, True, 1), bias=jnp.zeros(8))
     with pytest.raises(ValueError, match=r"Expected a bias of shape \(8,\) \(bias_axis=0\). Got \(384,\)."):
-        pmd.dds(pattern, data, x, epi=epilogue.Epilogue(None, True, 0), bias=jnp.zeros(384))
+        backend.dds(pattern, data, x, epi=epilogue.Epilogue(None, True, 0), bias=jnp.zeros(384))
     with pytest.raises(ValueError, match="Expected a bias array exactly when the epilogue has a bias"):
-        pmd.dds(pattern, data, x, epi=epilogue.Epilogue("relu"), bias=jnp.zeros(384))
+        backend.dds(pattern, data, x, epi=epilogue.Epilogue("relu"), bias=jnp.zeros(384))
 
 
 def test_no_launch_for_empty_operands():
     """No rows of x, or no blocks in W: zeros (or the epilogue of zeros), without a kernel."""
     pattern, data, x, _, _ = _problem("empty", (64, 64), jnp.bfloat16, m=8)
     assert pattern.nnz_blocks == 0
-    y = pmd.dds(pattern, data, x, interpret=False)
+    y = backend.dds(pattern, data, x, interpret=False)
     assert y.shape == (8, 384) and y.dtype == jnp.bfloat16 and not np.asarray(y, np.float32).any()
     bias = jnp.linspace(-1.0, 1.0, 384, dtype=jnp.float32)
-    y = pmd.dds(pattern, data, x, jnp.float32, epilogue.Epilogue("relu", True, 1), bias, interpret=False)
+    y = backend.dds(pattern, data, x, jnp.float32, epilogue.Epilogue("relu", True, 1), bias, interpret=False)
     np.testing.assert_array_equal(np.asarray(y), np.broadcast_to(np.maximum(np.asarray(bias), 0), (8, 384)))
     pattern, data, _, _, _ = _problem("random", (64, 64), jnp.bfloat16)
-    assert pmd.dds(pattern, data, jnp.zeros((0, 256), jnp.bfloat16), interpret=False).shape == (0, 384)
+    assert backend.dds(pattern, data, jnp.zeros((0, 256), jnp.bfloat16), interpret=False).shape == (0, 384)
 
 
 # ----------------------------------------------------------------------------- lowering for CUDA
 def _lower(pattern, data, x, out_dtype=None, epi=None, bias=(), config=None) -> str:
     """The CUDA lowering's text of ``dds`` (``bias``: ``()`` or ``(array,)``)."""
-    fn = jax.jit(lambda d, x, *b: pmd.dds(pattern, d, x, out_dtype, epi, *b, config=config, interpret=False))
+    fn = jax.jit(lambda d, x, *b: backend.dds(pattern, d, x, out_dtype, epi, *b, config=config, interpret=False))
     return fn.trace(data, x, *bias).lower(lowering_platforms=("cuda",)).as_text()
 
 
@@ -290,7 +292,7 @@ def test_kernel_lowers_for_cuda(block, dtype, tm, out_dtype, order):
     pattern, data, x, _, _ = _problem("random", block, dtype, shape=(384, 1536), m=4096)
     cfg = pmd.DdsConfig(tm=tm, max_len=1, grid_order=order, persistent=False)
     txt = _lower(pattern, data, x, out_dtype, config=cfg)
-    p = pmd.plan(pattern, 4096, 2, cfg)
+    p = backend.dds_plan(pattern, 4096, 2, cfg)
     assert p.sched.num_partials > 0
     name = f"bs_mgpu_dds_{block[0]}x{block[1]}_tm{p.tm}" + ("_tiles_fastest" if order == "tiles" else "")
     assert name in txt and "mosaic_gpu" in txt
@@ -300,7 +302,7 @@ def test_lowering_checks_the_shared_memory_budget_the_plan_uses():
     """The largest stages the plan allows for b = 128 (3 x 64 KiB) lower; a fourth stage does not."""
     pattern, data, x, _, _ = _problem("random", (128, 128), jnp.bfloat16, shape=(512, 512), m=512)
     cfg = pmd.DdsConfig(tm=128, persistent=False)
-    p = pmd.plan(pattern, 512, config=cfg)
+    p = backend.dds_plan(pattern, 512, config=cfg)
     assert p.smem_bytes(128, 128, 2) == 3 * 64 * 1024
     assert "bs_mgpu_dds_128x128_tm128" in _lower(pattern, data, x, config=cfg)
     p4 = pmd.DdsPlan(p.tm, p.tiles, p.m_pad, 4, p.sched)
@@ -335,8 +337,8 @@ def test_interpreter_matches_oracle(kind, block, dtype, max_len):
     pattern, data, x, want, scale = _problem(kind, block, dtype)
     cfg = pmd.DdsConfig(max_len=max_len, persistent=False)  # the persistent kernel: the next test
     if kind == "full_col":  # the full column is split into partials
-        assert pmd.plan(pattern, 200, config=cfg).sched.num_partials >= 2
-    y = pmd.dds(pattern, data, x, config=cfg, interpret=True)
+        assert backend.dds_plan(pattern, 200, config=cfg).sched.num_partials >= 2
+    y = backend.dds(pattern, data, x, config=cfg, interpret=True)
     assert y.dtype == dtype and y.shape == (200, 384)
     assert_close(y, want, scale, dtype)
 
@@ -350,11 +352,11 @@ def test_interpreter_persistent_kernel(kind, block, order, programs, max_len):
     output too; every item and block once."""
     pattern, data, x, want, scale = _problem(kind, block, jnp.bfloat16)
     cfg = pmd.DdsConfig(tm=64, persistent=True, programs=programs, grid_order=order, max_len=max_len)
-    p = pmd.plan(pattern, 200, config=cfg)
+    p = backend.dds_plan(pattern, 200, config=cfg)
     ps, s = p.persistent, p.sched
     assert ps.prog_item_start[-1] == s.num_units * p.tiles and ps.num_steps == s.nnz * p.tiles
     assert kind != "full_col" or s.num_partials > 0
-    y = pmd.dds(pattern, data, x, jnp.float32 if kind == "single" else None, config=cfg, interpret=True)
+    y = backend.dds(pattern, data, x, jnp.float32 if kind == "single" else None, config=cfg, interpret=True)
     assert y.shape == (200, 384)
     assert_close(y, want, scale, jnp.bfloat16)
 
@@ -362,20 +364,20 @@ def test_interpreter_persistent_kernel(kind, block, order, programs, max_len):
 def test_persistent_kernel_lowers_for_cuda_and_refuses_an_epilogue():
     pattern, data, x, _, _ = _problem("random", (128, 128), jnp.bfloat16, shape=(512, 512), m=4096)
     cfg = pmd.DdsConfig(persistent=True)
-    fn = jax.jit(lambda d, x: pmd.dds(pattern, d, x, config=cfg, interpret=False))
+    fn = jax.jit(lambda d, x: backend.dds(pattern, d, x, config=cfg, interpret=False))
     txt = fn.trace(data, x).lower(lowering_platforms=("cuda",)).as_text()
     assert re.search(r"bs_mgpu_dds_128x128_tm\d+_persistent", txt)
     with pytest.raises(ValueError, match="programs"):
         pmd.DdsConfig(programs=4)
     with pytest.raises(NotImplementedError, match="persistent=False"):
-        pmd.dds(pattern, data, x, None, epilogue.Epilogue("relu", False, 1), config=cfg)
+        backend.dds(pattern, data, x, None, epilogue.Epilogue("relu", False, 1), config=cfg)
 
 
 def test_interpreter_wide_tiles_two_stages_and_float32_output():
     """tm = 256 with b = 64 (the 256 x 64 accumulator), a 2-stage pipeline, a float32 store, row tiles fastest."""
     pattern, data, x, want, scale = _problem("full_col", (64, 64), jnp.bfloat16, m=300)
     cfg = pmd.DdsConfig(tm=256, stages=2, max_len=3, grid_order="tiles", persistent=False)
-    y = pmd.dds(pattern, data, x, jnp.float32, config=cfg, interpret=True)
+    y = backend.dds(pattern, data, x, jnp.float32, config=cfg, interpret=True)
     assert y.dtype == jnp.float32
     assert_close(y, want, scale, jnp.bfloat16)
 
@@ -391,7 +393,7 @@ def test_interpreter_fused_epilogue_matches_oracle(kind, block, dtype, out_dtype
     pattern, data, x, want, scale = _problem(kind, block, dtype)
     bias = jnp.asarray(np.random.default_rng(1).standard_normal(384 if axis == 1 else 200), jnp.float32)
     epi = epilogue.Epilogue(activation, True, axis)
-    y = pmd.dds(pattern, data, x, out_dtype, epi, bias, config=pmd.DdsConfig(max_len=max_len), interpret=True)
+    y = backend.dds(pattern, data, x, out_dtype, epi, bias, config=pmd.DdsConfig(max_len=max_len), interpret=True)
     assert y.dtype == (out_dtype or dtype)
     assert_close(y, *_epilogue_oracle(want, scale, bias, axis, activation), out_dtype or dtype)
 
@@ -414,11 +416,11 @@ def test_interpreter_on_strategy_patterns(b, dtype, activation, data, seed):
     want, scale = _oracle(pattern, w, x)
     cfg = pmd.DdsConfig(max_len=2)
     if activation is None:
-        assert_close(pmd.dds(pattern, w, x, config=cfg, interpret=True), want, scale, dtype)
+        assert_close(backend.dds(pattern, w, x, config=cfg, interpret=True), want, scale, dtype)
         return
     act = None if activation == "none" else activation
     bias = jnp.asarray(rng.standard_normal(384), dtype)
-    y = pmd.dds(pattern, w, x, None, epilogue.Epilogue(act, True, 1), bias, config=cfg, interpret=True)
+    y = backend.dds(pattern, w, x, None, epilogue.Epilogue(act, True, 1), bias, config=cfg, interpret=True)
     assert_close(y, *_epilogue_oracle(want, scale, bias.astype(jnp.float32), 1, act), dtype)
 
 
@@ -433,7 +435,7 @@ def test_interpreter_finds_no_races():
 
     pattern, data, x, want, scale = _problem("full_col", (64, 64), jnp.bfloat16, shape=(256, 256), m=100)
     bias = jnp.ones(256, jnp.float32)
-    y = pmd.dds(pattern, data, x, None, epilogue.Epilogue("relu", True, 1), bias, config=pmd.DdsConfig(max_len=2),
+    y = backend.dds(pattern, data, x, None, epilogue.Epilogue("relu", True, 1), bias, config=pmd.DdsConfig(max_len=2),
                 interpret=plgpu.InterpretGPUParams(detect_races=True))  # fmt: skip
     assert_close(y, *_epilogue_oracle(want, scale, bias, 1, "relu"), jnp.bfloat16)
     assert gpu_callbacks.get_races().races_found is False
@@ -443,7 +445,7 @@ def test_interpret_default_follows_blocksparse_interpret():
     """interpret=None reads blocksparse.interpret() (how CI runs the kernels on the CPU)."""
     pattern, data, x, want, scale = _problem("single", (64, 64), jnp.bfloat16, m=64)
     with bs.interpret():
-        y = jax.jit(lambda d, x: pmd.dds(pattern, d, x))(data, x)
+        y = jax.jit(lambda d, x: backend.dds(pattern, d, x))(data, x)
     assert_close(y, want, scale, jnp.bfloat16)
 
 
@@ -481,32 +483,39 @@ def test_backend_refuses_float32_and_dispatch_falls_back():
     assert log == [("dds", "xla")]
     np.testing.assert_allclose(np.asarray(y), np.asarray(x) @ np.asarray(W.to_dense()), rtol=1e-5)
     with bs.interpret(), pytest.raises(NotImplementedError, match="float16 or bfloat16 operands.*float32"):
-        pmd.dds(W.pattern, W.data, x)
+        backend.dds(W.pattern, W.data, x)
 
 
 def test_measured_speedup_reads_the_nearest_cell():
-    ms = pmd.measured_speedup
-    for (b, k), row in pmd.MEASURED_SPEEDUP.items():  # every measured cell reads itself
+    def ms(b, k, d):
+        return tuned.nearest_cell(tuned.H200.MOSAIC_DDS_SPEEDUP, b, k, d)
+
+    for (b, k), row in tuned.H200.MOSAIC_DDS_SPEEDUP.items():  # every measured cell reads itself
         for d, speedup in row.items():
             assert ms(b, k, d) == speedup
     assert ms(128, 1773, 1 / 4) == ms(128, 384, 1 / 4) and ms(128, 1774, 1 / 4) == ms(128, 8192, 1 / 4)
     assert ms(64, 8192, 1.0) == ms(64, 8192, 1 / 4) and ms(64, 8192, 1e-6) == ms(64, 8192, 1 / 16)
 
 
-def test_prefers_needs_a_hopper_gpu_half_operands_and_enough_rows(monkeypatch):
+def test_prefers_needs_a_hopper_gpu_half_operands_and_enough_rows():
     W = bs.random(jax.random.key(0), (8192, 8192), 128, 1 / 4, jnp.bfloat16)  # 1.43 on the H200
     bf = jnp.bfloat16
-    if pmd.hopper_problem() is not None:
-        assert not pmd.prefers(W.pattern, 8192, bf, bf)  # not a Hopper GPU here
-    monkeypatch.setattr(pallas_mosaic, "hopper_problem", lambda: None)  # the check both rules share
-    assert pmd.prefers(W.pattern, 8192, bf, bf)
-    assert not pmd.prefers(W.pattern, pmd.PREFER_MIN_M - 1, bf, bf)
-    assert not pmd.prefers(W.pattern, 8192, jnp.float16, bf)  # a mix promotes to float32
-    assert not pmd.prefers(W.pattern, 8192, jnp.float32, jnp.float32)
-    V = bs.random(jax.random.key(0), (384, 1536), 64, 1 / 16, jnp.bfloat16)  # k = 384, d = 1/16: slower
-    assert not pmd.prefers(V.pattern, 32768, bf, bf) and pmd.measured_speedup(64, 384, 1 / 16) < pmd.PREFER_MARGIN
-    U = bs.random(jax.random.key(0), (256, 256), 32, 1 / 4, jnp.bfloat16)
-    assert not pmd.prefers(U.pattern, 8192, bf, bf)  # b = 32: not the kernel's
+
+    def prefers(pattern, m, w_dtype, x_dtype):
+        return order.default("dds", pattern, m, w_dtype, x_dtype)[0] == "mosaic"
+
+    if hardware.hopper_problem() is not None:
+        assert not prefers(W.pattern, 8192, bf, bf)  # not a Hopper GPU here
+    with hardware.fake(hardware.H200):  # the check every rule shares
+        assert prefers(W.pattern, 8192, bf, bf)
+        assert not prefers(W.pattern, tuned.H200.PREFER_MIN_M - 1, bf, bf)
+        assert not prefers(W.pattern, 8192, jnp.float16, bf)  # a mix promotes to float32
+        assert not prefers(W.pattern, 8192, jnp.float32, jnp.float32)
+        V = bs.random(jax.random.key(0), (384, 1536), 64, 1 / 16, jnp.bfloat16)  # k = 384, d = 1/16: slower
+        slower = tuned.nearest_cell(tuned.H200.MOSAIC_DDS_SPEEDUP, 64, 384, 1 / 16) < tuned.H200.PREFER_MARGIN
+        assert not prefers(V.pattern, 32768, bf, bf) and slower
+        U = bs.random(jax.random.key(0), (256, 256), 16, 1 / 16, jnp.bfloat16)
+        assert not prefers(U.pattern, 8192, bf, bf)  # b = 16: not this kernel's, and the banded one's is slower
 
 
 def test_benchmark_script_runs_in_the_interpreter(tmp_path):
@@ -552,11 +561,11 @@ def test_gpu_users_shape_matches_oracle(b, dtype, d):
     persistent = (pmd.DdsConfig(persistent=True), pmd.DdsConfig(persistent=True, max_len=1, grid_order="tiles"))
     forced = (pmd.DdsConfig(persistent=False), pmd.DdsConfig(tm=64, stages=2, max_len=1), deepest)
     for cfg in (None, *forced, *persistent):
-        y = jax.jit(lambda w, x, cfg=cfg: pmd.dds(W.pattern, w, x, config=cfg))(W.data, x)
+        y = jax.jit(lambda w, x, cfg=cfg: backend.dds(W.pattern, w, x, config=cfg))(W.data, x)
         assert_close(y, want, scale, dtype, what=f"b={b} d=1/{d} {jnp.dtype(dtype).name} {cfg}")
     bias = jax.random.normal(jax.random.key(2), (1536,), jnp.float32)
     epi = epilogue.Epilogue("gelu", True, 1)
-    y = jax.jit(lambda w, x, c: pmd.dds(W.pattern, w, x, None, epi, c))(W.data, x, bias)
+    y = jax.jit(lambda w, x, c: backend.dds(W.pattern, w, x, None, epi, c))(W.data, x, bias)
     assert_close(y, *_epilogue_oracle(want, scale, bias, 1, "gelu"), dtype, what="fused")
     triton = jax.jit(lambda x, W: bs.matmul(x, W, bias=bias, activation="gelu", implementation="pallas"))(x, W)
     np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(triton, np.float32), rtol=2e-2, atol=2e-2)
@@ -576,11 +585,11 @@ def test_gpu_strategy_patterns(b, dtype, data, seed):
     x = jnp.asarray(rng.standard_normal((1000, 1024)), dtype)
     want, scale = _oracle(pattern, w, x)
     for cfg in (None, pmd.DdsConfig(max_len=3)):
-        y = jax.jit(lambda w, x, cfg=cfg: pmd.dds(pattern, w, x, config=cfg))(w, x)
+        y = jax.jit(lambda w, x, cfg=cfg: backend.dds(pattern, w, x, config=cfg))(w, x)
         assert_close(y, want, scale, dtype, what=f"{cfg}")
     bias = jnp.asarray(rng.standard_normal(1000), jnp.float32)  # along the rows of x
     epi = epilogue.Epilogue("silu", True, 0)
-    y = jax.jit(lambda w, x, c: pmd.dds(pattern, w, x, jnp.float32, epi, c, config=pmd.DdsConfig(max_len=3)))(
+    y = jax.jit(lambda w, x, c: backend.dds(pattern, w, x, jnp.float32, epi, c, config=pmd.DdsConfig(max_len=3)))(
         w, x, bias)  # fmt: skip
     assert_close(y, *_epilogue_oracle(want, scale, bias, 0, "silu"), dtype)
 

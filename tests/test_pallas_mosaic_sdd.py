@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from test_pallas_mosaic import HALF, _hopper  # the dsd tests' helpers
 
 import blocksparse as bs
-from blocksparse.ops.matmul import pallas_mosaic_sdd as ps
+from blocksparse import hardware
+from blocksparse.ops.matmul import order, tuned
+from blocksparse.ops.matmul.mosaic import sdd as ps
 from blocksparse.testing import strategies as bst
 from blocksparse.testing.oracles import assert_close
 
@@ -71,68 +73,62 @@ def test_plan_tiles_stages_and_splits():
     assert (ps.plan(sparsest, 4096).splits, ps.plan(sparsest, 4096).per_split) == (5, 13)
 
 
-def test_prefers_needs_a_hopper_gpu_half_operands_many_tokens_and_splits(monkeypatch):
+def test_prefers_needs_a_hopper_gpu_half_operands_many_tokens_and_splits():
     """The rule: the inference layer's weight gradient with blocks of 128 (9 blocks over 32768 tokens: many
     splits) goes first; blocks of 64 (a tie with Triton's split kernel), W 8192 x 8192 over 4096 tokens (no split:
     a tie) and the rest stay with Triton."""
-    from blocksparse.ops.matmul import pallas_mosaic
-
     few = bs.BlockPattern.random(0, (384, 1536), (128, 128), 1 / 4)
     few64 = bs.BlockPattern.random(0, (384, 1536), (64, 64), 1 / 4)
     big = bs.BlockPattern.random(0, (8192, 8192), (128, 128), 1 / 4)
     bf = jnp.bfloat16
-    if ps.hopper_problem() is not None:
-        assert not ps.prefers(few, 32768, bf, bf)  # not a Hopper GPU here
-    monkeypatch.setattr(pallas_mosaic, "hopper_problem", lambda: None)
-    assert ps.prefers(few, 32768, bf, bf) and ps.plan(few, 32768).splits >= ps.PREFER_MIN_SPLITS
-    assert not ps.prefers(few64, 32768, bf, bf) and ps.plan(few64, 32768).splits >= ps.PREFER_MIN_SPLITS
-    assert not ps.prefers(big, 4096, bf, bf)
-    assert not ps.prefers(few, ps.PREFER_MIN_K - 1, bf, bf)
-    assert not ps.prefers(few, 32768, jnp.float16, bf) and not ps.prefers(few, 32768, jnp.float32, jnp.float32)
-    from blocksparse.ops.matmul import api
+    min_splits, min_k = tuned.H200.SDD_PREFER_MIN_SPLITS, tuned.H200.SDD_PREFER_MIN_K
 
-    tokens = jnp.zeros((32768, 384), bf)
-    assert api._sdd_order(few, tokens.T, jnp.zeros((32768, 1536), bf)) == ("mosaic", "pallas", "xla")
-    assert api._sdd_order(few64, tokens.T, jnp.zeros((32768, 1536), bf)) == ("pallas", "xla")
-    assert api._sdd_order(big, jnp.zeros((8192, 4096), bf), jnp.zeros((4096, 8192), bf)) == ("pallas", "xla")
+    def prefers(pattern, k, a_dtype, b_dtype):
+        return order.default("sdd", pattern, k, a_dtype, b_dtype)[0] == "mosaic"
+
+    if hardware.hopper_problem() is not None:
+        assert not prefers(few, 32768, bf, bf)  # not a Hopper GPU here
+    with hardware.fake(hardware.H200):
+        assert prefers(few, 32768, bf, bf) and ps.plan(few, 32768).splits >= min_splits
+        assert not prefers(few64, 32768, bf, bf) and ps.plan(few64, 32768).splits >= min_splits
+        assert not prefers(big, 4096, bf, bf)
+        assert not prefers(few, min_k - 1, bf, bf)
+        assert not prefers(few, 32768, jnp.float16, bf) and not prefers(few, 32768, jnp.float32, jnp.float32)
+        assert order.default("sdd", few, 32768, bf, bf) == ("mosaic", "pallas", "xla")
+        assert order.default("sdd", few64, 32768, bf, bf) == ("pallas", "xla")
+        assert order.default("sdd", big, 4096, bf, bf) == ("pallas", "xla")
 
 
-def test_weight_gradient_takes_its_own_default_order(monkeypatch):
+def test_weight_gradient_takes_its_own_default_order():
     """implementation=None on a claimed Hopper GPU (interpreted): x @ W with 4096 tokens and W 256 x 256 of four
     64 x 64 blocks (d = 1/4) runs on Mosaic (the dds rule: 1.09x), while its weight gradient takes the sdd rule,
     which leaves blocks of 64 with Triton (a tie with its split kernel); an explicit implementation keeps every
     op on it."""
-    from blocksparse.ops.matmul import pallas_mosaic
-
-    monkeypatch.setattr(pallas_mosaic, "hopper_problem", lambda: None)
     mask = np.eye(4, dtype=bool)
     W = bs.BlockSparseMatrix(bs.BlockPattern.from_mask(mask, (64, 64)),
                              jax.random.normal(jax.random.key(0), (4, 64, 64), jnp.bfloat16))  # fmt: skip
     x = jax.random.normal(jax.random.key(1), (4096, 256), jnp.bfloat16)
-    with bs.interpret(), bs.dispatch_log() as log:
+    with hardware.fake(hardware.H200), bs.interpret(), bs.dispatch_log() as log:
         dw = jax.grad(lambda W: bs.matmul(x, W).astype(jnp.float32).sum())(W)
     assert log == [("dds", "mosaic"), ("dds", "mosaic"), ("sdd", "pallas")]
     assert_close(dw.data, *_oracle(W.pattern, x.T, jnp.ones((4096, 256), jnp.bfloat16)), jnp.bfloat16)
-    with bs.interpret(), bs.dispatch_log() as log:
+    with hardware.fake(hardware.H200), bs.interpret(), bs.dispatch_log() as log:
         jax.grad(lambda W: bs.matmul(x, W, implementation="pallas").astype(jnp.float32).sum())(W)
     assert log == [("dds", "pallas")] * 2 + [("sdd", "pallas")]
 
 
-def test_sdd_backward_products_take_their_own_default_order(monkeypatch):
+def test_sdd_backward_products_take_their_own_default_order():
     """bs.sdd(implementation=None) claimed by the sdd rule (interpreted, a claimed Hopper GPU; blocks of 128, two
     blocks over 4096 tokens: 8 splits) runs on Mosaic, and the products of its backward run on what their own
     rules claim (here Mosaic for both, from their own tables), not on the sdd's order."""
-    from blocksparse.ops.matmul import pallas_mosaic
-
-    monkeypatch.setattr(pallas_mosaic, "hopper_problem", lambda: None)
     mask = np.zeros((4, 4), bool)
     mask[0, 0] = mask[3, 3] = True
     W = bs.BlockSparseMatrix(bs.BlockPattern.from_mask(mask, (128, 128)), jnp.zeros((2, 128, 128), jnp.bfloat16))
     x = jax.random.normal(jax.random.key(1), (4096, 512), jnp.bfloat16)
-    backend = pallas_mosaic.MosaicBackend()
-    dsd_first = "mosaic" if backend.prefers(W.pattern, 4096, jnp.bfloat16, jnp.bfloat16) else "pallas"
-    dds_first = "mosaic" if backend.prefers_dds(W.pattern, 4096, jnp.bfloat16, jnp.bfloat16) else "pallas"
-    with bs.interpret(), bs.dispatch_log() as log:
+    with hardware.fake(hardware.H200):
+        dsd_first = order.default("dsd", W.pattern, 4096, jnp.bfloat16, jnp.bfloat16)[0]
+        dds_first = order.default("dds", W.pattern, 4096, jnp.bfloat16, jnp.bfloat16)[0]
+    with hardware.fake(hardware.H200), bs.interpret(), bs.dispatch_log() as log:
         jax.grad(lambda a, b: bs.sdd(a, b, W).data.astype(jnp.float32).sum(), (0, 1))(x.T, x)
     assert log == [("sdd", "mosaic"), ("dsd", dsd_first), ("dds", dds_first)]
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import blocksparse as bs
 from blocksparse.bench import Timer
-from blocksparse.ops.matmul.lowering import kernel_constant
+from blocksparse.ops.matmul.schedule import kernel_constant
 
 
 def _compiled_text(wrap, a) -> str:
@@ -76,13 +76,15 @@ def test_the_products_still_match_the_dense_product_with_the_padded_constants():
     mask = np.kron(W.pattern.mask(), np.ones((16, 16), np.float32))
     want = np.asarray(jax.grad(lambda a: (a @ x).sum())(W.to_dense())) * mask
     np.testing.assert_allclose(grad, want, rtol=2e-2, atol=2e-2)  # the sdd at the pattern's constant coordinates
-    from blocksparse.ops.matmul import pallas_triton as pt
+    from blocksparse.ops.matmul import TritonConfig
 
     full = bs.BlockSparseMatrix(bs.BlockPattern.from_mask(np.ones((2, 6), bool), (16, 16)),
                                 jax.random.normal(jax.random.key(2), (12, 16, 16), jnp.float32))  # fmt: skip
-    with bs.interpret(), pt.kernel_config(max_len=2):  # rows split in three: partials, the combine kernel's offsets
-        got = np.asarray(bs.matmul(full, x, implementation="pallas"))
-        assert "bs_combine" in str(jax.make_jaxpr(lambda W, x: bs.matmul(W, x, implementation="pallas"))(full, x))
+    split = TritonConfig(max_len=2)  # rows split in three: partials, the combine kernel's offsets
+    with bs.interpret():
+        got = np.asarray(bs.matmul(full, x, implementation="pallas", config=split))
+        jaxpr = jax.make_jaxpr(lambda W, x: bs.matmul(W, x, implementation="pallas", config=split))(full, x)
+        assert "bs_combine" in str(jaxpr)
     np.testing.assert_allclose(got, np.asarray(full.to_dense() @ x), rtol=2e-2, atol=2e-2)
 
 

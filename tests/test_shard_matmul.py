@@ -221,12 +221,12 @@ def test_static_kernel_forward_with_dynamic_gradients(getkey, kind, monkeypatch)
     # The kernel's contract on the CPU: its plain-JAX twin (execute_dsd) runs the stacked work lists;
     # the gradient path (implementation "xla") must match dense gradients.
     from blocksparse import sharding
-    from blocksparse.ops.matmul import lowering
-    from blocksparse.ops.matmul import pallas_triton as pt
+    from blocksparse.ops.matmul import schedule
+    from blocksparse.ops.matmul import triton as pt
 
     monkeypatch.setattr(sharding, "_static_kernels_apply", lambda Ws, x2, kwargs: Ws.plan.split == "rows")
     def run_schedule(sched, m, data, x, out_dtype, tn, exact=False):
-        return lowering.execute_dsd(sched, data, x, out_dtype)
+        return schedule.execute_dsd(sched, data, x, out_dtype)
 
     monkeypatch.setattr(pt, "run_schedule", run_schedule)
     mesh = _mesh()

@@ -52,9 +52,6 @@ warnings.filterwarnings("ignore", message="The Pallas Triton backend is deprecat
 # so one made lazily (say when a kernel module is first imported inside a trace) would make JAX
 # trace that function again on its next call.
 _INTERPRET = jax.make_user_context(os.environ.get("BLOCKSPARSE_PALLAS_INTERPRET", "") not in ("", "0"))
-#: The Pallas matmul kernels' configuration (``None``: chosen per problem); see
-#: ``blocksparse.ops.matmul.pallas_triton.kernel_config``.
-KERNEL_CONFIG = jax.make_user_context(None)
 _LOGS: contextvars.ContextVar[tuple[list, ...]] = contextvars.ContextVar("blocksparse_dispatch_logs", default=())
 
 
@@ -217,7 +214,8 @@ def cotangent_like(ct, primal):
     return ct
 
 
-#: Implementation name -> module of an op's folder holding it (``pallas_triton.py``, ``reference.py``).
+#: Implementation name -> module of a GNN op's folder holding it (``pallas_triton.py``, ``reference.py``). The
+#: block-sparse products have their own registry of backend objects (``blocksparse.ops.matmul.registry``).
 OP_MODULES = {"pallas": "pallas_triton", "xla": "reference"}
 
 

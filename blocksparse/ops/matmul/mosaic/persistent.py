@@ -1,12 +1,12 @@
 """Persistent variants of the Mosaic GPU ``dsd`` and ``dds`` kernels: one program per SM walks a list of items.
 
-:func:`.pallas_mosaic.dsd` runs it with ``MosaicConfig(persistent=True)`` (verified on an H200, and the
-default where :func:`.pallas_mosaic.prefers_persistent` or :func:`.pallas_mosaic.skewed` says so);
-:func:`.pallas_mosaic_dds.dds` with
+:func:`.dsd.dsd` runs it with ``MosaicConfig(persistent=True)`` (verified on an H200, and the
+default where :func:`.backend.dsd_persistent` says so: measured faster, or the pattern :func:`.dsd.skewed`);
+:func:`.dds.dds` with
 ``DdsConfig(persistent=True)`` (the same kernel with the operands of ``x @ W``: ``x``'s row slab times
-W's block; verified on an H200 too, and the default where :func:`.pallas_mosaic_dds.prefers_persistent` says
+W's block; verified on an H200 too, and the default where :func:`.backend.dds_persistent` says
 so). The default kernel of
-:mod:`.pallas_mosaic` launches one program per ``(unit, column tile)`` *item* and runs its shared-memory
+:mod:`.dsd` launches one program per ``(unit, column tile)`` *item* and runs its shared-memory
 pipeline once per item: it fills, runs ``len`` steps and drains. At density 1/64 a unit holds one or
 two blocks, so most of each program is the fill (a TMA copy's latency with nothing to overlap) and the
 store. Here a fixed number of programs (by default as many as fit on the GPU's SMs at once) each
@@ -15,10 +15,10 @@ first blocks are in flight while the current item's last wgmma runs and its tile
 
 The schedule
 ------------
-From the same :class:`~.lowering.RowSplitSchedule` (units of at most ``max_len`` blocks of one output
+From the same :class:`~..schedule.RowSplitSchedule` (units of at most ``max_len`` blocks of one output
 block row, split rows written to float32 partials and summed afterwards), the host (NumPy; the work list and
 the dealing below are both cached) orders the ``units x tiles`` items in the launch order of
-:class:`~.pallas_mosaic.MosaicConfig` ``grid_order`` and deals them, in that order, each to the program
+:class:`~.dsd.MosaicConfig` ``grid_order`` and deals them, in that order, each to the program
 with the fewest steps so far (ties: the lowest id; for items of equal length this is round-robin), so
 the programs running at once work on neighbouring items, as the launch order of the default kernel
 does, and no program holds much more than its share. Rows are split into units only where one would
@@ -62,7 +62,7 @@ without waiting. Pallas' GPU interpreter has no semaphores: there (``reduce=None
 ``reduce="xla"`` every piece, owners included, goes through a float32 staging tile to a partial slot and
 XLA sums them after the kernel; that tile costs shared memory, so 128 x 128 tiles drop from 3 stages to 2.
 
-Not supported here (``NotImplementedError``; :func:`.pallas_mosaic.dsd` then needs the default kernel):
+Not supported here (``NotImplementedError``; :func:`.dsd.dsd` then needs the default kernel):
 the fused epilogue and two consumer warpgroups.
 """
 
@@ -78,7 +78,9 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from .lowering import H200, RowSplitSchedule, device_sms, kernel_constant
+from .... import hardware
+from ..schedule import RowSplitSchedule, kernel_constant
+from .common import consume, operand_transforms, pipeline_stages
 
 __all__ = [
     "REDUCTIONS",
@@ -150,15 +152,16 @@ CTA_SMEM_OVERHEAD = 2048
 MAX_RESIDENT_PER_SM = 2
 
 
-def default_programs(smem_bytes: int, items: int, num_sms: int | None = None, smem_per_sm: int = H200.smem_per_sm,
+def default_programs(smem_bytes: int, items: int, num_sms: int | None = None, smem_per_sm: int | None = None,
                      max_per_sm: int | None = None):  # fmt: skip
     """As many programs as are resident on the SMs at once (by shared memory, :data:`CTA_SMEM_OVERHEAD` per CTA
-    counted; at most ``max_per_sm`` an SM), and no more than there are items. ``num_sms``: default
-    :func:`device_sms`."""
-    per_sm = max(1, smem_per_sm // (smem_bytes + CTA_SMEM_OVERHEAD))
+    counted; at most ``max_per_sm`` an SM), and no more than there are items. ``num_sms``, ``smem_per_sm``:
+    default :func:`blocksparse.hardware.gpu`'s."""
+    dev = hardware.gpu()
+    per_sm = max(1, (smem_per_sm or dev.smem_per_sm) // (smem_bytes + CTA_SMEM_OVERHEAD))
     if max_per_sm is not None:
         per_sm = min(per_sm, max_per_sm)
-    return max(1, min(items, (num_sms or device_sms()) * per_sm))
+    return max(1, min(items, (num_sms or dev.num_sms) * per_sm))
 
 
 def _deal(lengths: np.ndarray, programs: int) -> np.ndarray:
@@ -174,7 +177,7 @@ def _deal(lengths: np.ndarray, programs: int) -> np.ndarray:
 
 
 #: Rows are never split into pieces shorter than this (a tiny product's partials and their sum would cost more
-#: than the balance they buy), as :class:`~.lowering.GpuLowering` ``min_len``.
+#: than the balance they buy), as :class:`~..schedule.GpuLowering` ``min_len``.
 MIN_SPLIT = 4
 
 
@@ -310,20 +313,18 @@ def staging_bytes(ps: PersistentSchedule) -> int:
 def plan_persistent(sched: RowSplitSchedule, tiles: int, grid_order: str, per_stage: int, tile_elems: int,
                     extra_smem: int, out_itemsize: int, cfg) -> tuple[int, PersistentSchedule]:  # fmt: skip
     """``(stages, schedule)`` of the persistent kernel for a config with ``stages``, ``programs`` and ``reduce``
-    fields (:class:`~.pallas_mosaic.MosaicConfig`, :class:`~.pallas_mosaic_dds.DdsConfig`): ``per_stage`` bytes
+    fields (:class:`~.dsd.MosaicConfig`, :class:`~.dds.DdsConfig`): ``per_stage`` bytes
     of shared memory per stage, ``tile_elems`` elements in an output tile, ``extra_smem`` bytes besides.
 
     The in-kernel sum needs every program resident at once (an owner waits for pieces of other programs): the
     default program count is then what :func:`default_programs` counts resident (by shared memory, at most
-    :data:`MAX_RESIDENT_PER_SM` an SM, on :func:`device_sms` SMs); with ``reduce=None`` more programs than
-    that fall back to XLA's sum; ``reduce="kernel"`` raises ``NotImplementedError`` there."""
-    from .pallas_mosaic import _stages
-
+    :data:`MAX_RESIDENT_PER_SM` an SM, on :func:`blocksparse.hardware.gpu`'s SMs); with ``reduce=None`` more
+    programs than that fall back to XLA's sum; ``reduce="kernel"`` raises ``NotImplementedError`` there."""
     items = sched.num_units * tiles
 
     def sizes(in_kernel: bool) -> tuple[int, int, int]:
         smem = extra_smem + tile_elems * (out_itemsize + _staging(sched.num_partials > 0, in_kernel))
-        stages = _stages(cfg.stages, per_stage, smem)
+        stages = pipeline_stages(cfg.stages, per_stage, smem)
         waits = in_kernel and sched.num_partials > 0  # owners wait for other programs: all must be resident
         resident = default_programs(stages * per_stage + smem, items, max_per_sm=MAX_RESIDENT_PER_SM if waits else None)
         return stages, min(cfg.programs or resident, max(items, 1)), resident
@@ -377,13 +378,11 @@ def _kernel(pis_g, pss_g, ilen_g, idest_g, itile_g, isem_g, iwait_g, isrc_g, sid
             y_g, p_g, *, op, bh, bw, t, m_pad, stages, partials, reduce, num_sems):  # fmt: skip
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    from .pallas_mosaic import _consume, _operand_transforms
-
     p = lax.axis_index("p")
     i0, s0 = pis_g[p], pss_g[p]
     n_items, total = pis_g[p + 1] - i0, pss_g[p + 1] - s0
     dtype = w_g.dtype
-    transforms = _operand_transforms(dtype)
+    transforms = operand_transforms(dtype)
     a_tile, b_tile, acc_shape, a_src, b_src, out_slice, partial_slice = _operands(op, bh, bw, t, m_pad)
     refs = _Refs(sid_g, scol_g, stile_g, w_g, x_g)
     sems = pl.get_global(plgpu.SemaphoreType.REGULAR((num_sems,))) if reduce and num_sems else None
@@ -402,7 +401,7 @@ def _kernel(pis_g, pss_g, ilen_g, idest_g, itile_g, isem_g, iwait_g, isrc_g, sid
 
             def accumulate(acc_ref):
                 def step(_, g):  # the refill may fetch a step of the next items
-                    _consume(acc_ref, a_smem, b_smem, a_bar, b_bar, g, stages, total, fetch)
+                    consume(acc_ref, a_smem, b_smem, a_bar, b_bar, g, stages, total, fetch)
                     return g + 1
 
                 g_end = lax.fori_loop(0, length, step, g)

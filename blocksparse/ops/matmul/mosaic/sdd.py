@@ -6,14 +6,14 @@ w.r.t. its values: for ``y = W @ x``, ``dW = sdd(dy, x.T)`` (``K`` is then the n
 ``x``: tokens times batch), and for ``y = x @ W``, ``dW = sdd(x.T, dy)``. It is the kernel behind
 ``implementation="mosaic"`` of :func:`blocksparse.sdd` and of the backward of a Mosaic product (the
 custom VJP runs the same implementation order), the twin of the ``dsd`` / ``dds`` kernels of
-:mod:`.pallas_mosaic` and :mod:`.pallas_mosaic_dds` (whose helpers it imports).
+:mod:`.dsd` and :mod:`.dds` (whose helpers it imports).
 
 The kernel
 ----------
 One program (CTA, one warpgroup) per ``(split s, block i)``; blocks are launched fastest, in the
 pattern's row-major order, so the programs running at once share the ``bh x K`` row slab of ``a``
 in L2. Program ``(s, i)`` reads the block's coordinates ``rows[i], cols[i]`` (scalar loads from global
-memory) and runs the shared TMA / wgmma pipeline of :func:`.pallas_mosaic._pipelined_wgmma` over its
+memory) and runs the shared TMA / wgmma pipeline of :func:`.dsd._pipelined_wgmma` over its
 share of the contracted dimension, ``tk`` at a time: the ``bh x tk`` tile of ``a`` and the ``tk x bw``
 tile of ``b`` are copied into swizzled shared memory (``stages`` steps in flight) and
 ``plgpu.wgmma`` accumulates the ``bh x bw`` block in float32 registers. One split: the block is cast
@@ -51,49 +51,18 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ..._pattern import BlockPattern
-from ..._util import cdiv
-from .. import _dispatch
-from .lowering import H200, contraction_splits, kernel_constant
-from .pallas_mosaic import (
-    _SMEM_BYTES,
-    SUPPORTED_BLOCKS,
-    _dtypes,
-    _pipelined_wgmma,
-    _preferable,
-    _store_tile,
-    hopper_problem,
-)
+from .... import hardware
+from ...._pattern import BlockPattern
+from ...._util import cdiv
+from ... import _dispatch
+from .. import tuned
+from ..schedule import contraction_splits, kernel_constant
+from .common import SMEM_BYTES, SUPPORTED_BLOCKS, operand_dtypes, pipelined_wgmma, store_tile
 
-__all__ = [
-    "DEFAULT_STAGES",
-    "DEFAULT_TK",
-    "PREFER_BLOCKS",
-    "PREFER_MIN_SPLITS",
-    "SddConfig",
-    "SddPlan",
-    "TILES_K",
-    "hopper_problem",
-    "plan",
-    "prefers",
-    "sdd",
-]
+__all__ = ["SddConfig", "SddPlan", "TILES_K", "default_splits", "plan", "sdd"]
 
 #: Contracted elements per pipeline step (>= 64: a tile row of two-byte elements fills the 128-byte swizzle).
 TILES_K = (64, 128)
-#: The default step and depth: the fastest of tk in (64, 128) x stages in (3, 4) on 5 of the 6 cells of the
-#: weight gradient of W 8192 x 8192 over 4096 tokens (H200, bf16, ``benchmarks/bench_mosaic_sdd.py``; b = 128,
-#: d = 1/4: 0.230 ms against 0.265-0.267 for the others), and within 10% of the fastest on the inference layer.
-DEFAULT_TK = 64
-DEFAULT_STAGES = 3
-#: The default plan splits the contracted dimension only for fewer blocks than SMs, into enough splits for
-#: this many programs per SM (H200, W 8192 x 8192 over 4096 tokens: 256 blocks of 128 took 0.072 ms unsplit
-#: against 0.085 in two splits, 256 of 64 0.060 against 0.062; the inference layer's 36 blocks over 32768
-#: tokens, 8 splits: 0.057-0.061 ms against Triton's unsplit 0.148).
-_WAVES = 2
-#: A split gets at least this many pipeline steps (fewer would spend more on the prologue and on the
-#: float32 partial block than they save).
-_MIN_SPLIT_STEPS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,11 +70,11 @@ class SddConfig:
     """Tiles of the Mosaic ``sdd`` kernel (``None``: chosen per problem).
 
     Attributes:
-        tk: contracted elements per pipeline step, in :data:`TILES_K` (default: :data:`DEFAULT_TK`).
-        stages: shared-memory pipeline depth (>= 2; default: :data:`DEFAULT_STAGES`).
+        tk: contracted elements per pipeline step, in :data:`TILES_K` (default: :data:`~..tuned`
+            ``SDD_DEFAULT_TK``).
+        stages: shared-memory pipeline depth (>= 2; default: ``SDD_DEFAULT_STAGES``).
         splits: programs per block, each over ``1 / splits`` of the contracted dimension, summed in XLA
-            (default: 1 where there are at least as many blocks as SMs, else enough to fill them twice,
-            keeping at least ``_MIN_SPLIT_STEPS`` steps per program).
+            (default: :func:`default_splits`).
     """
 
     tk: int | None = None
@@ -146,10 +115,11 @@ class SddPlan:
         return self.stages * (bh + bw) * self.tk * itemsize
 
 
-def _default_splits(nnz: int, steps: int) -> int:
-    """1 where there is a block for every SM, else the fewest splits that fill the SMs ``_WAVES`` times, each of
-    at least ``_MIN_SPLIT_STEPS`` steps (:func:`~.lowering.contraction_splits`)."""
-    return contraction_splits(nnz, steps, H200.num_sms, _WAVES * H200.num_sms, _MIN_SPLIT_STEPS)
+def default_splits(nnz: int, steps: int) -> int:
+    """1 where there is a block for every SM, else the fewest splits that fill the SMs :data:`~..tuned`
+    ``SDD_WAVES`` times, each of at least ``SDD_MIN_SPLIT_STEPS`` steps (:func:`~..schedule.contraction_splits`)."""
+    t, sms = tuned.current(), hardware.gpu().num_sms
+    return contraction_splits(nnz, steps, sms, t.SDD_WAVES * sms, t.SDD_MIN_SPLIT_STEPS)
 
 
 def plan(pattern: BlockPattern, k: int, itemsize: int = 2, config: SddConfig | None = None) -> SddPlan:
@@ -163,16 +133,17 @@ def plan(pattern: BlockPattern, k: int, itemsize: int = 2, config: SddConfig | N
         raise NotImplementedError(
             f"requires block sides in {SUPPORTED_BLOCKS} (wgmma tiles of a 128-byte swizzle) (got ({bh}, {bw}))"
         )
-    tk = cfg.tk or DEFAULT_TK
+    t = tuned.current()
+    tk = cfg.tk or t.SDD_DEFAULT_TK
     steps = max(cdiv(k, tk), 1)
     per_stage = (bh + bw) * tk * itemsize
-    fit = _SMEM_BYTES // per_stage
-    stages = cfg.stages or min(DEFAULT_STAGES, fit)
+    fit = SMEM_BYTES // per_stage
+    stages = cfg.stages or min(t.SDD_DEFAULT_STAGES, fit)
     if stages > fit:
         raise NotImplementedError(
-            f"requires stages * {per_stage} bytes <= {_SMEM_BYTES} of shared memory (got stages={stages})"
+            f"requires stages * {per_stage} bytes <= {SMEM_BYTES} of shared memory (got stages={stages})"
         )
-    splits = min(cfg.splits or _default_splits(pattern.nnz_blocks, steps), steps)
+    splits = min(cfg.splits or default_splits(pattern.nnz_blocks, steps), steps)
     per_split = cdiv(steps, splits)
     splits = cdiv(steps, per_split)  # no empty split
     return SddPlan(tk=tk, steps=steps, k_pad=steps * tk, stages=stages, splits=splits, per_split=per_split)
@@ -200,10 +171,10 @@ def _sdd_kernel(row_g, col_g, a_g, b_g, out_g, *, bh, bw, tk, stages, steps, per
         return b_g.at[pl.ds(c0, bw), pl.ds(k0, tk)] if b_t else b_g.at[pl.ds(k0, tk), pl.ds(c0, bw)]
 
     def accumulate(acc_ref):
-        return _pipelined_wgmma(acc_ref, length, stages, a_src, b_src, a_tile, b_tile, a_g.dtype, (a_t, b_t))
+        return pipelined_wgmma(acc_ref, length, stages, a_src, b_src, a_tile, b_tile, a_g.dtype, (a_t, b_t))
 
     acc = pl.run_scoped(accumulate, plgpu.ACC((bh, bw), jnp.float32))
-    _store_tile(out_g, pl.ds(pl.multiple_of((s * nnz + i) * bh, bh), bh), pl.ds(0, bw), acc)
+    store_tile(out_g, pl.ds(pl.multiple_of((s * nnz + i) * bh, bh), bh), pl.ds(0, bw), acc)
 
 
 def sdd(
@@ -241,7 +212,7 @@ def sdd(
             f"Expected a of shape {want_a} and b of shape {want_b} with one K. "
             f"Got {tuple(a.shape)} and {tuple(b.shape)}."
         )
-    dt, out_dtype = _dtypes(a.dtype, b.dtype, out_dtype)
+    dt, out_dtype = operand_dtypes(a.dtype, b.dtype, out_dtype)
     k = a_shape[1]
     p = plan(pattern, k, jnp.dtype(dt).itemsize, config)
     nnz = pattern.nnz_blocks
@@ -292,32 +263,3 @@ def _launch(p: SddPlan, pattern: BlockPattern, a, b, out_dtype, a_t: bool, b_t: 
         interpret=plgpu.InterpretGPUParams() if interpret is True else interpret,
     )
     return kernel(kernel_constant(pattern.rows), kernel_constant(pattern.cols), a, b)
-
-
-# --------------------------------------------------------------------------------------------
-# Default dispatch: where this kernel goes before the Triton one.
-# --------------------------------------------------------------------------------------------
-#: The kernel goes first for blocks of 128 where its default plan splits the contracted dimension at least
-#: this many ways: a pattern with too few blocks for the GPU over many tokens. Measured on an H200 (bf16,
-#: ``benchmarks/bench_mosaic_sdd.py``, each in one jitted loop): the weight gradient of the inference layer
-#: 384 x 1536 over 32768 tokens, b = 64 and 128 at d = 1/4, 1/16, 1/64 (8 to 64 splits), was 2.2-10.4x faster
-#: than Triton's kernel when that ran one program per block (0.021-0.061 ms against 0.114-0.257). Triton's
-#: kernel now splits too (``pallas_triton.SDD_WAVES``); against it b = 64 is a tie (36 blocks: 1.04 / 1.19x in
-#: two runs; 9 blocks: 1.09 / 0.80x), so b = 64 stays with Triton. b = 128 was not measured against the split
-#: Triton kernel: its 5.3-8.4x over the unsplit one exceeds what splitting gained Triton at b = 64 (1.8-3.2x),
-#: so it keeps the claim. W 8192 x 8192 over 4096 tokens (1 to 5 splits): 0.87-1.09x, a tie that stays with
-#: Triton.
-PREFER_MIN_SPLITS = 8
-#: The block sizes the rule claims (see :data:`PREFER_MIN_SPLITS`).
-PREFER_BLOCKS = (128,)
-#: Nothing was measured below this contracted dimension.
-PREFER_MIN_K = 4096
-
-
-def prefers(pattern: BlockPattern, k: int, a_dtype, b_dtype) -> bool:
-    """Whether ``implementation=None`` should try this kernel before the Triton one for an ``sdd`` contracting
-    ``k``: static facts only (trace time): a Hopper GPU, operands of one half dtype, square blocks of
-    :data:`PREFER_BLOCKS`, ``k >= PREFER_MIN_K`` and a default plan of at least :data:`PREFER_MIN_SPLITS` splits."""
-    if _preferable(pattern, k, PREFER_MIN_K, a_dtype, b_dtype, blocks=PREFER_BLOCKS) is None:
-        return False
-    return plan(pattern, k, jnp.dtype(a_dtype).itemsize).splits >= PREFER_MIN_SPLITS

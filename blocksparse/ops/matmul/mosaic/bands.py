@@ -36,14 +36,14 @@ the accumulator gets the fused epilogue (bias, activation), is cast and stored b
 stores zeros (or ``activation(bias)``).
 
 Supported: square blocks of 16 or 32, float16 / bfloat16 operands of one dtype, float32 accumulation, output
-in float16, bfloat16 or float32; a bias along either axis and every activation of :mod:`.epilogue`.
+in float16, bfloat16 or float32; a bias along either axis and every activation of :mod:`..epilogue`.
 
 Measured
 --------
 On an H200 (docs/benchmarks.md) it ties the Triton kernel on ``W @ x`` at b = 32 and loses at b = 16; on ``x
-@ W`` it is faster at b = 32 from density 1/8 up, and :func:`prefers` (the default order's rule) puts it first
-only where :data:`DSD_SPEEDUP` / :data:`DDS_SPEEDUP` say so. It is bound by the TMA copies' rate in rows: a
-slab is ``tm`` rows of 32 or 64 bytes.
+@ W`` it is faster at b = 32 from density 1/8 up, and :func:`blocksparse.ops.matmul.order.default` puts it first
+only where :data:`~..tuned` ``BANDS_DSD_SPEEDUP`` / ``BANDS_DDS_SPEEDUP`` say so. It is bound by the TMA copies'
+rate in rows: a slab is ``tm`` rows of 32 or 64 bytes.
 """
 
 from __future__ import annotations
@@ -57,14 +57,23 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ..._pattern import BlockPattern
-from ..._util import cdiv
-from .. import _dispatch
-from . import epilogue as _epilogue
-from .lowering import kernel_constant
-from .pallas_mosaic import _SMEM_BYTES, _apply_epilogue, _check_operands, _dtypes, _stages, _with_bias_buffer
+from ...._pattern import BlockPattern
+from ...._util import cdiv
+from ... import _dispatch
+from .. import epilogue as _epilogue
+from .. import tuned
+from ..schedule import kernel_constant
+from .common import (
+    MAX_ACC,
+    SMEM_BYTES,
+    apply_epilogue,
+    check_operands,
+    operand_dtypes,
+    pipeline_stages,
+    with_bias_buffer,
+)
 
-__all__ = ["BLOCKS", "BandConfig", "BandPlan", "BandSchedule", "bands", "dds", "dsd", "plan"]
+__all__ = ["BLOCKS", "BandConfig", "BandPlan", "BandSchedule", "bands", "dds", "default_tiles", "dsd", "plan"]
 
 #: Square block sides the kernel takes.
 BLOCKS = (16, 32)
@@ -76,7 +85,6 @@ MAX_STAGES = 32
 #: accumulator of one warpgroup).
 TILES = (64, 128)
 WIDTHS = (64, 128, 256)
-_MAX_ACC = 128 * 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +95,8 @@ class BandConfig:
         tm: rows of ``x`` (tokens) per program, in :data:`TILES`.
         width: output columns per band, in :data:`WIDTHS` (``group = width // b`` blocks), with
             ``tm * width <= 128 * 128``.
-        stages: shared-memory pipeline depth (>= 2; default 4, fewer where they do not fit).
+        stages: shared-memory pipeline depth (>= 2; default :data:`~..tuned` ``BANDS_DEFAULT_STAGES``, fewer where
+            they do not fit).
     """
 
     tm: int | None = None
@@ -99,8 +108,8 @@ class BandConfig:
             raise ValueError(f"Expected tm in {TILES}. Got {self.tm}.")
         if self.width is not None and self.width not in WIDTHS:
             raise ValueError(f"Expected width in {WIDTHS}. Got {self.width}.")
-        if self.tm is not None and self.width is not None and self.tm * self.width > _MAX_ACC:
-            raise ValueError(f"Expected tm * width <= {_MAX_ACC}. Got {self.tm} * {self.width}.")
+        if self.tm is not None and self.width is not None and self.tm * self.width > MAX_ACC:
+            raise ValueError(f"Expected tm * width <= {MAX_ACC}. Got {self.tm} * {self.width}.")
         if self.stages is not None and not 2 <= self.stages <= MAX_STAGES:
             raise ValueError(f"Expected 2 <= stages <= {MAX_STAGES}. Got {self.stages}.")
 
@@ -205,15 +214,10 @@ class BandPlan:
         return self.sched.num_bands * self.width
 
 
-#: Default pipeline depth (a step is short: one slab and a few blocks).
-DEFAULT_STAGES = 4
-
-
-def _default_tiles(m: int) -> tuple[int, int]:
-    """``(tm, width)``: 128 x 128, the fastest tiles at b = 32 (``W @ x``, n = 4096; at b = 16 128 x 64 was 7%
-    faster, where this kernel is not the default anyway); 64 x 256 where ``x`` has at most 64 rows (not measured:
-    fewer padded rows)."""
-    return (64, 256) if m <= 64 else (128, 128)
+def default_tiles(m: int) -> tuple[int, int]:
+    """``(tm, width)``: :data:`~..tuned` ``BANDS_DEFAULT_TILES``, the fastest measured; 64 x 256 where ``x`` has
+    at most 64 rows (not measured: fewer padded rows)."""
+    return (64, 256) if m <= 64 else tuple(tuned.current().BANDS_DEFAULT_TILES)
 
 
 def plan(pattern: BlockPattern, m: int, itemsize: int = 2, config: BandConfig | None = None, extra_smem: int = 0,
@@ -221,19 +225,22 @@ def plan(pattern: BlockPattern, m: int, itemsize: int = 2, config: BandConfig | 
     """The host-side preparation of ``x @ W`` for ``x`` of ``m`` rows (``transposed``: of ``x @ pattern.T``);
     ``NotImplementedError`` where the kernel cannot take the blocks or tiles."""
     cfg = config or BandConfig()
-    if not takes(pattern):
+    bh, bw = pattern.block_size
+    if bh != bw or bh not in BLOCKS:
         raise NotImplementedError(f"requires square blocks of {BLOCKS} (got {pattern.block_size})")
     b = pattern.block_size[0]
-    tm0, w0 = _default_tiles(m)
+    tm0, w0 = default_tiles(m)
     tm, width = cfg.tm or tm0, cfg.width or w0
-    if tm * width > _MAX_ACC:
-        raise NotImplementedError(f"requires tm * width <= {_MAX_ACC} (got {tm} * {width})")
+    if tm * width > MAX_ACC:
+        raise NotImplementedError(f"requires tm * width <= {MAX_ACC} (got {tm} * {width})")
     group = width // b
     sched = bands(pattern, group, transposed)
     per_stage = (tm * b + group * b * b) * itemsize
     out_smem = tm * width * (out_itemsize or itemsize)
-    stages = _stages(cfg.stages or min(DEFAULT_STAGES, (_SMEM_BYTES - extra_smem - out_smem) // per_stage),
-                     per_stage, extra_smem + out_smem)  # fmt: skip
+    fit = (SMEM_BYTES - extra_smem - out_smem) // per_stage
+    stages = pipeline_stages(
+        cfg.stages or min(tuned.current().BANDS_DEFAULT_STAGES, fit), per_stage, extra_smem + out_smem
+    )
     assert stages <= min(MAX_STAGES, CHUNK + 2), stages
     return BandPlan(tm=tm, tiles=max(cdiv(m, tm), 1), width=width, stages=stages, sched=sched)
 
@@ -338,7 +345,7 @@ def _kernel(bstart_g, meta_g, w_g, x_g, *refs, b, group, tm, stages, epi, w_tran
             piece = pl.ds(g * width, width) if epi.bias_axis == 1 else pl.ds(m0, tm)
             plgpu.copy_gmem_to_smem(bias_g.at[piece], bias_smem, bias_bar.at[0])
         acc = pl.run_scoped(accumulate, plgpu.ACC((tm, width), jnp.float32))
-        out = _apply_epilogue(acc, epi, bias_smem, bias_bar)
+        out = apply_epilogue(acc, epi, bias_smem, bias_bar)
 
         def store(o_smem):
             o_smem[...] = out.astype(o_smem.dtype)
@@ -348,7 +355,7 @@ def _kernel(bstart_g, meta_g, w_g, x_g, *refs, b, group, tm, stages, epi, w_tran
 
         pl.run_scoped(store, plgpu.SMEM((tm, width), y_g.dtype))
 
-    _with_bias_buffer(run, bias_g, width if epi is not None and epi.bias_axis == 1 else tm)
+    with_bias_buffer(run, bias_g, width if epi is not None and epi.bias_axis == 1 else tm)
 
 
 def _launch(p: BandPlan, data, xp, out_dtype, *, interpret, epi=None, bias=(), w_transposed=False):
@@ -378,7 +385,7 @@ def _run(pattern, data, xt, out_dtype, epi, bias, config, interpret, transposed)
     in ``out_dtype``."""
     n = pattern.shape[0 if transposed else 1]
     m = xt.shape[0]
-    dt, out_dtype = _dtypes(data.dtype, xt.dtype, out_dtype)
+    dt, out_dtype = operand_dtypes(data.dtype, xt.dtype, out_dtype)
     if interpret is None:
         interpret = _dispatch.interpreting()
     with_bias = epi is not None and epi.bias
@@ -406,7 +413,7 @@ def dds(pattern: BlockPattern, data, x, out_dtype=None, epi: _epilogue.Epilogue 
     k, n = pattern.shape
     if x.ndim != 2 or x.shape[1] != k:
         raise ValueError(f"Expected x of shape (m, {k}). Got {tuple(x.shape)}.")
-    _check_operands(pattern, data, epi, bias, (x.shape[0], n))
+    check_operands(pattern, data, epi, bias, (x.shape[0], n))
     return _run(pattern, data, x, out_dtype, epi, bias, config, interpret, transposed=False)
 
 
@@ -418,65 +425,7 @@ def dsd(pattern: BlockPattern, data, x, out_dtype=None, epi: _epilogue.Epilogue 
     m, k = pattern.shape
     if x.ndim != 2 or x.shape[0] != k:
         raise ValueError(f"Expected x of shape ({k}, n). Got {tuple(x.shape)}.")
-    _check_operands(pattern, data, epi, bias, (m, x.shape[1]))
+    check_operands(pattern, data, epi, bias, (m, x.shape[1]))
     if epi is not None:  # the kernel computes y^T: its columns are W's rows
         epi = dataclasses.replace(epi, bias_axis=1 - epi.bias_axis)
     return _run(pattern, data, x.T, out_dtype, epi, bias, config, interpret, transposed=True).T
-
-
-# --------------------------------------------------------------------------------------------
-# Default dispatch: where the banded kernel goes before the Triton one (measured, H200).
-# --------------------------------------------------------------------------------------------
-#: Banded / Triton speedup (Triton's time over the banded kernel's, one jitted loop, bf16, uniform random b x b
-#: blocks at density d, default tiles 128 x 128 and 4 stages; ``benchmarks/bench_mosaic_bands.py``, H200; the
-#: smallest of the runs, ``benchmarks/results/mosaic_bands_*_h200*.json``). ``W @ x`` keyed by (b, n): W 8192 x
-#: 8192, x 8192 x n, XLA's transposes of x and y included (two or three runs at n = 4096, one at n = 256).
-#: ``x @ W`` keyed by (b, k): x 32768 x 384 @ W 384 x 1536, the inference layer (three runs at b = 32, d = 1/4;
-#: two elsewhere, the first before the kernel lost Pallas' barrier before every copy, which only made it faster),
-#: and x 8192 x 8192 @ W 8192 x 8192 (one run). The nearest cell decides (as for the other Mosaic kernels), fused
-#: calls too (only plain ones were measured). Times of the last run, ms (Triton / banded):
-#:
-#:     W @ x       d = 1/4              1/16                 1/64
-#:     (16, 4096)  0.57 (1.06/1.84)     0.43 (0.36/0.75)     0.55 (0.15/0.27)
-#:     (32, 4096)  0.95 (0.60/0.63)     0.82 (0.20/0.24)     0.70 (0.10/0.14)
-#:     (16, 256)   0.43 (0.15/0.34)     0.43 (0.06/0.14)     0.89 (0.07/0.07)
-#:     (32, 256)   0.96 (0.10/0.11)     0.68 (0.04/0.06)     0.87 (0.04/0.04)
-#:     x @ W       d = 1/4              1/8                  1/16
-#:     (16, 384)   0.95 (0.22/0.19)     0.86 (0.15/0.18)     0.98 (0.12/0.11)
-#:     (32, 384)   1.08 (0.13/0.10)     1.16 (0.09/0.08)     0.87 (0.09/0.10)
-#:     (16, 8192)  1.30 (4.47/3.44)     0.99 (2.27/2.30)     0.89 (1.19/1.33)
-#:     (32, 8192)  1.21 (1.35/1.12)     1.06 (0.69/0.65)     0.96 (0.39/0.41)
-DSD_SPEEDUP = {
-    (16, 4096): {1 / 4: 0.57, 1 / 16: 0.43, 1 / 64: 0.55},
-    (32, 4096): {1 / 4: 0.95, 1 / 16: 0.82, 1 / 64: 0.70},
-    (16, 256): {1 / 4: 0.43, 1 / 16: 0.43, 1 / 64: 0.89},
-    (32, 256): {1 / 4: 0.96, 1 / 16: 0.68, 1 / 64: 0.87},
-}
-DDS_SPEEDUP = {
-    (16, 384): {1 / 4: 0.95, 1 / 8: 0.86, 1 / 16: 0.98},
-    (32, 384): {1 / 4: 1.08, 1 / 8: 1.16, 1 / 16: 0.87},
-    (16, 8192): {1 / 4: 1.30, 1 / 8: 0.99, 1 / 16: 0.89},
-    (32, 8192): {1 / 4: 1.21, 1 / 8: 1.06, 1 / 16: 0.96},
-}
-#: ``x`` of fewer rows (``x @ W``) / columns (``W @ x``) than this keeps the Triton kernel first (not measured).
-PREFER_MIN = {"dsd": 1024, "dds": 4096}
-
-
-def prefers(pattern: BlockPattern, size: int, w_dtype, x_dtype, op: str) -> bool:
-    """Whether ``implementation=None`` should try the banded kernel before the Triton one: square blocks of
-    :data:`BLOCKS`, something to compute, one half dtype, a Hopper GPU, ``size`` (the tokens: ``n`` for ``W @ x``,
-    ``m`` for ``x @ W``) at least :data:`PREFER_MIN`, and the nearest cell of :data:`DSD_SPEEDUP` (by ``(b, n,
-    density)``) / :data:`DDS_SPEEDUP` (by ``(b, k, density)``) at least ``PREFER_MARGIN``."""
-    from .pallas_mosaic import PREFER_MARGIN, _nearest_cell, _preferable
-
-    density = _preferable(pattern, size, PREFER_MIN[op], w_dtype, x_dtype, BLOCKS)
-    if density is None:
-        return False
-    table, key = (DSD_SPEEDUP, size) if op == "dsd" else (DDS_SPEEDUP, pattern.shape[0])
-    return _nearest_cell(table, pattern.block_size[0], key, density) >= PREFER_MARGIN
-
-
-def takes(pattern: BlockPattern) -> bool:
-    """Whether ``pattern``'s blocks are the banded kernel's (square, in :data:`BLOCKS`)."""
-    bh, bw = pattern.block_size
-    return bh == bw and bh in BLOCKS

@@ -7,7 +7,7 @@ is built two ways and consumed one way:
   :class:`~blocksparse.BlockPattern`;
 - :func:`redistribute` builds its traced twin, a :class:`TracedSchedule`, inside ``jit`` from a
   dynamic pattern of bounded size (shapes fixed by the capacity, contents traced);
-- the Pallas kernels (:mod:`.pallas_triton`) consume either, and :func:`execute_dsd` runs one unit
+- the Pallas kernels (:mod:`.triton`, :mod:`.mosaic`) consume either, and :func:`execute_dsd` runs one unit
   by unit in plain JAX (the schedule's own oracle).
 
 The schedule
@@ -53,8 +53,8 @@ least twice the mean row length, so a uniform pattern is not split for nothing);
 :func:`choose_max_len`. Units are issued longest first (LPT order) within each tile, so the short
 ones fill the gaps at the end.
 
-The machine numbers are leads used by the heuristics and by the benchmark's roofline columns;
-the kernels never depend on them for correctness.
+The device's facts (its SM count) come from :mod:`blocksparse.hardware`, the measured ceilings of
+:func:`estimate_seconds` from :mod:`.tuned`; the kernels never depend on them for correctness.
 
 The traced twin
 ---------------
@@ -86,20 +86,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ... import hardware
 from ..._pattern import BlockPattern
 from ..._util import Pytree, cdiv, next_power_of_2
+from . import tuned
 
 __all__ = [
     "GpuLowering",
-    "GpuMachine",
-    "H100",
-    "H200",
+    "PROGRAMS_PER_SM",
     "RowSplitSchedule",
     "kernel_constant",
     "TracedSchedule",
     "choose_max_len",
+    "combine_partials",
     "contraction_splits",
-    "device_sms",
     "dynamic_max_len",
     "estimate_seconds",
     "execute_dsd",
@@ -211,71 +211,8 @@ class RowSplitSchedule(_Sizes):
 # --------------------------------------------------------------------------------------------
 # Host lowering of a static pattern
 # --------------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class GpuMachine:
-    """Numbers of one GPU that the lowering and the benchmark's roofline use.
-
-    Attributes:
-        name: marketing name.
-        num_sms: streaming multiprocessors (program instances run on these).
-        smem_per_sm: shared memory per SM in bytes (the per-block limit is 227 KiB on Hopper).
-        l2_bytes: L2 cache size.
-        hbm_bytes_per_s: datasheet HBM bandwidth.
-        hbm_bytes_per_s_measured: what a copy through JAX achieved (read + write counted).
-        bf16_flops: datasheet dense bf16 tensor-core rate (no sparsity).
-        bf16_flops_measured: what a large dense bf16 product achieved.
-        programs_per_sm: resident programs per SM assumed by the load-balance heuristic.
-    """
-
-    name: str
-    num_sms: int
-    smem_per_sm: int
-    l2_bytes: int
-    hbm_bytes_per_s: float
-    hbm_bytes_per_s_measured: float
-    bf16_flops: float
-    bf16_flops_measured: float
-    programs_per_sm: int = 2
-
-    @property
-    def slots(self) -> int:
-        """Programs that run at once (the unit of a "wave")."""
-        return self.num_sms * self.programs_per_sm
-
-    @property
-    def ridge_flops_per_byte(self) -> float:
-        """Arithmetic intensity above which a kernel is compute-bound (measured ceilings)."""
-        return self.bf16_flops_measured / self.hbm_bytes_per_s_measured
-
-
-# Sources: NVIDIA H200 datasheet (141 GB HBM3e at 4.8 TB/s; same Hopper GH100 die as the H100
-# SXM: 132 SMs, 228 KiB shared memory per SM, 50 MB L2 (60 MB as reported by PyTorch), dense bf16
-# 989.5 TFLOP/s); NVIDIA Hopper tuning guide (shared memory per SM); measured on an H200 with
-# jax 0.11.2: 3.5 TB/s for a copy through JAX, 596 TFLOP/s for `jnp.dot` at 8192^3 in bf16, and
-# 788 TFLOP/s for a bf16 product through PyTorch (cuBLAS).
-H200 = GpuMachine(
-    name="NVIDIA H200 SXM",
-    num_sms=132,
-    smem_per_sm=228 * 1024,
-    l2_bytes=50 * 1024 * 1024,
-    hbm_bytes_per_s=4.8e12,
-    hbm_bytes_per_s_measured=3.5e12,
-    bf16_flops=989.5e12,
-    bf16_flops_measured=690e12,  # between jnp.dot (596) and cuBLAS through torch (788)
-)
-
-# H100 SXM: same die, 80 GB HBM3 at 3.35 TB/s (NVIDIA datasheet); measured figures assumed equal
-# to the H200's for compute and scaled by the datasheet ratio for memory.
-H100 = GpuMachine(
-    name="NVIDIA H100 SXM",
-    num_sms=132,
-    smem_per_sm=228 * 1024,
-    l2_bytes=50 * 1024 * 1024,
-    hbm_bytes_per_s=3.35e12,
-    hbm_bytes_per_s_measured=3.5e12 * 3.35 / 4.8,
-    bf16_flops=989.5e12,
-    bf16_flops_measured=690e12,
-)
+#: Programs one SM is assumed to run at once by the load-balance heuristic (:func:`choose_max_len`): a "slot".
+PROGRAMS_PER_SM = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,14 +227,20 @@ class GpuLowering:
         max_len: force the cap on blocks per unit (``None``: choose it, see the module docstring).
         min_len: never split a row into pieces shorter than this (partials cost a float32 write
             and a combine).
-        machine: the :class:`GpuMachine`.
+        num_sms: the GPU's streaming multiprocessors (``None``: :func:`blocksparse.hardware.gpu`'s, filled in by
+            :func:`lower` before its cache is looked up).
     """
 
     op: str = "dsd"
     tiles: int = 1
     max_len: int | None = None
     min_len: int = 4
-    machine: GpuMachine = H200
+    num_sms: int | None = None
+
+    @property
+    def slots(self) -> int:
+        """Programs that run at once (the unit of a "wave"): :data:`PROGRAMS_PER_SM` on each SM."""
+        return (self.num_sms or hardware.gpu().num_sms) * PROGRAMS_PER_SM
 
 
 def choose_max_len(row_lengths: np.ndarray, options: GpuLowering) -> int:
@@ -316,7 +259,7 @@ def choose_max_len(row_lengths: np.ndarray, options: GpuLowering) -> int:
     nnz = int(row_lengths.sum())
     if nnz == 0:
         return 1
-    slots = options.machine.slots
+    slots = options.slots
     tiles = max(options.tiles, 1)
     nonempty = max(int((row_lengths > 0).sum()), 1)
     mean = nnz / nonempty
@@ -367,7 +310,6 @@ def _row_split(indptr: np.ndarray, cols: np.ndarray, ids: np.ndarray, max_len: i
     )
 
 
-@functools.lru_cache(maxsize=512)
 def lower(pattern: BlockPattern, options: GpuLowering = GpuLowering()) -> RowSplitSchedule:
     """Lower a static pattern to the work list of the GPU kernels (host NumPy, cached).
 
@@ -382,12 +324,19 @@ def lower(pattern: BlockPattern, options: GpuLowering = GpuLowering()) -> RowSpl
     Example::
 
         >>> import blocksparse as bs
-        >>> from blocksparse.ops.matmul.lowering import GpuLowering, lower
+        >>> from blocksparse.ops.matmul.schedule import GpuLowering, lower
         >>> p = bs.BlockPattern.power_law(0, (4096, 4096), (64, 64), 1 / 16)
         >>> s = lower(p, GpuLowering(tiles=32))
         >>> int(s.unit_len.max()) <= s.max_len
         True
     """
+    if options.num_sms is None:  # the device's SMs: part of the cache key
+        options = dataclasses.replace(options, num_sms=hardware.gpu().num_sms)
+    return _lower(pattern, options)
+
+
+@functools.lru_cache(maxsize=512)
+def _lower(pattern: BlockPattern, options: GpuLowering) -> RowSplitSchedule:
     if options.op == "dsd":
         indptr, cols = pattern.indptr, pattern.cols
         ids = np.arange(pattern.nnz_blocks, dtype=np.int64)
@@ -401,16 +350,6 @@ def lower(pattern: BlockPattern, options: GpuLowering = GpuLowering()) -> RowSpl
     return _row_split(
         indptr, np.asarray(cols, np.int64), np.asarray(ids, np.int64), max_len, pattern.fingerprint + options.op
     )
-
-
-def device_sms() -> int:
-    """Streaming multiprocessors of the default device where it is a GPU (an H100 PCIe has 114, an H20 78, a MIG
-    slice fewer), else the H200's 132 (plans made on a CPU for the GPU)."""
-    try:
-        device = jax.devices()[0]
-    except RuntimeError:  # no backend at all
-        return H200.num_sms
-    return int(getattr(device, "core_count", 0) or H200.num_sms) if device.platform == "gpu" else H200.num_sms
 
 
 def contraction_splits(blocks: int, steps: int, split_below: int, programs: int, min_steps: int) -> int:
@@ -454,9 +393,11 @@ def kernel_constant(a) -> jax.Array:
     return jnp.asarray(np.concatenate([a, np.array([t, t - 2], np.int32)]))
 
 
-def estimate_seconds(flops: float, bytes_moved: float, machine: GpuMachine = H200) -> float:
-    """Roofline floor: the larger of compute time and memory time at the measured ceilings."""
-    return max(flops / machine.bf16_flops_measured, bytes_moved / machine.hbm_bytes_per_s_measured)
+def estimate_seconds(flops: float, bytes_moved: float) -> float:
+    """Roofline floor: the larger of compute time and memory time at the device's measured ceilings
+    (:data:`~.tuned` ``HBM_BYTES_PER_S`` and ``BF16_FLOPS``)."""
+    t = tuned.current()
+    return max(flops / t.BF16_FLOPS, bytes_moved / t.HBM_BYTES_PER_S)
 
 
 # --------------------------------------------------------------------------------------------

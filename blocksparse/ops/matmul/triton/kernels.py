@@ -1,7 +1,7 @@
 """Pallas (Triton lowering) kernels for static block-sparse products: ``dsd``, ``dds``, ``sdd``.
 
-All three walk a fixed-shape work list (:mod:`.lowering`: built by :func:`~.lowering.lower` on
-the host or by :func:`~.lowering.redistribute` inside ``jit``), passed as whole-array ``int32``
+All three walk a fixed-shape work list (:mod:`..schedule`: built by :func:`~..schedule.lower` on
+the host or by :func:`~..schedule.redistribute` inside ``jit``), passed as whole-array ``int32``
 refs: the Triton backend has no scalar prefetch and no dynamic grid, so each program reads its
 own scalars (``start_ref[u]``) and loops with ``lax.fori_loop`` over a dynamic trip count.
 
@@ -25,8 +25,8 @@ powers of two); dtypes float16, bfloat16 (float32 accumulation) and float32 (TF3
 dots, like XLA's default on GPU; ``precision=HIGHEST`` gives exact float32 dots). Smaller blocks
 (1, 4, 8) raise ``NotImplementedError`` and dispatch falls back to XLA; see docs/kernels.md.
 
-Tile sizes and launch parameters come from :func:`kernel_config` (a JAX user context, part of the
-``jit`` cache key), chosen per problem where unset.
+Tile sizes and launch parameters come from a :class:`~.common.TritonConfig` (``bs.matmul(..., config=)``, part
+of the ``jit`` cache key through the op's static argument), chosen per problem where unset.
 
 On a machine without a GPU the backend reports itself unavailable, unless interpret mode is on
 (``BLOCKSPARSE_PALLAS_INTERPRET=1`` or ``blocksparse.interpret()``, shared by every op), in which
@@ -35,8 +35,6 @@ case the kernels run in Pallas' interpreter: that is how CI checks their logic o
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
 
 import jax
@@ -45,181 +43,46 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ..._pattern import BlockPattern
-from ..._util import cdiv, next_power_of_2
-from .. import _dispatch
-from . import epilogue as _epilogue
-from .lowering import GpuLowering, contraction_splits, device_sms, kernel_constant, lower, redistribute
-from .reference import poison
+from .... import hardware
+from ...._pattern import BlockPattern
+from ...._util import cdiv, next_power_of_2
+from .. import epilogue as _epilogue
+from .. import tuned
+from ..reference import poison
+from ..schedule import GpuLowering, contraction_splits, kernel_constant, lower, redistribute
+from .common import (
+    TritonConfig,
+    _bias_operand,
+    _dot,
+    _finish,
+    _interpret,
+    _masked_load,
+    _pad_to,
+    _pallas_call,
+    _params,
+    _split_refs,
+    _tile,
+    default_tn,
+    transpose_acc,
+)
 
-__all__ = ["PallasBackend", "KernelConfig", "SUPPORTED_BLOCKS", "kernel_config"]
-
-SUPPORTED_BLOCKS = (16, 32, 64, 128)
-_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
-
-
-@dataclasses.dataclass(frozen=True)
-class KernelConfig:
-    """Tile sizes and Triton launch parameters (``None``: chosen per problem).
-
-    Attributes:
-        tn: columns of ``x`` per ``dsd`` program (a power of two >= 16).
-        tb: rows of ``x`` per ``dds`` program.
-        tk: shared-dimension chunk of ``sdd``.
-        sdd_splits: programs per ``sdd`` block, each over a share of the contracted dimension (float32
-            partials, summed by XLA). ``None``: 1 for at least :data:`SDD_WAVES` blocks per SM, else enough
-            splits for that many programs, each of at least :data:`SDD_MIN_STEPS` chunks.
-        transpose_acc: ``dsd`` accumulates ``(tn, bh)`` instead of ``(bh, tn)``.
-        num_warps, num_stages: Triton launch parameters.
-        max_len: force the schedule's cap on blocks per program.
-        dynamic: the design of dynamic products: ``"scan"`` (no plan at all: each program scans
-            the block list for its own row's blocks; one launch) or ``"worklist"`` (the
-            load-balanced work list of :func:`~.lowering.redistribute`, which splits long rows; a
-            dozen small launches). ``None``: ``"scan"``. (A third design, one sort and a binary
-            search per program, measured slower than the scan everywhere and was dropped.)
-        scan_chunk: block coordinates read at once by the scan (a power of two).
-    """
-
-    tn: int | None = None
-    tb: int | None = None
-    tk: int | None = None
-    transpose_acc: bool | None = None
-    num_warps: int | None = None
-    num_stages: int | None = None
-    max_len: int | None = None
-    dynamic: str | None = None
-    scan_chunk: int | None = None
-    sdd_splits: int | None = None
-
-    def __post_init__(self):
-        if self.sdd_splits is not None and self.sdd_splits < 1:
-            raise ValueError(f"Expected sdd_splits >= 1. Got {self.sdd_splits}.")
-        if self.dynamic not in (None, "scan", "worklist"):
-            raise ValueError(f"Expected dynamic None, 'scan' or 'worklist'. Got {self.dynamic!r}.")
+__all__ = [
+    "current_config",
+    "dds",
+    "dsd",
+    "dsd_dynamic",
+    "run_schedule",
+    "sdd",
+    "sdd_coords",
+    "sdd_splits",
+    "tile_for",
+]
 
 
-@contextlib.contextmanager
-def kernel_config(config: KernelConfig | None = None, **fields):
-    """Use ``config`` (or a :class:`KernelConfig` with ``fields``) for the kernels traced inside.
-
-    Example::
-
-        with kernel_config(tn=64, num_warps=4):
-            y = jax.jit(lambda W, x: W @ x)(W, x)   # traced (and cached) with these tiles
-    """
-    cfg = dataclasses.replace(config or KernelConfig(), **fields)
-    with _dispatch.KERNEL_CONFIG(cfg):  # part of the jit cache key, local to the thread
-        yield cfg
-
-
-def current_config() -> KernelConfig:
-    return _dispatch.KERNEL_CONFIG.value or KernelConfig()
-
-
-def _tile(n: int, preferred: int) -> int:
-    """A power-of-two tile <= preferred that wastes little padding on ``n``."""
-    return min(preferred, next_power_of_2(n, 16))
-
-
-def _default_tn(bh: int, n: int, rows: int) -> int:
-    """Columns per dsd program (measured on the H200, docs/kernels.md): wide tiles for large n,
-    narrow ones when there are too few block rows to give the 132 SMs a program each."""
-    if n >= 2048:
-        return 128 if bh >= 128 else 256
-    if rows * cdiv(n, 128) < 132:
-        return 64
-    return 128
-
-
-def _pad_to(x, axis: int, multiple: int):
-    size = x.shape[axis]
-    extra = -size % multiple
-    if extra == 0:
-        return x
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, extra)
-    return jnp.pad(x, widths)
-
-
-def _dot(a, b, *, exact: bool, contract=((1,), (0,))):
-    """float32-accumulating dot of two tiles; contraction dims as in ``dot_general``.
-
-    float32 tiles use TF32 tensor cores unless ``exact`` (then IEEE float32 dots)."""
-    if a.dtype == jnp.float32:
-        precision = lax.Precision.HIGHEST if exact else lax.Precision.HIGH
-    else:
-        precision = None
-    return lax.dot_general(a, b, (contract, ((), ())), precision=precision, preferred_element_type=jnp.float32)
-
-
-def _pallas_call(kernel, *, out_shape, **kwargs):
-    """``pl.pallas_call`` that also works inside ``shard_map``.
-
-    There, Pallas needs the outputs' manual-axis type: all operands are cast to the union of the
-    axes any of them varies over, and the outputs get that type.
-    """
-
-    def call(*args):
-        union = frozenset().union(*(_dispatch.varying_axes(a) for a in args))
-        if not union:
-            return pl.pallas_call(kernel, out_shape=out_shape, **kwargs)(*args)
-        args = tuple(_vary(a, union) for a in args)
-        mat = jax.typeof(args[0]).mat
-        out = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, manual_axis_type=mat), out_shape)
-        return pl.pallas_call(kernel, out_shape=out, **kwargs)(*args)
-
-    return call
-
-
-def _vary(a, axes):
-    missing = tuple(sorted(axes - _dispatch.varying_axes(a), key=str))
-    return lax.pcast(a, missing, to="varying") if missing else a
-
-
-def _masked_load(ref, mask, other):
-    """A masked vector load (lanes outside ``mask`` read ``other``)."""
-    from jax.experimental.pallas import triton as plgpu
-
-    return plgpu.load(ref, mask=mask, other=other)
-
-
-def _params(num_warps: int, num_stages: int):
-    from jax.experimental.pallas import triton as plgpu
-
-    return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
-
-
-def _interpret() -> bool:
-    return _dispatch.interpreting()
-
-
-def _split_refs(refs, epi):
-    """``(bias_ref or None, *output refs)``: a kernel's trailing refs with or without a bias input."""
-    if epi is not None and epi.bias:
-        return refs[0], refs[1:]
-    return None, refs
-
-
-def _finish(acc, epi, bias_ref, r0, c0, shape):
-    """The epilogue on a float32 output tile at rows ``r0``, columns ``c0`` (``shape``): bias along
-    ``epi.bias_axis``, then the activation. Identity without an epilogue."""
-    if epi is None:
-        return acc
-    bias = None
-    if bias_ref is not None:
-        if epi.bias_axis == 1:
-            bias = bias_ref[pl.ds(c0, shape[1])][None, :]
-        else:
-            bias = bias_ref[pl.ds(r0, shape[0])][:, None]
-    return _epilogue.apply(acc, bias, epi.activation)
-
-
-def _bias_operand(bias, epi, length: int):
-    """The bias as a float32 kernel operand padded to ``length`` (``()`` without one)."""
-    if epi is None or not epi.bias:
-        return ()
-    b = bias.astype(jnp.float32)
-    return (jnp.pad(b, (0, length - b.shape[0])) if length > b.shape[0] else b,)
+def current_config() -> TritonConfig:
+    """The default config (a config reaches a product through ``bs.matmul(..., config=)``; products run
+    elsewhere, as the sharded ones of :mod:`blocksparse.sharding`, take these defaults)."""
+    return TritonConfig()
 
 
 # --------------------------------------------------------------------------------------------
@@ -343,7 +206,7 @@ def _walk(kernel, sched, tiles: int, shapes, out_dtype, data, x, num_warps: int,
     )
 
 
-def dsd(pattern: BlockPattern, data, x, out_dtype, *, exact: bool = False, config: KernelConfig | None = None,
+def dsd(pattern: BlockPattern, data, x, out_dtype, *, exact: bool = False, config: TritonConfig | None = None,
         epi=None, bias=None):  # fmt: skip
     """``W @ x`` with the Pallas kernel; ``data`` and ``x`` already of one supported dtype.
 
@@ -358,39 +221,30 @@ def dsd(pattern: BlockPattern, data, x, out_dtype, *, exact: bool = False, confi
     if pattern.nnz_blocks == 0:
         z = jnp.zeros((m, n), jnp.float32)
         return _epilogue.reference(z, bias, epi, out_dtype)
-    tn = _tile(n, cfg.tn or _default_tn(bh, n, pattern.grid[0]))
+    tn = _tile(n, cfg.tn or default_tn(bh, n, pattern.grid[0]))
     tiles = cdiv(n, tn)
     sched = lower(pattern, GpuLowering(op="dsd", tiles=tiles, max_len=cfg.max_len))
     return _dsd_call(sched, m, data, x, out_dtype, tn, cfg, exact, epi, bias)
 
 
-def kernels_accept(block_size, *dtypes) -> bool:
-    """Whether these kernels can run here (a GPU, or interpret mode) on these blocks and dtypes."""
-    try:
-        _check(tuple(block_size), *dtypes)
-    except NotImplementedError:
-        return False
-    return True
+def tile_for(bh: int, n: int, rows: int, config: TritonConfig | None = None) -> int:
+    """The dsd kernel's column tile for ``n`` columns and ``rows`` output block rows (``config``: default
+    :func:`current_config`)."""
+    cfg = config or current_config()
+    return _tile(n, cfg.tn or default_tn(bh, n, rows))
 
 
-def tile_for(bh: int, n: int, rows: int) -> int:
-    """The dsd kernel's column tile for ``n`` columns and ``rows`` output block rows (current config)."""
-    cfg = current_config()
-    return _tile(n, cfg.tn or _default_tn(bh, n, rows))
-
-
-def run_schedule(sched, m: int, data, x, out_dtype, tn: int, *, exact: bool = False):
+def run_schedule(sched, m: int, data, x, out_dtype, tn: int, *, exact: bool = False,
+                 config: TritonConfig | None = None):  # fmt: skip
     """``W @ x`` on a given work list (host or traced), ``W`` of ``m`` rows with blocks ``data``."""
-    return _dsd_call(sched, m, data, x, out_dtype, tn, current_config(), exact)
+    return _dsd_call(sched, m, data, x, out_dtype, tn, config or current_config(), exact)
 
 
-def _dsd_call(sched, m: int, data, x, out_dtype, tn: int, cfg: KernelConfig, exact: bool, epi=None, bias=None):
+def _dsd_call(sched, m: int, data, x, out_dtype, tn: int, cfg: TritonConfig, exact: bool, epi=None, bias=None):
     """Run the dsd kernel on a host (:class:`RowSplitSchedule`) or traced (dynamic) schedule."""
     _, bh, bw = data.shape
     n = x.shape[1]
-    # Measured on the H200 (docs/kernels.md): (tn, bh) wins for b = 32 (0.57 vs 0.73 ms at
-    # n = 4096, d = 1/4), (bh, tn) for b = 16 (1.00 vs 1.09 ms) and is even for b >= 64.
-    acc_t = (bh == 32) if cfg.transpose_acc is None else bool(cfg.transpose_acc)
+    acc_t = transpose_acc(bh, cfg)
     npad = -n % tn
     xp = _pad_to(x, 1, tn)
     tiles = xp.shape[1] // tn
@@ -418,7 +272,7 @@ def dsd_dynamic(
     *,
     transposed: bool = False,
     exact: bool = False,
-    config: KernelConfig | None = None,
+    config: TritonConfig | None = None,
     epi=None,
     bias=None,
 ):
@@ -427,7 +281,7 @@ def dsd_dynamic(
     ``transposed``: ``data[i]`` holds block ``i`` of W transposed (W is the transpose of the
     matrix whose blocks ``data`` stores: ``x @ D`` and the backward need no transposed copy).
     ``valid`` (traced bool): if false the result is NaN. The plan is built inside ``jit``; see
-    :class:`KernelConfig` ``dynamic`` for the two designs (default: the scan kernel, no plan).
+    :class:`TritonConfig` ``dynamic`` for the two designs (default: the scan kernel, no plan).
     """
     cfg = config or current_config()
     bh, bw = data.shape[1:][::-1] if transposed else data.shape[1:]
@@ -435,7 +289,7 @@ def dsd_dynamic(
     if data.shape[0] == 0 or n == 0 or x.shape[0] == 0:  # k == 0: no block can be in range
         z = jnp.zeros((num_rows * bh, n), jnp.float32)
         return poison(valid, _epilogue.reference(z, bias, epi, out_dtype))
-    tn = _tile(n, cfg.tn or _default_tn(bh, n, num_rows))
+    tn = _tile(n, cfg.tn or default_tn(bh, n, num_rows))
     mode = cfg.dynamic or "scan"
     if mode == "scan":
         return _scan_call(rows, cols, keep, valid, data, x, num_rows, out_dtype, tn, cfg, transposed, exact, epi, bias)
@@ -503,13 +357,13 @@ def _scan_kernel(valid_ref, rows_ref, cols_ref, keep_ref, w_ref, x_ref, *refs, b
     y_ref[pl.ds(pl.multiple_of(r * bh, bh), bh), pl.ds(n0, tn)] = acc.astype(y_ref.dtype)
 
 
-def _scan_call(rows, cols, keep, valid, data, x, num_rows, out_dtype, tn: int, cfg: KernelConfig, trans: bool,
+def _scan_call(rows, cols, keep, valid, data, x, num_rows, out_dtype, tn: int, cfg: TritonConfig, trans: bool,
                exact: bool, epi=None, bias=None):  # fmt: skip
     bh, bw = data.shape[1:][::-1] if trans else data.shape[1:]
     n = x.shape[1]
     cap = int(rows.shape[0])
     chunk = cfg.scan_chunk or min(1024, next_power_of_2(cap, 16))
-    acc_t = (bh == 32) if cfg.transpose_acc is None else bool(cfg.transpose_acc)
+    acc_t = transpose_acc(bh, cfg)
     xp = _pad_to(x, 1, tn)
     tiles = xp.shape[1] // tn
     nw = cfg.num_warps or (8 if bh * tn >= 128 * 128 else 4)
@@ -566,7 +420,7 @@ def _dds_kernel(start_ref, len_ref, dest_ref, col_ref, id_ref, w_ref, x_ref, *re
         p_ref[pl.ds(b0, tb), pl.ds(pl.multiple_of((-1 - dest) * bw, bw), bw)] = acc
 
 
-def dds(x, pattern: BlockPattern, data, out_dtype, *, exact: bool = False, config: KernelConfig | None = None,
+def dds(x, pattern: BlockPattern, data, out_dtype, *, exact: bool = False, config: TritonConfig | None = None,
         epi=None, bias=None):  # fmt: skip
     """``x @ W`` with the Pallas kernel, walking W's block columns through the cached transpose.
 
@@ -622,39 +476,35 @@ def _sdd_kernel(row_ref, col_ref, a_ref, b_ref, o_ref, *, bh, bw, tk, steps, per
     o_ref[pl.ds(pl.multiple_of((split * nnz + i) * bh, bh), bh), :] = acc.astype(o_ref.dtype)
 
 
-#: The sdd's contracted dimension is split where there are fewer blocks than this many programs per SM, into
-#: enough splits for as many programs, each of at least ``SDD_MIN_STEPS`` chunks (H200, bf16, the inference layer
-#: W 384 x 1536 over 32768 tokens, 256 chunks: b = 32, 144 blocks: 0.124 ms in 4 splits against 0.188 unsplit and
-#: 0.141 in 8; 36 blocks: 0.067 in 8, 0.089 in 16; b = 16, 144 blocks: 0.100 in 4, 0.098 in 8, 0.165 unsplit; 576
-#: blocks: 0.253 unsplit, 0.25 / 0.32 in 2 / 4).
-SDD_WAVES = 4
-SDD_MIN_STEPS = 32
-
-
-def _sdd_plan(nnz: int, k: int, block_size, cfg: KernelConfig) -> tuple[int, int, int, int]:
+def _sdd_plan(nnz: int, k: int, block_size, cfg: TritonConfig) -> tuple[int, int, int, int]:
     """``(tk, steps, splits, per_split)`` of an sdd over a contracted dimension of ``k``: chunks of ``tk``, and
-    ``splits`` programs per block of ``per_split`` chunks each (the last may have fewer, none is empty)."""
+    ``splits`` programs per block of ``per_split`` chunks each (the last may have fewer, none is empty): split where
+    there are fewer blocks than :data:`~..tuned` ``TRITON_SDD_WAVES`` programs per SM, into enough splits for as
+    many programs, each of at least ``TRITON_SDD_MIN_STEPS`` chunks."""
     tk = _tile(k, cfg.tk or (64 if max(block_size) >= 128 else 128))
     steps = cdiv(k, tk)
-    target = SDD_WAVES * device_sms()
-    splits = max(1, min(cfg.sdd_splits or contraction_splits(nnz, steps, target, target, SDD_MIN_STEPS), steps))
+    t = tuned.current()
+    target = t.TRITON_SDD_WAVES * hardware.gpu().num_sms
+    splits = max(
+        1, min(cfg.sdd_splits or contraction_splits(nnz, steps, target, target, t.TRITON_SDD_MIN_STEPS), steps)
+    )
     per_split = cdiv(steps, splits)
     return tk, steps, cdiv(steps, per_split), per_split
 
 
-def sdd_splits(nnz: int, k: int, block_size, config: KernelConfig | None = None) -> int:
+def sdd_splits(nnz: int, k: int, block_size, config: TritonConfig | None = None) -> int:
     """Programs per block the sdd kernel runs for ``nnz`` blocks over a contracted dimension of ``k``."""
     return _sdd_plan(nnz, k, block_size, config or current_config())[2] if k else 1
 
 
-def sdd(a, b, pattern: BlockPattern, out_dtype, *, exact: bool = False, config: KernelConfig | None = None):
+def sdd(a, b, pattern: BlockPattern, out_dtype, *, exact: bool = False, config: TritonConfig | None = None):
     """``(a @ b)`` at the blocks of ``pattern``, laid out like ``.data``: ``(nnz, bh, bw)``."""
     rows, cols = kernel_constant(pattern.rows), kernel_constant(pattern.cols)  # one unread element more
     return sdd_coords(a, b, rows, cols, pattern.block_size, out_dtype, exact=exact, config=config,
                       nnz=pattern.nnz_blocks)  # fmt: skip
 
 
-def sdd_coords(a, b, rows, cols, block_size, out_dtype, *, exact: bool = False, config: KernelConfig | None = None,
+def sdd_coords(a, b, rows, cols, block_size, out_dtype, *, exact: bool = False, config: TritonConfig | None = None,
                nnz: int | None = None):  # fmt: skip
     """``(a @ b)`` at block coordinates ``rows``, ``cols`` (host or traced, all in range); ``nnz``: the number of
     blocks, the first ``nnz`` coordinates (default: all of them)."""
@@ -688,68 +538,3 @@ def sdd_coords(a, b, rows, cols, block_size, out_dtype, *, exact: bool = False, 
 # --------------------------------------------------------------------------------------------
 # Backend
 # --------------------------------------------------------------------------------------------
-def _check(block_size: tuple[int, int], *dtypes) -> jnp.dtype:
-    """Raise ``NotImplementedError`` with the reason if the kernels cannot take these inputs."""
-    _dispatch.pallas_mode()  # raises without a GPU unless interpreting
-    bh, bw = block_size
-    if bh not in SUPPORTED_BLOCKS or bw not in SUPPORTED_BLOCKS:
-        raise NotImplementedError(
-            f"requires block sides in {SUPPORTED_BLOCKS} (tensor-core dots need >= 16, Triton tiles powers "
-            f"of two) (got ({bh}, {bw}))"
-        )
-    dt = jnp.result_type(*dtypes)
-    if jnp.dtype(dt) not in _DTYPES:
-        raise NotImplementedError(
-            f"requires float16, bfloat16 or float32 operands (got {', '.join(str(jnp.dtype(d)) for d in dtypes)})"
-        )
-    return jnp.dtype(dt)
-
-
-def _exact(s) -> bool:
-    return s.precision == lax.Precision.HIGHEST
-
-
-class PallasBackend:
-    """Backend object for :mod:`blocksparse.ops.matmul.api` (``implementation="pallas"``)."""
-
-    name = "pallas"
-
-    def dsd(self, s, data, x):
-        dt = _check(s.pattern.block_size, data.dtype, x.dtype)
-        return dsd(s.pattern, data.astype(dt), x.astype(dt), s.out_dtype, exact=_exact(s))
-
-    def dds(self, s, x, data):
-        dt = _check(s.pattern.block_size, data.dtype, x.dtype)
-        return dds(x.astype(dt), s.pattern, data.astype(dt), s.out_dtype, exact=_exact(s))
-
-    def sdd(self, s, a, b):
-        dt = _check(s.pattern.block_size, a.dtype, b.dtype)
-        return sdd(a.astype(dt), b.astype(dt), s.pattern, s.out_dtype, exact=_exact(s))
-
-    def dyn_dsd(self, s, rows, cols, keep, valid, data, x):
-        dt = _check(data.shape[1:], data.dtype, x.dtype)
-        return dsd_dynamic(rows, cols, keep, valid, data.astype(dt), x.astype(dt), s.grid[0], s.out_dtype,
-                           transposed=s.transposed, exact=_exact(s))  # fmt: skip
-
-    # Fused epilogue (``s.epilogue``): bias, activation and the cast in the kernels' store.
-    def dsd_fused(self, s, data, x, bias):
-        dt = _check(s.pattern.block_size, data.dtype, x.dtype)
-        return dsd(s.pattern, data.astype(dt), x.astype(dt), s.out_dtype, exact=_exact(s), epi=s.epilogue, bias=bias)
-
-    def dds_fused(self, s, x, data, bias):
-        dt = _check(s.pattern.block_size, data.dtype, x.dtype)
-        return dds(x.astype(dt), s.pattern, data.astype(dt), s.out_dtype, exact=_exact(s), epi=s.epilogue, bias=bias)
-
-    def dyn_dsd_fused(self, s, rows, cols, keep, valid, data, x, bias):
-        dt = _check(data.shape[1:], data.dtype, x.dtype)
-        return dsd_dynamic(rows, cols, keep, valid, data.astype(dt), x.astype(dt), s.grid[0], s.out_dtype,
-                           transposed=s.transposed, exact=_exact(s), epi=s.epilogue, bias=bias)  # fmt: skip
-
-    def dyn_sdd(self, s, rows, cols, keep, valid, a, b):
-        block_size = s.block_size
-        dt = _check(block_size, a.dtype, b.dtype)
-        if a.shape[0] == 0 or b.shape[1] == 0:  # no block can be in range
-            return poison(valid, jnp.zeros((rows.shape[0], *block_size), s.out_dtype))
-        r, c = jnp.where(keep, rows, 0), jnp.where(keep, cols, 0)
-        out = sdd_coords(a.astype(dt), b.astype(dt), r, c, block_size, s.out_dtype, exact=_exact(s))
-        return poison(valid, jnp.where(keep[:, None, None], out, jnp.zeros((), out.dtype)))

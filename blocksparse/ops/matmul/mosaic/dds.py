@@ -3,19 +3,19 @@
 The inference case of a sparse linear layer: ``x (tokens, hidden) @ W (hidden, out)`` with ``W``
 block-sparse and static, e.g. 32768 x 384 @ 384 x 1536 in bf16, with the fused epilogue (a bias
 along the output columns, an activation, the cast). It is the twin of the ``dsd`` kernel of
-:mod:`.pallas_mosaic` (whose helpers it imports) and consumes the same work list
-(:class:`~.lowering.RowSplitSchedule`), built by :func:`~.lowering.lower` with ``op="dds"``: the
+:mod:`.dsd` (whose helpers it imports) and consumes the same work list
+(:class:`~..schedule.RowSplitSchedule`), built by :func:`~..schedule.lower` with ``op="dds"``: the
 units walk the block *columns* of ``W`` through its cached transpose (``block_col`` is then the
 block row of ``W``, i.e. the block of ``x``'s columns; ``block_id`` points into the original
 ``data``, so no transposed copy of the values is made).
 
 ``implementation="mosaic"`` of :func:`blocksparse.matmul` for a dense ``x`` times a static ``W``
 (plain or fused); with ``implementation=None`` it goes before the Triton kernel where
-:func:`prefers` says so (a Hopper GPU, half-precision square blocks of 64 or 128, enough rows of
-``x``, and a measured speedup in :data:`MEASURED_SPEEDUP`). A plain product runs the persistent kernel
-of :mod:`.pallas_mosaic_persistent` (``DdsConfig(persistent=True)``: one program per resident slot, one
-pipeline across its items) where :func:`prefers_persistent` says so (measured faster, in
-:data:`PERSISTENT_SPEEDUP`), else the kernel below.
+:func:`blocksparse.ops.matmul.order.default` says so (a Hopper GPU, half-precision square blocks of 64 or
+128, enough rows of ``x``, and a measured speedup in :data:`~..tuned` ``MOSAIC_DDS_SPEEDUP``). A plain product
+runs the persistent kernel of :mod:`.persistent` (``DdsConfig(persistent=True)``: one program per resident slot,
+one pipeline across its items) where the backend's :func:`~.backend.dds_persistent` says so (measured faster, in
+``MOSAIC_DDS_PERSISTENT_SPEEDUP``), else the kernel below.
 
 The kernel
 ----------
@@ -40,7 +40,7 @@ dest`` of its unit from the schedule arrays, then loops ``len`` times over the u
   + 1) bw]`` (in the output dtype) when ``dest >= 0``, or to the float32 partials buffer (slot
   ``-1 - dest``, rows ``[slot m_pad, (slot + 1) m_pad)``) for a piece of a split block column. An
   empty block column is a unit of length 0: it stores zeros (or ``activation(bias)``).
-- Fused epilogue (``epi``, :mod:`.epilogue`): a tile written directly gets ``activation(acc +
+- Fused epilogue (``epi``, :mod:`..epilogue`): a tile written directly gets ``activation(acc +
   bias)`` on the float32 accumulator before the cast; the tile's bias slice (float32) is copied to
   shared memory by TMA when the program starts and read in the accumulator's layout.
 
@@ -52,13 +52,13 @@ Supported: block sides ``bh, bw`` in {64, 128} (square blocks are the case measu
 ones take the same code); float16 / bfloat16 operands of one dtype (a mix promotes to float32,
 refused), float32 accumulation, output in float16, bfloat16 or float32; bias along the output
 columns (``bias_axis=1``, the usual ``x @ W + b``) or along the rows; every activation of
-:mod:`.epilogue`. Anything else raises ``NotImplementedError`` naming what was expected and got.
+:mod:`..epilogue`. Anything else raises ``NotImplementedError`` naming what was expected and got.
 
 What is verified
 ----------------
 On an H200 the ``gpu``-marked tests pass, the persistent kernel's included (float64 oracle, the strategies'
 patterns, the epilogue, forced tiles and both grid orders; 28 passed with the ``sdd`` ones), and the speed
-is in :data:`MEASURED_SPEEDUP` and :data:`PERSISTENT_SPEEDUP`. On the CPU
+is in :data:`~..tuned` ``MOSAIC_DDS_SPEEDUP`` and ``MOSAIC_DDS_PERSISTENT_SPEEDUP``. On the CPU
 (``tests/test_pallas_mosaic_dds.py``): the kernel lowers for CUDA (the Pallas -> Mosaic
 GPU lowering checks the wgmma shapes and layouts, the swizzle transforms and the shared memory
 budget) and runs in Pallas' GPU interpreter, where it matches a float64 oracle (schedule reads, TMA
@@ -77,48 +77,31 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ..._pattern import BlockPattern
-from ..._util import cdiv
-from .. import _dispatch
-from . import epilogue as _epilogue
-from . import pallas_mosaic_persistent as pp
-from .lowering import GpuLowering, RowSplitSchedule, kernel_constant, lower
-from .pallas_mosaic import (
-    _MAX_ACC,
-    PREFER_MARGIN,
+from .... import hardware
+from ...._pattern import BlockPattern
+from ...._util import cdiv
+from ... import _dispatch
+from .. import epilogue as _epilogue
+from ..schedule import GpuLowering, RowSplitSchedule, kernel_constant, lower
+from . import persistent as pp
+from .common import (
+    MAX_ACC,
     SUPPORTED_BLOCKS,
-    _apply_epilogue,
-    _check_operands,
-    _dtypes,
-    _nearest_cell,
-    _pipelined_wgmma,
-    _preferable,
-    _stages,
-    _store_tile,
-    _table_claims,
-    _with_bias_buffer,
-    hopper_problem,
+    apply_epilogue,
+    check_operands,
+    operand_dtypes,
+    pipeline_stages,
+    pipelined_wgmma,
+    store_tile,
+    with_bias_buffer,
 )
 
-__all__ = [
-    "DdsConfig",
-    "DdsPlan",
-    "MEASURED_SPEEDUP",
-    "PERSISTENT_SPEEDUP",
-    "SUPPORTED_BLOCKS",
-    "TILES",
-    "dds",
-    "hopper_problem",
-    "measured_speedup",
-    "plan",
-    "prefers",
-    "prefers_persistent",
-]
+__all__ = ["DdsConfig", "DdsPlan", "SUPPORTED_BLOCKS", "TILES", "dds", "default_tm", "plan"]
 
 #: Rows of ``x`` per program.
 TILES = (64, 128, 256)
 #: Shared memory of a fused bias slice (float32, at most max(tm, bw) = 256 values).
-_BIAS_SMEM = 4 * max(TILES)
+BIAS_SMEM = 4 * max(TILES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,14 +116,14 @@ class DdsConfig:
         grid_order: which programs are launched fastest: ``"units"`` (every block column of ``W``
             for one row tile of ``x``, then the next tile) or ``"tiles"`` (every row tile for one
             block column).
-        persistent: run the persistent kernel of :mod:`.pallas_mosaic_persistent` (one program per
+        persistent: run the persistent kernel of :mod:`.persistent` (one program per
             resident slot, one pipeline across its items; no fused epilogue). ``None``: where
-            :func:`prefers_persistent` says so (measured faster), for a plain product; ``True`` /
-            ``False`` force it.
+            :func:`~.backend.dds_persistent` says so (measured faster), for a plain product, where the backend
+            plans it (this module's :func:`plan` takes ``None`` as ``False``); ``True`` / ``False`` force it.
         programs: the persistent kernel's number of programs (default: one per resident slot); only
             with ``persistent=True``.
         reduce: how the persistent kernel sums split block columns: ``"kernel"`` or ``"xla"``, as
-            :class:`~.pallas_mosaic.MosaicConfig` ``reduce`` (``None``: in the kernel, but by XLA in Pallas'
+            :class:`~.dsd.MosaicConfig` ``reduce`` (``None``: in the kernel, but by XLA in Pallas'
             GPU interpreter and where ``programs`` exceeds the resident slots).
     """
 
@@ -201,10 +184,10 @@ class DdsPlan:
         return pipeline + self.tm * bw * ((out_itemsize or itemsize) + pp.staging_bytes(self.persistent))
 
 
-def _default_tm(m: int, units: int) -> int:
-    """128 rows (a 128 x 128 wgmma tile for b = 128), 64 where that leaves the 132 SMs without a program each
+def default_tm(m: int, units: int) -> int:
+    """128 rows (a 128 x 128 wgmma tile for b = 128), 64 where that leaves some of the GPU's SMs without a program
     (not measured yet: ``benchmarks/bench_mosaic_dds.py --tm`` sweeps it)."""
-    if m <= 64 or units * cdiv(m, 128) < 132:
+    if m <= 64 or units * cdiv(m, 128) < hardware.gpu().num_sms:
         return 64
     return 128
 
@@ -223,37 +206,33 @@ def plan(
     ``itemsize``: bytes of an operand element; ``out_itemsize``: of an output element (default
     ``itemsize``); ``extra_smem``: bytes of shared memory the kernel holds besides the pipeline (the
     bias slice); ``fused``: a fused epilogue follows (the persistent kernel has none). Raises
-    ``NotImplementedError`` if the kernel cannot take these blocks or tiles.
+    ``NotImplementedError`` if the kernel cannot take these blocks or tiles. ``persistent=None`` is one
+    program per item here; which variant runs by default is the backend's choice
+    (:func:`blocksparse.ops.matmul.mosaic.backend.dds_plan`).
     """
+    del fused  # one plan for plain and fused products; the config says which kernel
     cfg = config or DdsConfig()
-    if cfg.persistent is None:  # the measured rule; where the persistent kernel cannot take the tiles, the other
-        if not fused and prefers_persistent(pattern, m):
-            try:
-                return plan(pattern, m, itemsize, dataclasses.replace(cfg, persistent=True), extra_smem, out_itemsize)
-            except NotImplementedError:
-                pass
-        cfg = dataclasses.replace(cfg, persistent=False)
     bh, bw = pattern.block_size
     if bh not in SUPPORTED_BLOCKS or bw not in SUPPORTED_BLOCKS:
         raise NotImplementedError(
             f"requires block sides in {SUPPORTED_BLOCKS} (wgmma tiles of a 128-byte swizzle) (got ({bh}, {bw}))"
         )
-    tm = cfg.tm or _default_tm(m, pattern.grid[1])
-    if tm * bw > _MAX_ACC:
+    tm = cfg.tm or default_tm(m, pattern.grid[1])
+    if tm * bw > MAX_ACC:
         raise NotImplementedError(
-            f"requires tm * bw <= {_MAX_ACC} (a float32 accumulator in one warpgroup's registers) (got {tm} * {bw})"
+            f"requires tm * bw <= {MAX_ACC} (a float32 accumulator in one warpgroup's registers) (got {tm} * {bw})"
         )
     tiles = max(cdiv(m, tm), 1)
     max_len = cfg.max_len
     if cfg.persistent and max_len is None:  # split only block columns longer than a program's share of the steps
-        max_len = pp.share(pattern.nnz_blocks, tiles, cfg.programs or pp.device_sms())
+        max_len = pp.share(pattern.nnz_blocks, tiles, cfg.programs or hardware.gpu().num_sms)
     sched = lower(pattern, GpuLowering(op="dds", tiles=tiles, max_len=max_len))
     per_stage = (tm * bh + bh * bw) * itemsize
     if cfg.persistent:  # its own output staging tile (and a float32 one where XLA sums split columns)
         stages, persistent = pp.plan_persistent(sched, tiles, cfg.grid_order, per_stage, tm * bw, extra_smem,
                                                 out_itemsize or itemsize, cfg)  # fmt: skip
     else:
-        stages, persistent = _stages(cfg.stages, per_stage, extra_smem), None
+        stages, persistent = pipeline_stages(cfg.stages, per_stage, extra_smem), None
     return DdsPlan(tm=tm, tiles=tiles, m_pad=tiles * tm, stages=stages, sched=sched, grid_order=cfg.grid_order,
                    persistent=persistent)  # fmt: skip
 
@@ -273,7 +252,7 @@ def _dds_kernel(start_g, len_g, dest_g, row_g, id_g, w_g, x_g, *refs, bh, bw, tm
     dest = dest_g[u]
 
     def accumulate(acc_ref):
-        return _pipelined_wgmma(
+        return pipelined_wgmma(
             acc_ref, length, stages,
             lambda i: x_g.at[pl.ds(m0, tm), pl.ds(row_g[start + i] * bh, bh)],  # block row of W = x's columns
             lambda i: w_g.at[pl.ds(id_g[start + i] * bh, bh), :],
@@ -287,23 +266,23 @@ def _dds_kernel(start_g, len_g, dest_g, row_g, id_g, w_g, x_g, *refs, bh, bw, tm
         acc = pl.run_scoped(accumulate, plgpu.ACC((tm, bw), jnp.float32))  # zero-initialised: empty units write 0
 
         def store_direct():  # bias and activation on the float32 accumulator, then the one cast
-            _store_tile(y_g, pl.ds(m0, tm), pl.ds(dest * bw, bw), _apply_epilogue(acc, epi, bias_smem, bias_bar))
+            store_tile(y_g, pl.ds(m0, tm), pl.ds(dest * bw, bw), apply_epilogue(acc, epi, bias_smem, bias_bar))
 
         def store_partial():  # a piece of a split column: the epilogue runs after the pieces are summed
             if bias_g is not None:
                 plgpu.barrier_wait(bias_bar.at[0])  # every issued copy is waited for before the kernel exits
-            _store_tile(p_g, pl.ds((-1 - dest) * m_pad + m0, tm), pl.ds(0, bw), acc)
+            store_tile(p_g, pl.ds((-1 - dest) * m_pad + m0, tm), pl.ds(0, bw), acc)
 
         pl.when(dest >= 0)(store_direct)
         pl.when(dest < 0)(store_partial)
 
-    _with_bias_buffer(run, bias_g, bw if epi is not None and epi.bias_axis == 1 else tm)
+    with_bias_buffer(run, bias_g, bw if epi is not None and epi.bias_axis == 1 else tm)
 
 
 def _launch(p: DdsPlan, n: int, data, xp, out_dtype, *, interpret, epi=None, bias=()):
     """Run the kernel: ``(y (m_pad, n) in out_dtype, partials (S * m_pad, bw) float32)``.
 
-    ``epi``: an :class:`~.epilogue.Epilogue` for the directly written tiles; ``bias``: ``()`` or
+    ``epi``: an :class:`~..epilogue.Epilogue` for the directly written tiles; ``bias``: ``()`` or
     ``(float32 bias of n values, or m_pad for bias_axis=0,)``.
     """
     from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -365,7 +344,7 @@ def dds(
         pattern: W's block pattern (``(k, n)``), blocks in :data:`SUPPORTED_BLOCKS`.
         data: W's blocks ``(nnz, bh, bw)``; x: ``(m, k)``; both float16 or bfloat16 (promoted to one).
         out_dtype: the result dtype (default: the operands'); float16, bfloat16 or float32.
-        epi: an optional :class:`~.epilogue.Epilogue` (bias, activation) applied to the float32
+        epi: an optional :class:`~..epilogue.Epilogue` (bias, activation) applied to the float32
             accumulator before the one store of each output tile.
         bias: the epilogue's bias: ``(n,)`` for ``bias_axis=1`` (along the output columns), ``(m,)``
             for ``bias_axis=0``.
@@ -381,15 +360,15 @@ def dds(
     if x.ndim != 2 or x.shape[1] != k:
         raise ValueError(f"Expected x of shape (m, {k}). Got {tuple(x.shape)}.")
     m = x.shape[0]
-    _check_operands(pattern, data, epi, bias, (m, n))
-    dt, out_dtype = _dtypes(data.dtype, x.dtype, out_dtype)
+    check_operands(pattern, data, epi, bias, (m, n))
+    dt, out_dtype = operand_dtypes(data.dtype, x.dtype, out_dtype)
     with_bias = epi is not None and epi.bias
     if epi is not None and config is not None and config.persistent:
         raise NotImplementedError("requires persistent=False for a fused epilogue (not written for that kernel)")
     if interpret is None:
         interpret = _dispatch.interpreting()
     p = plan(pattern, m, jnp.dtype(dt).itemsize, pp.resolve_reduce(config or DdsConfig(), interpret),
-             _BIAS_SMEM if with_bias else 0, out_dtype.itemsize, fused=epi is not None)  # fmt: skip
+             BIAS_SMEM if with_bias else 0, out_dtype.itemsize, fused=epi is not None)  # fmt: skip
     if m == 0:
         return jnp.zeros((m, n), out_dtype)
     if pattern.nnz_blocks == 0:
@@ -410,67 +389,3 @@ def dds(
         y, partials = _launch(p, n, data.astype(dt), xp, out_dtype, interpret=interpret, epi=epi, bias=b)
         y = _combine(y, partials, p, bw, epi, b)
     return y[:m] if p.m_pad != m else y
-
-
-# --------------------------------------------------------------------------------------------
-# Default dispatch for x @ W: where this kernel goes before the Triton one, from one table.
-# --------------------------------------------------------------------------------------------
-#: Mosaic / Triton speedup (Triton's time over Mosaic's) of ``x @ W`` measured on an H200 (bf16; ``x``
-#: of m x k, ``W`` of k x n with uniform random b x b blocks at density d; each kernel's median in one
-#: jitted loop, ``benchmarks/bench_mosaic_dds.py --persistent``; the Mosaic kernel as :func:`plan` now
-#: chooses it: the persistent kernel where :data:`PERSISTENT_SPEEDUP` says so (marked P), else one
-#: program per item; tm = 128, 3 stages (2 where 3 do not fit); the smaller of two runs). Keyed by
-#: (b, k): the inference shape m = 32768, k = 384, n = 1536 and m = k = n = 8192. Times, ms (Triton's of
-#: the first run / Mosaic's of both runs; the Triton times of the second run differ a little, so a
-#: speedup is about, not exactly, a ratio shown; the k = 384 times are tens of microseconds and vary):
-#:
-#:     (b, k)       d = 1/4                  1/8                      1/16
-#:     (64, 384)    1.09 (.072/.063-.066) P  0.93 (.060/.056-.068)    0.82 (.055/.060-.067)
-#:     (64, 8192)   1.06 (.747/.705-.711)    1.05 (.400/.364-.380)    1.06 (.213/.201-.207)
-#:     (128, 384)   1.50 (.107/.052-.062) P  1.31 (.088/.062-.067) P  1.16 (.070/.057-.060)
-#:     (128, 8192)  1.42 (.792/.555-.556)    1.36 (.411/.275-.300) P  1.62 (.260/.154-.160) P
-MEASURED_SPEEDUP = {
-    (64, 384): {1 / 4: 1.09, 1 / 8: 0.93, 1 / 16: 0.82},
-    (64, 8192): {1 / 4: 1.06, 1 / 8: 1.05, 1 / 16: 1.06},
-    (128, 384): {1 / 4: 1.50, 1 / 8: 1.31, 1 / 16: 1.16},
-    (128, 8192): {1 / 4: 1.42, 1 / 8: 1.36, 1 / 16: 1.62},
-}
-#: Persistent / one-program-per-item speedup of the Mosaic ``dds`` kernel (the default kernel's time over
-#: the persistent one's, same run, H200, bf16, as :data:`MEASURED_SPEEDUP`; ``bench_mosaic_dds.py
-#: --persistent``; the smaller of two runs). The persistent kernel is the default where the nearest cell
-#: is >= PREFER_MARGIN.
-PERSISTENT_SPEEDUP = {
-    (64, 384): {1 / 4: 1.19, 1 / 8: 0.92, 1 / 16: 0.89},
-    (64, 8192): {1 / 4: 0.94, 1 / 8: 0.96, 1 / 16: 0.94},
-    (128, 384): {1 / 4: 1.27, 1 / 8: 1.10, 1 / 16: 0.86},
-    (128, 8192): {1 / 4: 1.04, 1 / 8: 1.05, 1 / 16: 1.25},
-}
-#: Nothing was measured below 8192 rows of ``x``, and the kernel's row tiles (>= 64) would pad a short
-#: ``x`` (a decoding step's few tokens) more than Triton's: Triton stays first below this many rows.
-PREFER_MIN_M = 4096
-
-
-def measured_speedup(block: int, k: int, density: float) -> float:
-    """The :data:`MEASURED_SPEEDUP` cell nearest to ``(block, k, density)`` on log scales (k below about
-    1774, the log midpoint of 384 and 8192, reads the k = 384 row)."""
-    return _nearest_cell(MEASURED_SPEEDUP, block, k, density)
-
-
-def prefers_persistent(pattern: BlockPattern, m: int) -> bool:
-    """Whether :func:`plan` takes the persistent kernel when the config leaves it open: square blocks, something
-    to compute, and the :data:`PERSISTENT_SPEEDUP` cell nearest to ``(b, k, density)`` (as
-    :func:`measured_speedup` reads its table) at least ``PREFER_MARGIN``. ``m`` (the rows of ``x``) does not
-    enter: only m = 32768 (k = 384) and 8192 (k = 8192) were measured."""
-    del m  # one argument list with pallas_mosaic.prefers_persistent(pattern, n)
-    return _table_claims(PERSISTENT_SPEEDUP, pattern, pattern.shape[0])
-
-
-def prefers(pattern: BlockPattern, m: int, x_dtype, w_dtype) -> bool:
-    """Whether ``implementation=None`` should try this kernel before the Triton one for ``x @ W``.
-
-    Static facts only (trace time): a Hopper GPU, ``x`` and ``W`` of one half dtype, square blocks of 64
-    or 128, ``m >= PREFER_MIN_M`` rows of ``x`` (batch dimensions folded in), and the
-    :func:`measured_speedup` of the nearest cell at least ``PREFER_MARGIN``.
-    """
-    density = _preferable(pattern, m, PREFER_MIN_M, w_dtype, x_dtype)
-    return density is not None and measured_speedup(pattern.block_size[0], pattern.shape[0], density) >= PREFER_MARGIN

@@ -1,0 +1,91 @@
+"""The Pallas (Triton lowering) backend (``implementation="pallas"``): which kernel variant runs.
+
+Every product runs its kernel of :mod:`.kernels`; a :class:`~.common.TritonConfig` given through
+``bs.matmul(..., config=)`` (``OpStatic.config``) sets its tiles and variants (split or not, the dynamic
+design), the defaults of :mod:`.common` otherwise.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from ..reference import poison
+from .common import TritonConfig, check
+from .kernels import dds, dsd, dsd_dynamic, sdd, sdd_coords
+
+__all__ = ["PallasBackend"]
+
+
+def _cfg(s) -> TritonConfig | None:
+    """The op's config where it is this backend's (another backend's config is ignored)."""
+    return s.config if isinstance(s.config, TritonConfig) else None
+
+
+def _exact(s) -> bool:
+    return s.precision == lax.Precision.HIGHEST
+
+
+class PallasBackend:
+    """Backend object for :mod:`blocksparse.ops.matmul.api` (``implementation="pallas"``; see the module docstring)."""
+
+    name = "pallas"
+
+    def dsd(self, s, data, x):
+        dt = check(s.pattern.block_size, data.dtype, x.dtype)
+        return dsd(s.pattern, data.astype(dt), x.astype(dt), s.out_dtype, exact=_exact(s), config=_cfg(s))
+
+    def dds(self, s, x, data):
+        dt = check(s.pattern.block_size, data.dtype, x.dtype)
+        return dds(x.astype(dt), s.pattern, data.astype(dt), s.out_dtype, exact=_exact(s), config=_cfg(s))
+
+    def sdd(self, s, a, b):
+        dt = check(s.pattern.block_size, a.dtype, b.dtype)
+        return sdd(a.astype(dt), b.astype(dt), s.pattern, s.out_dtype, exact=_exact(s), config=_cfg(s))
+
+    def dyn_dsd(self, s, rows, cols, keep, valid, data, x):
+        dt = check(data.shape[1:], data.dtype, x.dtype)
+        return dsd_dynamic(rows, cols, keep, valid, data.astype(dt), x.astype(dt), s.grid[0], s.out_dtype,
+                           transposed=s.transposed, exact=_exact(s), config=_cfg(s))  # fmt: skip
+
+    # Fused epilogue (``s.epilogue``): bias, activation and the cast in the kernels' store.
+    def dsd_fused(self, s, data, x, bias):
+        dt = check(s.pattern.block_size, data.dtype, x.dtype)
+        return dsd(
+            s.pattern,
+            data.astype(dt),
+            x.astype(dt),
+            s.out_dtype,
+            exact=_exact(s),
+            config=_cfg(s),
+            epi=s.epilogue,
+            bias=bias,
+        )
+
+    def dds_fused(self, s, x, data, bias):
+        dt = check(s.pattern.block_size, data.dtype, x.dtype)
+        return dds(
+            x.astype(dt),
+            s.pattern,
+            data.astype(dt),
+            s.out_dtype,
+            exact=_exact(s),
+            config=_cfg(s),
+            epi=s.epilogue,
+            bias=bias,
+        )
+
+    def dyn_dsd_fused(self, s, rows, cols, keep, valid, data, x, bias):
+        dt = check(data.shape[1:], data.dtype, x.dtype)
+        return dsd_dynamic(rows, cols, keep, valid, data.astype(dt), x.astype(dt), s.grid[0], s.out_dtype,
+                           transposed=s.transposed, exact=_exact(s), config=_cfg(s), epi=s.epilogue,
+                           bias=bias)  # fmt: skip
+
+    def dyn_sdd(self, s, rows, cols, keep, valid, a, b):
+        block_size = s.block_size
+        dt = check(block_size, a.dtype, b.dtype)
+        if a.shape[0] == 0 or b.shape[1] == 0:  # no block can be in range
+            return poison(valid, jnp.zeros((rows.shape[0], *block_size), s.out_dtype))
+        r, c = jnp.where(keep, rows, 0), jnp.where(keep, cols, 0)
+        out = sdd_coords(a.astype(dt), b.astype(dt), r, c, block_size, s.out_dtype, exact=_exact(s), config=_cfg(s))
+        return poison(valid, jnp.where(keep[:, None, None], out, jnp.zeros((), out.dtype)))
