@@ -70,8 +70,9 @@ TRITON_SPLITS = (2, 4, 8)
 #: Forced banded-kernel variants: name -> ``BandConfig`` fields.
 BAND_VARIANTS = {
     **{f"tm{tm}": dict(tm=tm) for tm in (64, 128)},
-    **{f"width{w}": dict(width=w) for w in (2, 4)},
-    **{f"stages{s}": dict(stages=s) for s in (2, 4)},
+    **{f"width{w}": dict(width=w) for w in (64, 128)},
+    "tm64_width256": dict(tm=64, width=256),
+    **{f"stages{s}": dict(stages=s) for s in (2, 3, 4)},
 }
 
 #: ``dsd``: (m, ns, blocks, inverse densities, patterns, epilogues); ``dds``: ((m, k, n) shapes, blocks, inverse
@@ -108,11 +109,11 @@ COLUMNS = (
 
 def config(kind: str, fields: dict):
     """The public ``config=`` of one forced variant: ``kind`` in mosaic, dds, sdd, bands, triton."""
-    from ..ops import matmul
+    from ..ops.matmul import BandConfig, DdsConfig, MosaicConfig, SddConfig, TritonConfig
 
-    cls = {"mosaic": "MosaicConfig", "dds": "DdsConfig", "sdd": "SddConfig", "bands": "BandConfig",
-           "triton": "TritonConfig"}[kind]  # fmt: skip
-    return getattr(matmul, cls)(**fields)
+    cls = {"mosaic": MosaicConfig, "dds": DdsConfig, "sdd": SddConfig, "bands": BandConfig,
+           "triton": TritonConfig}[kind]  # fmt: skip
+    return cls(**fields)
 
 
 def cells(*, full: bool) -> list[Cell]:
