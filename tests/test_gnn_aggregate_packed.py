@@ -15,8 +15,11 @@ from hypothesis import strategies as st
 
 import blocksparse as bs
 import blocksparse.gnn as gnn
-from blocksparse.ops.gnn_aggregate import pallas_triton as K
-from blocksparse.ops.gnn_aggregate import reference as R
+from blocksparse import hardware
+from blocksparse.gnn import GatherConfig
+from blocksparse.ops.gnn import order
+from blocksparse.ops.gnn.aggregate import pallas_triton as K
+from blocksparse.ops.gnn.aggregate import reference as R
 from blocksparse.testing.graphs import graphs
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -27,6 +30,11 @@ PACKED = (2, 4, 8, 32)
 def interp():
     with gnn.interpret():
         yield
+
+
+def _cfg(impl, nodes):
+    """``nodes`` per program for the Pallas kernel (the XLA backend takes no config)."""
+    return GatherConfig(nodes_per_program=nodes) if impl == "pallas" and nodes is not None else None
 
 
 def _ties(n, f, seed=0, dtype=jnp.float32):
@@ -50,7 +58,7 @@ def _check_kernel(g, x, reduce, nodes, sort=True, prefetch=False):
 
 def _check_api(g, x, reduce, nodes, ct):
     """Forward and gradient of ``aggregate`` (Pallas, ``nodes`` per program) == the NumPy oracle."""
-    f = lambda x: gnn.aggregate(g, x, reduce, implementation="pallas", nodes_per_program=nodes)
+    f = lambda x: gnn.aggregate(g, x, reduce, implementation="pallas", config=_cfg("pallas", nodes))
     with bs.dispatch_log() as log:
         y, vjp = jax.vjp(f, x)
     assert log == [("aggregate", "pallas")]
@@ -88,7 +96,7 @@ def test_packed_nan_inf_ties_and_isolated_nodes(interp):
     for reduce, nodes in (("max", 4), ("min", 32)):
         _check_kernel(g, x, reduce, nodes, prefetch=nodes == 4)
         _check_api(g, x, reduce, nodes, ct)
-        y = gnn.aggregate(g, x, reduce, implementation="pallas", nodes_per_program=nodes)
+        y = gnn.aggregate(g, x, reduce, implementation="pallas", config=GatherConfig(nodes_per_program=nodes))
         np.testing.assert_array_equal(y[n - 3 :], 0.0)  # isolated nodes give 0
         assert np.isnan(y[dst[5], 3])
 
@@ -108,11 +116,15 @@ def test_packed_one_node_with_every_edge(interp):
 def test_packed_empty_graphs(interp):
     # no edges at all (the op answers 0 without a kernel), and a traced graph whose capacity holds none
     g = gnn.Graph.from_edges(np.zeros(0, int), np.zeros(0, int), 6)
-    np.testing.assert_array_equal(gnn.aggregate(g, jnp.ones((6, 3)), implementation="pallas", nodes_per_program=4), 0.0)
+    np.testing.assert_array_equal(
+        gnn.aggregate(g, jnp.ones((6, 3)), implementation="pallas", config=GatherConfig(nodes_per_program=4)), 0.0
+    )
     d = gnn.DynamicGraph.from_edge_index(np.zeros((2, 0), np.int32), num_nodes=6, max_edges=256, chunk=128)
     for nodes in (4,):
         y, dx = jax.value_and_grad(
-            lambda x, nodes=nodes: jnp.sum(gnn.aggregate(d, x, implementation="pallas", nodes_per_program=nodes))
+            lambda x, nodes=nodes: jnp.sum(
+                gnn.aggregate(d, x, implementation="pallas", config=GatherConfig(nodes_per_program=nodes))
+            )
         )(jnp.ones((6, 3)))
         assert y == 0.0
         np.testing.assert_array_equal(dx, 0.0)
@@ -127,7 +139,7 @@ def test_packed_half_precision(interp, dtype, reduce):
     x = jnp.asarray(np.random.default_rng(9).standard_normal((50, 24)), dtype)
     ct = jnp.asarray(np.random.default_rng(10).standard_normal((50, 24)), dtype)
     _check_kernel(g, x, reduce, 4)  # exact: the kernel compares in float32, a max of casts is a cast of the max
-    f = lambda x, impl: jax.vjp(lambda x: gnn.aggregate(g, x, reduce, implementation=impl, nodes_per_program=4), x)
+    f = lambda x, impl: jax.vjp(lambda x: gnn.aggregate(g, x, reduce, implementation=impl, config=_cfg(impl, 4)), x)
     (y1, v1), (y2, v2) = f(x, "xla"), f(x, "pallas")
     assert y2.dtype == dtype and v2(ct)[0].dtype == dtype
     np.testing.assert_array_equal(np.asarray(y2, np.float32), np.asarray(y1, np.float32))
@@ -148,7 +160,7 @@ def test_packed_dynamic_graph_under_jit(interp):
         def run(ei, x, canonical=canonical, nodes=nodes):
             d = gnn.DynamicGraph.from_edge_index(ei, num_nodes=n, max_edges=640, chunk=128, canonical=canonical)
             assert d.schedule.num_extra == 5
-            f = lambda x, impl: gnn.aggregate(d, x, "max", implementation=impl, nodes_per_program=nodes)
+            f = lambda x, impl: gnn.aggregate(d, x, "max", implementation=impl, config=_cfg(impl, nodes))
             (y, vjp), (y0, vjp0) = jax.vjp(lambda x: f(x, "pallas"), x), jax.vjp(lambda x: f(x, "xla"), x)
             return y, vjp(ct)[0], y0, vjp0(ct)[0]
 
@@ -163,7 +175,7 @@ def test_packed_dynamic_graph_under_jit(interp):
 def test_packed_vmap(interp):
     g = gnn.power_law(50, 400, seed=1)
     xb = jax.random.normal(jax.random.key(0), (3, 50, 8))
-    f = lambda x, impl: gnn.aggregate(g, x, implementation=impl, nodes_per_program=4)
+    f = lambda x, impl: gnn.aggregate(g, x, implementation=impl, config=_cfg(impl, 4))
     yb, gb = jax.vmap(jax.value_and_grad(lambda x: f(x, "pallas").sum()))(xb)
     ya, ga = jax.vmap(jax.value_and_grad(lambda x: f(x, "xla").sum()))(xb)
     np.testing.assert_array_equal(yb, ya)
@@ -181,33 +193,48 @@ def test_length_order():
 
 
 def test_default_rule_and_bad_knob():
-    assert [K.default_nodes_per_program(d) for d in (0.0, 4, 8, 16, 32, 33, 64, 65, 128, 1000)] == [
-        16, 16, 8, 4, 2, 1, 1, 1, 1, 1
-    ]  # fmt: skip
+    with hardware.fake(hardware.H200):
+        assert [order.aggregate_nodes_per_program(d) for d in (0.0, 4, 8, 16, 32, 33, 64, 65, 128, 1000)] == [
+            16, 16, 8, 4, 2, 1, 1, 1, 1, 1
+        ]  # fmt: skip
     for nodes in (1, 2, 4, 8, 16, 32):
         be, bf, warps = K.packed_tiles(nodes, 128)
         assert nodes * be * bf <= 8192 and be >= 4 and warps in (4, 8)
     g = gnn.power_law(10, 40, seed=0)
     for bad in (0, 3, 64, 2.0, True, "4"):
         with pytest.raises(ValueError, match=r"Expected nodes_per_program None or a power of two in \[1, 32\]"):
-            gnn.aggregate(g, jnp.ones((10, 2)), nodes_per_program=bad)
-    # the XLA path ignores the knob
+            gnn.aggregate(g, jnp.ones((10, 2)), config=GatherConfig(nodes_per_program=bad))
+    # the XLA path ignores the config
     np.testing.assert_array_equal(
-        gnn.aggregate(g, jnp.ones((10, 2)), implementation="xla", nodes_per_program=8),
+        gnn.aggregate(g, jnp.ones((10, 2)), implementation=("xla", "pallas"), config=GatherConfig(nodes_per_program=8)),
         gnn.aggregate(g, jnp.ones((10, 2)), implementation="xla"),
     )
 
 
-def test_every_packed_variant_lowers_to_triton(monkeypatch):
+def test_deprecated_nodes_per_program_warns_and_keeps_its_meaning():
+    # the old keyword: a DeprecationWarning, the same kernel, and no restriction of the implementation
+    g = gnn.power_law(10, 40, seed=0)
+    x = jnp.ones((10, 2))
+    with pytest.warns(DeprecationWarning, match="config=GatherConfig"), bs.dispatch_log() as log:
+        y = gnn.aggregate(g, x, implementation="xla", nodes_per_program=8)
+    assert log == [("aggregate", "xla")]
+    np.testing.assert_array_equal(y, gnn.aggregate(g, x, implementation="xla"))
+    with pytest.raises(ValueError, match="not both"), pytest.warns(DeprecationWarning):
+        gnn.aggregate(g, x, nodes_per_program=2, config=GatherConfig())
+
+
+def test_every_packed_variant_lowers_to_triton():
     from test_gnn_pallas import _lower_for_cuda, lowering_graph
 
-    g = lowering_graph(monkeypatch)
+    g = lowering_graph()
 
     def everything(x, xb):
         outs = []
         for nodes in (2, 4, 32):
             for a in (x, xb):
-                f = lambda a, nodes=nodes: gnn.aggregate(g, a, "min", implementation="pallas", nodes_per_program=nodes)
+                f = lambda a, nodes=nodes: gnn.aggregate(
+                    g, a, "min", implementation="pallas", config=GatherConfig(nodes_per_program=nodes)
+                )
                 outs += [f(a), jax.vjp(f, a)[1](a)]
         outs += K.segment_extreme(g, x, True, nodes_per_program=4, sort_by_degree=False)
         return outs + list(K.segment_extreme(g, x, True, with_arg=False, nodes_per_program=8, prefetch=True)[:1])
@@ -228,7 +255,7 @@ def test_gpu_packed_matches_reference(dtype):
     ct = jnp.asarray(rng.standard_normal((5000, 100)), dtype)
     for reduce in ("max", "min"):
         f = lambda x, impl, nodes=None, reduce=reduce: jax.vjp(
-            lambda x: gnn.aggregate(g, x, reduce, implementation=impl, nodes_per_program=nodes), x
+            lambda x: gnn.aggregate(g, x, reduce, implementation=impl, config=_cfg(impl, nodes)), x
         )
         y0, v0 = f(x, "xla")
         for nodes in (1, 2, 4, 8, 16, 32, None):

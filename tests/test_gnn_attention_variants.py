@@ -1,4 +1,4 @@
-"""The attention kernels' variants (``kernel_config=AttentionConfig(...)``) against the XLA reference.
+"""The attention kernels' variants (``config=AttentionConfig(...)``) against the XLA reference.
 
 Interpret mode on the CPU: every variant's forward and gradients equal the reference's for one head of
 128 features (one head per program: ``flat`` / ``groups`` apply) and eight heads of 16 (``flat`` /
@@ -8,6 +8,7 @@ lowering of every variant, the default geometry, argument checks and the benchma
 """
 
 import json
+import re
 
 import bench_scripts
 import jax
@@ -15,9 +16,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import blocksparse as bs
 import blocksparse.gnn as gnn
-from blocksparse.ops.gnn_attention import LAYOUTS, AttentionConfig
-from blocksparse.ops.gnn_attention import pallas_triton as K
+from blocksparse import hardware
+from blocksparse.ops.gnn.attention import LAYOUTS, AttentionConfig
+from blocksparse.ops.gnn.attention import pallas_triton as K
 
 C = AttentionConfig
 VARIANTS = {
@@ -54,13 +57,13 @@ def _inputs(h, d, seed):
 
 
 def _gat(g, xs, xd, att, ct, impl, config=None):
-    f = lambda a, b, c: gnn.gatv2(g, a, b, c, implementation=impl, kernel_config=config)
+    f = lambda a, b, c: gnn.gatv2(g, a, b, c, implementation=impl, config=config)
     out, vjp = jax.vjp(f, xs, xd, att)
     return (out, *vjp(ct))
 
 
 def _dot(g, q, k, v, ct, impl, config=None):
-    f = lambda a, b, c: gnn.graph_attention(g, a, b, c, implementation=impl, kernel_config=config)
+    f = lambda a, b, c: gnn.graph_attention(g, a, b, c, implementation=impl, config=config)
     out, vjp = jax.vjp(f, q, k, v)
     return (out, *vjp(ct))
 
@@ -106,7 +109,13 @@ def test_one_head_layouts_with_two_head_blocks_and_padding(graph, name):
     _close(got, want, f"gatv2 {name} H=2 D=100")
 
 
-def test_default_geometry_is_the_measured_rule():
+@pytest.fixture
+def h200():
+    with hardware.fake(hardware.H200):
+        yield
+
+
+def test_default_geometry_is_the_measured_rule(h200):
     # (heads, Dp) -> (hb, be, warps, layout, deferred): 16 edges per step at 128 features per program, the flat
     # layout with deferred reductions for one head per program; narrower programs keep the old formula
     cases = ((1, 128, 1, 16, 4, "flat", True), (8, 16, 8, 16, 4, "heads", False), (2, 8, 2, 128, 4, "heads", False),
@@ -123,29 +132,45 @@ def test_default_geometry_is_the_measured_rule():
     assert K._Shape(1, 256, C(layout="groups", edges_per_step=64, num_warps=8)).kw()["view"].tshape == (64, 16, 16)
 
 
+def test_unmeasured_gpu_takes_the_plain_geometry():
+    # a GPU without a tuned table (blocksparse.ops.gnn.tuned.DEFAULT): the (be, heads, Dp) view, the tile rule
+    other = hardware.Device(kind="NVIDIA A100-SXM4-80GB", compute_capability="8.0", num_sms=108)
+    with hardware.fake(other):
+        sh = K._Shape(1, 128)
+        assert (sh.be, sh.layout, sh.deferred) == (32, "heads", False)
+        assert K._Shape(1, 128, C(layout="flat")).layout == "flat"  # a config still sets it
+
+
 def test_config_is_checked():
     for bad in (dict(layout="rows"), dict(edges_per_step=24), dict(edges_per_step=True), dict(num_warps=3)):
         with pytest.raises(ValueError, match="Expected"):
             C(**bad)
-    with pytest.raises(TypeError, match="kernel_config"):
-        gnn.gatv2(gnn.power_law(8, 16), jnp.ones((8, 1, 4)), jnp.ones((8, 1, 4)), jnp.ones((1, 4)), kernel_config={})
+    g, x, att = gnn.power_law(8, 16), jnp.ones((8, 1, 4)), jnp.ones((1, 4))
+    with pytest.raises(TypeError, match="Expected config None or an AttentionConfig for gatv2. Got dict"):
+        gnn.gatv2(g, x, x, att, config={})
+    with pytest.raises(TypeError, match="an AttentionConfig for graph_attention. Got GatherConfig"):
+        gnn.graph_attention(g, x, x, x, config=gnn.GatherConfig())
+    with pytest.raises(ValueError, match="include 'pallas'"):
+        gnn.gatv2(g, x, x, att, implementation="xla", config=C())
+    with pytest.raises(TypeError, match="kernel_config"), pytest.warns(DeprecationWarning):
+        gnn.gatv2(g, x, x, att, kernel_config={})
     assert C(layout="flat", edges_per_step=16, deferred=True).label == "flat+be16+deferred"
     assert C().label == "default" and C(layout="heads", deferred=False).label == "heads+eager"
     assert set(LAYOUTS) == {"heads", "flat", "groups"}
     assert hash(C()) == hash(C()) and C(num_warps=8) != C()
 
 
-def test_every_variant_lowers_to_triton(monkeypatch):
+def test_every_variant_lowers_to_triton():
     from test_gnn_pallas import _lower_for_cuda, lowering_graph
 
-    g = lowering_graph(monkeypatch)
+    g = lowering_graph()
     n = g.num_nodes
 
     def gat(a, cfg):
-        return gnn.gatv2(g, a, a, jnp.ones(a.shape[1:]), implementation="pallas", kernel_config=cfg)
+        return gnn.gatv2(g, a, a, jnp.ones(a.shape[1:]), implementation="pallas", config=cfg)
 
     def dot(a, cfg):
-        return gnn.graph_attention(g, a, a, a, implementation="pallas", kernel_config=cfg)
+        return gnn.graph_attention(g, a, a, a, implementation="pallas", config=cfg)
 
     def everything(x1, x8):
         outs = []
@@ -175,3 +200,41 @@ def test_benchmark_script_small(tmp_path):
     argv = ["--json", str(out), "--small", "--shapes", "8x16", "--variants", "flat", "--modes", "fwd"]
     assert bench.main([*argv, "--calls", "none", "--no-xla-check"]) == 0
     assert [(r["shape"], r["variant"]) for r in json.loads(out.read_text())["rows"]] == [("8x16", "default")]
+
+
+def test_config_reaches_the_kernels_and_retraces(graph):
+    # config= is part of the static argument: another config traces again, and its warps reach the kernels
+    xs, xd, att, _, _ = _inputs(1, 16, seed=5)
+    traces = []
+    run = jax.jit(
+        lambda xs, cfg: (traces.append(cfg), gnn.gatv2(graph, xs, xd, att, config=cfg))[1], static_argnames="cfg"
+    )
+    with gnn.interpret(), bs.dispatch_log() as log:
+        jaxprs = [str(run.trace(xs, cfg=c).jaxpr) for c in (C(num_warps=1), C(num_warps=8), C(num_warps=8))]
+    assert len(traces) == 2 and log == [("gatv2", "pallas")] * 2  # the third: a cache hit
+    assert [set(re.findall(r"num_warps=\d+", j)) for j in jaxprs] == [{"num_warps=1"}, {"num_warps=8"}] * 1 + [
+        {"num_warps=8"}
+    ]
+
+
+def test_config_runs_only_the_pallas_backend():
+    # implementation=None with a config: the config's backend, no silent fallback (no GPU, no interpreter here)
+    g = gnn.power_law(8, 16, seed=0)
+    x, att = jnp.ones((8, 1, 4)), jnp.ones((1, 4))
+    if jax.default_backend() != "gpu":
+        with bs.interpret(False), pytest.raises(NotImplementedError, match="no GPU"):
+            gnn.gatv2(g, x, x, att, config=C())
+    with bs.interpret(False), bs.dispatch_log() as log:
+        gnn.gatv2(g, x, x, att)  # no config: XLA where the kernel cannot run
+    assert log[-1][1] == ("pallas" if jax.default_backend() == "gpu" else "xla")
+
+
+def test_deprecated_kernel_config_warns_and_keeps_its_meaning():
+    g = gnn.power_law(8, 16, seed=0)
+    x, att = jnp.ones((8, 1, 4)), jnp.ones((1, 4))
+    with pytest.warns(DeprecationWarning, match="config=AttentionConfig"), bs.dispatch_log() as log:
+        y = gnn.graph_attention(g, x, x, x, implementation="xla", kernel_config=C(layout="flat"))
+    assert log == [("graph_attention", "xla")]  # it tunes the kernels, never restricts the implementation
+    np.testing.assert_array_equal(y, gnn.graph_attention(g, x, x, x, implementation="xla"))
+    with pytest.raises(ValueError, match="not both"), pytest.warns(DeprecationWarning):
+        gnn.gatv2(g, x, x, att, config=C(), kernel_config=C())

@@ -51,9 +51,7 @@ def _all_ops(g, a, impl="xla", names=None):
         "max": lambda: vjp(lambda x: gnn.aggregate(g, x, "max", **kw), (a["x"],), a["ct"]),
         "min": lambda: vjp(lambda x: gnn.aggregate(g, x, "min", **kw), (a["x"],), a["ct"]),
         "gatv2": lambda: vjp(lambda p, q, r: gnn.gatv2(g, p, q, r, **kw), (a["xs"], a["xd"], a["att"]), a["cth"]),
-        "dot": lambda: vjp(
-            lambda p, q, r: gnn.graph_attention(g, p, q, r, **kw), (a["xd"], a["xs"], a["v"]), a["cth"]
-        ),
+        "dot": lambda: vjp(lambda p, q, r: gnn.graph_attention(g, p, q, r, **kw), (a["xd"], a["xs"], a["v"]), a["cth"]),
     }
     return {k: f() for k, f in ops.items() if names is None or k in names}
 
@@ -477,12 +475,8 @@ def test_gpu_traced_graph_default_is_pallas_and_does_not_recompile():
 
 
 @pytest.mark.skipif(ON_GPU, reason="the GPU runs the kernels for real")
-def test_traced_graph_kernels_lower_to_triton(monkeypatch):
+def test_traced_graph_kernels_lower_to_triton():
     from test_gnn_pallas import _lower_for_cuda
-
-    import blocksparse.ops._dispatch as D
-
-    monkeypatch.setattr(D, "pallas_mode", lambda: False)
 
     def everything(ei, x, xh):
         g = gnn.DynamicGraph.from_edge_index(ei, num_nodes=16, chunk=128)

@@ -19,12 +19,15 @@ import numpy as np
 import pytest
 
 import blocksparse.gnn as gnn
-from blocksparse.ops import _gnn_triton as P
-from blocksparse.ops._gnn_triton import GatherVariant as V
-from blocksparse.ops.gnn_aggregate import pallas_triton as A
-from blocksparse.ops.gnn_aggregate import reference as AR
-from blocksparse.ops.gnn_spmm import pallas_triton as S
-from blocksparse.ops.gnn_spmm import reference as SR
+from blocksparse import hardware
+from blocksparse.gnn import GatherVariant as V
+from blocksparse.ops.gnn import order
+from blocksparse.ops.gnn import triton_common as P
+from blocksparse.ops.gnn.aggregate import pallas_triton as A
+from blocksparse.ops.gnn.aggregate import reference as AR
+from blocksparse.ops.gnn.config import check_variant
+from blocksparse.ops.gnn.spmm import pallas_triton as S
+from blocksparse.ops.gnn.spmm import reference as SR
 
 DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 EVERYTHING = V(pairs=True, tile_bytes=True, prefetch=True, key_reduce=True, num_warps=2)
@@ -80,12 +83,12 @@ def _applying(variants, dtype):
 
 # ---------------------------------------------------------------------------------- the helpers
 def test_variant_validation_and_fallbacks():
-    assert P.check_variant(None) == V() and V().tag() == "" and EVERYTHING.tag() == "pairs+bytes+prefetch+key+w2"
+    assert check_variant(None) == V() and V().tag() == "" and EVERYTHING.tag() == "pairs+bytes+prefetch+key+w2"
     for bad in (dict(pairs=1), dict(num_warps=3), dict(num_warps=True), dict(key_reduce=None)):
         with pytest.raises(ValueError, match="Expected GatherVariant"):
             V(**bad)
     with pytest.raises(ValueError, match="Expected variant None or a GatherVariant"):
-        P.check_variant({"pairs": True})
+        check_variant({"pairs": True})
     on = V(pairs=True, tile_bytes=True)
     assert on.pair_dtype(jnp.bfloat16, 128) == jnp.bfloat16 and on.pair_dtype(jnp.float16, 20) == jnp.float16
     assert on.pair_dtype(jnp.float32, 128) is None and on.pair_dtype(jnp.bfloat16, 21) is None  # falls back
@@ -248,11 +251,11 @@ def test_with_arg_sweep_rows_match_the_oracle(graph, interp, dtype):
     assert len(seen) == (7 if jnp.dtype(dtype).itemsize == 2 else 4)  # the distinct kernels the GPU sweep times
 
 
-def test_with_arg_sweep_rows_lower_to_triton(monkeypatch):
+def test_with_arg_sweep_rows_lower_to_triton():
     # the GPU sweep's arg-max rows, bfloat16 (pairs and byte-sized tiles apply) and float32, lower for CUDA
     from test_gnn_pallas import _lower_for_cuda, lowering_graph
 
-    g = lowering_graph(monkeypatch)
+    g = lowering_graph()
     rows = _bench().MAX_WITH_ARG
 
     def everything(x, xb):
@@ -263,7 +266,7 @@ def test_with_arg_sweep_rows_lower_to_triton(monkeypatch):
         return outs
 
     txt = _lower_for_cuda(everything, jnp.ones((40, 20)), jnp.ones((40, 130), jnp.bfloat16))
-    rule = A.default_nodes_per_program(g.edge_capacity / g.num_nodes)
+    rule = order.aggregate_nodes_per_program(g.edge_capacity / g.num_nodes)
     for name, (nodes, v) in rows.items():
         nodes = nodes or rule
         kernel = "gnn_aggregate_max" + ("" if nodes == 1 else f"_x{nodes}") + (v or V()).name_suffix()
@@ -277,10 +280,10 @@ LOWERED = (
 )  # fmt: skip
 
 
-def test_spmm_variants_lower_to_triton(monkeypatch):
+def test_spmm_variants_lower_to_triton():
     from test_gnn_pallas import _lower_for_cuda, lowering_graph
 
-    g = lowering_graph(monkeypatch)
+    g = lowering_graph()
     w = jnp.ones((g.edge_capacity,), jnp.bfloat16)
     variants = [v for v in LOWERED if not v.key_reduce]
 
@@ -309,7 +312,7 @@ def test_default_variant_lowers_to_the_measured_kernels(monkeypatch):
         from jax._src.pallas.triton import pallas_call_registration as reg
     except ImportError:  # private API moved
         pytest.skip("jax internals changed")
-    g = lowering_graph(monkeypatch)
+    g = lowering_graph()
     w = jnp.ones((g.edge_capacity,), jnp.bfloat16)
     modules, lower = [], reg.lowering.lower_jaxpr_to_triton_module
 
@@ -332,18 +335,23 @@ def test_default_variant_lowers_to_the_measured_kernels(monkeypatch):
         return list(modules)
 
     default = kernels(None, None, None, None)
-    assert S.DEFAULT_VARIANT == V(num_warps=1) and A.default_values_only(jnp.bfloat16) == (None, V(num_warps=2))
+    with hardware.fake(hardware.H200):
+        spmm_default, half_values = order.spmm_variant(None), order.aggregate_variant(jnp.bfloat16, False)
+        values_f32, arg_f32 = order.aggregate_variant(jnp.float32, False), order.aggregate_variant(jnp.float32, True)
+        arg_bf16 = order.aggregate_variant(jnp.bfloat16, True)
+    assert spmm_default == V(num_warps=1) and half_values == (None, V(num_warps=2))
     assert kernels(V(num_warps=1), V(), V(num_warps=2), V(), V(num_warps=1)) == default
     assert kernels(V(), V(), V(num_warps=2), V()) != default  # the one-node SpMM's default is not the plain kernel
     assert kernels(V(num_warps=1), V(), V(num_warps=2), V(), V()) != default  # nor the arg-max's
-    assert A.default_values_only(jnp.float32) == (1, V(key_reduce=True))
-    assert A.default_with_arg(jnp.float32) == A.default_with_arg(jnp.bfloat16) == (None, V(num_warps=1))
+    assert values_f32 == (1, V(key_reduce=True))
+    assert arg_f32 == arg_bf16 == (None, V(num_warps=1))
+    assert order.spmm_variant(2) is None  # the packed SpMM: the plain kernel
 
 
-def test_extreme_variants_lower_to_triton(monkeypatch):
+def test_extreme_variants_lower_to_triton():
     from test_gnn_pallas import _lower_for_cuda, lowering_graph
 
-    g = lowering_graph(monkeypatch)
+    g = lowering_graph()
 
     def everything(x, xb):
         outs = []

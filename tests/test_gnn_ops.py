@@ -164,15 +164,17 @@ def test_empty_graph():
 def test_spmm_default_implementation_by_dtype():
     """implementation=None: the Pallas kernel first for every feature dtype (with one warp per program it
     measured faster than XLA's segment sum in half precision too), XLA where it cannot run."""
-    from blocksparse.ops.gnn_spmm import api
+    from blocksparse import hardware
+    from blocksparse.ops.gnn import order
 
-    assert api._impls(None, jnp.float32) == ("pallas", "xla")
-    assert api._impls(None, jnp.bfloat16) == api._impls(None, jnp.float16) == ("pallas", "xla")
-    assert api._impls("pallas", jnp.bfloat16) == ("pallas",)
+    with hardware.fake(hardware.H200):
+        assert order.implementations("spmm", None, jnp.float32) == ("pallas", "xla")
+        assert order.implementations("spmm", None, jnp.bfloat16) == ("pallas", "xla")
+        assert order.implementations("spmm", None, jnp.float16) == ("pallas", "xla")
+        assert order.implementations("spmm", "pallas", jnp.bfloat16) == ("pallas",)
     g = bs.gnn.power_law(50, 300, seed=0)
     x = jax.random.normal(jax.random.key(0), (50, 8), jnp.bfloat16)
     with bs.dispatch_log() as log:
         y = bs.gnn.spmm(g, x)
     want = "pallas" if jax.default_backend() == "gpu" else "xla"
     assert log == [("spmm", want)] and y.dtype == jnp.bfloat16
-

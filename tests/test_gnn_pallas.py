@@ -9,7 +9,8 @@ from hypothesis import given, settings
 
 import blocksparse as bs
 import blocksparse.gnn as gnn
-from blocksparse.ops.gnn_spmm.api import accumulate as spmm_into
+from blocksparse import hardware
+from blocksparse.ops.gnn.spmm.api import accumulate as spmm_into
 from blocksparse.testing.graphs import graphs
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -133,7 +134,9 @@ def test_interpret_forward_only_without_heavy_nodes(interp):
 
 
 def _lower_for_cuda(fn, *args):
-    """Lower ``fn`` for CUDA on a CPU-only machine: runs the Pallas -> Triton lowering of every kernel."""
+    """Lower ``fn`` for CUDA on a CPU-only machine: runs the Pallas -> Triton lowering of every kernel.
+
+    The real kernels (not interpreted) through the hardware seam: ``fn`` is traced as on an H200."""
     try:
         from jax._src.pallas.triton import gpu_info
         from jax._src.pallas.triton import pallas_call_registration as reg
@@ -142,24 +145,22 @@ def _lower_for_cuda(fn, *args):
     old = reg.gpu_info_lib.get_gpu_info
     reg.gpu_info_lib.get_gpu_info = lambda: gpu_info.get_gpu_info_from_version(gpu_info.GpuVersion.H200)
     try:
-        exp = jax.export.export(
-            jax.jit(fn),
-            platforms=["cuda"],
-            disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
-        )(*args)
+        with hardware.fake(hardware.H200), bs.interpret(False):
+            exp = jax.export.export(
+                jax.jit(fn),
+                platforms=["cuda"],
+                disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
+            )(*args)
         return exp.mlir_module()
     finally:
         reg.gpu_info_lib.get_gpu_info = old
 
 
-def lowering_graph(monkeypatch, n: int = 40):
-    """For CUDA-lowering tests on the CPU: real (not interpreted) kernels, and a graph of ``n`` nodes with
-    heavy nodes' extra chunks (node 2 takes 300 in-edges). Skips on a GPU, which runs the kernels for real."""
-    import blocksparse.ops._dispatch as D
-
+def lowering_graph(n: int = 40):
+    """For CUDA-lowering tests on the CPU (:func:`_lower_for_cuda`): a graph of ``n`` nodes with heavy nodes'
+    extra chunks (node 2 takes 300 in-edges). Skips on a GPU, which runs the kernels for real."""
     if ON_GPU:
         pytest.skip("the GPU runs the kernels for real")
-    monkeypatch.setattr(D, "pallas_mode", lambda: False)
     rng = np.random.default_rng(0)
     src = np.concatenate([rng.integers(0, n, 300), rng.integers(0, n, 300)])
     dst = np.concatenate([rng.integers(0, n, 300), np.full(300, 2)])
@@ -169,10 +170,7 @@ def lowering_graph(monkeypatch, n: int = 40):
 
 
 @pytest.mark.skipif(ON_GPU, reason="the GPU runs the kernels for real")
-def test_every_kernel_lowers_to_triton(monkeypatch):
-    import blocksparse.ops._dispatch as D
-
-    monkeypatch.setattr(D, "pallas_mode", lambda: False)
+def test_every_kernel_lowers_to_triton():
     rng = np.random.default_rng(0)
     src = np.concatenate([np.zeros(300, int), rng.integers(0, 16, 300)])
     dst = np.concatenate([rng.integers(0, 15, 300), np.full(300, 2)])

@@ -230,8 +230,8 @@ def test_bad_input():
 
 
 def _hooked() -> bool:
-    from blocksparse.ops.gnn_aggregate import api as agg_api
-    from blocksparse.ops.gnn_spmm import api as spmm_api
+    from blocksparse.ops.gnn.aggregate import api as agg_api
+    from blocksparse.ops.gnn.spmm import api as spmm_api
 
     return all("_gnn_" in inspect.getsource(m) for m in (spmm_api, agg_api))
 

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import blocksparse.gnn as gnn
-from blocksparse.ops.gnn_spmm import pallas_triton as K
-from blocksparse.ops.gnn_spmm import reference as R
+from blocksparse.ops.gnn.spmm import pallas_triton as K
+from blocksparse.ops.gnn.spmm import reference as R
 from blocksparse.testing.graphs import graphs
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -157,10 +157,10 @@ def test_default_is_the_one_node_kernel_and_bad_knob(interp):
             K.csr_sum(g, None, x, nodes_per_program=bad)
 
 
-def test_packed_kernel_lowers_to_triton(monkeypatch):
+def test_packed_kernel_lowers_to_triton():
     from test_gnn_pallas import _lower_for_cuda, lowering_graph
 
-    g = lowering_graph(monkeypatch)
+    g = lowering_graph()
     w = jnp.ones((g.edge_capacity,))
 
     def everything(x, xb):

@@ -6,17 +6,22 @@ inside ``jit`` from a traced ``edge_index`` with static capacities (one compilat
 graph of those capacities), and :func:`batch` / :func:`readout` pack and pool mini-batches.
 Each op has a pure-JAX reference (segment ops; the oracle and the CPU path) and a Pallas
 (Triton) kernel for GPUs; ``implementation=None | "pallas" | "xla"`` picks, as in
-:func:`blocksparse.matmul`, and :func:`blocksparse.dispatch_log` records which one ran.
+:func:`blocksparse.matmul`, and :func:`blocksparse.dispatch_log` records which one ran;
+``config=`` (a :class:`GatherConfig` or an :class:`AttentionConfig`) configures the Pallas kernel.
+
+This package is the user-facing API: the graph types live in :mod:`blocksparse.graph` and the ops in
+:mod:`blocksparse.ops.gnn`, both below it; it re-exports them and adds the layers, the generators and
+reordering.
 """
 
 import importlib
 
+from ..graph import DynamicGraph, Graph, batch, readout
 from ..ops._dispatch import interpret
-from ..ops.gnn_aggregate import aggregate
-from ..ops.gnn_attention import gatv2, graph_attention
-from ..ops.gnn_spmm import spmm
-from ._dynamic import DynamicGraph, batch, readout
-from ._graph import Graph
+from ..ops.gnn import AttentionConfig, GatherConfig, GatherVariant
+from ..ops.gnn.aggregate import aggregate
+from ..ops.gnn.attention import gatv2, graph_attention
+from ..ops.gnn.spmm import spmm
 from .generators import PAPER_GRAPH_SPECS, PAPER_GRAPHS, paper_graph, paper_graph_edges, power_law, rmat, synthetic
 from .layers import GATv2Conv, GCNConv, TransformerConv
 from .reorder import reorder
@@ -25,8 +30,11 @@ from .sharded import GraphShardPlan, ShardedGraph, plan_graph, shard_graph
 __all__ = [
     "PAPER_GRAPHS",
     "PAPER_GRAPH_SPECS",
+    "AttentionConfig",
     "GATv2Conv",
     "GCNConv",
+    "GatherConfig",
+    "GatherVariant",
     "TransformerConv",
     "DynamicGraph",
     "Graph",

@@ -13,7 +13,7 @@ import functools
 
 import numpy as np
 
-from ._graph import Graph
+from ..graph import Graph
 
 __all__ = [
     "PAPER_GRAPHS",

@@ -34,10 +34,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._util import Pytree
-from ..ops.gnn_attention import gatv2, graph_attention
-from ..ops.gnn_spmm import spmm
-from ._dynamic import DynamicGraph
-from ._graph import Graph
+from ..graph import DynamicGraph, Graph
+from ..ops.gnn.attention import gatv2, graph_attention
+from ..ops.gnn.spmm import spmm
 
 __all__ = ["GATv2Conv", "GCNConv", "TransformerConv"]
 

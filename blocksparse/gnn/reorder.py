@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._graph import Graph
+from ..graph import Graph
 
 __all__ = ["reorder"]
 

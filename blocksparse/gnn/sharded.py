@@ -39,11 +39,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .._util import Pytree, cdiv
-from ..ops.gnn_aggregate import aggregate as _aggregate
-from ..ops.gnn_spmm.api import accumulate as _spmm_into
+from ..graph import DynamicGraph, Graph, default_chunk
+from ..ops.gnn.aggregate import aggregate as _aggregate
+from ..ops.gnn.spmm.api import accumulate as _spmm_into
 from ..sharding import LINK_BYTES_PER_S, _balanced_cuts
-from ._dynamic import DynamicGraph, default_chunk
-from ._graph import Graph
 
 __all__ = ["GraphShardCandidate", "GraphShardPlan", "ShardedGraph", "aggregate", "plan_graph", "shard_graph", "spmm"]
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import importlib
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -212,16 +211,6 @@ def cotangent_like(ct, primal):
     if missing := tuple(sorted(want - have, key=str)):
         ct = jax.lax.pcast(ct, missing, to="varying")
     return ct
-
-
-#: Implementation name -> module of a GNN op's folder holding it (``pallas_triton.py``, ``reference.py``). The
-#: block-sparse products have their own registry of backend objects (``blocksparse.ops.matmul.registry``).
-OP_MODULES = {"pallas": "pallas_triton", "xla": "reference"}
-
-
-def op_module(package: str, name: str):
-    """The module of op folder ``package`` implementing ``name``, imported on first use."""
-    return importlib.import_module(f"{package}.{OP_MODULES[name]}")
 
 
 def check_choice(what: str, value, allowed: Sequence) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
+from ..graph import Graph
+
 __all__ = ["edge_lists", "graphs"]
 
 
@@ -51,8 +53,6 @@ def edge_lists(
 @st.composite
 def graphs(draw, *, heavy_quantile: float | None = None, **kw):
     """Draw a :class:`blocksparse.gnn.Graph`; keyword arguments go to :func:`edge_lists`."""
-    from blocksparse.gnn import Graph
-
     src, dst, n = draw(edge_lists(**kw))
     q = draw(st.sampled_from([0.5, 0.9, 0.99])) if heavy_quantile is None else heavy_quantile
     return Graph.from_edges(src, dst, n, heavy_quantile=q)

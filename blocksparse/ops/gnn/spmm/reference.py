@@ -10,8 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ...gnn._dynamic import DynamicGraph
-from ...gnn._graph import Graph
+from ....graph import DynamicGraph, Graph
 
 
 def csr_sum(g: Graph | DynamicGraph, w_csr: jax.Array | None, x: jax.Array, init: jax.Array | None = None) -> jax.Array:

@@ -1,6 +1,6 @@
 """Pallas kernels for max / min aggregation with degree-aware tiling.
 
-Two kernels share one schedule (:class:`blocksparse.gnn._graph.Schedule`):
+Two kernels share one schedule (:class:`blocksparse.graph.Schedule`):
 
 * one node per program (``nodes_per_program=1``): each program takes one (node, feature block)
   and loops over its in-edges ``be`` at a time;
@@ -29,11 +29,11 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ..._util import cdiv, next_power_of_2
-from ...gnn._dynamic import DynamicGraph
-from ...gnn._graph import Graph
-from .. import _dispatch
-from .. import _gnn_triton as P
+from ...._util import cdiv, next_power_of_2
+from ....graph import DynamicGraph, Graph
+from .. import triton_common as P
+from ..config import AGGREGATE_NODES_PER_PROGRAM, GatherVariant, check_variant
+from ..order import aggregate_nodes_per_program, aggregate_one_node_edges, aggregate_variant
 from .reference import winners
 
 _BIG = 2**31 - 1
@@ -43,7 +43,7 @@ def _kernel(
     starts_ref, ends_ref, indices_ref, x_ref, o_ref, *a_ref, be: int, bf: int, is_max: bool, pairs=None, key=False
 ):
     """``pairs``: the 2-byte dtype whose uint32 pairs ``x_ref`` holds, reduced as two float32 halves of ``bf / 2``
-    columns each; ``key``: without the arg, reduce :func:`~.._gnn_triton.order_key` keys (see ``GatherVariant``)."""
+    columns each; ``key``: without the arg, reduce :func:`~..triton_common.order_key` keys (see ``GatherVariant``)."""
     u, fb = pl.program_id(0), pl.program_id(1)
     start, end = starts_ref[u], ends_ref[u]
     width, parts = (bf, 1) if pairs is None else (bf // 2, 2)  # x_ref's columns per program; float32 halves
@@ -100,9 +100,9 @@ def _kernel(
 def _call(
     starts, ends, indices, x, num_units, out_dtype, be, bf, is_max, interpret, with_arg=True, variant=None, pairs=None
 ):
-    """``variant``: a :class:`~.._gnn_triton.GatherVariant` (``None``: the default kernel); ``pairs``: the dtype
+    """``variant``: a :class:`~..config.GatherVariant` (``None``: the plain kernel); ``pairs``: the dtype
     whose uint32 pairs ``x`` holds (``(N, F/2)``), or ``None``."""
-    v = P.check_variant(variant)
+    v = check_variant(variant)
     fp = x.shape[1] * (1 if pairs is None else 2)  # features
     spec = pl.BlockSpec((1, bf), lambda u, f: (u, f))
     return pl.pallas_call(
@@ -121,22 +121,7 @@ def _call(
 # ---------------------------------------------------------------------------------- packed kernel
 #: The packed kernel's tile budget: ``nodes * be * bf`` elements per step (a ``(nodes, be, bf)`` gather).
 _TILE = 4096
-#: In-edges per program that the default rule aims at (``nodes * mean in-degree``).
-_EDGES_PER_PROGRAM = 64  # H200, mean in-degree 32, F = 128 fp32: G = 1 / 2 / 4 / 8 took 2.05 / 1.24 / 1.74 / 3.47 ms
-MAX_NODES_PER_PROGRAM = 32
-
-
-def default_nodes_per_program(mean_degree: float) -> int:
-    """The default number of light nodes per program: about 64 in-edges per program (measured best).
-
-    The largest power of two ``G <= 64 / mean_degree``, in ``[1, 16]``: 2 at a mean in-degree of
-    32, 16 at 4 or less, and 1 (the one-node kernel) above 32, where one node already fills a program.
-    Programs group nodes of about equal length (:func:`length_order`), so ``G`` costs few idle rows.
-    """
-    g = 1
-    while g < 16 and 2 * g * max(mean_degree, 1.0) <= _EDGES_PER_PROGRAM:
-        g *= 2
-    return g
+MAX_NODES_PER_PROGRAM = AGGREGATE_NODES_PER_PROGRAM[-1]
 
 
 def check_nodes_per_program(nodes_per_program) -> None:
@@ -154,9 +139,10 @@ def check_nodes_per_program(nodes_per_program) -> None:
 def one_node_tiles(f: int, be: int | None = None, scale: int = 1) -> tuple[int, int]:
     """(edges per step ``be``, features per program ``bf``) of the one-node kernel (``x`` padded to a power of two).
 
-    ``scale``: a factor on the default ``be`` (``GatherVariant.tile_bytes``: 2 for 2-byte ``x``)."""
+    ``be`` defaults to :func:`~..order.aggregate_one_node_edges` (tuned entry ``aggregate.one_node_tile``);
+    ``scale``: a factor on it (``GatherVariant.tile_bytes``: 2 for 2-byte ``x``)."""
     bf = min(next_power_of_2(f, 16), 128)
-    return be or scale * max(16, min(64, 2048 // bf)), bf  # 16 edges for F >= 128: best measured on the H200
+    return be or aggregate_one_node_edges(bf, scale), bf
 
 
 def packed_tiles(nodes: int, f: int, be: int | None = None, scale: int = 1) -> tuple[int, int, int]:
@@ -275,7 +261,7 @@ def _packed_call(
     variant=None, pairs=None,
 ):  # fmt: skip
     """``variant`` / ``pairs``: as in :func:`_call`."""
-    v = P.check_variant(variant)
+    v = check_variant(variant)
     f = x.shape[1] * (1 if pairs is None else 2)  # features
     shapes = [jax.ShapeDtypeStruct((num_units, f), out_dtype), jax.ShapeDtypeStruct((num_units, f), jnp.int32)]
     kernel = functools.partial(
@@ -319,36 +305,6 @@ def length_order(g: Graph | DynamicGraph) -> jax.Array:
     return jnp.argsort(starts - ends, stable=True).astype(jnp.int32)
 
 
-def default_values_only(dtype) -> tuple[int | None, P.GatherVariant | None]:
-    """``(nodes_per_program, variant)`` of :func:`segment_extreme` without ``with_arg`` when neither is given.
-
-    Measured on the H200 (power-law graph N = 262,144, E = 8,388,608, F = 128, max aggregation): float32,
-    one node per program reducing order-preserving int32 keys, 1.117 ms against 1.279 for the packed
-    kernel's default (XLA's sorted ``segment_max``: 1.256); 2-byte features, the packed kernel with two warps,
-    0.791 ms against 1.700 with its own warps (XLA: 1.498). With ``prefetch`` (a knob of the packed kernel)
-    the defaults stay as they are; with ``with_arg`` see :func:`default_with_arg`.
-    """
-    if jnp.dtype(dtype).itemsize >= 4:
-        return 1, P.GatherVariant(key_reduce=True)
-    return None, P.GatherVariant(num_warps=2)
-
-
-def default_with_arg(dtype) -> tuple[int | None, P.GatherVariant | None]:
-    """``(nodes_per_program, variant)`` of :func:`segment_extreme` with ``with_arg`` (the forward that training
-    runs) when neither is given: the default nodes per program (:func:`default_nodes_per_program`) with one
-    warp per program.
-
-    Measured on the H200 (the graph of :func:`default_values_only`, same run as the other variants,
-    ``benchmarks/bench_gather_variants.py --with-arg``): with its 2 nodes per program, float32 1.522 ms against
-    2.020 for the packed kernel's own warps (two warps: 1.860; XLA's sorted ``segment_max``, values only: 2.745
-    in that run), bfloat16 1.616 ms against 3.322 (two warps: 1.841). Where the rule gives one node per program
-    (mean in-degree above 32), one warp measured as fast on the same graph with one node forced: 2.042 against
-    2.054 ms (float32), 2.637 against 2.838 (bfloat16). Both dtypes take it.
-    """
-    del dtype  # one choice measured fastest for both
-    return None, P.GatherVariant(num_warps=1)
-
-
 def segment_extreme(
     g: Graph | DynamicGraph,
     x: jax.Array,
@@ -359,28 +315,28 @@ def segment_extreme(
     nodes_per_program: int | None = None,
     sort_by_degree: bool = True,
     prefetch: bool = False,
-    variant: P.GatherVariant | None = None,
+    variant: GatherVariant | None = None,
 ):
     """``x (N, F)`` -> (values ``(N, F)``, CSR position of the arg-max/min or -1; or None without ``with_arg``).
 
     ``nodes_per_program``: light nodes per program, a power of two; ``None`` picks
-    :func:`default_nodes_per_program` of the graph's mean in-degree (``edge_capacity / num_nodes``),
+    :func:`~..order.aggregate_nodes_per_program` of the graph's mean in-degree (``edge_capacity / num_nodes``),
     1 is the one-node kernel. ``be``: edges per step (default: per kernel, see :func:`packed_tiles`).
     ``sort_by_degree``: the packed kernel groups nodes in :func:`length_order` (``False``: in id
     order, for comparison). ``prefetch``: the packed kernel loads step ``c + 1``'s edge ids before
     gathering step ``c``'s rows (one dependent memory round trip per step instead of two). ``variant``:
-    a :class:`~.._gnn_triton.GatherVariant` of either kernel (``None``: with neither ``nodes_per_program``
-    nor ``prefetch`` given, :func:`default_with_arg` or :func:`default_values_only`; else the plain
-    kernel). Results never depend on these.
+    a :class:`~..config.GatherVariant` of either kernel (``None``: with neither ``nodes_per_program``
+    nor ``prefetch`` given, :func:`~..order.aggregate_variant`, tuned entries ``aggregate.with_arg`` /
+    ``aggregate.values_only``; else the plain kernel). Results never depend on these.
     """
-    interpret = _dispatch.pallas_mode()
+    interpret = P.interpret_mode()
     P.check_dtype(x)
     check_nodes_per_program(nodes_per_program)
     if variant is None and nodes_per_program is None and not prefetch:  # (prefetch: a knob of the packed kernel)
-        nodes_per_program, variant = (default_with_arg if with_arg else default_values_only)(x.dtype)
-    v = P.check_variant(variant)
+        nodes_per_program, variant = aggregate_variant(x.dtype, with_arg)
+    v = check_variant(variant)
     n, f = x.shape
-    nodes = nodes_per_program or default_nodes_per_program(g.edge_capacity / max(n, 1))
+    nodes = nodes_per_program or aggregate_nodes_per_program(g.edge_capacity / max(n, 1))
     indices = jnp.asarray(g.indices)
     if nodes == 1:
         be, bf = one_node_tiles(f, be, scale=v.edge_scale(x.dtype))

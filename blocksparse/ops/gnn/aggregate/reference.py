@@ -11,8 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ...gnn._dynamic import DynamicGraph
-from ...gnn._graph import Graph
+from ....graph import DynamicGraph, Graph
 
 _BIG = 2**31 - 1
 

@@ -4,44 +4,45 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
 
-from ...gnn._dynamic import DynamicGraph, nan_unless, poison
-from ...gnn._graph import Graph, check_graph
-from .. import _dispatch
+from ....graph import DynamicGraph, Graph, check_graph, nan_unless, poison
+from ... import _dispatch
+from .. import order, registry
+from ..config import GatherConfig
 
 __all__ = ["AggregateStatic", "aggregate"]
-
-DEFAULT = ("pallas", "xla")
 
 
 @dataclasses.dataclass(frozen=True)
 class AggregateStatic:
     """The static part of one ``aggregate`` call (hashable: the ``custom_vjp``'s static argument).
 
-    The graph is the op's first array argument (see :class:`~..gnn_spmm.api.SpmmStatic`).
+    The graph is the op's first array argument (see :class:`~..spmm.api.SpmmStatic`).
 
     Attributes:
         impls: implementation names, tried in order.
         is_max: max (True) or min (False).
-        nodes_per_program: the Pallas kernel's light nodes per program (``None``: its default rule).
+        config: the Pallas kernel's :class:`~..config.GatherConfig` (``None``: its defaults; XLA ignores it).
     """
 
     impls: tuple[str, ...]
     is_max: bool
-    nodes_per_program: int | None = None
-
-
-def _module(name: str):
-    return _dispatch.op_module(__package__, name)
+    config: GatherConfig | None = None
 
 
 def _kernel(name: str, with_arg: bool):
-    fn = _module(name).segment_extreme
+    fn = registry.module("aggregate", name).segment_extreme
     if name == "pallas":
-        return lambda s, g, x: fn(g, x, s.is_max, with_arg=with_arg, nodes_per_program=s.nodes_per_program)
+
+        def pallas(s, g, x):
+            c = s.config or GatherConfig()
+            return fn(g, x, s.is_max, with_arg=with_arg, nodes_per_program=c.nodes_per_program, variant=c.variant)
+
+        return pallas
     return lambda s, g, x: fn(g, x, s.is_max, with_arg=with_arg)
 
 
@@ -79,6 +80,7 @@ def aggregate(
     reduce: str = "max",
     *,
     implementation=None,
+    config: GatherConfig | None = None,
     nodes_per_program: int | None = None,
 ) -> jax.Array:
     """Element-wise max or min of in-neighbours' features: ``out[i] = max_{j -> i} x[j]``.
@@ -87,14 +89,15 @@ def aggregate(
         g: the :class:`Graph` or :class:`DynamicGraph`.
         x: node features ``(N, ...)``.
         reduce: ``"max"`` or ``"min"``.
-        implementation: ``None`` (Pallas on a GPU, else XLA), ``"pallas"``, ``"xla"`` or a
-            sequence tried in order.
-        nodes_per_program: a tuning knob of the Pallas kernel (the XLA implementation ignores it):
-            how many light nodes one program reduces together, a power of two up to 32; ``1`` is
-            one node per program. ``None`` (default): about 64 in-edges per program from the
-            graph's mean in-degree (2 nodes at a mean in-degree of 32; see
-            ``blocksparse.ops.gnn_aggregate.pallas_triton.default_nodes_per_program``). Results
-            are the same for every value.
+        implementation: ``None`` (the order of :func:`blocksparse.ops.gnn.order.implementations`: Pallas on
+            a GPU, else XLA), ``"pallas"``, ``"xla"`` or a sequence tried in order.
+        config: ``None`` or a :class:`~blocksparse.gnn.GatherConfig` for the Pallas kernel: how many light
+            nodes one program reduces together (a power of two up to 32; ``1`` is one node per program;
+            ``None``: :func:`blocksparse.ops.gnn.order.aggregate_nodes_per_program` of the graph's mean
+            in-degree) and a gather variant. With ``implementation=None`` only the Pallas backend then runs.
+            Results are the same for every config.
+        nodes_per_program: deprecated (warns): ``config=GatherConfig(nodes_per_program=...)``, kept as before:
+            it tunes the Pallas kernel without restricting the implementation.
 
     Returns:
         ``(N, ...)``; nodes without in-edges get 0. NaN propagates: ``out[i, f]`` is NaN where any
@@ -103,20 +106,28 @@ def aggregate(
         given to :meth:`Graph.from_edges` (deterministic), and a NaN result's gradient to the first
         in-edge whose feature is NaN.
     """
-    if nodes_per_program is not None:  # (the kernel module is imported only when asked for)
-        _module("pallas").check_nodes_per_program(nodes_per_program)
+    order.check_config("aggregate", config)
+    strict = config
+    if nodes_per_program is not None:
+        warnings.warn(
+            "aggregate(nodes_per_program=...) is deprecated: pass config=GatherConfig(nodes_per_program=...).",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if config is not None:
+            raise ValueError("Expected config= or nodes_per_program=, not both.")
+        config = GatherConfig(nodes_per_program=nodes_per_program)  # (validates it)
     if (own := getattr(type(g), "_gnn_aggregate", None)) is not None:  # a graph over many devices (gnn.sharded)
-        if nodes_per_program is not None:
+        if config is not None:
             raise ValueError(
-                f"Expected nodes_per_program=None for a {type(g).__name__} (its per-device parts take the default). "
-                f"Got {nodes_per_program!r}."
+                f"Expected config=None and nodes_per_program=None for a {type(g).__name__} (its per-device parts "
+                f"take the default). Got {config!r}."
             )
         return own(g, x, reduce, implementation=implementation)
     check_graph(g)
     _dispatch.check_choice("reduce", reduce, ("max", "min"))
-    impls = _dispatch.resolve(implementation, DEFAULT, tuple(_dispatch.OP_MODULES))
-    npp = None if nodes_per_program is None else int(nodes_per_program)
-    s = AggregateStatic(impls, reduce == "max", npp)
+    impls = order.implementations("aggregate", implementation, getattr(x, "dtype", None), strict)
+    s = AggregateStatic(impls, reduce == "max", config)
     x = g.check_features(x, "features", ndim=tuple(range(1, 8)))
     valid = g.validity() if isinstance(g, DynamicGraph) else None  # NaN out (and NaN gradients) if invalid
     x = poison(valid, x)

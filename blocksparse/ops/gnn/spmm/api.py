@@ -13,22 +13,12 @@ import math
 import jax
 import jax.numpy as jnp
 
-from ...gnn._dynamic import DynamicGraph, nan_unless, poison
-from ...gnn._graph import Graph, check_graph
-from .. import _dispatch
+from ....graph import DynamicGraph, Graph, check_graph, nan_unless, poison
+from ... import _dispatch
+from .. import order, registry
+from ..config import SPMM_NODES_PER_PROGRAM, GatherConfig
 
-__all__ = ["SpmmStatic", "spmm"]
-
-# Measured on the H200 (docs/benchmarks.md, "GNN operations"); the reference is the fallback everywhere.
-DEFAULT = ("pallas", "xla")
-# Half-precision features too: with one warp per program the kernel's bfloat16 forward took 0.486 ms against
-# 0.673 for XLA's sorted segment sum on the benchmark graph (with four warps it had been the slower, 0.955).
-DEFAULT_HALF = DEFAULT
-
-
-def _impls(implementation, dtype) -> tuple[str, ...]:
-    default = DEFAULT if jnp.dtype(dtype).itemsize >= 4 else DEFAULT_HALF
-    return _dispatch.resolve(implementation, default, tuple(_dispatch.OP_MODULES))
+__all__ = ["SpmmStatic", "accumulate", "spmm"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,22 +27,28 @@ class SpmmStatic:
 
     Attributes:
         impls: implementation names, tried in order.
+        accumulate: the arrays are ``(g, x, init, *w)`` and the result ``init + A x``.
+        config: the Pallas kernel's :class:`~..config.GatherConfig` (``None``: its defaults; XLA ignores it).
 
     The graph is the op's first array argument: a :class:`Graph` (a pytree without leaves, so
     static) or a :class:`DynamicGraph` (traced index arrays).
     """
 
     impls: tuple[str, ...]
-    accumulate: bool = False  # arrays (g, x, init, *w): init + A x
+    accumulate: bool = False
+    config: GatherConfig | None = None
 
 
 def _table(name: str):
-    csr_sum = _dispatch.op_module(__package__, name).csr_sum
+    csr_sum = registry.module("spmm", name).csr_sum
 
     def call(s: SpmmStatic, g, x, *rest):
         init, w = (rest[0], rest[1:]) if s.accumulate else (None, rest)
         w_csr = w[0][jnp.asarray(g.edge_perm)] if w else None
-        return csr_sum(g, w_csr, x) if init is None else csr_sum(g, w_csr, x, init)
+        kw = {}
+        if name == "pallas" and s.config is not None:
+            kw = dict(nodes_per_program=s.config.nodes_per_program, variant=s.config.variant)
+        return csr_sum(g, w_csr, x, **kw) if init is None else csr_sum(g, w_csr, x, init, **kw)
 
     return call
 
@@ -60,7 +56,7 @@ def _table(name: str):
 def _backward(s: SpmmStatic, arrays, _, dout):
     g, x, *rest = arrays
     init, w = ((rest[0],), rest[1:]) if s.accumulate else ((), rest)
-    dx = _spmm(SpmmStatic(s.impls), g.T, dout, *w)  # edge ids are shared by g and g.T
+    dx = _spmm(SpmmStatic(s.impls), g.T, dout, *w)  # edge ids are shared by g and g.T; the defaults' kernel
     d_init = tuple(dout.astype(i.dtype) for i in init)
     if not w:
         return None, dx, *d_init
@@ -89,7 +85,7 @@ def accumulate(
     on the host): the product of a second part adds itself to the first's output in the kernel, so
     the parts need no separate sum. Differentiable w.r.t. ``x``, ``init`` and ``edge_weight``.
     """
-    s = SpmmStatic(_impls(implementation, x.dtype), init is not None)
+    s = SpmmStatic(order.implementations("spmm", implementation, x.dtype), init is not None)
     if init is not None and init.shape != x.shape:
         raise ValueError(f"Expected init of shape {x.shape} (x's). Got {init.shape}.")
     inits = () if init is None else (init.astype(x.dtype),)
@@ -121,6 +117,7 @@ def spmm(
     edge_weight: jax.Array | None = None,
     *,
     implementation=None,
+    config: GatherConfig | None = None,
 ) -> jax.Array:
     """Aggregate in-neighbours' features: ``out[i] = sum_{e: j -> i} c_e x[j]``.
 
@@ -138,8 +135,11 @@ def spmm(
         edge_weight: optional ``(E,)`` weights in the order of the edges given to
             :meth:`Graph.from_edges` (a :class:`DynamicGraph`'s: ``(max_edges,)`` in the order of
             ``edge_index``, padding entries ignored).
-        implementation: ``None`` (on a GPU: Pallas, for every feature dtype; elsewhere XLA),
-            ``"pallas"``, ``"xla"`` or a sequence tried in order.
+        implementation: ``None`` (the order of :func:`blocksparse.ops.gnn.order.implementations`: on a GPU
+            Pallas, for every feature dtype; elsewhere XLA), ``"pallas"``, ``"xla"`` or a sequence tried in order.
+        config: ``None`` or a :class:`~blocksparse.gnn.GatherConfig` for the Pallas kernel (light nodes per
+            program, a gather variant); with ``implementation=None`` only the Pallas backend then runs. It
+            applies to the forward product; the backward's SpMM over ``g.T`` takes the defaults.
 
     Returns:
         ``(N, ...)`` in ``x``'s dtype (float32 accumulation). Differentiable w.r.t. ``x`` and
@@ -148,9 +148,18 @@ def spmm(
 
     Raises:
         ValueError: for ``reduce="mean"`` with a ``norm``, an unknown ``reduce`` / ``norm``, or
-            shapes that do not match the graph; TypeError for non-floating inputs.
+            shapes that do not match the graph; TypeError for non-floating inputs or a config of
+            another type.
     """
+    order.check_config("spmm", config)
+    if config is not None and config.nodes_per_program not in (None, *SPMM_NODES_PER_PROGRAM):
+        raise ValueError(
+            f"Expected config.nodes_per_program None or one of {SPMM_NODES_PER_PROGRAM} for spmm. "
+            f"Got {config.nodes_per_program!r}."
+        )
     if (own := getattr(type(g), "_gnn_spmm", None)) is not None:  # a graph over many devices (gnn.sharded)
+        if config is not None:
+            raise ValueError(f"Expected config=None for a {type(g).__name__} (its parts take the defaults).")
         return own(g, x, reduce, norm, edge_weight, implementation=implementation)
     check_graph(g)
     _dispatch.check_choice("reduce", reduce, ("sum", "mean"))
@@ -161,7 +170,7 @@ def spmm(
             "use reduce='sum' with a norm instead."
         )
     x = g.check_features(x, "features", ndim=tuple(range(1, 8)))
-    s = SpmmStatic(_impls(implementation, x.dtype))
+    s = SpmmStatic(order.implementations("spmm", implementation, x.dtype, config), config=config)
     weights = ()
     if edge_weight is not None:
         weights = (_checked_weight(g, edge_weight),)

@@ -11,15 +11,12 @@ import functools
 import hashlib
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from .._util import Pytree, cdiv
+from ._common import CHUNK_ALIGN, check_features
 
 __all__ = ["Graph", "Schedule"]
-
-# Edges per heavy-node chunk are a multiple of this, so every kernel's edge block divides it.
-_CHUNK_ALIGN = 128
 
 
 class Schedule:
@@ -100,7 +97,7 @@ class Graph(Pytree):
         self.max_in_degree = int(counts.max(initial=0))
         q = _degree_quantile(self.in_degree, counts, self.heavy_quantile)
         self.heavy_threshold = int(np.ceil(q))
-        self.chunk = _CHUNK_ALIGN * max(1, cdiv(max(self.heavy_threshold, 1), _CHUNK_ALIGN))
+        self.chunk = CHUNK_ALIGN * max(1, cdiv(max(self.heavy_threshold, 1), CHUNK_ALIGN))
         is_heavy = (counts > self.heavy_threshold) & (counts > self.chunk)
         self.heavy_nodes = nodes[is_heavy].astype(np.int32)  # sorted
         h = hashlib.sha1()
@@ -217,28 +214,6 @@ class Graph(Pytree):
     def edge_capacity(self) -> int:
         """The length of the per-edge arrays (``num_edges``; a :class:`DynamicGraph`'s ``max_edges``)."""
         return self.num_edges
-
-
-def check_graph(g) -> None:
-    """Raise a ``TypeError`` unless ``g`` is a :class:`Graph` or a :class:`DynamicGraph`."""
-    from ._dynamic import DynamicGraph
-
-    if not isinstance(g, Graph | DynamicGraph):
-        raise TypeError(f"Expected a blocksparse.gnn.Graph or DynamicGraph. Got {type(g).__name__}.")
-
-
-def check_features(num_nodes: int, x, what: str, ndim: int | tuple[int, ...] = (1, 2, 3)):
-    """Node features ``x`` as a floating array with ``num_nodes`` rows; returns it."""
-    x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"Expected floating-point {what}. Got {x.dtype}.")
-    ndims = (ndim,) if isinstance(ndim, int) else ndim
-    if x.ndim not in ndims:
-        span = f"{ndims[0]} to {ndims[-1]}" if len(ndims) > 2 else " or ".join(map(str, ndims))
-        raise ValueError(f"Expected {what} with {span} dimensions. Got shape {x.shape}.")
-    if x.shape[0] != num_nodes:
-        raise ValueError(f"Expected {what} with one row per node: leading dimension {num_nodes}. Got shape {x.shape}.")
-    return x
 
 
 def _counts(sorted_ids: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:

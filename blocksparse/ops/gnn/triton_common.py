@@ -1,4 +1,4 @@
-"""Shared machinery of the GNN Pallas (Triton) kernels.
+"""Shared machinery of the GNN Pallas (Triton) kernels (``spmm/``, ``aggregate/``, ``attention/``).
 
 Rules the kernels follow (jax 0.11.2, Triton lowering): no scalar prefetch and no dynamic grid;
 index arrays are whole-array refs read with scalars (``starts_ref[u]``); edge loops are
@@ -10,8 +10,6 @@ written by one program and heavy nodes' partial rows are combined afterwards wit
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,10 +17,26 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from ..gnn._dynamic import DynamicGraph
-from ..gnn._graph import Graph
+from ... import hardware
+from ...graph import DynamicGraph, Graph
+from .. import _dispatch
 
 SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+
+
+def interpret_mode() -> bool:
+    """The ``interpret`` argument of the GNN kernels' ``pallas_call``: ``True`` inside
+    :func:`blocksparse.interpret`, ``False`` on a GPU (:func:`blocksparse.hardware.current`, so a test lowers
+    the real kernels on a CPU under ``hardware.fake(hardware.H200)``); raises ``NotImplementedError`` else."""
+    if _dispatch.interpreting():
+        return True
+    dev = hardware.current()
+    if not dev.is_gpu:
+        raise NotImplementedError(
+            f"no GPU (default device is {dev.platform!r}); set BLOCKSPARSE_PALLAS_INTERPRET=1 or use "
+            "blocksparse.interpret() to run the Pallas kernels in the interpreter"
+        )
+    return False
 
 
 def check_dtype(*arrays) -> None:
@@ -144,67 +158,6 @@ def store_rows(ref, units, cols, value, mask2) -> None:
     plgpu.store(ref.at[units[:, None], cols[None, :]], value.astype(ref.dtype), mask=mask2)
 
 
-# ------------------------------------------------------------------ opt-in gather variants
-@dataclasses.dataclass(frozen=True)
-class GatherVariant:
-    """Variants of the gather kernels (``csr_sum``, ``segment_extreme``). ``GatherVariant()`` is the plain
-    kernel; ``variant=None`` takes each entry point's measured default (``gnn_spmm.pallas_triton.DEFAULT_VARIANT``,
-    ``gnn_aggregate.pallas_triton.default_values_only``). Results never depend on a variant (same float32
-    accumulation; sums may round differently where the edges per step change, max / min are exact).
-
-    Attributes:
-        pairs: gather 2-byte ``x`` (bfloat16 / float16) as ``uint32`` pairs of features (``x`` bitcast to
-            ``(N, F/2)``), unpacked to two float32 halves in registers (bfloat16: ``u << 16`` and
-            ``u & 0xFFFF0000``), reduced separately and re-interleaved on output. float32 ``x``, or an odd
-            ``F`` in a kernel that does not pad ``x``, falls back to the plain gather.
-        tile_bytes: size edge tiles by bytes, not elements: ``4 / itemsize`` times the default edges per step
-            (2x for 2-byte ``x``, unchanged for float32); ignored where ``be`` is given.
-        num_warps: warps per program (``None``: the kernel's own rule).
-        prefetch: load the next step's edge ids before gathering this step's rows (the SpMM kernels; the
-            packed max / min kernel has its own ``prefetch`` argument, which this also turns on).
-        key_reduce: max / min without ``with_arg``: reduce one order-preserving int32 key per element (NaN
-            mapped to the top / bottom) instead of a float max plus a separate NaN-flag reduction.
-    """
-
-    pairs: bool = False
-    tile_bytes: bool = False
-    num_warps: int | None = None
-    prefetch: bool = False
-    key_reduce: bool = False
-
-    def __post_init__(self):
-        for name in ("pairs", "tile_bytes", "prefetch", "key_reduce"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"Expected GatherVariant.{name} a bool. Got {getattr(self, name)!r}.")
-        w = self.num_warps
-        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w not in (1, 2, 4, 8, 16)):
-            raise ValueError(f"Expected GatherVariant.num_warps None or one of 1, 2, 4, 8, 16. Got {w!r}.")
-
-    def pair_dtype(self, dtype, f: int):
-        """The 2-byte dtype that ``x`` is gathered in pairs of, or ``None`` (plain gather)."""
-        dtype = jnp.dtype(dtype)
-        return dtype if self.pairs and dtype.itemsize == 2 and f % 2 == 0 else None
-
-    def edge_scale(self, dtype) -> int:
-        """Factor on the default edges per step: ``4 / itemsize`` with ``tile_bytes``, else 1."""
-        return 4 // jnp.dtype(dtype).itemsize if self.tile_bytes else 1
-
-    def warps(self, default: int) -> int:
-        return default if self.num_warps is None else self.num_warps
-
-    def tag(self) -> str:
-        """A short name for kernel names and tables: ``""`` for the default."""
-        parts = [n for n, on in (("pairs", self.pairs), ("bytes", self.tile_bytes), ("prefetch", self.prefetch),
-                                 ("key", self.key_reduce)) if on]  # fmt: skip
-        parts += [] if self.num_warps is None else [f"w{self.num_warps}"]
-        return "+".join(parts)
-
-    def name_suffix(self) -> str:
-        """The kernel name's suffix (``_v_pairs_key``): none for the default, whose names profiles and tests know."""
-        tag = self.tag()
-        return "_v_" + tag.replace("+", "_") if tag else ""
-
-
 def packed_columns(fb, bf: int, f: int, cols, colmask, pairs):
     """The columns a packed program reads of ``x``: ``(width, parts, xcols, xmask)``. Plain: the ``bf`` feature
     columns ``cols`` (``colmask`` masking those past ``f``), one part. With ``pairs`` (``x`` gathered as
@@ -214,15 +167,6 @@ def packed_columns(fb, bf: int, f: int, cols, colmask, pairs):
     width = bf // 2
     xcols = fb * width + jnp.arange(width, dtype=jnp.int32)
     return width, 2, xcols, xcols < f // 2
-
-
-def check_variant(variant) -> GatherVariant:
-    """``None`` -> the default; a :class:`GatherVariant` as is; raises ``ValueError`` otherwise."""
-    if variant is None:
-        return GatherVariant()
-    if not isinstance(variant, GatherVariant):
-        raise ValueError(f"Expected variant None or a GatherVariant. Got {variant!r}.")
-    return variant
 
 
 def as_pairs(x: jax.Array) -> jax.Array:

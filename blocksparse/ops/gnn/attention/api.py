@@ -10,25 +10,24 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
 
-from ...gnn._dynamic import DynamicGraph, nan_unless, poison
-from ...gnn._graph import Graph, check_graph
-from .. import _dispatch
-from .config import AttentionConfig, resolve
+from ....graph import DynamicGraph, Graph, check_graph, nan_unless, poison
+from ... import _dispatch
+from .. import order, registry
+from ..config import AttentionConfig
 
 __all__ = ["AttentionConfig", "AttentionStatic", "gatv2", "graph_attention"]
-
-DEFAULT = ("pallas", "xla")
 
 
 @dataclasses.dataclass(frozen=True)
 class AttentionStatic:
     """The static part of one attention call (hashable: the ``custom_vjp``'s static argument).
 
-    The graph is the op's first array argument (see :class:`~..gnn_spmm.api.SpmmStatic`).
+    The graph is the op's first array argument (see :class:`~..spmm.api.SpmmStatic`).
 
     Attributes:
         impls: implementation names, tried in order.
@@ -50,7 +49,27 @@ class AttentionStatic:
 
 
 def _module(name: str):
-    return _dispatch.op_module(__package__, name)
+    return registry.module("attention", name)
+
+
+def _configs(op: str, implementation, config, kernel_config) -> tuple[tuple[str, ...], AttentionConfig]:
+    """The implementations and the kernels' config of ``op`` from ``config=`` (or the deprecated
+    ``kernel_config=``, which tunes the kernels as before without restricting the implementation)."""
+    order.check_config(op, config)
+    strict = config
+    if kernel_config is not None:
+        warnings.warn(
+            f"{op}(kernel_config=...) is deprecated: pass config=AttentionConfig(...).",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        if config is not None:
+            raise ValueError("Expected config= or kernel_config=, not both.")
+        if not isinstance(kernel_config, AttentionConfig):
+            raise TypeError(f"Expected kernel_config None or an AttentionConfig. Got {type(kernel_config).__name__}.")
+        config = kernel_config
+    impls = order.implementations(op, implementation, None, strict)
+    return impls, AttentionConfig() if config is None else config
 
 
 def _primal(name: str):
@@ -83,7 +102,15 @@ def _check_nhd(g: Graph | DynamicGraph, x, what: str):
 
 
 def gatv2(
-    g: Graph | DynamicGraph, x_src, x_dst, att, negative_slope: float = 0.2, *, implementation=None, kernel_config=None
+    g: Graph | DynamicGraph,
+    x_src,
+    x_dst,
+    att,
+    negative_slope: float = 0.2,
+    *,
+    implementation=None,
+    config: AttentionConfig | None = None,
+    kernel_config=None,
 ) -> jax.Array:
     """GATv2 attention (Brody et al.) over each node's in-neighbours, fused.
 
@@ -96,19 +123,21 @@ def gatv2(
         x_src, x_dst: ``(N, H, D)`` projected source and destination features.
         att: ``(H, D)`` attention vector.
         negative_slope: of the leaky ReLU.
-        implementation: ``None`` (Pallas on a GPU, else XLA), ``"pallas"``, ``"xla"`` or a
-            sequence tried in order.
-        kernel_config: ``None`` (the default tiling) or an :class:`AttentionConfig`: how the Pallas
-            kernels tile (heads per tile view, edges per step, warps, deferred edge sums); the
-            result does not depend on it.
+        implementation: ``None`` (the order of :func:`blocksparse.ops.gnn.order.implementations`: Pallas on
+            a GPU, else XLA), ``"pallas"``, ``"xla"`` or a sequence tried in order.
+        config: ``None`` (the default tiling) or an :class:`~blocksparse.gnn.AttentionConfig`: how the Pallas
+            kernels tile (heads per tile view, edges per step, warps, deferred edge sums), forward and
+            backward; with ``implementation=None`` only the Pallas backend then runs. The result does not
+            depend on it.
+        kernel_config: deprecated (warns): ``config=``, kept as before: it tunes the Pallas kernels without
+            restricting the implementation.
 
     Returns:
         ``(N, H, D)``; nodes without in-edges get 0. Differentiable w.r.t. ``x_src``, ``x_dst`` and
         ``att``; the backward recomputes the weights from the saved log-sum-exp.
     """
     check_graph(g)
-    impls = _dispatch.resolve(implementation, DEFAULT, tuple(_dispatch.OP_MODULES))
-    config = resolve(kernel_config)
+    impls, config = _configs("gatv2", implementation, config, kernel_config)
     xs, xd = _check_nhd(g, x_src, "x_src"), _check_nhd(g, x_dst, "x_dst")
     if xd.shape != xs.shape:
         raise ValueError(f"Expected x_dst of the same shape as x_src {xs.shape}. Got {xd.shape}.")
@@ -126,7 +155,15 @@ def gatv2(
 
 
 def graph_attention(
-    g: Graph | DynamicGraph, q, k, v, scale: float | None = None, *, implementation=None, kernel_config=None
+    g: Graph | DynamicGraph,
+    q,
+    k,
+    v,
+    scale: float | None = None,
+    *,
+    implementation=None,
+    config: AttentionConfig | None = None,
+    kernel_config=None,
 ) -> jax.Array:
     """Dot-product attention over each node's in-neighbours (graph transformer), fused.
 
@@ -139,14 +176,13 @@ def graph_attention(
         scale: defaults to ``1 / sqrt(D)``.
         implementation: ``None`` (Pallas on a GPU, else XLA), ``"pallas"``, ``"xla"`` or a
             sequence tried in order.
-        kernel_config: as for :func:`gatv2`.
+        config, kernel_config: as for :func:`gatv2`.
 
     Returns:
         ``(N, H, D)``; nodes without in-edges get 0. Differentiable w.r.t. ``q``, ``k`` and ``v``.
     """
     check_graph(g)
-    impls = _dispatch.resolve(implementation, DEFAULT, tuple(_dispatch.OP_MODULES))
-    config = resolve(kernel_config)
+    impls, config = _configs("graph_attention", implementation, config, kernel_config)
     q, k, v = _check_nhd(g, q, "q"), _check_nhd(g, k, "k"), _check_nhd(g, v, "v")
     if k.shape != q.shape or v.shape != q.shape:
         raise ValueError(f"Expected q, k and v of one shape. Got {q.shape}, {k.shape} and {v.shape}.")

@@ -2,12 +2,12 @@
 
 One program per (node, feature block) walks the node's in-edges ``be`` at a time, gathers the
 source rows and accumulates in float32. Heavy nodes' remaining chunks run as extra programs whose
-partial rows are summed per node afterwards (see :class:`blocksparse.gnn._graph.Schedule`). With
+partial rows are summed per node afterwards (see :class:`blocksparse.graph.Schedule`). With
 ``init`` the main programs add its row to theirs (``out = init + A x`` in one pass, the output written
 over ``init``'s buffer): a product over a graph split in parts sums them without a separate add.
 
 With ``nodes_per_program=G > 1`` a packed kernel takes ``G`` light nodes per program instead (in
-:func:`~blocksparse.ops.gnn_aggregate.pallas_triton.length_order`, longest first, so a program's nodes
+:func:`~blocksparse.ops.gnn.aggregate.pallas_triton.length_order`, longest first, so a program's nodes
 have about as many in-edges): each step gathers a ``(G, be)`` tile of edges, each row masked to its
 own node's range, and sums the ``(G, be, bf)`` rows into a ``(G, bf)`` float32 accumulator. Fewer,
 fuller programs for graphs of small mean in-degree, where one program per node pays mostly its launch.
@@ -24,15 +24,13 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ..._util import cdiv, next_power_of_2
-from ...gnn._dynamic import DynamicGraph
-from ...gnn._graph import Graph
-from .. import _dispatch
-from .. import _gnn_triton as P
-from ..gnn_aggregate.pallas_triton import length_order, packed_tiles
-
-#: Light nodes per program the packed kernel takes: ``None`` / 1 is the one-node kernel.
-NODES_PER_PROGRAM = (1, 2, 4, 8, 16)
+from ...._util import cdiv, next_power_of_2
+from ....graph import DynamicGraph, Graph
+from .. import triton_common as P
+from ..aggregate.pallas_triton import length_order, packed_tiles
+from ..config import SPMM_NODES_PER_PROGRAM as NODES_PER_PROGRAM
+from ..config import GatherVariant, check_variant
+from ..order import spmm_edges_per_step, spmm_variant
 
 
 def _kernel(
@@ -74,9 +72,9 @@ def _kernel(
 
 
 def _call(starts, ends, indices, w, x, num_units, out_dtype, be, bf, interpret, init=None, variant=None, pairs=None):
-    """``variant``: a :class:`~.._gnn_triton.GatherVariant` (``None``: the default kernel); ``pairs``: the dtype
+    """``variant``: a :class:`~..config.GatherVariant` (``None``: the plain kernel); ``pairs``: the dtype
     whose uint32 pairs ``x`` holds (``(N, F/2)``), or ``None``."""
-    v = P.check_variant(variant)
+    v = check_variant(variant)
     fp = x.shape[1] * (1 if pairs is None else 2)  # features
     args = (starts, ends, indices) + ((w,) if w is not None else ()) + (x,)
     rows = pl.BlockSpec((1, bf), lambda u, f: (u, f))
@@ -151,7 +149,7 @@ def _packed_call(
     variant=None, pairs=None,
 ):  # fmt: skip
     """``variant`` / ``pairs``: as in :func:`_call`."""
-    v = P.check_variant(variant)
+    v = check_variant(variant)
     f = x.shape[1] * (1 if pairs is None else 2)  # features
     args = (starts, ends) + (() if order is None else (order,)) + (indices,) + (() if w is None else (w,)) + (x,)
     extra = {}
@@ -183,18 +181,11 @@ def check_nodes_per_program(nodes_per_program) -> None:
         raise ValueError(f"Expected nodes_per_program None or one of {NODES_PER_PROGRAM}. Got {g!r}.")
 
 
-#: The one-node kernel's default: one warp per program (H200, power-law graph N = 262,144, E = 8,388,608,
-#: F = 128: 0.486 against 0.955 ms with 4 warps in bfloat16, 0.927 against 1.009 ms in float32; XLA's sorted
-#: segment sum took 0.673 / 1.049 ms). The kernel is bound by latency (a dependent load of edge ids, then
-#: of rows, per step), not bandwidth: smaller programs keep more of them in flight per SM.
-DEFAULT_VARIANT = P.GatherVariant(num_warps=1)
-
-
 def _csr_sum_packed(g, w_csr, x, init, nodes, be, interpret, variant=None):
     n, f = x.shape
     if g.edge_capacity == 0 or n == 0 or f == 0:  # nothing to gather (and no edge array a kernel could read)
         return jnp.zeros_like(x) if init is None else init.astype(x.dtype)
-    v = P.check_variant(variant)
+    v = check_variant(variant)
     be, bf, warps = packed_tiles(nodes, f, be, scale=v.edge_scale(x.dtype))
     pairs = v.pair_dtype(x.dtype, f)  # (odd F: the plain gather)
     xg = x if pairs is None else P.as_pairs(x)
@@ -223,34 +214,30 @@ def csr_sum(
     *,
     be: int | None = None,
     nodes_per_program: int | None = None,
-    variant: P.GatherVariant | None = None,
+    variant: GatherVariant | None = None,
 ) -> jax.Array:
     """``x (N, F)`` -> ``(N, F)``; ``w_csr`` (E,) in CSR order of ``g`` or None; plus ``init (N, F)`` if given.
 
     ``nodes_per_program``: ``None`` or 1, one node per program (the default); 2, 4, 8 or 16, the
     packed kernel with that many light nodes per program. ``be``: edges per step (per node with
-    the packed kernel; default: its own rule per kernel). ``variant``: a
-    :class:`~.._gnn_triton.GatherVariant` of either kernel (``None``: :data:`DEFAULT_VARIANT` for the
-    one-node kernel, the plain packed kernel; ``GatherVariant()``: the plain kernel). Results never
-    depend on these (sums may round differently where the edges per step change).
+    the packed kernel; default: :func:`~..order.spmm_edges_per_step` for the one-node kernel, the packed
+    kernel's own rule). ``variant``: a :class:`~..config.GatherVariant` of either kernel (``None``:
+    :func:`~..order.spmm_variant`, tuned entry ``spmm.variant`` for the one-node kernel, the plain packed
+    kernel; ``GatherVariant()``: the plain kernel). Results never depend on these (sums may round
+    differently where the edges per step change).
     """
-    interpret = _dispatch.pallas_mode()
+    interpret = P.interpret_mode()
     P.check_dtype(x)
     check_nodes_per_program(nodes_per_program)
-    if variant is None and nodes_per_program in (None, 1):
-        variant = DEFAULT_VARIANT
-    v = P.check_variant(variant)
+    if variant is None:
+        variant = spmm_variant(nodes_per_program)
+    v = check_variant(variant)
     n, f = x.shape
     if nodes_per_program not in (None, 1):
         return _csr_sum_packed(g, w_csr, x, init, int(nodes_per_program), be, interpret, variant)
     fp = next_power_of_2(f, 16)
     bf = min(fp, 128)
-    # edges per step: 16 for graphs of mean in-degree <= 32 (H200, F = 128, power-law graphs: 16 / 32 / 64
-    # edges took 1.22 / 1.38 / 1.85 ms at mean 16 and 0.96 / 1.01 / 1.20 ms at mean 32), else as many as
-    # keep a (be, bf) float32 tile at 16 KiB, 64 at most
-    be = be or v.edge_scale(x.dtype) * (
-        16 if g.edge_capacity <= 32 * max(g.num_nodes, 1) else max(16, min(64, 4096 // bf))
-    )
+    be = be or spmm_edges_per_step(g.edge_capacity, g.num_nodes, bf, v.edge_scale(x.dtype))
     xp = P.pad_last(x, fp)
     pairs = v.pair_dtype(x.dtype, fp)
     xg = xp if pairs is None else P.as_pairs(xp)

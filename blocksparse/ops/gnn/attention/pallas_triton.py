@@ -26,12 +26,11 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ..._util import next_power_of_2
-from ...gnn._dynamic import DynamicGraph
-from ...gnn._graph import Graph
-from .. import _dispatch
-from .. import _gnn_triton as P
-from .config import AttentionConfig
+from ...._util import next_power_of_2
+from ....graph import DynamicGraph, Graph
+from .. import triton_common as P
+from ..config import AttentionConfig
+from ..order import attention_edges_per_step, attention_layout
 
 _NEG = -1e30  # finite start of the running max: exp(-inf - -inf) would be NaN
 
@@ -45,7 +44,7 @@ def _lrelu(z, slope):
 
 
 class _View:
-    """How a program's ``w = hb * Dp`` columns are laid out (see :data:`.config.LAYOUTS`).
+    """How a program's ``w = hb * Dp`` columns are laid out (see :data:`..config.LAYOUTS`).
 
     ``heads``: tiles ``(be, hb, Dp)``, rows ``(hb, Dp)``, per-edge values ``(be, hb)``, per-head ``(hb,)``.
     ``flat`` / ``groups`` (one head, ``hb == 1``): tiles ``(be, Dp)`` / ``(be, Dp // 16, 16)``, rows
@@ -197,12 +196,11 @@ class _Shape:
         self.hb = min(heads, max(1, 128 // dp))
         self.nblk = heads // self.hb
         w = self.hb * dp
-        # 16 edges per step for 128 features per program (measured, see config.AttentionConfig)
-        self.be = config.edges_per_step or (16 if w >= 128 else max(16, min(128, 4096 // w)))
+        self.be = attention_edges_per_step(w, config)
         default_warps = 4 if self.be * w >= 2048 else (2 if self.be * w >= 512 else 1)
         self.warps = config.num_warps or default_warps
         one = self.hb == 1 and dp >= 32  # flat / groups: one head per program
-        self.layout = (config.layout or "flat") if one else "heads"
+        self.layout = attention_layout(one, config)
         self.deferred = config.deferred if config.deferred is not None else self.layout == "flat"
         self.view = _View(self.layout, self.be, self.hb, dp, heads)
 
@@ -240,7 +238,7 @@ def flat_forward(
     """xs, xd, (v): ``(N, Hp*Dp)``; third: att ``(Hp*Dp,)`` or v. Returns out ``(N, Hp*Dp)``, lse ``(N, Hp)``.
 
     ``config``: an :class:`AttentionConfig` (``None``: the default geometry)."""
-    interpret = _dispatch.pallas_mode()
+    interpret = P.interpret_mode()
     P.check_dtype(xs, xd, third)
     sh = _Shape(heads, xs.shape[1] // heads, config)
     indices = jnp.asarray(g.indices)
@@ -417,7 +415,7 @@ def flat_backward(
     config=None,
 ):
     """Gradients w.r.t. xs, xd (or k, q) and att (or v), all in the flattened layout, float32."""
-    interpret = _dispatch.pallas_mode()
+    interpret = P.interpret_mode()
     sh = _Shape(heads, xs.shape[1] // heads, config)
     n = xs.shape[0]
     delta = jnp.sum(

@@ -16,9 +16,9 @@ import numpy as np
 from jax.experimental import checkify
 
 from .._util import Pytree, cdiv, runtime_checks_enabled
-from ._graph import _CHUNK_ALIGN, check_features
+from ._common import CHUNK_ALIGN, check_features
 
-__all__ = ["DeviceSchedule", "DynamicGraph", "batch", "readout"]
+__all__ = ["DeviceSchedule", "DynamicGraph", "batch", "default_chunk", "readout"]
 
 
 def _concrete(a) -> bool:
@@ -28,7 +28,7 @@ def _concrete(a) -> bool:
 class DeviceSchedule(Pytree):
     """One CSR of a :class:`DynamicGraph` and its degree-aware schedule, as traced fixed-shape arrays.
 
-    The fields mirror :class:`~blocksparse.gnn._graph.Schedule` (plus the CSR itself) so the
+    The fields mirror :class:`~blocksparse.graph.Schedule` (plus the CSR itself) so the
     kernels read both alike. ``X = max_edges // chunk`` is the static capacity of extra units (a
     node of in-degree ``d > chunk`` takes ``ceil(d / chunk) - 1 <= d / chunk`` of them) and of
     heavy nodes.
@@ -100,7 +100,7 @@ def _csr(order, owner, other, num_nodes: int, chunk: int, cap: int) -> tuple[Dev
 def default_chunk(num_nodes: int, max_edges: int) -> int:
     """About 8 times the mean in-degree at capacity, a multiple of 128, in ``[128, 2048]``."""
     mean = max_edges / max(num_nodes, 1)
-    return _CHUNK_ALIGN * min(16, max(1, cdiv(int(np.ceil(8 * mean)), _CHUNK_ALIGN)))
+    return CHUNK_ALIGN * min(16, max(1, cdiv(int(np.ceil(8 * mean)), CHUNK_ALIGN)))
 
 
 class DynamicGraph(Pytree):
@@ -198,8 +198,8 @@ class DynamicGraph(Pytree):
         if max_edges >= 2**31 - 1:
             raise ValueError(f"Expected max_edges < 2**31 - 1. Got {max_edges}.")
         chunk = default_chunk(num_nodes, max_edges) if chunk is None else chunk
-        if isinstance(chunk, bool) or not isinstance(chunk, int | np.integer) or chunk <= 0 or chunk % _CHUNK_ALIGN:
-            raise ValueError(f"Expected chunk as a positive multiple of {_CHUNK_ALIGN}. Got {chunk!r}.")
+        if isinstance(chunk, bool) or not isinstance(chunk, int | np.integer) or chunk <= 0 or chunk % CHUNK_ALIGN:
+            raise ValueError(f"Expected chunk as a positive multiple of {CHUNK_ALIGN}. Got {chunk!r}.")
         chunk = int(chunk)
 
         # Host checks where the data is concrete: a clear error now instead of NaN later.
@@ -312,41 +312,6 @@ class DynamicGraph(Pytree):
         """What the ops use: :meth:`check` inside :func:`blocksparse.runtime_checks` (or
         :func:`blocksparse.checkify`), else :meth:`is_valid`."""
         return self.check() if runtime_checks_enabled() else self.is_valid()
-
-
-# ---------------------------------------------------------------------------------- op helpers
-@jax.custom_vjp
-def _nan_gradient_unless(valid, a):
-    return a
-
-
-def _ngu_fwd(valid, a):
-    return a, valid
-
-
-def _ngu_bwd(valid, ct):
-    return None, ct * jnp.where(valid, 1.0, jnp.nan).astype(ct.dtype)
-
-
-_nan_gradient_unless.defvjp(_ngu_fwd, _ngu_bwd)
-
-
-def poison(valid, a):
-    """``a`` unchanged, but its gradient NaN where the graph is invalid (``valid`` False).
-
-    The identity in the forward pass (no extra pass over the inputs); with :func:`nan_unless` on the
-    output, an op on an invalid graph gives NaN outputs *and* NaN gradients for every input.
-    """
-    if a is None or valid is None:
-        return a
-    return _nan_gradient_unless(valid, a)
-
-
-def nan_unless(valid, out):
-    """``out``, or NaN everywhere if the graph is invalid."""
-    if valid is None:
-        return out
-    return jnp.where(valid, out, jnp.asarray(jnp.nan, out.dtype))
 
 
 # ---------------------------------------------------------------------------------- batching

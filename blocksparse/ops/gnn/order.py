@@ -1,0 +1,157 @@
+"""The one place that decides what runs for the GNN ops: backend order, and the Pallas kernels' default variants.
+
+:func:`implementations` orders the backends of an op (Pallas first, XLA's segment ops where a kernel cannot
+run) from the tuned entries ``spmm.order`` / ``spmm.order_half`` / ``aggregate.order`` / ``attention.order``,
+and applies a ``config=`` (only its backend with ``implementation=None``). The other functions give the
+defaults the kernels take when a config leaves a field ``None``: which gather variant and how many light nodes
+per program (by dtype and mean in-degree), how many edges per step, and the attention layout. Each reads
+:mod:`blocksparse.ops.gnn.tuned` for the device (:func:`blocksparse.hardware.gpu`), so a test fakes a device
+with :func:`blocksparse.hardware.fake` and asks these functions.
+
+Example::
+
+    >>> import jax.numpy as jnp
+    >>> from blocksparse.ops.gnn import order
+    >>> order.implementations("spmm", None, jnp.bfloat16)
+    ('pallas', 'xla')
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from .. import _dispatch
+from . import registry, tuned
+from .config import AttentionConfig, GatherConfig, GatherVariant
+
+__all__ = [
+    "OPS",
+    "aggregate_nodes_per_program",
+    "aggregate_one_node_edges",
+    "aggregate_variant",
+    "attention_edges_per_step",
+    "attention_layout",
+    "config_type",
+    "implementations",
+    "spmm_edges_per_step",
+    "spmm_variant",
+]
+
+#: Op name -> the config class it takes.
+OPS = {"spmm": GatherConfig, "aggregate": GatherConfig, "gatv2": AttentionConfig, "graph_attention": AttentionConfig}
+
+
+def config_type(op: str) -> type:
+    """The config class op ``op`` takes (``GatherConfig`` or ``AttentionConfig``)."""
+    if op not in OPS:
+        raise ValueError(f"Expected a GNN op in {sorted(OPS)}. Got {op!r}.")
+    return OPS[op]
+
+
+def check_config(op: str, config):
+    """``config`` if it is ``None`` or of :func:`config_type` ``op``; else a ``TypeError`` naming the type."""
+    want = config_type(op)
+    if config is not None and not isinstance(config, want):
+        article = "an" if want.__name__[0] in "AEIOU" else "a"
+        raise TypeError(f"Expected config None or {article} {want.__name__} for {op}. Got {type(config).__name__}.")
+    return config
+
+
+def _default(op: str, dtype) -> tuple[str, ...]:
+    if op == "spmm":
+        half = dtype is not None and jnp.dtype(dtype).itemsize < 4
+        return tuned.get("spmm.order_half" if half else "spmm.order")
+    return tuned.get("aggregate.order" if op == "aggregate" else "attention.order")
+
+
+def implementations(op: str, implementation=None, dtype=None, config=None) -> tuple[str, ...]:
+    """The backends ``op`` tries, in order: ``implementation`` resolved against the registry.
+
+    Arguments:
+        op: ``"spmm"``, ``"aggregate"``, ``"gatv2"`` or ``"graph_attention"``.
+        implementation: ``None`` (the measured order for ``dtype`` on this device), a name (``"pallas"``,
+            ``"xla"``) or a sequence of names.
+        dtype: the features' dtype (SpMM orders 2-byte features by their own entry).
+        config: ``None`` or the op's config (:func:`config_type`). With ``implementation=None`` only the
+            config's backend runs (no silent fallback); an explicit ``implementation`` must include it.
+
+    Raises:
+        TypeError: a config of another type. ValueError: an unknown name, or a config whose backend is not
+        among an explicit ``implementation``.
+    """
+    check_config(op, config)
+    known = tuple(registry.IMPLEMENTATIONS)
+    if config is not None and implementation is None:
+        return (config.backend,)
+    impls = _dispatch.resolve(implementation, _default(op, dtype), known)
+    if config is not None and config.backend not in impls:
+        raise ValueError(
+            f"Expected implementation to include {config.backend!r}, the backend of config={config!r}. "
+            f"Got implementation={implementation!r}."
+        )
+    return impls
+
+
+# ------------------------------------------------------------------ the gather kernels' defaults
+def spmm_variant(nodes_per_program: int | None) -> GatherVariant | None:
+    """The SpMM kernel's variant when none is given: tuned ``spmm.variant`` for the one-node kernel
+    (``nodes_per_program`` ``None`` or 1); ``None`` (the plain packed kernel) otherwise."""
+    return tuned.get("spmm.variant") if nodes_per_program in (None, 1) else None
+
+
+def spmm_edges_per_step(edge_capacity: int, num_nodes: int, bf: int, scale: int = 1) -> int:
+    """Edges per step of the one-node SpMM kernel: tuned ``spmm.light_edges_per_step`` up to its mean in-degree,
+    else as many as keep a ``(be, bf)`` float32 tile at 16 KiB, in [16, 64]; times ``scale``
+    (``GatherVariant.tile_bytes``)."""
+    mean, edges = tuned.get("spmm.light_edges_per_step")
+    return scale * (edges if edge_capacity <= mean * max(num_nodes, 1) else max(16, min(64, 4096 // bf)))
+
+
+def aggregate_nodes_per_program(mean_degree: float) -> int:
+    """The default number of light nodes per max / min program, about tuned ``aggregate.edges_per_program``
+    in-edges per program.
+
+    The largest power of two ``G <= edges_per_program / mean_degree``, in ``[1, 16]`` (1: the one-node
+    kernel, where one node already fills a program). Programs group nodes of about equal length (the
+    kernel's length order), so ``G`` costs few idle rows.
+    """
+    target = tuned.get("aggregate.edges_per_program")
+    g = 1
+    while g < 16 and 2 * g * max(mean_degree, 1.0) <= target:
+        g *= 2
+    return g
+
+
+def aggregate_one_node_edges(bf: int, scale: int = 1) -> int:
+    """Edges per step of the one-node max / min kernel: a ``(be, bf)`` tile of tuned ``aggregate.one_node_tile``
+    elements, ``be`` in [16, 64]; times ``scale`` (``GatherVariant.tile_bytes``)."""
+    return scale * max(16, min(64, tuned.get("aggregate.one_node_tile") // bf))
+
+
+def aggregate_variant(dtype, with_arg: bool) -> tuple[int | None, GatherVariant | None]:
+    """``(nodes_per_program, variant)`` of max / min when neither is given: tuned ``aggregate.with_arg`` with
+    the arg-max (the forward under ``grad``), else tuned ``aggregate.values_only`` for float32 or 2-byte
+    features. ``nodes_per_program`` ``None`` is :func:`aggregate_nodes_per_program`'s rule."""
+    if with_arg:
+        return tuned.get("aggregate.with_arg")
+    return tuned.get("aggregate.values_only")["float32" if jnp.dtype(dtype).itemsize >= 4 else "half"]
+
+
+# ------------------------------------------------------------------ the attention kernels' defaults
+def attention_layout(one_head: bool, config: AttentionConfig | None = None) -> str:
+    """The attention kernels' layout: ``heads`` with several heads per program; with one head
+    ``config.layout``, else tuned ``attention.one_head_layout``."""
+    if not one_head:
+        return "heads"
+    return (config.layout if config is not None else None) or tuned.get("attention.one_head_layout")
+
+
+def attention_edges_per_step(width: int, config: AttentionConfig | None = None) -> int:
+    """In-edges per step of a program of ``width`` features: ``config.edges_per_step``, else tuned
+    ``attention.wide_edges_per_step`` for 128 or more features, else ``4096 / width`` clipped to [16, 128]."""
+    if config is not None and config.edges_per_step:
+        return config.edges_per_step
+    wide = tuned.get("attention.wide_edges_per_step")
+    if width >= 128 and wide:
+        return wide
+    return max(16, min(128, 4096 // width))

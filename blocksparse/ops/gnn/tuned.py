@@ -1,0 +1,176 @@
+"""Measured numbers of the GNN kernels, as data keyed by device kind: the one place they live.
+
+Key layout: ``TABLES[device_kind][entry_name] -> Entry``. ``device_kind`` is
+``blocksparse.hardware.Device.kind`` of :func:`blocksparse.hardware.gpu` (``"NVIDIA H200"``): the GPU the
+kernels run on, or, off a GPU (Pallas' interpreter on a CPU, plans made there), the planning default, so a
+CPU runs the same kernels as that GPU. A device without a table takes :data:`DEFAULT`.
+
+Each :class:`Entry` names the ``blocksparse bench`` suite and cell that measured it and the results JSON in
+``benchmarks/results/`` it came from: suite ``gnn`` (the ops on the power-law graph, N = 262,144,
+E = 8,388,608, F = 128), ``gnn-variants`` (kernel variant sweeps on that graph: gather variants, GATv2
+variants, packed SpMM and max), ``gnn-graphs`` (the paper's graphs). A cell is named
+``op/dtype/variant`` after the JSON's rows (``spmm/bfloat16/w1``: SpMM, bfloat16 features, one warp per
+program). Code reads entries through :func:`get`; docstrings cite an entry by name, never its value.
+
+:data:`DEFAULT`, for a GPU nobody measured: the same backend orders (Pallas first, XLA where a kernel cannot
+run) and the same structural rules (edges per step and per program), but each kernel's plain form where the
+H200 chose an opt-in variant (fewer warps per program, int32 key reductions, the ``flat`` attention view,
+16-edge attention steps). Those variants won on the H200 by trading occupancy against latency on its SMs;
+the plain kernels are the ones every test checks, and the settings the H200 measured its variants against.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ... import hardware
+from .config import GatherVariant
+
+__all__ = ["DEFAULT", "TABLES", "Entry", "entry", "get"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One measured choice: its value and where it came from.
+
+    Attributes:
+        value: what the code reads.
+        suite: the ``blocksparse bench`` suite that measured it (``gnn``, ``gnn-variants``, ``gnn-graphs``).
+        cell: the suite's cell (``op/dtype/variant``), or cells joined by ``vs``.
+        results: the results JSON under ``benchmarks/results/``.
+        note: what was compared, in words (no numbers: the JSON has them).
+    """
+
+    value: object
+    suite: str = ""
+    cell: str = ""
+    results: str = ""
+    note: str = ""
+
+
+_PAIRS = ("pallas", "xla")  # the Pallas kernel first, XLA's segment ops where it cannot run
+
+H200 = {
+    # ------------------------------------------------------------------ backend orders
+    "spmm.order": Entry(
+        _PAIRS,
+        suite="gnn",
+        cell="spmm_sum/float32/pallas vs spmm_sum/float32/xla",
+        results="gnn_h200_run5.json",
+        note="the Pallas SpMM against XLA's sorted segment_sum, float32 features",
+    ),
+    "spmm.order_half": Entry(
+        _PAIRS,
+        suite="gnn-variants",
+        cell="spmm/bfloat16/w1 vs spmm/bfloat16/xla",
+        results="gather_defaults_h200.json",
+        note="2-byte features: the one-warp kernel against XLA's sorted segment_sum (XLA had been first before)",
+    ),
+    "aggregate.order": Entry(
+        _PAIRS,
+        suite="gnn",
+        cell="aggregate_max/float32/pallas vs aggregate_max/float32/xla",
+        results="gnn_h200_run5.json",
+        note="the Pallas max against XLA's sorted segment_max, forward and forward + backward",
+    ),
+    "attention.order": Entry(
+        _PAIRS,
+        suite="gnn",
+        cell="gatv2/float32/pallas vs gatv2/float32/xla",
+        results="gnn_h200_run2.json",
+        note="the fused kernels against the XLA reference (E x H x D per-edge tensors)",
+    ),
+    # ------------------------------------------------------------------ SpMM kernel
+    "spmm.variant": Entry(
+        GatherVariant(num_warps=1),
+        suite="gnn-variants",
+        cell="spmm/float32/w1 vs spmm/float32/default",
+        results="gather_defaults_h200.json",
+        note="the one-node kernel's warps per program, float32 and bfloat16: latency-bound, smaller programs win",
+    ),
+    "spmm.light_edges_per_step": Entry(
+        (32, 16),
+        suite="gnn-variants",
+        cell="spmm/float32/be16 vs spmm/float32/be32 vs spmm/float32/be64",
+        results="gnn_spmm_edge_tile_h200.json",
+        note="(mean in-degree, edges per step): graphs of mean in-degree up to the first step the second many "
+        "edges at a time (traced power-law graphs of mean 16 and 32)",
+    ),
+    # ------------------------------------------------------------------ max / min kernels
+    "aggregate.edges_per_program": Entry(
+        64,
+        suite="gnn-variants",
+        cell="max/float32/G1 vs max/float32/G2 vs max/float32/G4 vs max/float32/G8",
+        results="gnn_max_nodes_per_program_h200.json",
+        note="the in-edges per program the packed kernel's nodes-per-program rule aims at (G = 2 at mean 32)",
+    ),
+    "aggregate.one_node_tile": Entry(
+        2048,
+        suite="gnn",
+        cell="aggregate_max/float32/be16 vs be32 vs be64",
+        results="gnn_h200_run2.json",
+        note="elements of the one-node kernel's (edges, features) tile: 16 edges per step at 128 features",
+    ),
+    "aggregate.values_only": Entry(
+        {"float32": (1, GatherVariant(key_reduce=True)), "half": (None, GatherVariant(num_warps=2))},
+        suite="gnn-variants",
+        cell="max/float32/G1+key vs max/float32/default; max/bfloat16/w2 vs max/bfloat16/default",
+        results="gather_defaults_h200.json",
+        note="(nodes per program, variant) of max / min without the arg-max, by feature width: float32 one node "
+        "per program reducing int32 keys, 2-byte features the packed kernel with two warps",
+    ),
+    "aggregate.with_arg": Entry(
+        (None, GatherVariant(num_warps=1)),
+        suite="gnn-variants",
+        cell="max/float32/w1 vs max/float32/default vs max/float32/w2 (--with-arg)",
+        results="gather_with_arg_h200.json",
+        note="(nodes per program, variant) of max / min with the arg-max (the forward under grad): the default "
+        "nodes per program with one warp, both dtypes",
+    ),
+    # ------------------------------------------------------------------ attention kernels
+    "attention.one_head_layout": Entry(
+        "flat",
+        suite="gnn-variants",
+        cell="gatv2/float32/1x128/default vs gatv2/float32/1x128/heads+be32+eager",
+        results="gatv2_defaults_h200.json",
+        note="one head of 128 features per program: 2-D (edges, features) tiles with deferred reductions against "
+        "the (edges, 1, 128) view, GATv2 forward + backward",
+    ),
+    "attention.wide_edges_per_step": Entry(
+        16,
+        suite="gnn-variants",
+        cell="gatv2/float32/8x16/default vs gatv2/float32/8x16/heads+be32",
+        results="gatv2_defaults_h200.json",
+        note="edges per step of a program of 128 or more features (one head of 128, eight of 16)",
+    ),
+}
+
+#: A GPU without a table (see the module docstring): plain kernels, the same orders and structural rules.
+DEFAULT = {
+    **H200,
+    "spmm.variant": Entry(GatherVariant(), note="the plain kernel (its own warps rule)"),
+    "aggregate.values_only": Entry(
+        {"float32": (None, GatherVariant()), "half": (None, GatherVariant())},
+        note="the nodes-per-program rule and the plain kernel",
+    ),
+    "aggregate.with_arg": Entry((None, GatherVariant()), note="the nodes-per-program rule and the plain kernel"),
+    "attention.one_head_layout": Entry("heads", note="the (edges, heads, head size) view of every shape"),
+    "attention.wide_edges_per_step": Entry(None, note="the tile-size rule of every program width"),
+}
+
+#: Device kind -> entries.
+TABLES = {"NVIDIA H200": H200}
+
+
+def entry(name: str, kind: str | None = None) -> Entry:
+    """Entry ``name`` for device ``kind`` (default: :func:`blocksparse.hardware.gpu`'s); :data:`DEFAULT` else."""
+    kind = hardware.gpu().kind if kind is None else kind
+    table = TABLES.get(kind, DEFAULT)
+    if name not in table:
+        raise KeyError(f"Expected a tuned GNN entry in {sorted(DEFAULT)}. Got {name!r}.")
+    return table[name]
+
+
+def get(name: str, kind: str | None = None):
+    """The value of :func:`entry` ``name``."""
+    return entry(name, kind).value

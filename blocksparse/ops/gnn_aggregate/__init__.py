@@ -1,5 +1,0 @@
-"""gnn_aggregate: dispatch and custom VJP (``api``), pure-JAX reference, Pallas (Triton) kernels."""
-
-from .api import aggregate
-
-__all__ = ["aggregate"]

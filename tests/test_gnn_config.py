@@ -1,0 +1,174 @@
+"""The GNN ops' dispatch decisions (``blocksparse.ops.gnn.order``), their tuned data, and ``config=``.
+
+The decisions are asked of ``order``'s public functions under a faked device (``hardware.fake``): the H200's
+measured table, and a GPU without one (the documented conservative default). ``config=`` is checked on SpMM
+and max / min (attention's ``AttentionConfig`` in test_gnn_attention_variants.py): it reaches the Pallas
+kernel (in interpret mode, read off the traced jaxpr), another config traces again, and bad ones are refused.
+"""
+
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import blocksparse as bs
+import blocksparse.gnn as gnn
+from blocksparse import hardware
+from blocksparse.gnn import GatherConfig, GatherVariant
+from blocksparse.ops.gnn import order, registry, tuned
+
+ROOT = Path(__file__).resolve().parent.parent
+OTHER = hardware.Device(kind="NVIDIA A100-SXM4-80GB", compute_capability="8.0", num_sms=108)
+BOTH = ("pallas", "xla")
+
+# (op, implementation, dtype, config) -> the backends tried, on the H200 (and on any GPU: the orders agree)
+ORDERS = [
+    ("spmm", None, jnp.float32, None, BOTH),
+    ("spmm", None, jnp.bfloat16, None, BOTH),
+    ("spmm", None, jnp.float16, None, BOTH),
+    ("aggregate", None, jnp.float32, None, BOTH),
+    ("aggregate", None, jnp.bfloat16, None, BOTH),
+    ("gatv2", None, None, None, BOTH),
+    ("graph_attention", None, None, None, BOTH),
+    ("spmm", "xla", jnp.float32, None, ("xla",)),
+    ("aggregate", ("xla", "pallas"), jnp.float32, None, ("xla", "pallas")),
+    ("spmm", None, jnp.float32, GatherConfig(), ("pallas",)),
+    ("aggregate", None, jnp.bfloat16, GatherConfig(nodes_per_program=4), ("pallas",)),
+    ("gatv2", None, None, gnn.AttentionConfig(), ("pallas",)),
+    ("aggregate", ("xla", "pallas"), jnp.float32, GatherConfig(), ("xla", "pallas")),
+]
+
+
+@pytest.mark.parametrize("device", [hardware.H200, OTHER], ids=["h200", "unmeasured"])
+@pytest.mark.parametrize("op, implementation, dtype, config, want", ORDERS)
+def test_backend_order(device, op, implementation, dtype, config, want):
+    with hardware.fake(device):
+        assert order.implementations(op, implementation, dtype, config) == want
+
+
+def test_kernel_defaults_on_the_h200_and_elsewhere():
+    with hardware.fake(hardware.H200):
+        assert order.spmm_variant(None) == order.spmm_variant(1) == GatherVariant(num_warps=1)
+        assert order.aggregate_variant(jnp.float32, False) == (1, GatherVariant(key_reduce=True))
+        assert order.aggregate_variant(jnp.bfloat16, False) == (None, GatherVariant(num_warps=2))
+        assert order.aggregate_variant(jnp.float16, True) == (None, GatherVariant(num_warps=1))
+        assert order.attention_layout(True) == "flat" and order.attention_edges_per_step(128) == 16
+        h200 = [order.spmm_edges_per_step(e, 100, 128) for e in (3200, 3201)]
+    assert h200 == [16, 32]
+    with hardware.fake(OTHER):  # the plain kernels; the structural rules as measured
+        assert order.spmm_variant(None) == GatherVariant()
+        assert order.aggregate_variant(jnp.float32, False) == (None, GatherVariant())
+        assert order.aggregate_variant(jnp.bfloat16, True) == (None, GatherVariant())
+        assert order.attention_layout(True) == "heads" and order.attention_edges_per_step(128) == 32
+        assert [order.spmm_edges_per_step(e, 100, 128) for e in (3200, 3201)] == h200
+        assert order.aggregate_nodes_per_program(32) == 2 and order.aggregate_one_node_edges(128) == 16
+    assert order.spmm_variant(2) is None and order.attention_layout(False) == "heads"
+    assert order.attention_edges_per_step(128, gnn.AttentionConfig(edges_per_step=64)) == 64
+
+
+def test_cpu_runs_the_planning_default():
+    # off a GPU (Pallas' interpreter) the kernels take the planning default's table: the H200's
+    assert hardware.gpu().kind == hardware.PLANNING_DEFAULT.kind or jax.default_backend() == "gpu"
+    if jax.default_backend() != "gpu":
+        assert tuned.entry("spmm.variant") is tuned.TABLES[hardware.PLANNING_DEFAULT.kind]["spmm.variant"]
+
+
+def test_every_tuned_entry_names_its_benchmark():
+    assert set(tuned.DEFAULT) == set(tuned.H200) and set(tuned.TABLES) == {"NVIDIA H200"}
+    for name, e in tuned.H200.items():
+        assert e.suite in ("gnn", "gnn-variants", "gnn-graphs"), name
+        assert e.cell and e.note, name
+        assert (ROOT / "benchmarks" / "results" / e.results).is_file(), (name, e.results)
+        assert not re.search(r"\d\.\d+ ?ms", e.note), name  # numbers live in the JSON, not here
+    with pytest.raises(KeyError, match="tuned GNN entry"):
+        tuned.entry("spmm.nope")
+    assert tuned.get("spmm.variant", kind="some GPU") == GatherVariant()
+
+
+def test_registry():
+    assert tuple(registry.IMPLEMENTATIONS) == BOTH
+    assert registry.module("spmm", "xla").__name__ == "blocksparse.ops.gnn.spmm.reference"
+    assert registry.module("attention", "pallas").__name__ == "blocksparse.ops.gnn.attention.pallas_triton"
+    with pytest.raises(ValueError, match="op folder"):
+        registry.module("gatv2", "xla")
+    with pytest.raises(ValueError, match="implementation"):
+        registry.module("spmm", "mosaic")
+
+
+# ---------------------------------------------------------------------------------- config=
+@pytest.fixture(scope="module")
+def graph():
+    return gnn.power_law(32, 160, seed=1)
+
+
+def _kernels(fn, *args):
+    """The Pallas kernels ``fn`` traces (interpret mode): their names and warps."""
+    with bs.interpret():
+        text = str(jax.make_jaxpr(fn)(*args))
+    return set(re.findall(r"name=(gnn_\w+)", text)), set(re.findall(r"num_warps=(\d+)", text))
+
+
+def test_gather_config_reaches_spmm_and_aggregate(graph):
+    x = jnp.ones((32, 8))
+    assert _kernels(lambda x: gnn.spmm(graph, x, config=GatherConfig(nodes_per_program=4)), x)[0] == {"gnn_spmm_x4"}
+    cfg = GatherConfig(variant=GatherVariant(num_warps=2, prefetch=True))
+    assert _kernels(lambda x: gnn.spmm(graph, x, config=cfg), x) == ({"gnn_spmm_v_prefetch_w2"}, {"2"})
+    names, _ = _kernels(lambda x: gnn.aggregate(graph, x, "min", config=GatherConfig(nodes_per_program=8)), x)
+    assert names == {"gnn_aggregate_min_x8"}
+    cfg = GatherConfig(nodes_per_program=1, variant=GatherVariant(key_reduce=True, num_warps=8))
+    assert _kernels(lambda x: gnn.aggregate(graph, x, config=cfg), x) == ({"gnn_aggregate_max_v_key_w8"}, {"8"})
+    # the backward of SpMM takes the defaults (the one-node kernel, tuned entry spmm.variant), on Pallas
+    grad = jax.grad(lambda x: gnn.spmm(graph, x, config=GatherConfig(nodes_per_program=2)).sum())
+    with hardware.fake(hardware.H200):
+        assert _kernels(grad, x)[0] == {"gnn_spmm_x2", "gnn_spmm_v_w1"}
+
+
+def test_gather_config_is_static_and_retraces(graph):
+    x = jnp.ones((32, 8))
+    traces = []
+    run = jax.jit(lambda x, cfg: (traces.append(cfg), gnn.spmm(graph, x, config=cfg))[1], static_argnames="cfg")
+    with bs.interpret(), bs.dispatch_log() as log:
+        for cfg in (GatherConfig(nodes_per_program=2), GatherConfig(nodes_per_program=4), GatherConfig(2)):
+            run.trace(x, cfg=cfg)
+    assert traces == [GatherConfig(2), GatherConfig(4)] and log == [("spmm", "pallas")] * 2
+    assert hash(GatherConfig(2)) == hash(GatherConfig(nodes_per_program=2))
+    with bs.interpret():  # every config computes the same sums
+        want = gnn.spmm(graph, x, implementation="xla")
+        for cfg in (GatherConfig(), GatherConfig(2), GatherConfig(variant=GatherVariant(pairs=True))):
+            np.testing.assert_allclose(gnn.spmm(graph, x, config=cfg), want, rtol=1e-6)
+
+
+def test_config_runs_only_its_backend(graph):
+    x = jnp.ones((32, 8))
+    if jax.default_backend() != "gpu":  # no GPU and no interpreter: the config's backend refuses, no fallback
+        with bs.interpret(False), pytest.raises(NotImplementedError, match="no GPU"):
+            gnn.spmm(graph, x, config=GatherConfig())
+        with bs.interpret(False), pytest.raises(NotImplementedError, match="no GPU"):
+            gnn.aggregate(graph, x, config=GatherConfig())
+    with bs.dispatch_log() as log:  # an explicit implementation that includes it: XLA first ignores the config
+        gnn.aggregate(graph, x, implementation=("xla", "pallas"), config=GatherConfig(4))
+    assert log == [("aggregate", "xla")]
+
+
+def test_config_errors(graph):
+    x = jnp.ones((32, 8))
+    with pytest.raises(TypeError, match="Expected config None or a GatherConfig for spmm. Got GatherVariant"):
+        gnn.spmm(graph, x, config=GatherVariant())
+    with pytest.raises(TypeError, match="a GatherConfig for aggregate. Got AttentionConfig"):
+        gnn.aggregate(graph, x, config=gnn.AttentionConfig())
+    with pytest.raises(ValueError, match="include 'pallas'"):
+        gnn.spmm(graph, x, implementation="xla", config=GatherConfig())
+    with pytest.raises(ValueError, match=r"one of \(1, 2, 4, 8, 16\) for spmm"):
+        gnn.spmm(graph, x, config=GatherConfig(nodes_per_program=32))
+    for bad in (3, 0, 64, True):
+        with pytest.raises(ValueError, match="power of two"):
+            GatherConfig(nodes_per_program=bad)
+    with pytest.raises(TypeError, match="GatherVariant"):
+        GatherConfig(variant={"pairs": True})
+    with pytest.raises(ValueError, match="op"):
+        order.implementations("matmul")
+    assert GatherConfig().label == "default" and GatherConfig(2, GatherVariant(num_warps=1)).label == "G2+w1"
+    assert GatherConfig.backend == gnn.AttentionConfig.backend == "pallas"
