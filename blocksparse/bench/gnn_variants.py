@@ -115,10 +115,13 @@ _TABLES = {"spmm": SPMM, "max": MAX, "max_with_arg": MAX_WITH_ARG}
 
 
 def gather_config(fields: dict):
-    """The SpMM / aggregation ops' ``config=`` for one row of :data:`SPMM` / :data:`MAX` / :data:`MAX_WITH_ARG`."""
-    from ..gnn import GatherConfig
+    """The SpMM / aggregation ops' ``config=`` for one row of :data:`SPMM` / :data:`MAX` / :data:`MAX_WITH_ARG`:
+    a ``GatherConfig`` of its ``nodes_per_program`` and a ``GatherVariant`` of the other fields (none: ``None``)."""
+    from ..gnn import GatherConfig, GatherVariant
 
-    return GatherConfig(**fields)
+    knobs = {k: v for k, v in fields.items() if k != "nodes_per_program"}
+    return GatherConfig(nodes_per_program=fields.get("nodes_per_program"), variant=GatherVariant(**knobs) if knobs
+                        else None)  # fmt: skip
 
 
 def attention_config(fields: dict):
