@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -102,6 +103,9 @@ class BandConfig:
     tm: int | None = None
     width: int | None = None
     stages: int | None = None
+
+    #: The backend this config configures (``implementation="mosaic"``; ``bs.matmul(..., config=)``).
+    backend: ClassVar[str] = "mosaic"
 
     def __post_init__(self):
         if self.tm is not None and self.tm not in TILES:

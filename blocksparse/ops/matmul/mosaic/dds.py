@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -134,6 +135,9 @@ class DdsConfig:
     persistent: bool | None = None
     programs: int | None = None
     reduce: str | None = None
+
+    #: The backend this config configures (``implementation="mosaic"``; ``bs.matmul(..., config=)``).
+    backend: ClassVar[str] = "mosaic"
 
     def __post_init__(self):
         if self.tm is not None and self.tm not in TILES:

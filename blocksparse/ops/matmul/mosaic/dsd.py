@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -153,6 +154,9 @@ class MosaicConfig:
     programs: int | None = None
     reduce: str | None = None
     cluster: int = 1
+
+    #: The backend this config configures (``implementation="mosaic"``; ``bs.matmul(..., config=)``).
+    backend: ClassVar[str] = "mosaic"
 
     def __post_init__(self):
         if self.tn is not None and self.tn not in _TILES:

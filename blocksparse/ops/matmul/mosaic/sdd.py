@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -80,6 +81,9 @@ class SddConfig:
     tk: int | None = None
     stages: int | None = None
     splits: int | None = None
+
+    #: The backend this config configures (``implementation="mosaic"``; ``bs.matmul(..., config=)``).
+    backend: ClassVar[str] = "mosaic"
 
     def __post_init__(self):
         if self.tk is not None and self.tk not in TILES_K:
