@@ -24,6 +24,8 @@ from ._core import (
     variant,
     write_json,
 )
+from ._report import plot as figures
+from ._report import require_matplotlib
 
 __all__ = [
     "Cell",
@@ -32,9 +34,11 @@ __all__ = [
     "Result",
     "Timer",
     "check_close",
+    "figures",
     "implementation",
     "measure",
     "ratio",
+    "require_matplotlib",
     "run_cell",
     "run_cells",
     "tolerance",
