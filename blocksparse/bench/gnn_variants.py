@@ -32,10 +32,12 @@ import blocksparse as bs
 
 from ._core import Cell, Timer, check_close, measure, ratio, variant
 
-#: ``modes``: of the gatv2 and dynamic cells; ``graphs``: of the packed cells (the CPU sizes keep a few cells).
+#: ``modes``: of the gatv2 and dynamic cells; ``graphs``: of the packed cells; ``gather``: the gather cells' ops;
+#: ``dynamic``: the dynamic cells' ops (the CPU sizes keep a few cells).
 SIZES = {
     "tiny": dict(nodes=96, edges=1536, feat=16, dtypes=("float32",), shapes=((2, 8),), arxiv_scale=0.002,
-                 dynamic_feat=16, heads=2, modes=("fwd",), graphs=("arxiv-like",)),
+                 dynamic_feat=16, heads=2, modes=("fwd",), graphs=("arxiv-like",), gather=("spmm", "max"),
+                 dynamic=("spmm_sum", "gatv2")),
     "quick": dict(nodes=512, edges=16_384, feat=32, dtypes=("float32",), shapes=((4, 8),), arxiv_scale=0.005,
                   dynamic_feat=32, heads=2, modes=("fwd+bwd",), graphs=("power-law-32", "arxiv-like")),
     "full": dict(nodes=262_144, edges=8_388_608, feat=128, dtypes=("float32", "bfloat16"),
@@ -136,12 +138,13 @@ def cells(*, full: bool) -> list[Cell]:
 
 
 def suite(
-    *, nodes, edges, feat, dtypes, shapes, arxiv_scale, dynamic_feat, heads, modes, graphs, seed: int = 0
-) -> list[Cell]:
+    *, nodes, edges, feat, dtypes, shapes, arxiv_scale, dynamic_feat, heads, modes, graphs, gather=None, dynamic=None,
+    seed: int = 0,
+) -> list[Cell]:  # fmt: skip
     graph = functools.cache(lambda: bs.gnn.power_law(nodes, edges, seed=seed))
     base = dict(nodes=nodes, edges=edges, graph="power_law")
     out = []
-    for op in _TABLES:
+    for op in gather or _TABLES:
         for dtype in dtypes:
             params = dict(base, kind="gather", op=op, dtype=dtype, feat=feat, variants=sorted(_TABLES[op]))
             out.append(Cell("gnn-variants", f"gather {op} {dtype}", params, _gather(op, graph, feat, dtype, seed)))
@@ -159,7 +162,7 @@ def suite(
             )
     dyn = dict(base, kind="dynamic", feat=dynamic_feat, heads=heads, dtype="float32")
     out.append(Cell("gnn-variants", "dynamic build", dict(dyn, op="build"), _build(graph)))
-    for op in DYNAMIC_OPS:
+    for op in dynamic or DYNAMIC_OPS:
         for mode in modes:
             run = _dynamic(op, mode, graph, dynamic_feat, heads, seed)
             out.append(Cell("gnn-variants", f"dynamic {op} {mode}", dict(dyn, op=op, mode=mode), run))

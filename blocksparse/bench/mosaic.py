@@ -79,8 +79,8 @@ BAND_VARIANTS = {
 #: densities); ``sdd``: ((kind, m, n, K) cells, blocks, inverse densities); ``bands``: ((op, m, k, n), blocks,
 #: inverse densities). ``variants``: whether the forced variants run (the CPU sizes time the defaults only).
 SIZES = {
-    "tiny": dict(dtype="float32", variants=False, dsd=(64, (16,), (64,), (4,), ("uniform",), (None,)),
-                 dds=(((32, 64, 64),), (64,), (4,)), sdd=((("dsd", 64, 64, 32),), (64,), (4,)),
+    "tiny": dict(dtype="float32", variants=False, dsd=(128, (16,), (64,), (2,), ("uniform",), (None,)),
+                 dds=(((32, 128, 128),), (64,), (2,)), sdd=((("dsd", 128, 128, 32),), (64,), (2,)),
                  bands=((("dsd", 64, 64, 16),), (16,), (4,))),
     "quick": dict(dtype="float32", variants=False, dsd=(256, (64,), (64,), (4,), ("uniform", "powerlaw"), (None,)),
                   dds=(((64, 256, 256),), (64,), (4,)),
