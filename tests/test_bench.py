@@ -427,7 +427,7 @@ def test_peer_scripts_run_the_suites_cells_and_skip_their_peers(tmp_path, monkey
         mine = [r for r in doc["results"] if not r["suite"].endswith("-peers")]
         peers = [r for r in doc["results"] if r["suite"].endswith("-peers")]
         assert mine and all(r["ok"] and not r["skipped"] and r["metrics"]["loop_ms"] > 0 for r in mine), name
-        assert peers and all(r["ok"] and "torch" in r["skipped"] for r in peers), name
+        assert peers and all(r["ok"] and r["skipped"] for r in peers), name  # torch missing, or GPU-only
 
 
 @pytest.mark.gpu
