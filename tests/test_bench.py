@@ -397,7 +397,6 @@ def test_mosaic_cells_run_every_kernel_and_a_forced_variant_in_the_interpreter(k
     assert m["speedup_vs_triton"] > 0 and m["best"] in variants[kind][1]
 
 
-@pytest.mark.slow
 def test_gnn_variant_cells_run_their_configs_in_the_interpreter(monkeypatch):
     """Each gather / attention / packed variant reaches its kernel through config= and matches XLA."""
     monkeypatch.setattr(bench_gnn_variants, "SPMM", {"w2": dict(num_warps=2), "G2": dict(nodes_per_program=2)})
