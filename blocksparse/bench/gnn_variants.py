@@ -33,13 +33,14 @@ import blocksparse as bs
 from ._core import Cell, Timer, check_close, measure, ratio, variant
 
 #: ``modes``: of the gatv2 and dynamic cells; ``graphs``: of the packed cells; ``gather``: the gather cells' ops;
-#: ``dynamic``: the dynamic cells' ops (the CPU sizes keep a few cells).
+#: ``dynamic`` / ``dynamic_modes``: the dynamic cells' ops and modes (the CPU sizes keep a few cells).
 SIZES = {
     "tiny": dict(nodes=96, edges=1536, feat=16, dtypes=("float32",), shapes=((2, 8),), arxiv_scale=0.002,
                  dynamic_feat=16, heads=2, modes=("fwd",), graphs=("arxiv-like",), gather=("spmm", "max"),
                  dynamic=("spmm_sum", "gatv2")),
     "quick": dict(nodes=512, edges=16_384, feat=32, dtypes=("float32",), shapes=((4, 8),), arxiv_scale=0.005,
-                  dynamic_feat=32, heads=2, modes=("fwd+bwd",), graphs=("power-law-32", "arxiv-like")),
+                  dynamic_feat=32, heads=2, modes=("fwd+bwd",), graphs=("power-law-32", "arxiv-like"),
+                  dynamic=("spmm_sum", "max", "gatv2"), dynamic_modes=("fwd",)),
     "full": dict(nodes=262_144, edges=8_388_608, feat=128, dtypes=("float32", "bfloat16"),
                  shapes=((1, 128), (8, 16)), arxiv_scale=1.0, dynamic_feat=128, heads=8, modes=("fwd", "fwd+bwd"),
                  graphs=("power-law-32", "arxiv-like")),
@@ -139,7 +140,7 @@ def cells(*, full: bool) -> list[Cell]:
 
 def suite(
     *, nodes, edges, feat, dtypes, shapes, arxiv_scale, dynamic_feat, heads, modes, graphs, gather=None, dynamic=None,
-    seed: int = 0,
+    dynamic_modes=None, seed: int = 0,
 ) -> list[Cell]:  # fmt: skip
     graph = functools.cache(lambda: bs.gnn.power_law(nodes, edges, seed=seed))
     base = dict(nodes=nodes, edges=edges, graph="power_law")
@@ -163,7 +164,7 @@ def suite(
     dyn = dict(base, kind="dynamic", feat=dynamic_feat, heads=heads, dtype="float32")
     out.append(Cell("gnn-variants", "dynamic build", dict(dyn, op="build"), _build(graph)))
     for op in dynamic or DYNAMIC_OPS:
-        for mode in modes:
+        for mode in dynamic_modes or modes:
             run = _dynamic(op, mode, graph, dynamic_feat, heads, seed)
             out.append(Cell("gnn-variants", f"dynamic {op} {mode}", dict(dyn, op=op, mode=mode), run))
     return out
