@@ -81,6 +81,7 @@ MAX = {
     "G1": dict(nodes_per_program=1),
     "G1+key": dict(nodes_per_program=1, key_reduce=True),
     "G1+key+w2": dict(nodes_per_program=1, key_reduce=True, num_warps=2),
+    **{f"G{k}": dict(nodes_per_program=k) for k in (2, 4, 8)},
 }
 #: Max with the arg-max (forward and backward) rows.
 MAX_WITH_ARG = {

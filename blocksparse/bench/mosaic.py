@@ -66,7 +66,7 @@ SDD_VARIANTS = {
     **{f"splits{k}": dict(splits=k) for k in (1, 2, 4)},
 }
 #: Forced Triton token splits of the ``sdd`` cells (``TritonConfig(sdd_splits=k)``).
-TRITON_SPLITS = (2, 4, 8)
+TRITON_SPLITS = (2, 4, 8, 16)
 #: Forced banded-kernel variants: name -> ``BandConfig`` fields.
 BAND_VARIANTS = {
     **{f"tm{tm}": dict(tm=tm) for tm in (64, 128)},
