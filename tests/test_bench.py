@@ -397,6 +397,22 @@ def test_mosaic_cells_run_every_kernel_and_a_forced_variant_in_the_interpreter(k
     assert m["speedup_vs_triton"] > 0 and m["best"] in variants[kind][1]
 
 
+@pytest.mark.slow  # the dynamic cell runs seven kernels in the interpreter (about a minute on 2 cores)
+def test_dynamic_and_triton_variants_reach_their_kernels_in_the_interpreter(monkeypatch):
+    """The dynamic suite's Triton designs (config=TritonConfig(dynamic=...)) and Mosaic paths, and the matmul
+    suite's Triton tilings, on a faked H200."""
+    monkeypatch.setattr(bench_matmul, "TRITON_VARIANTS", {"tn64": dict(tn=64), "accT": dict(transpose_acc=True)})
+    cells = bench_dynamic.suite(m=128, ns=(64,), blocks=(64,), densities=(1 / 2,), dtype="float16")
+    cells += [c for c in bench_matmul.suite(m=64, ns=(16,), blocks=(16,), densities=(1 / 4,), dtype="float32",
+                                            variants=True) if c.params["kind"] == "static"]  # fmt: skip
+    dyn, static = _interpreted(cells)
+    assert dyn.ok and static.ok, (dyn.error, static.error)
+    assert not [k for k in (*dyn.metrics, *static.metrics) if k.endswith("_skipped")]
+    assert dyn.metrics["scan_implementation"] == dyn.metrics["worklist_implementation"] == "dyn_dsd: pallas"
+    assert dyn.metrics["dynamic_mosaic_implementation"] == "dyn_dsd: mosaic" and dyn.metrics["scan_loop_vs_static"] > 0
+    assert static.metrics["tn64_implementation"] == "dsd: pallas" and static.metrics["best"] in ("tn64", "accT")
+
+
 def test_gnn_variant_cells_run_their_configs_in_the_interpreter(monkeypatch):
     """Each gather / attention / packed variant reaches its kernel through config= and matches XLA."""
     monkeypatch.setattr(bench_gnn_variants, "SPMM", {"w2": dict(num_warps=2), "G2": dict(nodes_per_program=2)})

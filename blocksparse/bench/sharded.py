@@ -35,7 +35,7 @@ from .matmul import density_label
 
 SIZES = {
     "tiny": dict(matrix=(128, 128, 32, 16, 1 / 4, "float32"), graph=(512, 4096, 8)),
-    "quick": dict(matrix=(1024, 1024, 256, 32, 1 / 8, "float32"), graph=(4096, 65_536, 16)),
+    "quick": dict(matrix=(512, 512, 128, 32, 1 / 8, "float32"), graph=(2048, 16_384, 16)),
     "full": dict(matrix=(32768, 32768, 8192, 64, 1 / 16, "bfloat16"), graph=(1 << 20, 1 << 25, 128)),
 }
 
