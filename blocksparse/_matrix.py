@@ -13,7 +13,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
-from ._pattern import BlockPattern, block_pair, check_block_size, check_density, num_blocks
+from ._pattern import (
+    BlockPattern,
+    block_pair,
+    check_block_size,
+    check_density,
+    check_grid,
+    check_num_blocks,
+    check_shape,
+    num_blocks,
+)
 from ._util import Pytree, runtime_checks_enabled
 
 __all__ = ["BlockSparseMatrix", "DynamicBlockSparseMatrix", "random"]
@@ -81,6 +90,14 @@ def inside_sparsify() -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def _leaf_repr(name: str, data) -> str:
+    """``dtype=...`` of an array leaf, or ``data=<repr>`` of whatever else a tree operation put there."""
+    dtype = getattr(data, "dtype", None)
+    if dtype is not None:
+        return f"{name}={dtype}"
+    return f"data={data!r}"
 
 
 class NoImplicitDense:
@@ -218,9 +235,11 @@ class BlockSparseMatrix(NoImplicitDense, Pytree):
     ndim = 2
 
     def __repr__(self) -> str:
+        # Any leaf prints: tree utilities (jax.tree.map, flax's state dicts) rebuild matrices whose data is a shape,
+        # None or a placeholder.
         return (
             f"BlockSparseMatrix(shape={self.shape}, block_size={self.block_size}, "
-            f"nnz_blocks={self.nnz_blocks}, density={self.density:.4g}, dtype={self.dtype})"
+            f"nnz_blocks={self.nnz_blocks}, density={self.density:.4g}, {_leaf_repr('dtype', self.data)})"
         )
 
     # -- conversions --------------------------------------------------------------------------
@@ -322,6 +341,11 @@ class BlockSparseMatrix(NoImplicitDense, Pytree):
         """From any ``scipy.sparse`` array or matrix; ``block_size`` defaults to a BSR's own."""
         import scipy.sparse as sp
 
+        if not sp.issparse(mat):
+            raise TypeError(
+                f"Expected a scipy.sparse array or matrix. Got {type(mat).__name__}; for a dense array use "
+                "BlockSparseMatrix.from_dense(x, block_size)."
+            )
         if block_size is None:
             if not (sp.issparse(mat) and mat.format == "bsr"):
                 raise ValueError(f"Expected block_size for a scipy {mat.format} matrix; only BSR carries one.")
@@ -347,12 +371,36 @@ def random(
     check_floating(dtype)
     density = check_density(density)
     bh, bw = check_block_size(shape, block_size)
-    num_blocks(density, (int(shape[0]) // bh) * (int(shape[1]) // bw))  # a positive density keeping 0 blocks raises
+    gm, gk = check_grid(check_shape(shape), (bh, bw))
+    check_num_blocks(num_blocks(density, gm * gk))  # before drawing; a positive density keeping 0 blocks raises
     kp, kv = jax.random.split(key)
     seed = pattern_seed if pattern_seed is not None else int(jax.random.randint(kp, (), 0, 2**31 - 1))
     pattern = BlockPattern.random(seed, shape, block_size, density)
     data = jax.random.normal(kv, (pattern.nnz_blocks, *pattern.block_size), dtype)
     return BlockSparseMatrix(pattern, data)
+
+
+def _capacity(capacity) -> int:
+    """``capacity`` as an int in ``[0, MAX_BLOCKS]``; a float is refused, never truncated."""
+    if isinstance(capacity, np.ndarray) and capacity.ndim == 0:
+        capacity = capacity[()]
+    if not isinstance(capacity, int | np.integer) or isinstance(capacity, bool | np.bool_):
+        raise TypeError(f"Expected capacity as a non-negative int. Got {capacity!r} of type {type(capacity).__name__}.")
+    if capacity < 0:
+        raise ValueError(f"Expected capacity >= 0 (the most blocks the matrix can hold). Got capacity={capacity}.")
+    return check_num_blocks(int(capacity), "blocks of capacity")
+
+
+def _nnz(nnz):
+    """A concrete ``nnz`` as a Python int (an integer scalar only); a traced one as it is (checked by the class)."""
+    if not is_concrete(nnz):
+        return nnz
+    host = np.asarray(nnz)
+    if host.shape != () or not np.issubdtype(host.dtype, np.integer):
+        raise TypeError(f"Expected nnz as an integer scalar. Got {nnz!r} (shape {host.shape}, dtype {host.dtype}).")
+    if int(host) < 0:
+        raise ValueError(f"Expected nnz >= 0. Got nnz={int(host)}.")
+    return int(host)
 
 
 class DynamicBlockSparseMatrix(NoImplicitDense, Pytree):
@@ -380,9 +428,9 @@ class DynamicBlockSparseMatrix(NoImplicitDense, Pytree):
         block_size = data.shape[1:] if block_size is None else block_pair(block_size)
         if tuple(data.shape[1:]) != tuple(block_size):
             raise ValueError(f"Expected blocks of shape {tuple(block_size)}. Got {data.shape[1:]}.")
-        self.shape = (int(shape[0]), int(shape[1]))
+        self.shape = check_shape(shape)
         self.block_size = check_block_size(self.shape, block_size)
-        cap = data.shape[0]
+        cap = check_num_blocks(data.shape[0], "blocks of capacity")
         coords = []
         for name, idx in (("rows", rows), ("cols", cols)):
             if np.shape(idx) != (cap,):
@@ -414,11 +462,12 @@ class DynamicBlockSparseMatrix(NoImplicitDense, Pytree):
         check_floating(blocks.dtype, "blocks")
         if blocks.ndim != 3:
             raise ValueError(f"Expected blocks of shape (L, bh, bw). Got {blocks.shape}.")
+        check_shape(shape)  # before any padding is allocated
         n = blocks.shape[0]
-        capacity = n if capacity is None else int(capacity)
+        capacity = n if capacity is None else _capacity(capacity)
         if n > capacity:
             raise ValueError(f"Expected at most capacity={capacity} blocks. Got {n}.")
-        nnz = n if nnz is None else nnz
+        nnz = n if nnz is None else _nnz(nnz)
         if is_concrete(nnz) and int(nnz) > capacity:
             raise ValueError(f"Expected nnz <= capacity={capacity}. Got nnz={int(nnz)}; raise the capacity.")
         if is_concrete(nnz) and int(nnz) > n:
@@ -443,9 +492,11 @@ class DynamicBlockSparseMatrix(NoImplicitDense, Pytree):
         return self.shape[0] // self.block_size[0], self.shape[1] // self.block_size[1]
 
     def __repr__(self) -> str:
+        data = self.data
+        cap = data.shape[-3] if hasattr(data, "shape") and len(getattr(data, "shape", ())) >= 3 else "?"
         return (
             f"DynamicBlockSparseMatrix(shape={self.shape}, block_size={self.block_size}, "
-            f"capacity={self.capacity}, dtype={self.dtype})"
+            f"capacity={cap}, {_leaf_repr('dtype', data)})"
         )
 
     def active(self) -> jax.Array:

@@ -14,22 +14,71 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["BlockPattern", "check_block_size", "check_density"]
+__all__ = [
+    "MAX_BLOCKS",
+    "MAX_BLOCK_ROWS",
+    "MAX_DIM",
+    "BlockPattern",
+    "check_block_size",
+    "check_density",
+    "check_shape",
+]
+
+
+#: The largest side of a matrix: kernels and XLA's index arithmetic use int32.
+MAX_DIM = 2**31 - 1
+#: The most blocks one matrix may hold (block ids and offsets are int32 on the device).
+MAX_BLOCKS = 2**31 - 1
+#: The most block rows (or columns: the transpose is cached) of a static pattern: the host keeps an 8-byte row
+#: offset per block row, 512 MiB at this many, whatever the number of blocks.
+MAX_BLOCK_ROWS = 2**26
+
+
+def check_shape(shape, what: str = "shape") -> tuple[int, int]:
+    """``shape`` as a pair of Python ints in ``[0, MAX_DIM]``: integers only (a float is never truncated)."""
+    if isinstance(shape, str) or not hasattr(shape, "__len__") or len(shape) != 2:
+        raise ValueError(f"Expected a 2-D {what} (m, k). Got {shape!r}.")
+    if not all(_is_int(s) or (isinstance(s, np.ndarray) and s.ndim == 0 and _is_int(s[()])) for s in shape):
+        kinds = ", ".join(type(s).__name__ for s in shape)
+        raise TypeError(f"Expected {what} as a pair of ints. Got {tuple(shape)!r} ({kinds}).")
+    m, k = (int(s) for s in shape)
+    if m < 0 or k < 0:
+        raise ValueError(f"Expected a non-negative {what}. Got {(m, k)}.")
+    if m > MAX_DIM or k > MAX_DIM:
+        raise ValueError(
+            f"Expected each side of {what} at most {MAX_DIM} = 2**31 - 1 (int32 indexing on the device). Got {(m, k)}."
+        )
+    return m, k
 
 
 def check_block_size(shape: tuple[int, int], block_size: tuple[int, int]) -> tuple[int, int]:
-    """Validate ``block_size`` against ``shape`` and return it as a pair of ints."""
-    if len(shape) != 2:
-        raise ValueError(f"Expected a 2-D shape (m, k). Got {tuple(shape)}.")
+    """Validate ``block_size`` against ``shape`` (see :func:`check_shape`) and return it as a pair of ints."""
+    m, k = check_shape(shape)
     bh, bw = block_pair(block_size)
-    m, k = (int(s) for s in shape)
-    if m < 0 or k < 0:
-        raise ValueError(f"Expected a non-negative shape. Got {(m, k)}.")
     if m % bh or k % bw:
         raise ValueError(
             f"Expected block_size ({bh}, {bw}) to divide the shape {(m, k)}. Got remainders ({m % bh}, {k % bw})."
         )
     return bh, bw
+
+
+def check_grid(shape: tuple[int, int], block_size: tuple[int, int]) -> tuple[int, int]:
+    """The block grid of a static pattern, refused where the host's row index could not be held."""
+    gm, gk = shape[0] // block_size[0], shape[1] // block_size[1]
+    if max(gm, gk) > MAX_BLOCK_ROWS:
+        raise ValueError(
+            f"Expected at most {MAX_BLOCK_ROWS} = 2**26 block rows and block columns in a static pattern (the host "
+            f"keeps 8 bytes per block row of it and of its transpose). Got a grid of {(gm, gk)} blocks "
+            f"(shape {tuple(shape)}, block size {tuple(block_size)}); use larger blocks."
+        )
+    return gm, gk
+
+
+def check_num_blocks(n: int, what: str = "blocks") -> int:
+    """``n`` (a count of blocks) refused past :data:`MAX_BLOCKS`."""
+    if n > MAX_BLOCKS:
+        raise ValueError(f"Expected at most {MAX_BLOCKS} = 2**31 - 1 {what} (int32 block ids). Got {n}.")
+    return n
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
@@ -46,7 +95,8 @@ class BlockPattern:
         shape: ``(m, k)``, the dense shape.
         block_size: ``(bh, bw)``.
         rows, cols: ``int32[nnz_blocks]`` block coordinates in row-major order, no duplicates.
-        indptr: ``int32[m // bh + 1]`` offsets of each block row into ``rows``/``cols``.
+        indptr: ``int64[m // bh + 1]`` offsets of each block row into ``rows``/``cols``; built on first use, so a
+            pattern's host memory scales with its blocks until something needs the row index.
         fingerprint: a hex digest of all of the above; equality and hashing use it.
     """
 
@@ -54,12 +104,12 @@ class BlockPattern:
     block_size: tuple[int, int]
     rows: np.ndarray
     cols: np.ndarray
-    indptr: np.ndarray = field(init=False)
     fingerprint: str = field(init=False)
 
     def __post_init__(self):
         bh, bw = check_block_size(self.shape, self.block_size)
         m, k = (int(s) for s in self.shape)
+        check_grid((m, k), (bh, bw))
         object.__setattr__(self, "shape", (m, k))
         object.__setattr__(self, "block_size", (bh, bw))
         rows, cols = np.asarray(self.rows), np.asarray(self.cols)
@@ -67,6 +117,7 @@ class BlockPattern:
             raise ValueError(
                 f"Expected rows and cols as 1-D arrays of one length. Got shapes {rows.shape} and {cols.shape}."
             )
+        check_num_blocks(rows.size)
         gm, gk = m // bh, k // bw
         _check_range("rows", rows, gm)
         _check_range("cols", cols, gk)
@@ -81,16 +132,19 @@ class BlockPattern:
                     f"Expected unique block positions in a static pattern. Got block ({rows[i]}, {cols[i]}) "
                     "more than once; sum duplicates first or use DynamicBlockSparseMatrix."
                 )
-        indptr = np.zeros(gm + 1, np.int64)
-        np.cumsum(np.bincount(rows, minlength=gm), out=indptr[1:])
         object.__setattr__(self, "rows", _readonly(rows))
         object.__setattr__(self, "cols", _readonly(cols))
-        object.__setattr__(self, "indptr", _readonly(indptr))
         h = hashlib.blake2b(digest_size=16)
         h.update(np.array([m, k, bh, bw], np.int64).tobytes())
         h.update(self.rows.tobytes())
         h.update(self.cols.tobytes())
         object.__setattr__(self, "fingerprint", h.hexdigest())
+
+    @functools.cached_property
+    def indptr(self) -> np.ndarray:
+        indptr = np.zeros(self.grid[0] + 1, np.int64)
+        np.cumsum(np.bincount(self.rows, minlength=self.grid[0]), out=indptr[1:])
+        return _readonly(indptr)
 
     # -- identity ---------------------------------------------------------------------------
     def __hash__(self) -> int:
@@ -167,8 +221,8 @@ class BlockPattern:
         bh, bw = check_block_size(shape, block_size)
         density = check_density(density)
         rng = np.random.default_rng(rng)
-        gm, gk = shape[0] // bh, shape[1] // bw
-        n = int(round(density * gm * gk))
+        gm, gk = check_grid(check_shape(shape), (bh, bw))
+        n = check_num_blocks(int(round(density * gm * gk)))
         flat = rng.choice(gm * gk, size=n, replace=False) if n else np.zeros(0, np.int64)
         return cls(shape, (bh, bw), flat // gk, flat % gk)
 
@@ -178,8 +232,8 @@ class BlockPattern:
         bh, bw = check_block_size(shape, block_size)
         density = check_density(density)
         rng = np.random.default_rng(rng)
-        gm, gk = shape[0] // bh, shape[1] // bw
-        total = int(round(density * gm * gk))
+        gm, gk = check_grid(check_shape(shape), (bh, bw))
+        total = check_num_blocks(int(round(density * gm * gk)))
         weights = 1.0 / np.arange(1, gm + 1) ** alpha
         weights = weights[rng.permutation(gm)]
         lengths = np.minimum(np.floor(weights / weights.sum() * total).astype(np.int64), gk)

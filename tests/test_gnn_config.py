@@ -120,6 +120,10 @@ def test_gather_config_reaches_spmm_and_aggregate(graph):
     assert names == {"gnn_aggregate_min_x8"}
     cfg = GatherConfig(nodes_per_program=1, variant=GatherVariant(key_reduce=True, num_warps=8))
     assert _kernels(lambda x: gnn.aggregate(graph, x, config=cfg), x) == ({"gnn_aggregate_max_v_key_w8"}, {"8"})
+    x3 = jnp.ones((32, 2, 16))
+    cfg = gnn.AttentionConfig(num_warps=2, edges_per_step=8)
+    names, warps = _kernels(jax.grad(lambda q: gnn.graph_attention(graph, q, q, q, config=cfg).sum()), x3)
+    assert names == {"gnn_dot_fwd", "gnn_dot_bwd_dst", "gnn_dot_bwd_src"} and warps == {"2"}  # forward and backward
     # the backward of SpMM takes the defaults (the one-node kernel, tuned entry spmm.variant), on Pallas
     grad = jax.grad(lambda x: gnn.spmm(graph, x, config=GatherConfig(nodes_per_program=2)).sum())
     with hardware.fake(hardware.H200):
@@ -134,6 +138,11 @@ def test_gather_config_is_static_and_retraces(graph):
         for cfg in (GatherConfig(nodes_per_program=2), GatherConfig(nodes_per_program=4), GatherConfig(2)):
             run.trace(x, cfg=cfg)
     assert traces == [GatherConfig(2), GatherConfig(4)] and log == [("spmm", "pallas")] * 2
+    agg = jax.jit(lambda x, cfg: (traces.append(cfg), gnn.aggregate(graph, x, config=cfg))[1], static_argnames="cfg")
+    with bs.interpret():
+        for cfg in (GatherConfig(1), GatherConfig(8), GatherConfig(1)):
+            agg.trace(x, cfg=cfg)
+    assert traces[2:] == [GatherConfig(1), GatherConfig(8)]
     assert hash(GatherConfig(2)) == hash(GatherConfig(nodes_per_program=2))
     with bs.interpret():  # every config computes the same sums
         want = gnn.spmm(graph, x, implementation="xla")

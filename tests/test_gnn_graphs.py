@@ -143,7 +143,9 @@ def test_chunked_reference_matches_segment_ops(g, chunk, heads):
 
     want = expected(x, xd, att, ct, jnp.asarray(g.src), jnp.asarray(g.dst))
     for k, w in want.items():
-        np.testing.assert_allclose(got[k], w, rtol=1e-4, atol=1e-5, err_msg=k)
+        # float32 sums in two orders: an absolute error of 1e-5 of the largest magnitude (a sum of many terms
+        # near zero keeps its neighbours' rounding)
+        np.testing.assert_allclose(got[k], w, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(w).max())), err_msg=k)
 
 
 def _cells(doc, suite="gnn-graphs"):

@@ -1,4 +1,4 @@
-"""Graphs partitioned over the devices of a mesh (``blocksparse.gnn.sharded``): SpMM and max / min
+"""Graphs partitioned over the devices of a mesh (``blocksparse.sharding.graph``): SpMM and max / min
 aggregation equal to one device (the ``DynamicGraph`` ops) and to the NumPy oracle, forward and gradients
 (w.r.t. the features and the edge weights), on random and adversarial graphs, for every split and every way
 of moving source features; the plan's choice; bad input. Four simulated CPU devices (tests/conftest.py)."""
@@ -16,8 +16,8 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import blocksparse.gnn as gnn
-from blocksparse.gnn import sharded
-from blocksparse.gnn.sharded import plan_graph, shard_graph
+from blocksparse import sharding as sharded
+from blocksparse.gnn import plan_graph, shard_graph
 
 DEVICES = jax.devices()[:4]
 MESH = Mesh(np.array(DEVICES), ("d",))
@@ -276,3 +276,21 @@ def test_pallas_on_gpus():
                 for impl in ("pallas", "xla")
             )
             np.testing.assert_allclose(gx, wx, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("sources", [None, "all_gather", "exchange", "replicated"])
+def test_one_device_mesh(sources):
+    """A mesh of one device (the docs' "however many devices exist, one included"): the one-device result
+    and gradients, and no collective in the program (every source is the device's own)."""
+    mesh = Mesh(np.array(DEVICES[:1]), ("d",))
+    n, e = 20, 60
+    ei = _random_edges(n, e, 11)
+    sg = shard_graph(ei, n, mesh, "d", sources=sources)
+    assert sg.plan.num_devices == 1 and sg.plan.edges_per_device == (e,) and sg.plan.uniform
+    y = _check(ei, n, sg, norm="both", reduce="max")
+    x = jax.random.normal(jax.random.key(0), (n, F))
+    for op in (lambda sg, x: sharded.spmm(sg, x), lambda sg, x: sharded.aggregate(sg, x, "min")):
+        text = jax.jit(op).lower(sg, x).as_text()
+        assert not any(c in text for c in ("collective_permute", "all_to_all", "all_gather", "all_reduce"))
+    np.testing.assert_allclose(gnn.spmm(sg, x), sharded.spmm(sg, x))  # bs.gnn.spmm hands it on
+    assert y.shape == (n, F)

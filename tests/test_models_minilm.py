@@ -143,6 +143,12 @@ def test_missing_weights_package_names_the_install_command(monkeypatch):
         minilm.load()
 
 
+def test_export_fp16_files_share_one_mode(tmp_path):
+    out = minilm.export_fp16(tmp_path / "fp16", TINY)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir() if p.is_file()}
+    assert len(set(modes.values())) == 1, modes
+
+
 def test_export_fp16_round_trips(tmp_path, tiny):
     model, tok = tiny
     out = minilm.export_fp16(tmp_path / "fp16", TINY)
@@ -243,6 +249,13 @@ def test_sparse_at_full_density_equals_dense(tiny):
 
 
 # -- pruning ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("scope", ["layer", "global"])
+def test_prune_encoder_refuses_density_zero(scope):
+    # as docs/models.md says: a density that keeps no block raises, 0 included (0.001 already did)
+    with pytest.raises(ValueError, match=r"density in \(0, 1\].*Got 0"):
+        prune_encoder(minilm.load(TINY), 8, 0, scope=scope)
+
+
 @settings(max_examples=8)
 @given(st.sampled_from([4, (4, 8)]), st.sampled_from([1 / 2, 1 / 4, 1 / 8]), st.sampled_from(["layer", "global"]))
 def test_prune_encoder_density_and_values(block, density, scope):

@@ -143,6 +143,28 @@ def test_any_number_of_devices(getkey):
             np.testing.assert_allclose(jax.jit(lambda Ws, x: Ws @ x)(Ws, x), W @ x, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("split,collective", SPLITS)
+def test_one_device_mesh(getkey, split, collective):
+    """A mesh of one device: both products and their gradients are the one-device ones, with no
+    collective in the program (one part holds every block; psum over one device is the identity)."""
+    mesh = _mesh(1)
+    W = _matrix(getkey(), "random")
+    Ws = bs.shard(W, mesh, "d", split=split, collective=collective)
+    assert Ws.plan.blocks_per_device == (W.nnz_blocks,) and Ws.plan.uniform
+    x = jax.random.normal(getkey(), (96, 8))
+    xt = jax.random.normal(getkey(), (3, 128))
+    for product, dense in [(lambda W, x: W @ x, x), (lambda W, x: x @ W, xt)]:
+        f = jax.jit(product)
+        np.testing.assert_allclose(f(Ws, dense), product(W, dense), rtol=1e-5, atol=1e-5)
+        text = f.lower(Ws, dense).as_text()
+        assert not any(c in text for c in ("all_gather", "all_reduce", "reduce_scatter", "collective_permute"))
+        grads = lambda W, d, x, f=product: jax.grad(lambda d, x: _loss(f)(W.with_data(d), x), (0, 1))(d, x)  # noqa: E731
+        gd, gx = jax.jit(grads)(Ws, Ws.data, dense)
+        g1d, g1x = grads(W, W.data, dense)
+        np.testing.assert_allclose(gx, g1x, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(Ws.with_data(gd).to_static().data, g1d, rtol=1e-5, atol=1e-5)
+
+
 @needs_4
 def test_two_axis_mesh_and_batched_x(getkey):
     mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("data", "model"))
@@ -220,11 +242,12 @@ def test_rows_split_on_static_kernels(getkey, kind, balance):
 def test_static_kernel_forward_with_dynamic_gradients(getkey, kind, monkeypatch):
     # The kernel's contract on the CPU: its plain-JAX twin (execute_dsd) runs the stacked work lists;
     # the gradient path (implementation "xla") must match dense gradients.
-    from blocksparse import sharding
     from blocksparse.ops.matmul import schedule
     from blocksparse.ops.matmul import triton as pt
+    from blocksparse.sharding import matrix as sharding
 
     monkeypatch.setattr(sharding, "_static_kernels_apply", lambda Ws, x2, kwargs: Ws.plan.split == "rows")
+
     def run_schedule(sched, m, data, x, out_dtype, tn, exact=False):
         return schedule.execute_dsd(sched, data, x, out_dtype)
 
@@ -252,6 +275,7 @@ def test_gpu_rows_split_static_kernels(getkey, b):
     x = jax.random.normal(getkey(), (512, 300), jnp.bfloat16)
     for balance in ("lines", "blocks"):
         Ws = bs.shard(W, mesh, "d", split="rows", balance=balance)
+
         def loss(d, x, Ws=Ws):
             return jnp.sum(jnp.sin((Ws.with_data(d) @ x).astype(jnp.float32)))
 

@@ -1,7 +1,8 @@
 """Beyond one device: block-sparse products inside ``shard_map`` over a mesh (JAX's own sharding).
 
 The CPU runs this with 4 host devices (see conftest.py). Static patterns are host data, so every
-shard sees the same compiled program; only arrays are split.
+shard sees the same compiled program; only arrays are split. Last, the rates the sharding plans of
+``blocksparse.sharding`` read (tests/test_shard_matmul.py and tests/test_gnn_sharded.py test the plans).
 """
 
 import jax
@@ -141,3 +142,28 @@ def test_per_device_dynamic_matrices_with_a_replicated_operand(getkey, valid_on_
         np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-4)
     else:
         assert np.isnan(np.asarray(g)).all()
+
+
+def test_tuned_rates_by_device_kind(getkey):
+    """The plans read their rates from one table keyed by device kind (through the hardware seam); a kind
+    not in the table gets the default entry, and every entry says where its numbers came from."""
+    from blocksparse import hardware
+    from blocksparse.sharding import tuned
+
+    h200 = tuned.RATES["NVIDIA H200"]
+    with hardware.fake(hardware.H200):
+        assert tuned.rates() is h200
+    assert tuned.rates("a device never measured") is tuned.RATES[tuned.DEFAULT_KIND]
+    for entry in tuned.RATES.values():
+        for rate in vars(entry).values():
+            assert rate.value > 0 and ("bench --suite" in rate.source or "datasheet" in rate.source)
+    # The same plan on the H200 as off it (the default is the H200's entry), so plans made on a CPU hold there.
+    mesh = Mesh(np.array(jax.devices()[:1]), ("d",))
+    W = bs.random(getkey(), (64, 64), 16, 0.5)
+    with hardware.fake(hardware.H200):
+        on_h200 = bs.shard(W, mesh, "d").plan
+    assert bs.shard(W, mesh, "d").plan == on_h200
+    edges = np.array([[0, 1, 2, 3], [1, 2, 3, 0]])
+    with hardware.fake(hardware.H200):
+        graph_on_h200 = bs.gnn.plan_graph(edges, 4, 2)
+    assert bs.gnn.plan_graph(edges, 4, 2) == graph_on_h200

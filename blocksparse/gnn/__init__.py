@@ -22,10 +22,10 @@ from ..ops.gnn import AttentionConfig, GatherConfig, GatherVariant
 from ..ops.gnn.aggregate import aggregate
 from ..ops.gnn.attention import gatv2, graph_attention
 from ..ops.gnn.spmm import spmm
+from ..sharding import GraphShardPlan, ShardedGraph, plan_graph, shard_graph
 from .generators import PAPER_GRAPH_SPECS, PAPER_GRAPHS, paper_graph, paper_graph_edges, power_law, rmat, synthetic
 from .layers import GATv2Conv, GCNConv, TransformerConv
 from .reorder import reorder
-from .sharded import GraphShardPlan, ShardedGraph, plan_graph, shard_graph
 
 __all__ = [
     "PAPER_GRAPHS",

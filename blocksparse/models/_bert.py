@@ -394,6 +394,8 @@ def prune_encoder(model: BertEncoder, block_size, density: float, *, scope: str 
 
     targets = _check_targets(targets)
     density = check_density(density)
+    if density == 0:  # every projection would keep no block: never build empty layers
+        raise ValueError(f"Expected density in (0, 1] (a fraction of each projection's blocks kept). Got {density}.")
     if scope not in ("layer", "global"):
         raise ValueError(f"Expected scope 'layer' or 'global'. Got {scope!r}.")
     where = [(i, t) for i in range(len(model.layers)) for t in targets]

@@ -244,5 +244,6 @@ def export_fp16(out_dir: str | os.PathLike, path: str | os.PathLike | None = Non
         target = out / name
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(source.read(name))
-    st.save_file(half, str(out / "model.safetensors"), metadata={"format": "pt"})
+    # Written through Python's open (the permissions the umask gives the other files), not save_file's 0600.
+    (out / "model.safetensors").write_bytes(st.save(half, metadata={"format": "pt"}))
     return out

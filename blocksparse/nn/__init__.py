@@ -8,10 +8,10 @@
 
 import importlib
 
-from ._linear import ACTIVATIONS, LAYOUTS, Linear, SparseLinear
+from ._linear import ACTIVATIONS, LAYOUTS, Linear, SparseLinear, random_pattern
 
 # Not the framework modules: `from blocksparse.nn import *` must not need Flax or Equinox.
-__all__ = ["ACTIVATIONS", "LAYOUTS", "Linear", "SparseLinear"]
+__all__ = ["ACTIVATIONS", "LAYOUTS", "Linear", "SparseLinear", "random_pattern"]
 
 _FRAMEWORKS = ("flax", "equinox")
 

@@ -16,13 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import prune as _prune
-from .._matrix import BlockSparseMatrix, require_host
+from .._matrix import BlockSparseMatrix, is_concrete, require_host
 from .._pattern import BlockPattern, check_block_size, check_density, num_blocks
 from .._util import Pytree
 from ..ops.matmul import epilogue as _epilogue
 from ..ops.matmul.api import matmul
 
-__all__ = ["ACTIVATIONS", "LAYOUTS", "Linear", "SparseLinear"]
+__all__ = ["ACTIVATIONS", "LAYOUTS", "Linear", "SparseLinear", "random_pattern"]
 
 #: Activation names fused into the product's epilogue (``None``: no activation): ``bs.matmul``'s own,
 #: name -> float32 element-wise function. ``"gelu"`` is the exact (erf) form, as PyTorch and BERT.
@@ -35,8 +35,28 @@ LAYOUTS = ("in_out", "out_in")
 check_activation = _epilogue.check_activation
 
 
+def check_features(**features) -> None:
+    """Each of ``features`` (``in_features=...``) a positive int: named in the error otherwise."""
+    for name, n in features.items():
+        if not isinstance(n, int | np.integer) or isinstance(n, bool | np.bool_):
+            raise TypeError(f"Expected {name} as a positive int. Got {n!r} of type {type(n).__name__}.")
+        if n <= 0:
+            raise ValueError(f"Expected {name} as a positive int. Got {n}.")
+
+
 def random_pattern(key, shape, block_size, density: float) -> BlockPattern:
-    """The pattern ``bs.random(key, shape, block_size, density)`` draws, without drawing its values."""
+    """The pattern ``bs.random(key, shape, block_size, density)`` draws, without drawing its values.
+
+    The pattern is host data: ``key`` must be concrete. Under ``jit``, ``jax.eval_shape`` or ``nnx.eval_shape``
+    draw it outside first and pass it in (``pattern=`` of the Flax layer; ``from_pattern``-style constructors).
+    """
+    if not is_concrete(key):
+        raise TypeError(
+            "The block pattern is host data, drawn from a concrete key; this key is traced (inside jit, "
+            "jax.eval_shape or nnx.eval_shape). Draw the pattern outside the trace, e.g. "
+            "pattern = bs.nn.random_pattern(jax.random.key(0), (in_features, out_features), block_size, density), "
+            "and pass it in (bs.nn.flax.SparseLinear(..., pattern=pattern))."
+        )
     bh, bw = check_block_size(shape, block_size)
     num_blocks(check_density(density), (int(shape[0]) // bh) * (int(shape[1]) // bw))  # keeps >= 1 block if d > 0
     kp, _ = jax.random.split(key)
@@ -146,6 +166,7 @@ class SparseLinear(Pytree):
         activations keep the scale of a dense layer's.
         """
         require_host("SparseLinear.init", key=key, density=density)
+        check_features(in_features=in_features, out_features=out_features)
         check_activation(activation)
         kw, kp = jax.random.split(key)
         pattern = random_pattern(kw, (in_features, out_features), block_size, density)

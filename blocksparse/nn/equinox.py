@@ -18,7 +18,7 @@ except ImportError as e:  # ModuleNotFoundError carries the package's name, as a
 from .. import prune as _prune
 from .._matrix import BlockSparseMatrix, require_host
 from ..ops.matmul.api import matmul
-from ._linear import check_activation, dense_in_out, random_pattern
+from ._linear import check_activation, check_features, dense_in_out, random_pattern
 from ._product import sparse_linear
 
 __all__ = ["SparseLinear"]
@@ -72,6 +72,7 @@ class SparseLinear(eqx.Module):
         dtype=None, activation: str | None = None, implementation=None, key,
     ):  # fmt: skip
         require_host("bs.nn.equinox.SparseLinear", key=key, density=density)
+        check_features(in_features=in_features, out_features=out_features)
         check_activation(activation)
         dtype = jnp.float32 if dtype is None else dtype
         kp, kw, kb = jax.random.split(key, 3)

@@ -18,7 +18,7 @@ except ImportError as e:  # ModuleNotFoundError carries the package's name, as a
 from .. import prune as _prune
 from .._matrix import BlockSparseMatrix, require_host
 from .._pattern import BlockPattern, block_pair
-from ._linear import check_activation, dense_in_out, random_pattern
+from ._linear import check_activation, check_features, dense_in_out, random_pattern
 from ._product import sparse_linear
 
 __all__ = ["SparseLinear"]
@@ -80,6 +80,7 @@ class SparseLinear(nnx.Module):
         rngs: nnx.Rngs,
     ):  # fmt: skip
         require_host("bs.nn.flax.SparseLinear", density=density)
+        check_features(in_features=in_features, out_features=out_features)
         check_activation(activation)
         if pattern is None:
             pattern = random_pattern(rngs.params(), (in_features, out_features), block_size, density)

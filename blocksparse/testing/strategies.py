@@ -25,7 +25,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from .._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix
-from .._pattern import BlockPattern
+from .._pattern import MAX_BLOCK_ROWS, MAX_BLOCKS, MAX_DIM, BlockPattern
 from .graphs import edge_lists, graphs
 
 __all__ = [
@@ -38,7 +38,10 @@ __all__ = [
     "dynamic_block_sparse_matrices",
     "edge_lists",
     "graphs",
+    "huge_shapes",
     "invalid_block_sizes",
+    "invalid_capacities",
+    "non_integer_shapes",
 ]
 
 #: Pattern families: uniform random at a drawn density (0 and 1 included), and adversarial ones.
@@ -68,6 +71,43 @@ def invalid_block_sizes() -> st.SearchStrategy:
         st.tuples(bad_scalar, good),
         st.tuples(good, bad_scalar),
         st.lists(good, max_size=5).filter(lambda v: len(v) != 2),
+    )
+
+
+def huge_shapes(block_size: int = 16, grid: bool = True) -> st.SearchStrategy[tuple[int, int]]:
+    """Integer shapes that must be refused before anything of their size is allocated: a side past
+    :data:`~blocksparse._pattern.MAX_DIM` (int32 indexing), or, with ``grid`` (static patterns, whose host row
+    index grows with the grid), more block rows or columns of ``block_size`` than
+    :data:`~blocksparse._pattern.MAX_BLOCK_ROWS`. Multiples of ``block_size``, so the block size is never the
+    reason."""
+    past_dim = st.integers(MAX_DIM // block_size + 1, 2**44).map(lambda g: g * block_size)
+    past_grid = st.integers(MAX_BLOCK_ROWS + 1, MAX_DIM // block_size).map(lambda g: g * block_size)
+    side = st.integers(1, 64).map(lambda g: g * block_size)
+    big = st.one_of(past_dim, past_grid) if grid else past_dim
+    return st.one_of(st.tuples(big, side), st.tuples(side, big), st.tuples(big, big))
+
+
+def non_integer_shapes() -> st.SearchStrategy:
+    """Shapes with a non-integer side (floats, even integral ones, bools, strings, ``None``): refused with a
+    ``TypeError``, never truncated."""
+    bad = st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.booleans(),
+        st.sampled_from([None, "64", np.float32(64.0), np.float64(32.0), 64 + 0j]),
+    )
+    good = st.integers(1, 8).map(lambda g: 16 * g)
+    return st.one_of(st.tuples(bad, good), st.tuples(good, bad), st.tuples(bad, bad))
+
+
+def invalid_capacities() -> st.SearchStrategy:
+    """Capacities of a dynamic matrix that must be refused: negative, non-integer (2.5 and 2.0 alike), bool,
+    or past :data:`~blocksparse._pattern.MAX_BLOCKS`."""
+    return st.one_of(
+        st.integers(max_value=-1),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.booleans(),
+        st.sampled_from(["4", np.float32(4.0)]),
+        st.integers(MAX_BLOCKS + 1, 2**62),
     )
 
 

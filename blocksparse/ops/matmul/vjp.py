@@ -99,7 +99,7 @@ sdd = differentiable("sdd", _table("sdd"), _sdd_bwd)  # (static, a, b) -> (a @ b
 # --------------------------------------------------------------------------------------------
 # Dynamic ops: the pattern is traced; ``keep`` masks padding and invalid blocks, and ``valid``
 # (a traced bool) says whether the whole matrix is valid: if not, the result is NaN. The Pallas
-# backend builds its work list inside jit (lowering.redistribute); the transposed product needs
+# backend builds its work list inside jit (schedule.redistribute); the transposed product needs
 # no cached transpose, the redistributor sorts by the other coordinate.
 # --------------------------------------------------------------------------------------------
 def _dynamic_backward(s):

@@ -117,7 +117,7 @@ def aggregate(
         if config is not None:
             raise ValueError("Expected config= or nodes_per_program=, not both.")
         config = GatherConfig(nodes_per_program=nodes_per_program)  # (validates it)
-    if (own := getattr(type(g), "_gnn_aggregate", None)) is not None:  # a graph over many devices (gnn.sharded)
+    if (own := getattr(type(g), "_gnn_aggregate", None)) is not None:  # a graph over many devices (sharding.graph)
         if config is not None:
             raise ValueError(
                 f"Expected config=None and nodes_per_program=None for a {type(g).__name__} (its per-device parts "

@@ -157,7 +157,7 @@ def spmm(
             f"Expected config.nodes_per_program None or one of {SPMM_NODES_PER_PROGRAM} for spmm. "
             f"Got {config.nodes_per_program!r}."
         )
-    if (own := getattr(type(g), "_gnn_spmm", None)) is not None:  # a graph over many devices (gnn.sharded)
+    if (own := getattr(type(g), "_gnn_spmm", None)) is not None:  # a graph over many devices (sharding.graph)
         if config is not None:
             raise ValueError(f"Expected config=None for a {type(g).__name__} (its parts take the defaults).")
         return own(g, x, reduce, norm, edge_weight, implementation=implementation)

@@ -9,8 +9,8 @@ own scalars (``start_ref[u]``) and loops with ``lax.fori_loop`` over a dynamic t
   of W) and columns ``[t * tn, (t + 1) * tn)`` of ``x``. Per block it loads the ``bh x bw`` block
   and the ``bw x tn`` slab of ``x`` at the block's column, and accumulates in float32.
   For ``bh == 32`` it computes ``x_slab^T @ w^T`` (``tn x bh``) instead, so that the
-  tensor-core M dimension is ``tn`` rather than a short block: measured 22% faster for b = 32
-  on the H200, 4-9% slower for b = 16, even for b >= 64 (``KernelConfig.transpose_acc``).
+  tensor-core M dimension is ``tn`` rather than a short block: for the blocks of :data:`~..tuned`
+  ``TRITON_TRANSPOSE_ACC_BLOCKS`` (``TritonConfig.transpose_acc`` overrides).
 - ``dds`` (``x @ W``): program ``(u, t)`` owns unit ``u`` of the *transposed* pattern (a block
   column of W) and rows ``[t * tb, (t + 1) * tb)`` of ``x``; blocks are read in place through
   ``block_id`` (no transposed copy of the values).

@@ -19,9 +19,10 @@ cut on the cumulative block counts) or giving every device the same number of bl
   (output sharded by rows).
 
 ``split=None`` picks the candidate with the smallest estimated time per column of ``x``: the busiest
-device's blocks at a measured block rate plus the bytes it receives (the rows of ``x`` it lacks and the
-output a collective brings it) at a measured link rate. The choice and every candidate's estimate are
-recorded in :attr:`ShardedBlockSparseMatrix.plan`.
+device's blocks at the measured block rate plus the bytes it receives (the rows of ``x`` it lacks and the
+output a collective brings it) at the measured link rate (:mod:`.tuned`: ``block_flops_per_s`` and
+``link_bytes_per_s`` of the device kind's entry). The choice and every candidate's estimate are recorded in
+:attr:`ShardedBlockSparseMatrix.plan`.
 """
 
 from __future__ import annotations
@@ -36,26 +37,20 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, NoImplicitDense
-from ._pattern import BlockPattern
-from ._util import Pytree
-from .ops.matmul.api import apply_2d
-from .ops.matmul.api import matmul as _matmul
-from .ops.matmul.schedule import GpuLowering, TracedSchedule, lower
+from .._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, NoImplicitDense
+from .._pattern import BlockPattern
+from .._util import Pytree
+from ..ops import _dispatch
+from ..ops.matmul.api import apply_2d, canonical_precision, result_dtype
+from ..ops.matmul.api import matmul as _matmul
+from ..ops.matmul.schedule import GpuLowering, TracedSchedule, lower
+from . import _cuts, tuned
 
 __all__ = ["ShardCandidate", "ShardPlan", "ShardedBlockSparseMatrix", "matmul", "shard"]
 
 _SPLITS = ("rows", "cols")
 _REDUCTIONS = ("psum", "psum_scatter")
 
-
-# Time model for choosing among the candidates, per column of x (both terms scale with n). Measured on
-# two H200s (NVLink, jax 0.11.2, benchmarks/bench_sharded.py and a plain lax.psum):
-# - a psum of 512 MiB per GPU takes 2.0 ms: each device receives about 512 MiB in 2 ms, 2.7e11 B/s;
-# - bs.matmul at b = 64, d = 1/16, bf16, 32768 x 32768 @ 32768 x 8192 takes 2.82 ms on one GPU:
-#   3.9e14 flop/s on the non-zero blocks.
-LINK_BYTES_PER_S = 2.7e11
-BLOCK_FLOPS_PER_S = 3.9e14
 
 _PLACEMENTS = ("replicated", "sharded")
 
@@ -73,8 +68,8 @@ class ShardCandidate:
         blocks_per_device: non-zero blocks per device.
         bytes_received: bytes each device receives per column of ``x`` (``x``'s rows it lacks plus
             the output it receives).
-        seconds: estimated time per column of ``x``: the busiest device's blocks at
-            :data:`BLOCK_FLOPS_PER_S` plus ``bytes_received`` at :data:`LINK_BYTES_PER_S`.
+        seconds: estimated time per column of ``x``: the busiest device's blocks at the rate
+            ``block_flops_per_s`` plus ``bytes_received`` at ``link_bytes_per_s`` (:class:`.tuned.Rates`).
     """
 
     split: str
@@ -123,7 +118,7 @@ class ShardPlan:
     @property
     def band(self) -> int:
         """The largest number of block lines a device owns (every part is padded to it, at least 1)."""
-        return max(1, max(b - a for a, b in zip(self.cuts[:-1], self.cuts[1:], strict=True)))
+        return _cuts.band(self.cuts)
 
     @property
     def uniform(self) -> bool:
@@ -139,35 +134,14 @@ class ShardPlan:
         return float(self.estimated_seconds) * int(n)
 
 
-def _balanced_cuts(counts: np.ndarray, parts: int) -> tuple[int, ...]:
-    """Contiguous cut points over block lines with about ``total / parts`` blocks in each part."""
-    lines = counts.size
-    cum = np.concatenate([[0], np.cumsum(counts)])
-    total = int(cum[-1])
-    if total == 0:  # nothing to balance: equal numbers of lines
-        return _equal_cuts(lines, parts)
-    cuts = [0]
-    for i in range(1, parts):
-        target = i * total / parts
-        r = int(np.searchsorted(cum, target, side="left"))
-        if r > 0 and abs(cum[r - 1] - target) <= abs(cum[r] - target):
-            r -= 1  # the nearer of the two boundaries around the target
-        cuts.append(max(cuts[-1], min(r, lines)))
-    cuts.append(lines)
-    return tuple(cuts)
-
-
-def _equal_cuts(lines: int, parts: int) -> tuple[int, ...]:
-    return tuple(int(round(i * lines / parts)) for i in range(parts + 1))
-
-
-def _candidate(split, balance, counts, grid, block_size, itemsize, parts, reduction, x_placement) -> ShardCandidate:
+def _candidate(split, balance, counts, grid, block_size, itemsize, parts, reduction, x_placement,
+               rates: tuned.Rates) -> ShardCandidate:  # fmt: skip
     """One candidate and its estimate: the busiest device's compute plus the bytes it receives."""
     (gm, gk), (bh, bw) = grid, block_size
-    cuts = _balanced_cuts(counts, parts) if balance == "blocks" else _equal_cuts(counts.size, parts)
+    cuts = _cuts.balanced_cuts(counts, parts) if balance == "blocks" else _cuts.equal_cuts(counts.size, parts)
     cum = np.concatenate([[0], np.cumsum(counts)])
     per_device = tuple(int(cum[b] - cum[a]) for a, b in zip(cuts[:-1], cuts[1:], strict=True))
-    band = max(1, max(b - a for a, b in zip(cuts[:-1], cuts[1:], strict=True)))
+    band = _cuts.band(cuts)
     k_rows = gk * bw
     if split == "rows":
         # Every device needs all of x: nothing to move if it is replicated, an all-gather if sharded.
@@ -183,7 +157,8 @@ def _candidate(split, balance, counts, grid, block_size, itemsize, parts, reduct
         ring = (parts - 1) / parts * m * itemsize  # a ring reduce-scatter; an all-reduce moves twice that
         out_bytes = 2 * ring if collective == "psum" else ring
     received = int(x_bytes + out_bytes)
-    seconds = max(per_device, default=0) * 2 * bh * bw / BLOCK_FLOPS_PER_S + received / LINK_BYTES_PER_S
+    compute = max(per_device, default=0) * 2 * bh * bw / rates.block_flops_per_s.value
+    seconds = compute + _cuts.link_seconds(received, rates)
     return ShardCandidate(split, balance, collective, cuts, per_device, received, seconds)
 
 
@@ -191,20 +166,12 @@ def _assign(line: np.ndarray, cut: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(device, slot)`` of each block from its block line and the cut points; blocks keep the
     pattern's (row-major) order within a device."""
     parts = cut.size - 1
-    device = np.clip(np.searchsorted(cut, line, side="right") - 1, 0, parts - 1)
+    device = _cuts.owner(line, cut)
     order = np.argsort(device, kind="stable")
     starts = np.concatenate([[0], np.cumsum(np.bincount(device, minlength=parts))])
     slot = np.empty(line.size, np.int64)
     slot[order] = np.arange(line.size) - starts[device[order]]
     return device, slot
-
-
-def _mesh_axis_size(mesh, axis) -> int:
-    if not isinstance(mesh, Mesh):
-        raise TypeError(f"Expected a jax.sharding.Mesh. Got {type(mesh).__name__}.")
-    if axis not in mesh.axis_names:
-        raise ValueError(f"Expected axis to be one of the mesh's axes {tuple(mesh.axis_names)}. Got {axis!r}.")
-    return int(mesh.shape[axis])
 
 
 def shard(W: BlockSparseMatrix, mesh: Mesh, axis: str, *, split: str | None = None,
@@ -243,7 +210,7 @@ def shard(W: BlockSparseMatrix, mesh: Mesh, axis: str, *, split: str | None = No
     """
     if not isinstance(W, BlockSparseMatrix):
         raise TypeError(f"Expected a BlockSparseMatrix (static pattern). Got {type(W).__name__}.")
-    parts = _mesh_axis_size(mesh, axis)
+    parts = _cuts.mesh_axis_size(mesh, axis)
     if split not in (None, *_SPLITS):
         raise ValueError(f"Expected split 'rows', 'cols' or None. Got {split!r}.")
     if collective not in (None, *_REDUCTIONS):
@@ -262,6 +229,7 @@ def shard(W: BlockSparseMatrix, mesh: Mesh, axis: str, *, split: str | None = No
     if x_placement not in _PLACEMENTS:
         raise ValueError(f"Expected x_placement 'replicated' or 'sharded'. Got {x_placement!r}.")
     itemsize = jnp.dtype(W.dtype).itemsize
+    rates = tuned.rates()
     counts_of = {"rows": np.bincount(p.rows, minlength=p.grid[0]), "cols": np.bincount(p.cols, minlength=p.grid[1])}
     candidates = tuple(
         _candidate(
@@ -274,6 +242,7 @@ def shard(W: BlockSparseMatrix, mesh: Mesh, axis: str, *, split: str | None = No
             parts,
             collective if s == "cols" else None,
             x_placement,
+            rates,
         )  # fmt: skip
         for s in _SPLITS
         for bal in ("blocks", "lines")
@@ -281,7 +250,7 @@ def shard(W: BlockSparseMatrix, mesh: Mesh, axis: str, *, split: str | None = No
     if split is None and collective is not None:
         split = "cols"
     allowed = [c for c in candidates if split in (None, c.split) and balance in (None, c.balance)]
-    chosen = min(allowed, key=lambda c: c.seconds)  # ties: rows first, then balanced by blocks
+    chosen = _cuts.fastest(allowed)  # ties: rows first, then balanced by blocks
     split = chosen.split
     line = p.rows if split == "rows" else p.cols
     cut = np.asarray(chosen.cuts)
@@ -370,6 +339,14 @@ class ShardedBlockSparseMatrix(NoImplicitDense, Pytree):
 # axis, so one shard_map program runs the static-schedule kernel on every device (the dynamic scan
 # kernel, which needs no host pattern, is slower per block). Gradients go through the dynamic path.
 # --------------------------------------------------------------------------------------------
+def _triton():
+    """The Triton backend's module (its static-schedule kernel), imported on first use as ``bs.matmul`` loads
+    its backends."""
+    from ..ops.matmul import triton
+
+    return triton
+
+
 _SCHEDULE_FIELDS = ("unit_start", "unit_len", "unit_dest", "block_col", "block_id", "split_rows", "partial_seg")
 
 
@@ -418,10 +395,7 @@ def _stacked_schedules(pattern: BlockPattern, plan: ShardPlan, tiles: int, max_l
 def _static_forward(ctx, data, x2):
     """``W @ x2`` for the rows split on the static-schedule kernels, one ``shard_map``."""
     (pattern, mesh, axis, plan), kwargs = ctx
-    from .ops import _dispatch
-    from .ops.matmul import triton as pt
-    from .ops.matmul.api import canonical_precision, result_dtype
-
+    pt = _triton()
     kw = dict(kwargs)
     out_dtype = result_dtype(kw["preferred_element_type"], data.dtype, x2.dtype)
     exact = canonical_precision(kw["precision"]) == lax.Precision.HIGHEST
@@ -479,9 +453,7 @@ _static_product.defvjp(_static_product_fwd, _static_product_bwd)
 def _static_kernels_apply(Ws: ShardedBlockSparseMatrix, x2, kwargs) -> bool:
     """Whether ``Ws @ x2`` runs its forward on the static-schedule kernels: the rows split, with the
     Pallas kernels first in ``implementation`` and able to take these inputs."""
-    from .ops import _dispatch
-    from .ops.matmul import triton as pt
-
+    pt = _triton()
     if Ws.plan.split != "rows" or 0 in x2.shape:  # nothing to compute: the dynamic path returns zeros
         return False
     impls = _dispatch.resolve(kwargs["implementation"], ("pallas", "xla"))
@@ -525,6 +497,8 @@ def _local_product(Ws: ShardedBlockSparseMatrix, x2, transposed: bool, kwargs, s
         scatter = plan.collective != "psum" and out_dim % parts == 0
         collective = "psum_scatter" if scatter else "psum"
         out_spec = P(axis) if scatter else P()
+        if parts == 1:  # one device holds the whole sum: nothing to reduce (P(axis) is P() on one device)
+            collective, out_spec = None, P(axis)
 
     def local(rows, cols, data, nnz, xl):
         D = DynamicBlockSparseMatrix(rows[0], cols[0], data[0], nnz[0], local_shape, Ws.block_size)

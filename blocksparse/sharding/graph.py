@@ -21,8 +21,9 @@ more all-to-all of only the rows that change device; an equal split needs nothin
 an ``(N, F)`` array sharded by rows like ``x``, so a layer's output is the next layer's input.
 
 ``balance=None`` / ``sources=None`` pick the candidate with the smallest estimated time (a
-per-edge gather rate, the link rate, overlap of the local part with the collective); the choice
-and every candidate's estimate are recorded in :attr:`ShardedGraph.plan`.
+per-edge gather rate, the link rate, overlap of the local part with the collective; the rates of
+:mod:`.tuned`: ``edge_bytes_per_s``, ``node_bytes_per_s`` and ``link_bytes_per_s``, the one
+``bs.shard`` uses); the choice and every candidate's estimate are recorded in :attr:`ShardedGraph.plan`.
 """
 
 from __future__ import annotations
@@ -42,16 +43,9 @@ from .._util import Pytree, cdiv
 from ..graph import DynamicGraph, Graph, default_chunk
 from ..ops.gnn.aggregate import aggregate as _aggregate
 from ..ops.gnn.spmm.api import accumulate as _spmm_into
-from ..sharding import LINK_BYTES_PER_S, _balanced_cuts
+from . import _cuts, tuned
 
 __all__ = ["GraphShardCandidate", "GraphShardPlan", "ShardedGraph", "aggregate", "plan_graph", "shard_graph", "spmm"]
-
-# Time model, per feature column (all terms scale with F). Measured on one H200: SpMM sum over a
-# traced graph (DynamicGraph), power_law(262144, 8388608), F = 128, fp32: 1.018 ms (docs/benchmarks.md,
-# "Traced graphs"): 8.4e6 edges x 512 B, 4.2e12 B/s gathered per edge; a node row written / read at
-# the HBM rate. The link rate is bs.sharding's (a measured psum on two H200s).
-EDGE_BYTES_PER_S = 4.2e12
-NODE_BYTES_PER_S = 4.8e12
 
 _BALANCES = ("edges", "nodes")
 _SOURCES = ("all_gather", "exchange", "replicated")
@@ -122,7 +116,7 @@ class GraphShardPlan:
     @property
     def band(self) -> int:
         """The largest destination range (every device's output part is padded to it, at least 1)."""
-        return max(1, max(b - a for a, b in zip(self.cuts[:-1], self.cuts[1:], strict=True)))
+        return _cuts.band(self.cuts)
 
     @property
     def uniform(self) -> bool:
@@ -213,10 +207,6 @@ def _host_edges(edges, num_nodes):
     return ei[0], ei[1], int(num_nodes)
 
 
-def _device_of(nodes, cuts, parts):
-    return np.clip(np.searchsorted(np.asarray(cuts), nodes, side="right") - 1, 0, parts - 1)
-
-
 def _needed(src, dev, remote, parts, rows):
     """Per device, a mask over the ``parts * rows`` source rows it needs from other devices."""
     masks = []
@@ -232,8 +222,9 @@ def _output_pieces(cuts, parts, rows, n):
     return [[(max(cuts[d], o * rows), min(cuts[d + 1], (o + 1) * rows, n)) for o in range(parts)] for d in range(parts)]
 
 
-def _candidate(balance, sources, cuts, src, dst, n, parts, rows, itemsize, needed_cache) -> GraphShardCandidate:
-    dev = _device_of(dst, cuts, parts)
+def _candidate(balance, sources, cuts, src, dst, n, parts, rows, itemsize, needed_cache,
+               rates: tuned.Rates) -> GraphShardCandidate:  # fmt: skip
+    dev = _cuts.owner(dst, cuts)
     local = (src // rows) == dev
     per_dev = np.bincount(dev, minlength=parts)
     local_dev = np.bincount(dev[local], minlength=parts)
@@ -256,30 +247,22 @@ def _candidate(balance, sources, cuts, src, dst, n, parts, rows, itemsize, neede
         pieces = _output_pieces(cuts, parts, rows, n)
         out_cap = max(1, max(max(0, b - a) for d in range(parts) for o, (a, b) in enumerate(pieces[d]) if o != d))
     out_bytes = (parts - 1) * out_cap * itemsize
-    band = max(1, max(b - a for a, b in zip(cuts[:-1], cuts[1:], strict=True)))
-    edge_s = itemsize / EDGE_BYTES_PER_S
+    band = _cuts.band(cuts)
+    edge_s = itemsize / rates.edge_bytes_per_s.value
     # Rows written and read outside the edge loops: both parts' outputs (their node counts) and their
     # sum; the own rows padded to the band; the output move (a gather of the band).
     passes = max(band, rows) + max(band, table) + 3 * band
     passes += (2 * rows if band > rows else 0) + (3 * band if out_cap else 0)
-    nodes_s = passes * itemsize / NODE_BYTES_PER_S
+    nodes_s = passes * itemsize / rates.node_bytes_per_s.value
     per_device = [
-        max(int(local_dev[d]) * edge_s, in_bytes / LINK_BYTES_PER_S) + int(per_dev[d] - local_dev[d]) * edge_s
+        max(int(local_dev[d]) * edge_s, _cuts.link_seconds(in_bytes, rates)) + int(per_dev[d] - local_dev[d]) * edge_s
         for d in range(parts)
     ]
-    seconds = max(per_device) + nodes_s + out_bytes / LINK_BYTES_PER_S
+    seconds = max(per_device) + nodes_s + _cuts.link_seconds(out_bytes, rates)
     return GraphShardCandidate(
         balance, sources, tuple(int(c) for c in cuts), tuple(int(c) for c in per_dev),
         tuple(int(c) for c in local_dev), int(src_cap), int(out_cap), int(in_bytes + out_bytes), float(seconds),
     )  # fmt: skip
-
-
-def _mesh_axis_size(mesh, axis) -> int:
-    if not isinstance(mesh, Mesh):
-        raise TypeError(f"Expected a jax.sharding.Mesh. Got {type(mesh).__name__}.")
-    if axis not in mesh.axis_names:
-        raise ValueError(f"Expected axis to be one of the mesh's axes {tuple(mesh.axis_names)}. Got {axis!r}.")
-    return int(mesh.shape[axis])
 
 
 def _padded(lists, fill, capacity):
@@ -354,7 +337,7 @@ def _plan(src, dst, n, parts, balance, sources, x_placement, dtype) -> GraphShar
     itemsize = jnp.dtype(dtype).itemsize
     rows = cdiv(n, parts)
     cuts_of = {
-        "edges": tuple(int(c) for c in _balanced_cuts(np.bincount(dst, minlength=n), parts)),
+        "edges": tuple(int(c) for c in _cuts.balanced_cuts(np.bincount(dst, minlength=n), parts)),
         "nodes": tuple(min(i * rows, n) for i in range(parts + 1)),
     }
     if sources is None:
@@ -362,14 +345,15 @@ def _plan(src, dst, n, parts, balance, sources, x_placement, dtype) -> GraphShar
     else:
         allowed_sources = (sources,)
     cache: dict = {}
+    rates = tuned.rates()
     candidates = tuple(
-        _candidate(b, s, cuts_of[b], src, dst, n, parts, rows, itemsize, cache)
+        _candidate(b, s, cuts_of[b], src, dst, n, parts, rows, itemsize, cache, rates)
         for b in _BALANCES
         if balance in (None, b)
         for s in _SOURCES
         if s in allowed_sources
     )
-    chosen = min(candidates, key=lambda c: c.seconds)  # ties: edges first, then all_gather
+    chosen = _cuts.fastest(candidates)  # ties: edges first, then all_gather
     return GraphShardPlan(
         chosen.balance, chosen.sources, chosen.cuts, chosen.edges_per_device, chosen.local_edges_per_device,
         chosen.source_capacity, chosen.output_capacity, rows, chosen.bytes_received, chosen.seconds, itemsize,
@@ -416,14 +400,16 @@ def shard_graph(
     Example::
 
         >>> import jax, numpy as np, blocksparse as bs
-        >>> from blocksparse.gnn.sharded import shard_graph
+        >>> from blocksparse.gnn import shard_graph
         >>> mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
         >>> sg = shard_graph(np.array([[0, 1, 2], [1, 2, 2]]), 3, mesh, "d")
         >>> sg.plan.edges_per_device, sg.plan.sources
         ((3,), 'all_gather')
+        >>> bs.gnn.spmm(sg, np.ones((3, 1), np.float32)).ravel().tolist()  # one device: no collective
+        [0.0, 1.0, 2.0]
     """
     src, dst, n = _host_edges(edges, num_nodes)
-    parts = _mesh_axis_size(mesh, axis)
+    parts = _cuts.mesh_axis_size(mesh, axis)
     plan = _plan(src, dst, n, parts, balance, sources, x_placement, dtype)
     return _materialise(src, dst, n, mesh, axis, plan, chunk)
 
@@ -431,7 +417,7 @@ def shard_graph(
 def _materialise(src, dst, n, mesh, axis, plan: GraphShardPlan, chunk) -> ShardedGraph:
     parts, rows, cuts, band = plan.num_devices, plan.rows_per_device, plan.cuts, plan.band
     e = src.size
-    dev = _device_of(dst, cuts, parts)
+    dev = _cuts.owner(dst, cuts)
     owner = src // rows
     local = owner == dev
     # Edges grouped by (device, remote?), keeping the caller's order within a group.
@@ -524,7 +510,10 @@ def _exchange(rows_, send, axis):
 
 
 def _others(xl, axis, parts):
-    """The rows of devices ``d - 1, d - 2, ..., d - parts + 1`` on device ``d`` (one permute each)."""
+    """The rows of devices ``d - 1, d - 2, ..., d - parts + 1`` on device ``d`` (one permute each; none for
+    one device)."""
+    if parts == 1:
+        return xl[:0]
     chunks = [lax.ppermute(xl, axis, [(j, (j + k) % parts) for j in range(parts)]) for k in range(1, parts)]
     return chunks[0] if len(chunks) == 1 else jnp.concatenate(chunks)
 
@@ -557,7 +546,9 @@ def _run(sg: ShardedGraph, x2, op, weights, *, skip_collectives: bool = False):
             table = lax.pcast(xl, axis, to="varying")  # the ops' custom VJPs expect per-device inputs
         else:
             own = xl
-            if plan.sources == "all_gather":
+            if parts == 1:  # every source is among the device's own rows: no collective
+                table = xl[:0]
+            elif plan.sources == "all_gather":
                 table = jnp.tile(xl, (parts - 1, 1)) if skip_collectives else _others(xl, axis, parts)
             else:
                 s = send[0]
