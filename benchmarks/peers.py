@@ -75,9 +75,3 @@ def torch_time(fn, *, iters: int = 20, trials: int = 3, warmup: int = 1) -> dict
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / iters)
     return dict(peer_ms=statistics.median(times), peer_mem_bytes=torch.cuda.max_memory_allocated() - base)
-
-
-def from_jax(a):
-    """A JAX array on the GPU as a torch tensor (a copy, so JAX keeps its own)."""
-    torch = require_torch()
-    return torch.from_dlpack(a).clone()
