@@ -11,7 +11,9 @@ chooses (``x`` replicated beforehand, as a model-parallel layer receives it), an
 shuffled) of ``N`` nodes and ``E`` edges, ``F`` float32 features; ``dynamic_1dev_*`` (a prebuilt
 :class:`~blocksparse.gnn.DynamicGraph` on device 0: the kernels each device runs when sharded), the cell's
 own times: :func:`blocksparse.gnn.shard_graph` with the plan's choice (``x`` sharded by rows beforehand),
-and each other candidate of the plan forced (``{balance}_{sources}_*``); the plan's choice and estimates.
+``local_only_*``: the same with its collectives replaced by local stand-ins of the same shapes (wrong values:
+the work without the communication; ``collective_share`` = 1 - local only / the cell's time), and each other
+candidate of the plan forced (``{balance}_{sources}_*``); the plan's choice and estimates.
 
 Every result is checked against the one-device result; timings are :class:`~blocksparse.bench.Timer`'s
 (``*_loop_ms``: one jitted loop, ``*_calls_ms``: back-to-back calls). With one device the cells are
@@ -29,6 +31,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import blocksparse as bs
+from blocksparse import sharding
 
 from ._core import Cell, CellSkipped, Timer, measure, ratio, variant
 from .matmul import density_label
@@ -59,6 +62,12 @@ SPLITS = {
 GRAPH_OPS = {
     "spmm_sum": lambda G, x: bs.gnn.spmm(G, x),
     "aggregate_max": lambda G, x: bs.gnn.aggregate(G, x, "max"),
+}
+#: The same ops with the collectives replaced by local stand-ins of the same shapes (wrong values: the work
+#: without the communication), for ``collective_share``.
+LOCAL_ONLY = {
+    "spmm_sum": lambda sg, x: sharding.spmm(sg, x, _skip_collectives=True),
+    "aggregate_max": lambda sg, x: sharding.aggregate(sg, x, "max", _skip_collectives=True),
 }
 
 
@@ -142,6 +151,9 @@ def _graph(op, graph_of, feat, seed):
         xs = jax.device_put(x, NamedSharding(mesh, P("d")))
         sg = bs.gnn.shard_graph(edge_index, n, mesh, "d")
         out.update(measure(timer, fn, sg, xs, want=want, dtype=jnp.float32, what=f"sharded {op}"))
+        out.update(variant(timer, "local_only", LOCAL_ONLY[op], sg, xs))  # not checked: the values are wrong
+        if out.get("local_only_loop_ms"):
+            out["collective_share"] = 1 - out["local_only_loop_ms"] / out["loop_ms"]
         plan = sg.plan
         out.update(devices=len(mesh.devices.flat), balance=plan.balance, sources=plan.sources,
                    edges_per_device=list(plan.edges_per_device), estimated_bytes=plan.bytes_for(feat),
