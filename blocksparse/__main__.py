@@ -239,7 +239,7 @@ def _parser() -> argparse.ArgumentParser:
         "--filter", metavar="TEXT", action="append", default=None,
         help="run only the cells whose 'suite: label' contains TEXT (repeatable: any of them), e.g. 'n=256'",
     )  # fmt: skip
-    be.add_argument("--full", action="store_true", help="the GPU sizes, not the quick CPU sizes (about a minute)")
+    be.add_argument("--full", action="store_true", help="the GPU sizes of the published figures, not the CPU sizes")
     be.add_argument("--json", metavar="PATH", default=None, help="write every cell's parameters and metrics as JSON")
     be.add_argument("--plot", metavar="DIR", default=None, help="write figures (PNG) into DIR; needs the bench extra")
     be.add_argument(
