@@ -48,14 +48,17 @@ test-slow: $(STAMP)
 test-gpu: $(STAMP)
 	$(PYTEST) -q -m gpu tests
 
-# Every suite (the model suite too) with JSON and figures in build/bench, then CPU-sized runs of the
-# scripts with peers; on a GPU machine `blocksparse bench --full` gives the published sizes (docs/benchmarks.md).
+# Every suite (the model suite too), CPU-sized, with JSON and figures in build/bench (four fake CPU devices for
+# the sharded suite), then the peer scripts' CPU-sized runs: their own cells skip without torch / PyG, the
+# suites' cells they reuse still run. On a GPU machine `blocksparse bench --full` gives the published sizes
+# (docs/benchmarks.md).
 bench: $(STAMP)
 	mkdir -p build/bench
-	$(BIN)/python -m blocksparse bench --suite all --json build/bench/bench.json --plot build/bench
-	$(BIN)/python benchmarks/bench_plan.py --repeats 1
-	$(BIN)/python benchmarks/bench_matmul.py --small
-	$(BIN)/python benchmarks/bench_gnn.py --small
+	XLA_FLAGS=--xla_force_host_platform_device_count=4 $(BIN)/python -m blocksparse bench --suite all \
+	  --json build/bench/bench.json --plot build/bench
+	PYTHONPATH=. $(BIN)/python benchmarks/bench_matmul.py --small --json build/bench/matmul_peers.json
+	PYTHONPATH=. $(BIN)/python benchmarks/bench_gnn.py --small --json build/bench/gnn_peers.json
+	PYTHONPATH=. $(BIN)/python benchmarks/bench_gnn_graphs.py --small --json build/bench/gnn_graphs_peers.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check blocksparse tests benchmarks

@@ -12,7 +12,8 @@
    and attention mask (int32), the sentence-transformers embeddings (float32) and ``meta.json``
    (the weights' dtype, so the CPU test rounds its weights the same way).
 
-Exit status 0 when every cosine passes, 1 otherwise. No network: everything loads from ``--weights``
+The result is one cell of ``blocksparse bench --json``'s layout (``--json``); exit status 0 when every cosine
+passes, 1 otherwise (the cell failed). No network: everything loads from ``--weights``
 (write it with ``python -m blocksparse.models export-fp16 DIR``).
 """
 
@@ -26,26 +27,41 @@ import time
 from pathlib import Path
 
 import numpy as np
+from peers import require_torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from blocksparse.bench import Cell, CellFailed, Timer, run_cells
 
 THRESHOLD = 0.9999
 
 
 def main(argv=None) -> int:
+    """One cell, run by :func:`blocksparse.bench.run_cells` (the table and the JSON of ``blocksparse bench``)."""
+    args = _parser().parse_args(argv)
+    params = dict(weights=str(args.weights), sentences=args.sentences, threshold=THRESHOLD)
+    cell = Cell("minilm-peers", "JAX MiniLM vs sentence-transformers", params, lambda timer: check(args))
+    meta = dict(script="benchmarks/check_minilm.py", argv=list(sys.argv[1:] if argv is None else argv))
+    return run_cells([cell], full=True, json_path=args.json, timer=Timer(iters=1, trials=1), meta=meta)
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--weights", required=True, help="sentence-transformers directory (fp16 or fp32 safetensors)")
     p.add_argument("--json", required=True, help="where to write the results")
     p.add_argument("--fixture-out", default=None, help="directory for the CPU test's reference fixture")
     p.add_argument("--sentences", type=int, default=200)
     p.add_argument("--fixture-sentences", type=int, default=16)
-    args = p.parse_args(argv)
+    return p
+
+
+def check(args) -> dict:
+    """Both encoders on the held-out sentences: the metrics; :class:`CellFailed` below :data:`THRESHOLD`."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
     import jax
     import jax.numpy as jnp
-    import torch
+
+    torch = require_torch()
     from safetensors.numpy import load_file
     from sentence_transformers import SentenceTransformer
 
@@ -100,12 +116,12 @@ def main(argv=None) -> int:
         doc["fixture"] = str(out)
         doc["fixture_bytes"] = sum(f.stat().st_size for f in out.iterdir())
 
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in doc.items() if k != "sentences"}, indent=1))
     print(("PASS" if doc["ok"] else "FAIL") + f": min cosine {doc['cosine_min']:.6f} (threshold {THRESHOLD}), "
           f"mean {doc['cosine_mean']:.6f}; token ids equal: {doc['token_ids_equal']}")  # fmt: skip
-    return 0 if doc["ok"] else 1
+    if not doc["ok"]:
+        raise CellFailed(f"expected every cosine >= {THRESHOLD}; got min {doc['cosine_min']:.6f}")
+    doc["implementation"] = "minilm (JAX) vs sentence-transformers (torch)"
+    return doc
 
 
 def _version(name: str) -> str:

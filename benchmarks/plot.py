@@ -6,9 +6,12 @@ Usage::
         --gnn benchmarks/results/gnn_h200_run2.json --out docs/img
     python benchmarks/plot.py --bench matmul.json gnn.json --out figs   # `blocksparse bench --json` files
 
-``--bench`` draws the figures of ``blocksparse bench --plot`` (``blocksparse.bench._report.plot``):
-throughput against density per block size with dense as a line, and the GNN and planner ratios.
-``--matmul`` and ``--gnn`` read the JSON of ``bench_matmul.py`` and ``bench_gnn.py`` (with peers).
+``--bench`` draws the figures of ``blocksparse bench --plot`` (:func:`blocksparse.bench.figures`) from
+``blocksparse bench --json`` files (and the peer scripts', which write the same layout): throughput against
+density per block size with dense as a line, the GNN and planner ratios, a bar figure per other suite.
+``--matmul`` and ``--gnn`` read the recorded JSON behind docs/benchmarks.md's figures
+(``benchmarks/results/matmul_h200_run4.json``, ``gnn_h200_run2.json``: the layout of the scripts that measured
+them, before they became ``blocksparse bench`` suites and peer scripts).
 """
 
 from __future__ import annotations
@@ -16,12 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
-sys.path.insert(0, ".")
-from blocksparse.bench import _report  # noqa: E402
+from blocksparse.bench import figures, require_matplotlib
 
-plt = _report.require_matplotlib()  # ImportError naming `pip install 'blocksparse[bench]'` without it
+plt = require_matplotlib()  # ImportError naming `pip install 'blocksparse[bench]'` without it
 
 
 def _time_vs_density_axes(ax, ds, n: int) -> None:
@@ -182,8 +183,11 @@ def main(argv=None):
     ap.add_argument("--gnn", default="benchmarks/results/gnn_h200_run2.json")
     ap.add_argument("--mosaic", default="benchmarks/results/mosaic_persistent_h200_run3.json")
     ap.add_argument("--sharded-gnn", default="benchmarks/results/sharded_gnn_h200x2_run4.json")
-    ap.add_argument("--sdd", nargs="+", default=["benchmarks/results/mosaic_sdd_h200_run1.json",
-                                                 "benchmarks/results/mosaic_sdd_h200_run2.json"])
+    ap.add_argument(
+        "--sdd",
+        nargs="+",
+        default=["benchmarks/results/mosaic_sdd_h200_run1.json", "benchmarks/results/mosaic_sdd_h200_run2.json"],
+    )
     ap.add_argument("--out", default="docs/img")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -193,7 +197,7 @@ def main(argv=None):
             with open(path) as f:
                 docs.append(json.load(f))
         merged = {"meta": docs[0].get("meta", {}), "results": [r for d in docs for r in d.get("results", [])]}
-        dests = _report.plot(merged, args.out)
+        dests = figures(merged, args.out)
     else:
         dests = [plot_matmul(args.matmul, args.out), plot_gnn(args.gnn, args.out),
                  plot_mosaic(args.mosaic, args.out), plot_sharded_gnn(args.sharded_gnn, args.out),

@@ -37,9 +37,7 @@ import argparse
 import csv
 import ctypes
 import io
-import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -248,8 +246,11 @@ def trace_events(xplane_path: str) -> tuple[list[tuple[str, float, float]], list
             if (on_gpu and not line.name.startswith("Stream")) or (not on_gpu and line.name == "python"):
                 continue
             out = gpu if on_gpu else host
-            out += [(e.name, e.start_ns / 1e3, (e.start_ns + e.duration_ns) / 1e3) for e in line.events
-                    if on_gpu or not e.name.startswith("$")]  # "$file:line name": Python's tracer, on any thread
+            out += [
+                (e.name, e.start_ns / 1e3, (e.start_ns + e.duration_ns) / 1e3)
+                for e in line.events
+                if on_gpu or not e.name.startswith("$")
+            ]  # "$file:line name": Python's tracer, on any thread
     return sorted(gpu, key=lambda e: e[1]), sorted(host, key=lambda e: e[1])
 
 
@@ -334,43 +335,49 @@ def main(argv=None) -> int:
         parse_case(case)
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave the GPU's memory to the ncu child
 
-    import jax
-
-    from blocksparse.bench import Timer
+    from blocksparse.bench import Cell, Timer, run_cells
 
     timer = Timer(iters=10, trials=3)
     extra = [] if args.no_ncu else available_metrics(args.ncu)
-    doc = {"benchmark": "profile_kernels", "environment": {"device": str(jax.devices()[0].device_kind),
-           "jax": jax.__version__, "python": platform.python_version(), "ncu": args.ncu, "metrics": extra},
-           "rows": []}  # fmt: skip
-    status = 0
-    for case in args.cases:
-        row = {"case": case, "m": args.m}
-        try:
-            fn, ops = build(case, args.m)
-            row["loop_ms"] = timer.loop(fn, *ops)
-            row["calls_ms"] = timer.calls(fn, *ops)
-            if not args.no_trace:
-                row["trace"] = trace_loop(fn, ops, timer, timer.iters)
-            del fn, ops
-        except Exception as e:  # noqa: BLE001 - one broken case must not stop the run
-            row["error"] = f"{type(e).__name__}: {e}"[:400]
-        if not args.no_ncu:
-            prof = profile(case, args.m, args.ncu, extra, args.timeout)
-            if "error" in row and "error" in prof:  # keep both reasons
-                prof["error"] = f"{row['error']}; ncu: {prof['error']}"
-            row.update(prof)
-        status |= "error" in row
-        doc["rows"].append(row)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(doc, f, indent=1)
-        print(table([row]).split("\n", 1)[1], flush=True)
-        t = row.get("trace", {})
-        if "busy_us" in t:
-            top = ", ".join(f"{k[:40]} {v[0]:.3g}x {v[1]:.3g} us" for k, v in list(t["events"].items())[:6])
-            print(f"  trace per iteration: span {t['span_us']:.1f} us, busy {t['busy_us']:.1f} us: {top}", flush=True)
-    print(table(doc["rows"]))
+    rows = []
+
+    def case_cell(case):
+        def run(timer):
+            row = {"case": case, "m": args.m}
+            try:
+                fn, ops = build(case, args.m)
+                row["loop_ms"] = timer.loop(fn, *ops)
+                row["calls_ms"] = timer.calls(fn, *ops)
+                if not args.no_trace:
+                    row["trace"] = trace_loop(fn, ops, timer, timer.iters)
+                del fn, ops
+            except Exception as e:  # noqa: BLE001 - still profiled below; the cell fails after
+                row["error"] = f"{type(e).__name__}: {e}"[:400]
+            if not args.no_ncu:
+                prof = profile(case, args.m, args.ncu, extra, args.timeout)
+                if "error" in row and "error" in prof:  # keep both reasons
+                    prof["error"] = f"{row['error']}; ncu: {prof['error']}"
+                row.update(prof)
+            rows.append(row)
+            print(table([row]).split("\n", 1)[1], flush=True)
+            t = row.get("trace", {})
+            if "busy_us" in t:
+                top = ", ".join(f"{k[:40]} {v[0]:.3g}x {v[1]:.3g} us" for k, v in list(t["events"].items())[:6])
+                print(f"  trace per iteration: span {t['span_us']:.1f} us, busy {t['busy_us']:.1f} us: {top}",
+                      flush=True)  # fmt: skip
+            if "error" in row:
+                raise RuntimeError(row["error"])
+            return dict(row, implementation=case.split(":")[0])
+
+        impl, b, d, n, cfg = parse_case(case)
+        return Cell("profile-kernels", case, dict(impl=impl, b=b, density=1 / d, n=n, m=args.m, config=cfg), run)
+
+    meta = dict(script="benchmarks/profile_kernels.py", ncu=args.ncu, metrics=extra)
+    columns = {"profile-kernels": (("loop ms", "loop_ms", ".4g"), ("calls ms", "calls_ms", ".4g"),
+                                   ("kernel us", "kernel_sum_us", ".4g"))}  # fmt: skip
+    status = run_cells([case_cell(c) for c in args.cases], full=True, json_path=args.json, timer=timer, meta=meta,
+                       columns=columns, progress=False)  # fmt: skip
+    print(table(rows))
     return status
 
 

@@ -24,13 +24,13 @@ layer): ``gcn`` = ``GCNConv(F, hidden) -> relu -> GCNConv(hidden, K)``; ``gat`` 
 
 Reported per (model, mode): test accuracy per epoch, the final one, epochs/s after the first
 (compiling) epoch, and the compile time. If ``torch_geometric`` is importable (and not ``--no-pyg``)
-the same models are trained in PyG on the same data in the same run (full graph), for epochs/s.
+the same models are trained in PyG on the same data in the same run (full graph), for epochs/s; else
+those cells are skipped. One cell per run, written as ``blocksparse bench --json`` writes its cells.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
@@ -39,9 +39,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-sys.path.insert(0, ".")
-import blocksparse as bs  # noqa: E402
-from blocksparse.gnn.layers import GATv2Conv, GCNConv  # noqa: E402
+import blocksparse as bs
+from blocksparse.bench import Cell, CellSkipped, run_cells
+from blocksparse.gnn.layers import GATv2Conv, GCNConv
 
 
 # ------------------------------------------------------------------------------------ data
@@ -187,7 +187,7 @@ def train(name: str, mode: str, data: dict, a) -> dict:
 
 
 def train_pyg(name: str, data: dict, a) -> dict:
-    """The same model in PyTorch Geometric, full graph, for epochs/s."""
+    """The same model in PyTorch Geometric, full graph, for epochs/s (its epochs timed with CUDA synchronisation)."""
     import torch
     import torch.nn.functional as F
     from torch_geometric.nn import GATv2Conv as PygGAT
@@ -266,6 +266,8 @@ def parse(argv=None):
 
 
 def main(argv=None) -> dict:
+    """Every (framework, model, mode) a cell, run by :func:`blocksparse.bench.run_cells` (table, JSON); returns
+    ``dict(rows=[...])``: each trained model's metrics with its framework, model and mode."""
     a = parse(argv)
     edge_index, x, y = stochastic_block_model(a.nodes, a.communities, a.deg_in, a.deg_out, a.feat, a.noise, a.seed)
     train_mask = np.random.default_rng(a.seed + 7).random(a.nodes) < a.train_frac
@@ -276,29 +278,35 @@ def main(argv=None) -> dict:
     result = dict(config=vars(a), num_edges=int(edge_index.shape[1]), chance=1 / a.communities,
                   device=jax.devices()[0].device_kind, rows=[])  # fmt: skip
 
-    def save():
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(result, f, indent=1)
+    def job(framework, model, mode):
+        def run(timer):
+            if framework == "pyg":
+                if a.no_pyg:
+                    raise CellSkipped("--no-pyg")
+                try:
+                    import torch_geometric  # noqa: F401
+                except ImportError as e:
+                    raise CellSkipped(f"torch_geometric not importable: {e}") from None
+            row = train(model, mode, data, a) if framework == "blocksparse" else train_pyg(model, data, a)
+            result["rows"].append(row)
+            return dict(row, implementation=framework)
 
-    print(f"{'framework':<12}{'model':<6}{'mode':<7}{'final acc':>10}{'best acc':>10}{'epochs/s':>10}"
-          f"{'1st epoch s':>12}")  # fmt: skip
-    jobs = [("blocksparse", m, mode) for m in a.models for mode in a.modes]
-    try:
-        import torch_geometric  # noqa: F401
+        return Cell("train-gnn", f"{framework} {model} {mode}", dict(framework=framework, model=model, mode=mode), run)
 
-        have_pyg = not a.no_pyg
-    except ImportError:
-        have_pyg = False
-    jobs += [("pyg", m, "full") for m in a.models] if have_pyg else []
-    for framework, model, mode in jobs:
-        row = train(model, mode, data, a) if framework == "blocksparse" else train_pyg(model, data, a)
-        result["rows"].append(row)
-        print(f"{framework:<12}{model:<6}{mode:<7}{row['final_acc']:>10.3f}{row['best_acc']:>10.3f}"
-              f"{row['epochs_per_s']:>10.2f}{row['first_epoch_s']:>12.2f}")  # fmt: skip
-        save()
-    if not have_pyg:
-        print("torch_geometric not importable (or --no-pyg): no PyG comparison")
+    jobs = [job("blocksparse", m, mode) for m in a.models for mode in a.modes]
+    jobs += [job("pyg", m, "full") for m in a.models]
+    columns = {
+        "train-gnn": (
+            ("final acc", "final_acc", ".3f"),
+            ("best acc", "best_acc", ".3f"),
+            ("epochs/s", "epochs_per_s", ".4g"),
+            ("1st epoch s", "first_epoch_s", ".3g"),
+        )
+    }
+    meta = dict(
+        script="benchmarks/train_gnn.py", config=vars(a), num_edges=result["num_edges"], chance=result["chance"]
+    )
+    result["status"] = run_cells(jobs, full=not a.small, json_path=a.json, meta=meta, columns=columns)
     if a.plot:
         import matplotlib
 
@@ -318,4 +326,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main()["status"])

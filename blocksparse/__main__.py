@@ -228,17 +228,18 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     be = sub.add_parser(
         "bench", formatter_class=fmt,
-        help="run the benchmark suites (matmul, gnn, plan, model): each cell checked against dense, timed; a table",
+        help="run the benchmark suites (matmul, gnn, plan, model, mosaic, ...): each cell checked, timed; a table",
     )  # fmt: skip
     be.add_argument(
         "--suite", type=_suites, action="append", metavar="NAME[,NAME]",
-        help="matmul, gnn, plan, model or all; repeatable or a comma list; None runs matmul,gnn,plan",
+        help="matmul, gnn, plan, model, mosaic, dynamic, sharded, training, gnn-variants, gnn-graphs or all; "
+        "repeatable or a comma list; None runs matmul,gnn,plan",
     )  # fmt: skip
     be.add_argument(
         "--filter", metavar="TEXT", action="append", default=None,
         help="run only the cells whose 'suite: label' contains TEXT (repeatable: any of them), e.g. 'n=256'",
     )  # fmt: skip
-    be.add_argument("--full", action="store_true", help="the GPU sizes, not the quick CPU sizes (about a minute)")
+    be.add_argument("--full", action="store_true", help="the GPU sizes of the published figures, not the CPU sizes")
     be.add_argument("--json", metavar="PATH", default=None, help="write every cell's parameters and metrics as JSON")
     be.add_argument("--plot", metavar="DIR", default=None, help="write figures (PNG) into DIR; needs the bench extra")
     be.add_argument(

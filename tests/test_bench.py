@@ -1,6 +1,8 @@
-"""``blocksparse bench``: the suite protocol (Timer, checks), the suites at a tiny size, and the command line."""
+"""``blocksparse bench``: the suite protocol (Timer, checks, skips), every suite at a tiny size, the command line,
+the suites' GPU variants in the interpreter on a faked H200, and the peer scripts on the CPU."""
 
 import contextlib
+import dataclasses
 import importlib.util
 import io
 import json
@@ -17,11 +19,37 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import blocksparse as bs
+from blocksparse import hardware
 from blocksparse.__main__ import main
-from blocksparse.bench import Cell, CellFailed, Timer, check_close, implementation, run_cell, tolerance
+from blocksparse.bench import (
+    Cell,
+    CellFailed,
+    CellSkipped,
+    Timer,
+    _cli,
+    check_close,
+    implementation,
+    measure,
+    run_cell,
+    run_cells,
+    tolerance,
+    variant,
+    write_json,
+)
+from blocksparse.bench import dynamic as bench_dynamic
 from blocksparse.bench import gnn as bench_gnn
+from blocksparse.bench import gnn_graphs as bench_gnn_graphs
+from blocksparse.bench import gnn_variants as bench_gnn_variants
 from blocksparse.bench import matmul as bench_matmul
+from blocksparse.bench import mosaic as bench_mosaic
 from blocksparse.bench import plan as bench_plan
+from blocksparse.bench import sharded as bench_sharded
+from blocksparse.bench import training as bench_training
+
+#: Every suite with ``tiny`` / ``quick`` / ``full`` sizes (the model suite has its own, tested in test_models_minilm).
+SIZED = [bench_matmul, bench_gnn, bench_plan, bench_mosaic, bench_dynamic, bench_sharded, bench_training,
+         bench_gnn_variants, bench_gnn_graphs]  # fmt: skip
 
 
 # -- the protocol ---------------------------------------------------------------------------------------
@@ -63,6 +91,42 @@ def test_check_close_names_expected_and_actual():
     assert tolerance(jnp.bfloat16) > tolerance(jnp.float16) > tolerance(jnp.float32, "cpu")
 
 
+def test_skipped_cells_measure_and_variants():
+    """A skipped cell is ok with its reason; measure() checks and times; variant() records what cannot run here."""
+    r = run_cell(Cell("t", "skip", {}, lambda timer: (_ for _ in ()).throw(CellSkipped("needs a GPU"))), Timer())
+    assert r.ok and r.skipped == "needs a GPU" and r.metrics == {}
+    timer = Timer(iters=1, trials=1, warmup=0)
+    W = bs.BlockSparseMatrix.from_dense(jnp.eye(8), 4)
+    x = jnp.ones((8, 2))
+    m = measure(timer, lambda W, x: bs.matmul(W, x, implementation="xla"), W, x, want=x, prefix="p_")
+    assert m["p_rel_err"] == 0 and m["p_loop_ms"] > 0 and m["p_calls_ms"] > 0 and m["p_implementation"] == "dsd: xla"
+    with pytest.raises(CellFailed, match="expected relative error"):
+        measure(timer, lambda W, x: 2 * (W @ x), W, x, want=x)
+    with hardware.fake(dataclasses.replace(hardware.H200, platform="cpu")):
+        assert variant(timer, "k", jnp.sin, x, needs="gpu") == {"k_skipped": "needs a GPU (default device: cpu)"}
+        assert variant(timer, "m", jnp.sin, x, needs="hopper")["m_skipped"].startswith("needs a Hopper GPU")
+    refused = variant(timer, "r", lambda W, x: bs.matmul(W, x, implementation="pallas"), W, x)  # no GPU here
+    assert set(refused) == {"r_skipped"} or "r_loop_ms" in refused
+
+
+def test_write_json_and_run_cells_write_one_layout(tmp_path, capsys):
+    path = tmp_path / "doc.json"
+    write_json(str(path), {"a": np.float32(1.5), "b": [jnp.int32(2)]})
+    assert json.loads(path.read_text()) == {"a": 1.5, "b": [2]}
+    cells = [
+        Cell("peer", "ok", {"n": 1}, lambda timer: {"loop_ms": 1.0, "implementation": "x"}),
+        Cell("peer", "missing", {"n": 2}, lambda timer: (_ for _ in ()).throw(CellSkipped("torch unavailable"))),
+    ]
+    assert (
+        run_cells(cells, json_path=str(path), timer=Timer(iters=1, trials=1), meta={"script": "s"}, progress=False) == 0
+    )
+    doc = json.loads(path.read_text())
+    assert doc["meta"]["script"] == "s" and [r["label"] for r in doc["results"]] == ["ok", "missing"]
+    assert doc["results"][1]["skipped"] == "torch unavailable" and doc["results"][0]["params"] == {"n": 1}
+    out = capsys.readouterr().out
+    assert "missing  skipped  torch unavailable" in out and "2 cells, 1 ok, 0 failed, 1 skipped" in out
+
+
 def test_run_cell_turns_failures_into_results():
     def bad(timer):
         raise CellFailed("expected 1; got 2")
@@ -97,33 +161,43 @@ def test_check_close_measures_the_relative_frobenius_error(shape, rel, seed):
 @pytest.fixture
 def tiny(monkeypatch):
     """Every suite's quick sizes shrunk to its ``tiny`` sizes (the registry tests share with the scripts)."""
-    for suite in (bench_matmul, bench_gnn, bench_plan):
+    for suite in SIZED:
         monkeypatch.setitem(suite.SIZES, "quick", suite.SIZES["tiny"])
 
 
 FAST = ["--iters", "1", "--trials", "1", "--no-progress"]
+SUITE_NAMES = [s.__name__.rsplit(".", 1)[1].replace("_", "-") for s in SIZED]
 
 
-@pytest.mark.parametrize("suite", [bench_matmul, bench_gnn, bench_plan])
-def test_every_suite_lists_checked_cells_at_both_sizes(suite):
-    for full in (False, True):
-        cells = suite.cells(full=full)
-        assert cells and all(isinstance(c, Cell) and c.suite == suite.__name__.rsplit(".", 1)[1] for c in cells)
+def test_every_suite_is_registered():
+    assert set(_cli.SUITES) == {*SUITE_NAMES, "model"} and _cli.parse_suites("all") == list(_cli.SUITES)
+    assert _cli.module_name("gnn-variants") == "gnn_variants"
+
+
+@pytest.mark.parametrize("suite", SIZED, ids=SUITE_NAMES)
+def test_every_suite_lists_checked_cells_at_every_size(suite):
+    name = suite.__name__.rsplit(".", 1)[1].replace("_", "-")
+    for size in ("tiny", "quick", "full"):
+        cells = suite.cells(full=True) if size == "full" else suite.suite(**suite.SIZES[size])
+        assert cells and all(isinstance(c, Cell) and c.suite == name for c in cells)
         assert len({c.label for c in cells}) == len(cells)  # one row each
         json.dumps([c.params for c in cells])
     assert {k for k in suite.SIZES} == {"tiny", "quick", "full"}
+    assert len(suite.suite(**suite.SIZES["quick"])) <= 16  # the CPU-sized run stays short
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    """One run of the three CPU suites at the tiny size, with --json and (when matplotlib is there) --plot."""
+    """One run of every suite but the model's at the tiny size, with --json and (with matplotlib) --plot."""
     tmp = tmp_path_factory.mktemp("bench")
-    argv = ["bench", "--suite", "matmul,gnn", "--suite", "plan", "--json", str(tmp / "bench.json"), *FAST]
+    others = ",".join(n for n in SUITE_NAMES if n not in ("matmul", "gnn", "plan"))
+    argv = ["bench", "--suite", "matmul,gnn", "--suite", "plan", "--suite", others, "--json", str(tmp / "bench.json"),
+            *FAST]  # fmt: skip
     has_mpl = importlib.util.find_spec("matplotlib") is not None
     if has_mpl:
         argv += ["--plot", str(tmp / "figs")]
     with pytest.MonkeyPatch.context() as mp:
-        for suite in (bench_matmul, bench_gnn, bench_plan):
+        for suite in SIZED:
             mp.setitem(suite.SIZES, "quick", suite.SIZES["tiny"])
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
@@ -135,7 +209,7 @@ def tiny_run(tmp_path_factory):
 def test_quick_suites_run_print_the_table_and_exit_0(tiny_run):
     out = tiny_run["out"]
     assert tiny_run["code"] == 0, out
-    assert "[matmul]" in out and "[gnn]" in out and "[plan]" in out and "FAILED" not in out
+    assert all(f"[{name}]" in out for name in SUITE_NAMES) and "FAILED" not in out
     if tiny_run["doc"]["meta"]["platform"] == "cpu":
         assert "pure-JAX (XLA) implementations run" in out and "dsd: xla" in out and "dyn_dsd: xla" in out
     assert " ok, 0 failed in " in out
@@ -143,14 +217,16 @@ def test_quick_suites_run_print_the_table_and_exit_0(tiny_run):
 
 def test_json_holds_every_cell_with_its_metrics(tiny_run):
     doc = tiny_run["doc"]
-    assert doc["meta"]["suites"] == ["matmul", "gnn", "plan"]
+    assert doc["meta"]["suites"] == ["matmul", "gnn", "plan", *(n for n in SUITE_NAMES[3:])]
     assert doc["meta"]["full"] is False and doc["meta"]["iters"] == 1 and doc["meta"]["seconds"] > 0
     results = doc["results"]
-    assert {r["suite"] for r in results} == {"matmul", "gnn", "plan"} and all(r["ok"] for r in results)
-    assert len(results) == sum(len(s.suite(**s.SIZES["tiny"])) for s in (bench_matmul, bench_gnn, bench_plan))
+    assert {r["suite"] for r in results} == set(SUITE_NAMES) and all(r["ok"] for r in results)
+    assert len(results) == sum(len(s.suite(**s.SIZES["tiny"])) for s in SIZED)
     kinds = {r["params"].get("kind") for r in results if r["suite"] == "matmul"}
     assert kinds == {"dense", "static", "dynamic"}
     for r in results:
+        if r["suite"] not in ("matmul", "gnn", "plan"):
+            continue
         m = r["metrics"]
         assert m["implementation"] and m["rel_err"] < 1e-4
         if r["suite"] == "matmul":
@@ -163,11 +239,37 @@ def test_json_holds_every_cell_with_its_metrics(tiny_run):
     assert {r["label"] for r in results if r["suite"] == "gnn"} == set(bench_gnn.OPS)
 
 
+def test_the_new_suites_measure_dense_or_xla_beside_the_default(tiny_run):
+    """Each cell: the default's both timings, its dispatch log, a baseline in the same run; on a CPU the GPU
+    variants are recorded as skipped (with the reason), never failed."""
+    results = [r for r in tiny_run["doc"]["results"] if r["suite"] in SUITE_NAMES[3:]]
+    for r in results:
+        m = r["metrics"]
+        if r["skipped"]:
+            assert r["suite"] == "sharded" and "devices" in r["skipped"]
+            continue
+        assert m["loop_ms"] > 0 and m["calls_ms"] > 0 and m["implementation"], r
+        assert r["suite"] == "training" or any(k.endswith("_loop_ms") for k in m), r  # a baseline beside it
+        if tiny_run["doc"]["meta"]["platform"] == "cpu":
+            assert all("needs a" in v or "refused" in v or "Hopper" in v for k, v in m.items()
+                       if k.endswith("_skipped")), m  # fmt: skip
+    by = {(r["suite"], r["label"]): r["metrics"] for r in results}
+    mosaic = [m for (s, _), m in by.items() if s == "mosaic"]
+    assert mosaic and all("dense_loop_ms" in m and "xla_loop_ms" in m for m in mosaic)
+    if tiny_run["doc"]["meta"]["platform"] == "cpu":
+        assert all(m["mosaic_skipped"].startswith("needs a Hopper GPU") for m in mosaic)
+    training = {label.split()[0]: m for (s, label), m in by.items() if s == "training"}
+    assert set(training) == set(bench_training.VARIANTS) and training["dense"]["loop_vs_dense"] == 1.0
+    assert len({round(m["loss0"], 4) for m in training.values()}) == 1 and training["rigl"]["moved_per_layer"] > 0
+    sharded = [m for (s, _), m in by.items() if s == "sharded" and m]
+    assert all(m["devices"] == 4 and m["rel_err"] < 1e-4 for m in sharded)  # tests run with 4 CPU devices
+
+
 def test_plot_writes_pngs(tiny_run):
     if tiny_run["figs"] is None:
         pytest.skip("matplotlib is not installed")
     names = sorted(p.name for p in tiny_run["figs"].iterdir())
-    assert names == ["gnn_vs_reference.png", "matmul_n16.png", "plan_speedup.png"]
+    assert {"gnn_vs_reference.png", "matmul_n16.png", "plan_speedup.png", "sharded.png", "gnn_graphs.png"} <= set(names)
     assert all((tiny_run["figs"] / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
 
 
@@ -230,8 +332,8 @@ def test_progress_falls_back_to_plain_lines(monkeypatch, capsys):
 @pytest.mark.parametrize(
     "argv, expected",
     [
-        (["bench", "--suite", "nope"], "--suite: expected a suite in matmul, gnn, plan, model, all; got 'nope'"),
-        (["bench", "--suite", ","], "expected a suite in matmul, gnn, plan, model, all; got ','"),
+        (["bench", "--suite", "nope"], f"--suite: expected a suite in {', '.join(_cli.SUITES)}, all; got 'nope'"),
+        (["bench", "--suite", ","], f"expected a suite in {', '.join(_cli.SUITES)}, all; got ','"),
         (["bench", "--iters", "0"], "argument --iters: expected a positive integer, got 0"),
         (["bench", "--trials", "x"], "argument --trials: expected a positive integer, got 'x'"),
         (["bench", "--json", "/no/such/folder/b.json"], "expected --json to name a writable file"),
@@ -260,28 +362,87 @@ def test_plot_without_matplotlib_names_the_extra(monkeypatch, tmp_path, capsys):
     assert "expected --plot to name a folder" in capsys.readouterr().err
 
 
-# -- the GPU scripts, on the CPU at tiny sizes ------------------------------------------------------------
-def _script(name):
-    return bench_scripts.load(name)
+# -- the GPU variants, in the interpreter on a faked H200 ----------------------------------------------------
+def _interpreted(cells):
+    timer = Timer(iters=1, trials=1, warmup=0)
+    with hardware.fake(hardware.H200), bs.interpret():
+        return [run_cell(c, timer) for c in cells]
 
 
-def test_bench_matmul_script_measures_on_the_cpu_and_exits_1_on_a_failed_cell(tmp_path, monkeypatch, capsys):
-    script = _script("bench_matmul")
-    argv = ["--m", "64", "--n", "16", "--b", "16", "--d", "4", "--reps", "1", "--trials", "1", "--dtype", "float32"]
-    assert script.main([*argv, "--json", str(tmp_path / "ok.json")]) == 0
-    doc = json.loads((tmp_path / "ok.json").read_text())
-    assert doc["failed"] == [] and len(doc["rows"]) == 1
-    row = doc["rows"][0]
-    assert row["implementation"] == "dsd: xla" and row["err"] < 1e-5 and row["time_ms"] > 0 and row["wall_ms"] > 0
+MOSAIC_TINY = dict(dtype="float16", variants=True, dsd=(128, (64,), (64,), (2,), ("uniform",), (None,)),
+                   dds=(((64, 128, 128),), (64,), (2,)), sdd=((("dsd", 128, 128, 64),), (64,), (2,)),
+                   bands=((("dsd", 128, 128, 64),), (16,), (2,)))  # fmt: skip
 
-    def wrong(*args, **kwargs):
-        raise CellFailed("dsd product: expected relative error vs the reference <= 0.0001; got 0.3")
 
-    monkeypatch.setattr(script, "bench_cell", wrong)
-    assert script.main([*argv, "--json", str(tmp_path / "bad.json")]) == 1
-    doc = json.loads((tmp_path / "bad.json").read_text())
-    assert doc["rows"] == [] and doc["failed"][0]["error"].endswith("got 0.3")
-    assert "1 cells FAILED, 0 measured" in capsys.readouterr().err
+@pytest.mark.parametrize("kind", ["dsd", "dds", "sdd", "bands"])
+def test_mosaic_cells_run_every_kernel_and_a_forced_variant_in_the_interpreter(kind, monkeypatch):
+    """On a faked H200 the cell runs dense, XLA, Triton, Mosaic and its config= variants, each checked."""
+    variants = {
+        "dsd": ("DSD_VARIANTS", {"tn64_s2": dict(tn=64, stages=2)}),
+        "dds": ("DDS_VARIANTS", {"tm64": dict(tm=64)}),
+        "sdd": ("SDD_VARIANTS", {"splits2": dict(splits=2)}),
+        "bands": ("BAND_VARIANTS", {"tm64": dict(tm=64)}),
+    }
+    monkeypatch.setattr(bench_mosaic, variants[kind][0], variants[kind][1])
+    monkeypatch.setattr(bench_mosaic, "TRITON_SPLITS", (2,))
+    cells = [c for c in bench_mosaic.suite(**MOSAIC_TINY) if c.label.startswith(kind)]
+    (r,) = _interpreted(cells)
+    assert r.ok, r.error
+    m = r.metrics
+    names = ["dense", "xla", "triton", "mosaic", *variants[kind][1]] + (["triton_unsplit", "triton_splits2"]
+                                                                        if kind == "sdd" else [])  # fmt: skip
+    assert not [k for k in m if k.endswith("_skipped")], m
+    assert all(m[f"{n}_loop_ms"] > 0 and m[f"{n}_calls_ms"] > 0 for n in names), m
+    assert m["mosaic_implementation"].endswith(": mosaic") and m["triton_implementation"].endswith(": pallas")
+    assert m["speedup_vs_triton"] > 0 and m["best"] in variants[kind][1]
+
+
+@pytest.mark.slow  # the dynamic cell runs seven kernels in the interpreter (about a minute on 2 cores)
+def test_dynamic_and_triton_variants_reach_their_kernels_in_the_interpreter(monkeypatch):
+    """The dynamic suite's Triton designs (config=TritonConfig(dynamic=...)) and Mosaic paths, and the matmul
+    suite's Triton tilings, on a faked H200."""
+    monkeypatch.setattr(bench_matmul, "TRITON_VARIANTS", {"tn64": dict(tn=64), "accT": dict(transpose_acc=True)})
+    cells = bench_dynamic.suite(m=128, ns=(64,), blocks=(64,), densities=(1 / 2,), dtype="float16")
+    cells += [c for c in bench_matmul.suite(m=64, ns=(16,), blocks=(16,), densities=(1 / 4,), dtype="float32",
+                                            variants=True) if c.params["kind"] == "static"]  # fmt: skip
+    dyn, static = _interpreted(cells)
+    assert dyn.ok and static.ok, (dyn.error, static.error)
+    assert not [k for k in (*dyn.metrics, *static.metrics) if k.endswith("_skipped")]
+    assert dyn.metrics["scan_implementation"] == dyn.metrics["worklist_implementation"] == "dyn_dsd: pallas"
+    assert dyn.metrics["dynamic_mosaic_implementation"] == "dyn_dsd: mosaic" and dyn.metrics["scan_loop_vs_static"] > 0
+    assert static.metrics["tn64_implementation"] == "dsd: pallas" and static.metrics["best"] in ("tn64", "accT")
+
+
+def test_gnn_variant_cells_run_their_configs_in_the_interpreter(monkeypatch):
+    """Each gather / attention / packed variant reaches its kernel through config= and matches XLA."""
+    monkeypatch.setattr(bench_gnn_variants, "SPMM", {"w2": dict(num_warps=2), "G2": dict(nodes_per_program=2)})
+    monkeypatch.setattr(bench_gnn_variants, "MAX", {"key": dict(key_reduce=True)})
+    monkeypatch.setattr(bench_gnn_variants, "_TABLES", {"spmm": bench_gnn_variants.SPMM, "max": bench_gnn_variants.MAX})
+    monkeypatch.setattr(bench_gnn_variants, "ATTENTION", {"be16": (dict(edges_per_step=16), False)})
+    monkeypatch.setattr(bench_gnn_variants, "NODES_PER_PROGRAM", (1, 2))
+    cells = [c for c in bench_gnn_variants.suite(**bench_gnn_variants.SIZES["tiny"]) if c.params["kind"] != "dynamic"]
+    for r in _interpreted(cells):
+        assert r.ok, (r.label, r.error)
+        names = [k[: -len("_loop_ms")] for k in r.metrics if k.endswith("_loop_ms")]
+        assert not [k for k in r.metrics if k.endswith("_skipped")] and len(names) >= 2, r.metrics
+        assert r.metrics["implementation"].split(": ")[1] == "pallas" and "best" in r.metrics
+
+
+# -- the peer scripts, on the CPU (torch absent: their own cells skipped, the suites' cells run) --------------
+def test_peer_scripts_run_the_suites_cells_and_skip_their_peers(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)
+    for name, argv in (("bench_matmul", ["--small", "--b", "16", "--d", "4"]),
+                       ("bench_gnn", ["--small", "--ops", "spmm_sum", "gatv2", "--heads", "2"]),
+                       ("bench_gnn_graphs", ["--small"])):  # fmt: skip
+        out = tmp_path / f"{name}.json"
+        script = bench_scripts.load(name)
+        assert script.main([*argv, "--json", str(out)]) == 0, name
+        doc = json.loads(out.read_text())
+        assert doc["meta"]["script"] == f"benchmarks/{name}.py"
+        mine = [r for r in doc["results"] if not r["suite"].endswith("-peers")]
+        peers = [r for r in doc["results"] if r["suite"].endswith("-peers")]
+        assert mine and all(r["ok"] and not r["skipped"] and r["metrics"]["loop_ms"] > 0 for r in mine), name
+        assert peers and all(r["ok"] and r["skipped"] for r in peers), name  # torch missing, or GPU-only
 
 
 @pytest.mark.gpu
@@ -299,6 +460,6 @@ def test_python_dash_m_exit_status_reaches_the_shell():
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.strip() == (
-        "python -m blocksparse bench: error: argument --suite: expected a suite in matmul, gnn, plan, model, all; "
+        f"python -m blocksparse bench: error: argument --suite: expected a suite in {', '.join(_cli.SUITES)}, all; "
         "got 'nope' (see --help)"
     )

@@ -1,81 +1,46 @@
-"""benchmarks/bench_gnn.py on the CPU: the dtype option (one or several), the op filter, the max with arg-max rows,
-the summary, torch missing, and the max kernel's nodes-per-program sweep."""
+"""benchmarks/bench_gnn.py on the CPU: the gnn suite's cells for one or several dtypes, the torch and PyG cells
+skipped with the reason when torch is missing, and the targets the peers' ratios are held to."""
 
 import json
-import pathlib
 import sys
 
 import bench_scripts
 import pytest
 
-import blocksparse.gnn as gnn
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture
 def bench():
-    return bench_scripts.load("bench_gnn")  # fresh module state (ROWS) per test
+    return bench_scripts.load("bench_gnn")
 
 
-def _run(bench, tmp_path, *args):
+def test_two_dtypes_the_suites_cells_and_the_peers_skipped(bench, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # torch missing: its cells are skipped, the JAX ones run
     out = tmp_path / "gnn.json"
-    tiny = ["--nodes", "64", "--edges", "512", "--feat", "16", "--iters", "1", "--no-torch", "--heads"]
-    assert bench.main([*tiny, *args, "--json", str(out)]) == 0
-    return json.loads(out.read_text())
-
-
-def test_bfloat16_rows_on_xla(bench, tmp_path):
-    res = _run(bench, tmp_path, "--impls", "xla", "--dtype", "bfloat16", "--ops", "max", "spmm_sum")
-    assert res["meta"]["dtype"] == "bfloat16"
-    rows = res["rows"]
-    assert {r["op"] for r in rows} == {"max", "spmm_sum"} and all(r["dtype"] == "bfloat16" for r in rows)
-    checks = [r for r in rows if r["mode"] == "check"]
-    assert len(checks) == 3 and all(r["err"] < 0.05 for r in checks)  # bf16 against the float32 reference
-    assert {r["impl"] for r in checks} == {"bs-xla", "bs-xla-with_arg"}  # (the max with arg-max: exact)
-    timed = [r for r in rows if r["mode"] == "fwd"]
-    assert {r["impl"] for r in timed} >= {"bs-xla", "jax-segment_max-sorted", "jax-segment_sum-sorted"}
-    assert all(r["gather_gbps"] > 0 and r["ms"] > 0 for r in timed)
-
-
-def test_nodes_per_program_sweep_in_interpret_mode(bench, tmp_path):
-    with gnn.interpret():
-        res = _run(bench, tmp_path, "--impls", "pallas", "--ops", "max", "--nodes-per-program", "1", "4",
-                   "--edges-per-step", "8")  # fmt: skip
-    rows = [r for r in res["rows"] if r["impl"].startswith("bs-pallas-npp")]
-    got = {(r["impl"], r["mode"]) for r in rows}
-    assert got == {
-        *((f"bs-pallas-npp{g}", m) for g in (1, 4) for m in ("check", "fwd", "fwd+bwd")),
-        *((f"bs-pallas-npp4-{v}", m) for v in ("idorder", "prefetch", "be8") for m in ("check", "fwd")),
-    }
-    assert all(r["err"] == 0.0 for r in rows if r["mode"] == "check")  # max is exact
-    by = {(r["impl"], r["mode"]): r for r in rows}
-    assert by["bs-pallas-npp4-be8", "fwd"]["be"] == 8 and by["bs-pallas-npp4-idorder", "fwd"]["sort_by_degree"] is False
-    assert by["bs-pallas-npp4-prefetch", "fwd"]["prefetch"] is True
-    assert by["bs-pallas-npp1", "fwd"]["nodes_per_program"] == 1 and by["bs-pallas-npp1", "fwd"]["be"] == 64
-
-
-def test_two_dtypes_in_one_run_with_arg_rows_and_summary(bench, tmp_path, monkeypatch, capsys):
-    # without --no-torch, and torch missing: its rows are skipped with the reason, the JAX rows still run
-    monkeypatch.setitem(sys.modules, "torch", None)
-    out = tmp_path / "gnn.json"
-    argv = ["--nodes", "64", "--edges", "512", "--feat", "16", "--iters", "1", "--heads", "--impls", "xla",
-            "--dtype", "float32", "bfloat16", "--ops", "max", "spmm_sum", "--json", str(out)]  # fmt: skip
+    argv = ["--small", "--dtype", "float32", "bfloat16", "--ops", "max", "spmm_sum", "--heads", "2", "--json", str(out)]
     assert bench.main(argv) == 0
-    res = json.loads(out.read_text())
-    meta, rows = res["meta"], res["rows"]
-    assert meta["dtypes"] == ["float32", "bfloat16"] and meta["torch_rows"].startswith("skipped: torch unavailable")
-    assert "torch and PyG rows skipped: torch unavailable" in capsys.readouterr().out
-    assert meta["defaults"]["float32"]["max_values"] == {"nodes_per_program": 1, "variant": "key"}
-    assert meta["defaults"]["bfloat16"]["max_values"]["variant"] == "w2"
-    assert meta["defaults"]["float32"]["max_with_arg"]["variant"] == "w1"
-    for dtype in ("float32", "bfloat16"):
-        mine = {(r["impl"], r["mode"]): r for r in rows if r["dtype"] == dtype and r["op"] == "max"}
-        assert mine["bs-xla-with_arg", "check"]["err"] == 0.0  # values and arg-max exactly
-        assert mine["bs-xla-with_arg", "fwd"]["ms"] > 0 and mine["bs-xla", "fwd"]["calls_ms"] > 0
-        assert {(r["impl"], r["mode"]) for r in rows if r["dtype"] == dtype and r["op"] == "spmm_sum"} >= {
-            ("bs-xla", "fwd"), ("jax-segment_sum-sorted", "fwd")}  # fmt: skip
-    got = {(s["dtype"], s["ours"], s["peer"]) for s in res["summary"]}
-    assert ("bfloat16", "bs-xla-with_arg", "jax-segment_max-sorted") in got
-    assert ("float32", "bs-xla", "jax-segment_sum-sorted") in got
-    assert all(s["ratio"] > 0 and "target" not in s for s in res["summary"])  # no cuSPARSE / PyG row here
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["script"] == "benchmarks/bench_gnn.py" and doc["meta"]["argv"] == argv
+    ours = [r for r in doc["results"] if r["suite"] == "gnn"]
+    assert {r["label"] for r in ours} == {"spmm_sum", "spmm_mean", "aggregate_max", "gatv2", "graph_attention"}
+    assert all(r["ok"] and r["metrics"]["loop_ms"] > 0 and r["metrics"]["speedup_vs_reference"] > 0 for r in ours)
+    peers = [r for r in doc["results"] if r["suite"] == "gnn-peers"]
+    assert {(r["params"]["dtype"], r["params"]["op"], r["params"]["peer"], r["params"]["mode"]) for r in peers} == {
+        (dt, op, peer, mode) for dt in ("float32", "bfloat16") for op, cases in bench.PEERS.items()
+        for peer, mode in cases}  # fmt: skip
+    assert all(r["ok"] and r["skipped"] for r in peers)
+    assert any("torch unavailable" in r["skipped"] for r in peers)
+
+
+def test_attention_cells_per_head_count_and_mode(bench):
+    cells = bench.cells(256, 2048, 16, [8, 1], ["float32"], ["gatv2", "transformer"], 1, 1)
+    peers = [c for c in cells if c.suite == "gnn-peers"]
+    assert [c.label for c in peers] == [f"float32 {op} H={h} {m} vs pyg" for op in ("gatv2", "transformer")
+                                        for h in (8, 1) for m in ("fwd", "fwd+bwd")]  # fmt: skip
+
+
+def test_ratios_and_targets(bench):
+    out = bench._finish(dict(loop_ms=1.0, peer_ms=10.0, ours_mem_bytes=100, peer_mem_bytes=4000),
+                        ("gatv2", 8, "fwd+bwd", "pyg"))  # fmt: skip
+    assert out["speedup_vs_peer"] == 10.0 and out["memory_vs_peer"] == 40.0
+    assert out["target"] == bench.TARGETS[("gatv2", 8, "fwd+bwd", "pyg")] and out["target_met"] is False
+    assert "target" not in bench._finish(dict(loop_ms=1.0, peer_ms=2.0), ("max", None, "fwd", "pyg-scatter"))

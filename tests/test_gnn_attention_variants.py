@@ -4,13 +4,12 @@ Interpret mode on the CPU: every variant's forward and gradients equal the refer
 128 features (one head per program: ``flat`` / ``groups`` apply) and eight heads of 16 (``flat`` /
 ``groups`` run as ``heads``), on a graph with a heavy destination (its in-edges split into chunks), a
 heavy source (the backward's source pass splits its out-edges) and isolated nodes. Plus the CUDA
-lowering of every variant, the default geometry, argument checks and the benchmark script's ``--small``.
+lowering of every variant, the default geometry, argument checks (the ``gnn-variants`` suite's
+cells run in tests/test_bench.py).
 """
 
-import json
 import re
 
-import bench_scripts
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -182,24 +181,6 @@ def test_every_variant_lowers_to_triton():
     txt = _lower_for_cuda(everything, jnp.ones((n, 1, 128)), jnp.ones((n, 8, 16)))
     # per (variant, call): forward, destination and source passes on main units, and on extra units but the last
     assert txt.count("__gpu$xla.gpu.triton") >= len(VARIANTS) * 3 * 5
-
-
-def test_benchmark_script_small(tmp_path):
-    # the GPU benchmark at a tiny scale in the interpreter: rows checked against the default and XLA
-    bench = bench_scripts.load("bench_gatv2_variants")
-    out = tmp_path / "out.json"
-    argv = ["--json", str(out), "--small", "--shapes", "1x128", "--variants", "flat", "--modes", "fwd+bwd"]
-    assert bench.main([*argv, "--calls", "best"]) == 0
-    res = json.loads(out.read_text())
-    rows = res["rows"]
-    assert [(r["shape"], r["variant"]) for r in rows] == [("1x128", "default"), ("1x128", "flat")]
-    assert all("error" not in r and r["ms"] > 0 for r in rows) and "calls_ms" in rows[0]
-    assert rows[0]["xla_rel_err"] < 1e-3 and rows[1]["rel_err"] < 1e-4
-    assert res["graph"]["extra_units"] > 0
-    # flat changes one-head programs only: not run for 8 heads of 16
-    argv = ["--json", str(out), "--small", "--shapes", "8x16", "--variants", "flat", "--modes", "fwd"]
-    assert bench.main([*argv, "--calls", "none", "--no-xla-check"]) == 0
-    assert [(r["shape"], r["variant"]) for r in json.loads(out.read_text())["rows"]] == [("8x16", "default")]
 
 
 def test_config_reaches_the_kernels_and_retraces(graph):

@@ -5,14 +5,12 @@ units) and isolated nodes; bfloat16, float16 and float32 (where a knob applies o
 float32 falls back to the plain gather); feature counts that are not a multiple of the tile, odd ones
 (the packed kernel's pair gather falls back), and two feature blocks. Max / min must match exactly (values,
 NaN, +-inf, ties and the arg positions); sums to float32-accumulation tolerance. CPU checks that every
-variant lowers to Triton for CUDA, and a tiny run of the GPU benchmark script.
+variant lowers to Triton for CUDA (the ``gnn-variants`` suite's cells run in tests/test_bench.py).
 """
 
 import dataclasses
-import functools
 from pathlib import Path
 
-import bench_scripts
 import gnn_oracle as O
 import jax.numpy as jnp
 import numpy as np
@@ -34,10 +32,29 @@ EVERYTHING = V(pairs=True, tile_bytes=True, prefetch=True, key_reduce=True, num_
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@functools.cache
-def _bench():
-    """benchmarks/bench_gather_variants.py as a module (its variant tables)."""
-    return bench_scripts.load("bench_gather_variants")
+def _with_arg_rows() -> dict:
+    """The arg-max rows of the ``gnn-variants`` suite (:data:`blocksparse.bench.gnn_variants.MAX_WITH_ARG`, after
+    its default) as ``name -> (nodes_per_program, GatherVariant or None)``."""
+    from blocksparse.bench import gnn_variants
+
+    rows = {"default": (None, None)}
+    for name, fields in gnn_variants.MAX_WITH_ARG.items():
+        cfg = gnn_variants.gather_config(fields)
+        rows[name] = (cfg.nodes_per_program, cfg.variant)
+    return rows
+
+
+def _effective(op, nodes, variant, dtype, with_arg=False):
+    """What a kernel runs: float32 ignores ``pairs`` and ``tile_bytes``; the max with arg-max ``key_reduce``; the
+    one-node max kernel ``prefetch``."""
+    v = variant or V()
+    if jnp.dtype(dtype).itemsize == 4:
+        v = dataclasses.replace(v, pairs=False, tile_bytes=False)
+    if op == "max" and with_arg:
+        v = dataclasses.replace(v, key_reduce=False)
+    if op == "max" and nodes == 1:
+        v = dataclasses.replace(v, prefetch=False)
+    return v
 
 
 @pytest.fixture(scope="module")
@@ -226,15 +243,15 @@ def _arg_grad(g, arg, dout):
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
 def test_with_arg_sweep_rows_match_the_oracle(graph, interp, dtype):
-    # the kernels of `bench_gather_variants.py --with-arg`: values and the arg-max / arg-min positions (through
+    # the kernels of the gnn-variants suite's arg-max cells: values and the arg-max / arg-min positions (through
     # the gradient they route: ties to the first in-edge, NaN to the first NaN) against the NumPy oracle. Rows
     # that differ only in warps (no effect in the interpreter; see the lowering test) or in knobs the dtype or
     # kernel ignores run once; pairs and byte-sized tiles also on two feature blocks.
-    g, n, bench = graph, graph.num_nodes, _bench()
+    g, n = graph, graph.num_nodes
     src, dst = np.asarray(g.src), np.asarray(g.dst)
     seen = set()
-    for i, (name, (nodes, v)) in enumerate(bench.MAX_WITH_ARG.items()):
-        kernel = (nodes, dataclasses.replace(bench._effective("max", nodes, v, dtype, True), num_warps=None))
+    for i, (name, (nodes, v)) in enumerate(_with_arg_rows().items()):
+        kernel = (nodes, dataclasses.replace(_effective("max", nodes, v, dtype, True), num_warps=None))
         if kernel in seen:
             continue
         seen.add(kernel)
@@ -256,7 +273,7 @@ def test_with_arg_sweep_rows_lower_to_triton():
     from test_gnn_pallas import _lower_for_cuda, lowering_graph
 
     g = lowering_graph()
-    rows = _bench().MAX_WITH_ARG
+    rows = _with_arg_rows()
 
     def everything(x, xb):
         outs = []
@@ -366,23 +383,3 @@ def test_extreme_variants_lower_to_triton():
         assert txt.count("gnn_aggregate_max_x2" + v.name_suffix()) >= 2, v.tag()
         assert txt.count("gnn_aggregate_min" + v.name_suffix()) >= 2, v.tag()
     assert txt.count("__gpu$xla.gpu.triton") >= 4 * len(LOWERED) + 4
-
-
-# ---------------------------------------------------------------------------------- the GPU benchmark, tiny
-def test_benchmark_script_small(tmp_path):
-    import json
-
-    bench = _bench()
-    out = tmp_path / "out.json"
-    argv = ["--small", "--json", str(out), "--dtypes", "bfloat16", "float32", "--variants", "default", "pairs"]
-    assert bench.main(argv) == 0
-    res = json.loads(out.read_text())
-    rows = res["rows"]
-    assert {r["op"] for r in rows} == {"spmm", "max"} and all("error" not in r for r in rows)
-    assert all(r["ms"] > 0 and r["calls_ms"] > 0 for r in rows)
-    assert {(r["op"], r["variant"]) for r in rows if r["dtype"] == "bfloat16"} == {
-        ("spmm", "xla"), ("spmm", "default"), ("spmm", "pairs"), ("max", "xla"), ("max", "default"), ("max", "pairs"),
-    }  # fmt: skip
-    assert not any(r["variant"] == "pairs" for r in rows if r["dtype"] == "float32")  # falls back: the default
-    assert all(r.get("exact", True) for r in rows if r["op"] == "max")
-    assert res["variants"]["max"]["default"] == dataclasses.asdict(V()) | {"nodes_per_program": None}

@@ -13,6 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import blocksparse.gnn as gnn
+from blocksparse.bench import Timer, run_cell
+from blocksparse.bench import gnn_graphs as bench_gnn_graphs
 from blocksparse.bench.gnn import references
 from blocksparse.gnn.generators import PAPER_GRAPH_SPECS, paper_graph, paper_graph_edges
 from blocksparse.testing.graphs import graphs
@@ -23,7 +25,7 @@ SOCIAL = [k for k, v in PAPER_GRAPH_SPECS.items() if not v.get("grid")]
 
 @functools.cache
 def _bench():
-    return bench_scripts.load("bench_gnn_graphs")
+    return bench_scripts.load("bench_gnn_graphs")  # the peers' script; the JAX cells are the gnn-graphs suite
 
 
 def test_real_sizes_are_the_published_ones():
@@ -42,7 +44,9 @@ def test_real_sizes_are_the_published_ones():
 
 def test_exported_from_bs_gnn():
     assert (gnn.paper_graph, gnn.paper_graph_edges, gnn.PAPER_GRAPH_SPECS) == (
-        paper_graph, paper_graph_edges, PAPER_GRAPH_SPECS
+        paper_graph,
+        paper_graph_edges,
+        PAPER_GRAPH_SPECS,
     )
     assert {"paper_graph", "paper_graph_edges", "PAPER_GRAPH_SPECS", "PAPER_GRAPHS"} <= set(gnn.__all__)
     # synthetic() takes the same city-roads-L size as paper_graph (the directed count), scaled down
@@ -121,14 +125,13 @@ def test_bad_input():
 def test_chunked_reference_matches_segment_ops(g, chunk, heads):
     """The benchmark's float32 reference, cut into node ranges of about ``chunk`` edges, against the
     segment-op references of ``blocksparse.bench.gnn`` (outputs) and their gradients."""
-    bench = _bench()
     n, d = g.num_nodes, 2
     keys = jax.random.split(jax.random.key(chunk), 4)
     x = jax.random.normal(keys[0], (n, heads * d))
     xd = jax.random.normal(keys[1], (n, heads, d))
     att = jax.random.normal(keys[2], (heads, d))
     ct = jax.random.normal(keys[3], (n, heads, d))
-    got = bench.reference(g, x, xd, att, ct, chunk)
+    got = bench_gnn_graphs.reference(g, x, xd, att, ct, chunk)
 
     @jax.jit
     def expected(x, xd, att, ct, src, dst):
@@ -145,60 +148,63 @@ def test_chunked_reference_matches_segment_ops(g, chunk, heads):
         np.testing.assert_allclose(got[k], w, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(w).max())), err_msg=k)
 
 
+def _cells(doc, suite="gnn-graphs"):
+    return [r for r in doc["results"] if r["suite"] == suite]
+
+
 def test_bench_small_runs_and_checks(tmp_path):
-    """``--small`` on a skewed graph (heavy nodes, nodes without in-edges): every op, implementation and order."""
+    """``--small`` on a skewed graph (heavy nodes, nodes without in-edges): every op and order, ours and the segment
+    ops in each cell, checked; the peers' cells skipped without torch."""
     out = tmp_path / "graphs.json"
     bench = _bench()
-    assert bench.main(["--small", "--graphs", "ogbn-arxiv", "--json", str(out)]) == 0
+    assert bench.main(["--small", "--graphs", "ogbn-arxiv", "--orders", "degree", "rcm", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
-    rows = data["rows"]
-    cells = {(r["graph"], r["order"], r["op"], r["impl"]) for r in rows}
-    assert len(rows) == len(cells) == 3 * 3 * 2  # orders x ops x (ours, jax-segment)
+    rows = _cells(data)
+    assert len(rows) == 3 * 3 and {(r["params"]["order"], r["params"]["op"]) for r in rows} == {
+        (o, op) for o in ("as generated", "degree", "rcm") for op in bench_gnn_graphs.OPS}  # fmt: skip
     for r in rows:
-        assert not {"error", "skipped", "check_failed"} & set(r), r
-        assert r["ms"] > 0 and r["calls_ms"] > 0 and r["rel_err"] < 1e-4 and r["max_rel_err"] < 1e-4, r
-        assert ("gain" in r) == (r["order"] != "as generated")
-    assert {r["implementation"] for r in rows if r["impl"] == "ours"} == {"spmm: xla", "aggregate: xla",
-                                                                          "gatv2: xla, gatv2_bwd: xla"}  # fmt: skip
-    host = data["graphs"]["ogbn-arxiv"]
-    assert host["heavy_nodes"] > 0 and host["generate_s"] >= 0 and "reorder_rcm_s" in host
-    assert data["meta"]["small"] is True
+        m = r["metrics"]
+        assert r["ok"] and not r["skipped"], r
+        assert m["loop_ms"] > 0 and m["calls_ms"] > 0 and m["rel_err"] < 1e-4 and m["segment_loop_ms"] > 0, r
+        assert ("gain" in m) == (r["params"]["order"] != "as generated")
+    assert {r["metrics"]["implementation"] for r in rows} == {"spmm: xla", "aggregate: xla",
+                                                              "gatv2: xla, gatv2_bwd: xla"}  # fmt: skip
+    assert all(r["metrics"]["max_in_degree"] > 0 for r in rows)
+    assert all(r["skipped"] for r in _cells(data, "gnn-graphs-peers"))
 
 
 def test_bench_skips_rcm_above_the_limit(tmp_path):
     out = tmp_path / "graphs.json"
     bench = _bench()
-    argv = ["--small", "--graphs", "pokec", "--ops", "spmm_sum", "--rcm-max-edges", "100", "--json", str(out)]
+    argv = ["--small", "--graphs", "pokec", "--orders", "degree", "rcm", "--rcm-max-edges", "100", "--json", str(out)]
     assert bench.main(argv) == 0
-    data = json.loads(out.read_text())
-    assert {r["order"] for r in data["rows"]} == {"as generated", "degree"}
-    assert "--rcm-max-edges" in data["graphs"]["pokec"]["rcm_skipped"]
+    rows = _cells(json.loads(out.read_text()))
+    ran = [r for r in rows if not r["skipped"]]
+    assert {r["params"]["order"] for r in ran} == {"as generated", "degree"}
+    assert all("rcm_max_edges=100" in r["skipped"] for r in rows if r["params"]["order"] == "rcm")
     # a reordered graph's result is mapped back and checked like the others
-    assert all(r["rel_err"] < 1e-4 for r in data["rows"])
+    assert all(r["metrics"]["rel_err"] < 1e-4 for r in ran)
 
 
-def test_bench_two_dtypes_one_graph_and_the_row_budget(tmp_path):
-    """``--dtype float32 bfloat16``: one graph, both dtypes (rows and gains per dtype); ``--impls`` selects; a
-    row over ``--row-budget-s`` gets fewer iterations."""
-    out = tmp_path / "graphs.json"
-    bench = _bench()
-    argv = ["--graphs", "ogbn-arxiv", "--scale", "0.01", "--iters", "4", "--orders", "degree", "--dtype", "float32",
-            "bfloat16", "--impls", "ours", "--row-budget-s", "1e-9", "--json", str(out)]  # fmt: skip
-    assert bench.main(argv) == 0
-    data = json.loads(out.read_text())
-    rows = data["rows"]
-    assert data["meta"]["dtypes"] == ["float32", "bfloat16"] and data["meta"]["torch_rows"] == "skipped: not asked for"
-    cells = {(dt, o, op) for dt in ("float32", "bfloat16") for o in ("as generated", "degree") for op in bench.OPS}
-    assert {(r["dtype"], r["order"], r["op"]) for r in rows} == cells
-    assert {r["impl"] for r in rows} == {"ours"} and all("gain" in r for r in rows if r["order"] == "degree")
-    assert all(r["rel_err"] < (1e-4 if r["dtype"] == "float32" else 2e-2) for r in rows), rows
-    assert all(r["iters"] == 1 and r["timer"] == "Timer(iters=1, trials=1, warmup=0)" for r in rows)
-    assert set(data["graphs"]["ogbn-arxiv"]["reference_s"]) == {"float32", "bfloat16"}
-    t = bench.Timer(iters=20, trials=3, warmup=1)  # 8 calls per iteration (loop and calls, warm-up and trials)
-    assert bench.capped_timer(t, 0.01, 20.0) is t
-    assert repr(bench.capped_timer(t, 0.5, 20.0)) == "Timer(iters=5, trials=3, warmup=1)"
-    assert repr(bench.capped_timer(t, 5.0, 20.0)) == "Timer(iters=1, trials=1, warmup=0)"
-    assert bench.capped_iters(20, 1, 0.5, 20.0) == 20 and bench.capped_iters(20, 1, 3.0, 20.0) == 6
+def test_bench_two_dtypes_one_graph_and_the_row_budget():
+    """Both dtypes on one graph (cells and gains per dtype); a cell over its time budget gets fewer iterations."""
+    cells = bench_gnn_graphs.suite(graphs=("ogbn-arxiv",), edges=None, scale=0.01, dtypes=("float32", "bfloat16"),
+                                   orders=("as generated", "degree"), feat=16, heads=2, budget_s=1e-9)  # fmt: skip
+    results = [run_cell(c, Timer(iters=4, trials=1, warmup=0)) for c in cells]
+    assert {(r.params["dtype"], r.params["order"], r.params["op"]) for r in results} == {
+        (dt, o, op) for dt in ("float32", "bfloat16") for o in ("as generated", "degree") for op in bench_gnn_graphs.OPS
+    }
+    assert all(r.ok and not r.skipped for r in results), [r.error for r in results]
+    assert all("gain" in r.metrics for r in results if r.params["order"] == "degree")
+    assert all(r.metrics["rel_err"] < (1e-4 if r.params["dtype"] == "float32" else 2e-2) for r in results)
+    assert all(r.metrics["iters"] == 1 and r.metrics["timer"] == "Timer(iters=1, trials=1, warmup=0)" for r in results)
+    t = Timer(iters=20, trials=3, warmup=1)  # 8 calls per iteration (loop and calls, warm-up and trials)
+    assert bench_gnn_graphs.capped_timer(t, 0.01, 20.0) is t
+    assert repr(bench_gnn_graphs.capped_timer(t, 0.5, 20.0)) == "Timer(iters=5, trials=3, warmup=1)"
+    assert repr(bench_gnn_graphs.capped_timer(t, 5.0, 20.0)) == "Timer(iters=1, trials=1, warmup=0)"
+    assert (
+        bench_gnn_graphs.capped_iters(20, 1, 0.5, 20.0) == 20 and bench_gnn_graphs.capped_iters(20, 1, 3.0, 20.0) == 6
+    )
 
 
 def test_paper_graph_is_a_graph():

@@ -325,23 +325,3 @@ def test_default_rule_on_a_claimed_hopper(op, shape, b, density, size, want):
     with hardware.fake(hardware.H200):
         assert (order.default(op, pat, size, jnp.bfloat16, jnp.bfloat16)[0] == "mosaic") == want
         assert order.default(op, pat, size, jnp.bfloat16, jnp.float16) == order.DEFAULT
-
-
-def test_benchmark_script_runs_in_the_interpreter(tmp_path):
-    """benchmarks/bench_mosaic_bands.py end to end on a tiny cell: every kernel checked against dense, a variant."""
-    import json
-
-    import bench_scripts
-
-    bench = bench_scripts.load("bench_mosaic_bands")
-    out = tmp_path / "bands.json"
-    argv = ["--interpret", "--shape", "32", "64", "64", "--b", "16", "--d", "2", "--tm", "64", "--width", "64",
-            "--iters", "1", "--trials", "1", "--json", str(out)]  # fmt: skip
-    assert bench.main(argv) == 0
-    (row,) = json.loads(out.read_text())["rows"]
-    assert (row["op"], row["b"], row["triton_implementation"]) == ("dsd", 16, "dsd: pallas")
-    for name in ("dense", "triton", "bands", "bands_kernel"):
-        assert row[f"{name}_ms"] > 0 and row[f"{name}_calls_ms"] > 0
-    assert row["bands_err"] <= 4 * 2**-7 and 0 < row["bands_share"]
-    ((v,),) = [row["variants"]]
-    assert (v["tm"], v["width"]) == (64, 64) and v["bands_err"] <= 4 * 2**-7

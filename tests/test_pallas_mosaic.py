@@ -623,7 +623,8 @@ def test_gpu_fused_epilogue(b, dtype, activation):
     bias_m = jnp.asarray(np.random.default_rng(0).standard_normal(2048), dtype)
     with bs.dispatch_log() as log:
         v = jax.jit(lambda W, x, c: bs.matmul(W, x, bias=c, activation="relu", implementation="mosaic"))(
-            W, x[:, 0], bias_m)
+            W, x[:, 0], bias_m
+        )
     assert log == [("dsd+epilogue", "mosaic")]
     want_v, scale_v = _epilogue_oracle(want[:, :1], scale[:, :1], bias_m.astype(jnp.float32), 0, "relu")
     assert_close(v, want_v[:, 0], scale_v[:, 0], dtype)
@@ -640,7 +641,7 @@ def test_gpu_fused_epilogue(b, dtype, activation):
      dict(cluster=2, tn=64, stages=2)],
 )  # fmt: skip
 def test_gpu_forced_variants(kind, config):
-    """The variants bench_mosaic.py can force for b = 64 (4 stages, two consumer warpgroups, tn = 256 at
+    """The variants the mosaic suite can force for b = 64 (4 stages, two consumer warpgroups, tn = 256 at
     n = 256, clusters of two sharing W's copies) against the float64 oracle, before their times mean anything."""
     _hopper()
     cfg = mdsd.MosaicConfig(**config)

@@ -520,33 +520,6 @@ def test_prefers_needs_a_hopper_gpu_half_operands_and_enough_rows():
         assert not prefers(U.pattern, 8192, bf, bf)  # b = 16: not this kernel's, and the banded one's is slower
 
 
-def test_benchmark_script_runs_in_the_interpreter(tmp_path):
-    """benchmarks/bench_mosaic_dds.py end to end on a tiny cell (every kernel checked against dense)."""
-    import json
-
-    import bench_scripts
-
-    bench = bench_scripts.load("bench_mosaic_dds")
-    out = tmp_path / "dds.json"
-    argv = ["--interpret", "--shape", "64", "128", "256", "--b", "128", "--d", "2", "--epilogue", "relu",
-            "--iters", "1", "--trials", "1", "--json", str(out)]  # fmt: skip
-    assert bench.main(argv) == 0
-    (row,) = json.loads(out.read_text())["rows"]
-    assert (row["m"], row["k"], row["n"], row["b"], row["nnz_blocks"]) == (64, 128, 256, 128, 1)
-    assert row["triton_implementation"] == "dds+epilogue: pallas"
-    for name in ("dense", "triton", "mosaic"):
-        assert row[f"{name}_ms"] > 0 and row[f"{name}_calls_ms"] > 0
-    assert row["mosaic_err"] <= 4 * 2**-7 and row["triton_err"] <= 4 * 2**-7 and row["epilogue"] == "relu"
-    assert (row["mosaic_tm"], row["variants"]) == (64, [])
-    argv = ["--interpret", "--shape", "64", "128", "256", "--b", "128", "--d", "2", "--persistent",
-            "--iters", "1", "--trials", "1", "--json", str(out)]  # fmt: skip
-    assert bench.main(argv) == 0
-    (row,) = json.loads(out.read_text())["rows"]
-    # the first variant: DdsConfig() with persistent None (the rule) or False, the second persistent=True
-    assert [bool(v["persistent"]) for v in row["variants"]] == [False, True]
-    assert all(v["mosaic_err"] <= 4 * 2**-7 and v["mosaic_ms"] > 0 for v in row["variants"])
-
-
 # ----------------------------------------------------------------------------- real Hopper GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("b", [64, 128])

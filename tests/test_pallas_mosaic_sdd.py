@@ -264,28 +264,6 @@ def test_backend_serves_sdd_and_the_weight_gradients():
     assert_close(dw2.data, *_oracle(W.pattern, xt.T, ones), jnp.bfloat16)
 
 
-def test_benchmark_script_runs_in_the_interpreter(tmp_path):
-    """benchmarks/bench_mosaic_sdd.py end to end on tiny cells of both kinds (every kernel checked)."""
-    import json
-
-    import bench_scripts
-
-    bench = bench_scripts.load("bench_mosaic_sdd")
-    out = tmp_path / "sdd.json"
-    argv = ["--interpret", "--cell", "dsd", "128", "128", "64", "--cell", "dds", "64", "128", "128", "--b", "64",
-            "--d", "2", "--splits", "2", "--dtype", "float16", "--iters", "1", "--trials", "1",
-            "--json", str(out)]  # fmt: skip
-    assert bench.main(argv) == 0
-    rows = json.loads(out.read_text())["rows"]
-    assert [r["kind"] for r in rows] == ["dsd", "dds"]
-    for row in rows:
-        for name in ("dense", "triton", "mosaic", "mosaic_view"):
-            assert row[f"{name}_ms"] > 0 and row[f"{name}_calls_ms"] > 0
-        assert row["mosaic_view_err"] <= 4 * 2**-7 and row["triton_implementation"] == "sdd: pallas"
-        (v,) = row["variants"]
-        assert v["mosaic_err"] <= 4 * 2**-7
-
-
 # ----------------------------------------------------------------------------- real Hopper GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("b", [64, 128])

@@ -160,7 +160,9 @@ def test_the_script_times_and_traces_without_ncu(tmp_path, capsys):
     script = load("profile_kernels")
     out = tmp_path / "p.json"
     assert script.main(["--no-ncu", "--m", "64", "--cases", "dense:16:4:32", "--json", str(out)]) == 0
-    row = json.loads(out.read_text())["rows"][0]
+    (cell,) = json.loads(out.read_text())["results"]  # one cell per case, as blocksparse bench writes them
+    row = cell["metrics"]
+    assert cell["ok"] and cell["label"] == "dense:16:4:32" and cell["params"]["impl"] == "dense"
     assert row["case"] == "dense:16:4:32" and row["loop_ms"] > 0 and row["calls_ms"] > 0
     assert row["trace"] == {"error": "the trace holds no GPU stream events"}
     assert "dense:16:4:32" in capsys.readouterr().out

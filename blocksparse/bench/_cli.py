@@ -7,17 +7,16 @@ extras are missing fails on its own with a clear message while the others run.
 from __future__ import annotations
 
 import importlib
-import json
-import os
 import platform
 import sys
 import time
 from collections.abc import Sequence
 
-from ._core import Cell, Result, Timer, run_cell
+from ._core import Cell, Result, Timer, run_cell, write_json
 
-SUITES = ("matmul", "gnn", "plan", "model")
-#: ``--suite`` when none is given: the CPU-friendly suites (``model`` needs the ``models`` extra).
+#: Every suite; a suite ``a-b`` is the module ``blocksparse.bench.a_b``.
+SUITES = ("matmul", "gnn", "plan", "model", "mosaic", "dynamic", "sharded", "training", "gnn-variants", "gnn-graphs")
+#: ``--suite`` when none is given: the quick CPU-friendly suites (``model`` needs the ``models`` extra).
 DEFAULT_SUITES = ("matmul", "gnn", "plan")
 #: Timer settings (iters, trials) when ``--iters`` / ``--trials`` are not given.
 QUICK_TIMER = dict(iters=5, trials=3)
@@ -45,12 +44,13 @@ def parse_suites(text: str) -> list[str]:
 
 def load_suite(name: str, *, full: bool) -> tuple[list[Cell], object | None, str | None]:
     """The suite's cells and module, or ``([], None, reason)`` when its module or its extras are missing."""
+    path = f"blocksparse.bench.{module_name(name)}"
     try:
-        module = importlib.import_module(f"blocksparse.bench.{name}")
+        module = importlib.import_module(path)
     except ImportError as e:
         missing = getattr(e, "name", None)
-        if missing == f"blocksparse.bench.{name}":
-            return [], None, f"suite {name!r} is not available: no module blocksparse.bench.{name} in this install"
+        if missing == path:
+            return [], None, f"suite {name!r} is not available: no module {path} in this install"
         hint = _EXTRAS.get(name, "pip install 'blocksparse[bench]'")
         return [], None, f"suite {name!r} could not be imported: {' '.join(str(e).split())} ({hint})"
     try:
@@ -60,6 +60,11 @@ def load_suite(name: str, *, full: bool) -> tuple[list[Cell], object | None, str
         why = " ".join(f"{type(e).__name__}: {e}".split())
         return [], module, f"suite {name!r} could not list its cells: {why}{hint}"
     return cells, module, None
+
+
+def module_name(suite: str) -> str:
+    """``"gnn-variants"`` -> ``"gnn_variants"``: the suite's module in :mod:`blocksparse.bench`."""
+    return suite.replace("-", "_")
 
 
 def environment() -> dict:
@@ -95,20 +100,13 @@ class _Progress:
         if self.bar is not None:
             self.bar.update(1)
         elif self.enabled:
-            status = "ok" if result.ok else "FAILED"
+            status = "skipped" if result.skipped else "ok" if result.ok else "FAILED"
             print(f"[{self.done}/{self.total}] {result.suite}: {result.label}: {status} ({result.seconds:.1f} s)",
                   file=sys.stderr, flush=True)  # fmt: skip
 
     def close(self):
         if self.bar is not None:
             self.bar.close()
-
-
-def _write_json(path: str, doc: dict) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-    os.replace(tmp, path)
 
 
 def run(
@@ -130,44 +128,83 @@ def run(
     """
     from . import _report
 
-    out = sys.stdout if out is None else out
     if plot_dir is not None:
         _report.require_matplotlib()  # fail before measuring anything
-    defaults = FULL_TIMER if full else QUICK_TIMER
-    timer = Timer(iters=iters or defaults["iters"], trials=trials or defaults["trials"])
-    results: list[Result] = []
+    failed: list[Result] = []
     columns = {}
     loaded = []
     for name in suites:
         cells, module, reason = load_suite(name, full=full)
         columns[name] = getattr(module, "COLUMNS", None)
         if reason is not None:
-            results.append(Result(suite=name, label="(suite)", params={}, ok=False, error=reason))
+            failed.append(Result(suite=name, label="(suite)", params={}, ok=False, error=reason))
         loaded.extend(cells)
     if filters:
         kept = [c for c in loaded if any(f in f"{c.suite}: {c.label}" for f in filters)]
         if loaded and not kept:
             raise ValueError(f"expected --filter to match a cell of {', '.join(suites)}; got {list(filters)}")
         loaded = kept
+    return run_cells(
+        loaded, full=full, json_path=json_path, plot_dir=plot_dir, iters=iters, trials=trials, progress=progress,
+        out=out, columns=columns, title=", ".join(suites), meta=dict(suites=list(suites)), results=failed,
+    )  # fmt: skip
+
+
+def run_cells(
+    cells: Sequence[Cell],
+    *,
+    full: bool = False,
+    json_path: str | None = None,
+    plot_dir: str | None = None,
+    iters: int | None = None,
+    trials: int | None = None,
+    timer: Timer | None = None,
+    progress: bool = True,
+    out=None,
+    columns: dict | None = None,
+    title: str | None = None,
+    meta: dict | None = None,
+    results: list[Result] | None = None,
+) -> int:
+    """Run ``cells`` with one :class:`Timer`: the table on ``out``, the JSON (``json_path``), the figures.
+
+    The one runner and the one JSON writer of ``blocksparse bench`` and of the peer scripts in
+    ``benchmarks/``: the document is ``{"meta": {...}, "results": [Result.to_dict(), ...]}``, rewritten
+    after every cell. ``meta`` adds to the environment (``suites``, a script's name and options).
+    ``results``: rows to report before the cells' (a suite that failed to load). Returns 0, or 1 if a
+    cell failed.
+    """
+    from . import _report
+
+    out = sys.stdout if out is None else out
+    if plot_dir is not None:
+        _report.require_matplotlib()
+    if timer is None:
+        defaults = FULL_TIMER if full else QUICK_TIMER
+        timer = Timer(iters=iters or defaults["iters"], trials=trials or defaults["trials"])
+    results = list(results or [])
+    columns = dict(columns or {})
     env = environment()
+    meta = dict(env, **(meta or {}))
+    title = title or ", ".join(dict.fromkeys(c.suite for c in cells))
     mode = "full (GPU sizes)" if full else "quick (CPU sizes)"
-    print(f"blocksparse bench: {', '.join(suites)}; {mode}; jax {env['jax']} on {env['platform']} ({env['device']}); "
+    print(f"blocksparse bench: {title}; {mode}; jax {env['jax']} on {env['platform']} ({env['device']}); "
           f"{timer}", file=out, flush=True)  # fmt: skip
     if env["platform"] == "cpu":
         print("no GPU: the pure-JAX (XLA) implementations run; the Pallas kernels need a GPU", file=out, flush=True)
     t_start = time.perf_counter()
-    doc = dict(meta=dict(env, suites=list(suites), full=full, iters=timer.iters, trials=timer.trials,
+    doc = dict(meta=dict(meta, full=full, iters=timer.iters, trials=timer.trials,
                          started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())), results=[])  # fmt: skip
-    bar = _Progress(len(loaded), enabled=progress)
+    bar = _Progress(len(cells), enabled=progress)
     try:
-        for cell in loaded:
+        for cell in cells:
             bar.start(cell)
             result = run_cell(cell, timer)
             results.append(result)
             bar.finish(result)
             if json_path:
                 doc["results"] = [r.to_dict() for r in results]
-                _write_json(json_path, doc)
+                write_json(json_path, doc)
     finally:
         bar.close()
     doc["results"] = [r.to_dict() for r in results]
@@ -175,7 +212,7 @@ def run(
     print(_report.table(results, columns), file=out)
     print(_report.summary(results, doc["meta"]["seconds"]), file=out, flush=True)
     if json_path:
-        _write_json(json_path, doc)
+        write_json(json_path, doc)
         print(f"wrote {json_path}", file=out)
     if plot_dir is not None:
         for path in _report.plot(doc, plot_dir):

@@ -32,11 +32,30 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Cell", "CellFailed", "Result", "Timer", "check_close", "implementation", "run_cell", "tolerance"]
+__all__ = [
+    "Cell",
+    "CellFailed",
+    "CellSkipped",
+    "Result",
+    "Timer",
+    "check_close",
+    "implementation",
+    "measure",
+    "missing",
+    "ratio",
+    "run_cell",
+    "tolerance",
+    "variant",
+    "write_json",
+]
 
 
 class CellFailed(Exception):
     """A cell's result disagrees with the dense/reference computation (the message names expected and actual)."""
+
+
+class CellSkipped(Exception):
+    """A cell cannot run here (no GPU, a peer library missing): its row says why; not a failure."""
 
 
 @dataclasses.dataclass
@@ -44,7 +63,7 @@ class Cell:
     """One row of a suite's table.
 
     Attributes:
-        suite: ``"matmul"``, ``"gnn"``, ``"plan"`` or ``"model"``.
+        suite: the suite's name (``"matmul"``, ``"gnn-variants"``, ...; a peer script's own name).
         label: the table row's name, e.g. ``"b=32 d=1/8 static"``.
         params: JSON-able parameters of the cell (shape, block size, density, dtype, ...).
         run: does the work with the given :class:`Timer`, checks it, and returns JSON-able metrics;
@@ -59,7 +78,10 @@ class Cell:
 
 @dataclasses.dataclass
 class Result:
-    """What :func:`run_cell` made of a :class:`Cell`: ``ok`` and its metrics, or the reason it failed."""
+    """What :func:`run_cell` made of a :class:`Cell`: ``ok`` and its metrics, or the reason it failed.
+
+    A skipped cell (:class:`CellSkipped`) is ``ok`` with no metrics and the reason in ``skipped``.
+    """
 
     suite: str
     label: str
@@ -67,6 +89,7 @@ class Result:
     ok: bool
     metrics: dict = dataclasses.field(default_factory=dict)
     error: str | None = None
+    skipped: str | None = None
     seconds: float = 0.0  # wall time of the whole cell, compilation and checking included
 
     def to_dict(self) -> dict:
@@ -85,6 +108,8 @@ def run_cell(cell: Cell, timer: Timer) -> Result:
         metrics = cell.run(timer)
     except CellFailed as e:
         return Result(**common, ok=False, error=" ".join(str(e).split()), seconds=time.perf_counter() - t0)
+    except CellSkipped as e:
+        return Result(**common, ok=True, skipped=" ".join(str(e).split()), seconds=time.perf_counter() - t0)
     except Exception as e:  # noqa: BLE001 - one broken cell must not stop the suite
         frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
         where = f" (at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno})" if frame else ""
@@ -271,3 +296,79 @@ def implementation(log: Iterable[tuple[str, str]]) -> str:
     """``"dsd: xla"``-style summary of a :func:`blocksparse.dispatch_log` record (first of each op)."""
     seen = dict.fromkeys(f"{op}: {name}" for op, name in log)
     return ", ".join(seen) or "none recorded"
+
+
+# -- one measurement: check, dispatch log, both timings --------------------------------------------------
+def measure(
+    timer: Timer, fn: Callable, *args, want=None, dtype=None, tol: float | None = None, what: str = "result",
+    prefix: str = "",
+) -> dict:  # fmt: skip
+    """Run ``fn(*args)`` jitted once (recording the dispatch log), check it against ``want``, then time it both ways.
+
+    Returns ``{prefix}loop_ms`` (:meth:`Timer.loop`), ``{prefix}calls_ms`` (:meth:`Timer.calls`),
+    ``{prefix}implementation`` (:func:`implementation` of the log) and, with ``want``, ``{prefix}rel_err``
+    (:func:`check_close`, which raises :class:`CellFailed` above the tolerance). ``want`` may be a pytree
+    matching the output (the largest error of its leaves is recorded).
+    """
+    from ..ops import dispatch_log
+
+    with dispatch_log() as log:
+        got = jax.block_until_ready(jax.jit(fn)(*args))
+    out = {}
+    if want is not None:
+        pairs = zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True)
+        errs = [check_close(g, w, dtype=dtype, tol=tol, what=f"{what} [{i}]" if i else what)
+                for i, (g, w) in enumerate(pairs)]  # fmt: skip
+        out[f"{prefix}rel_err"] = max(errs)
+    out[f"{prefix}loop_ms"] = timer.loop(fn, *args)
+    out[f"{prefix}calls_ms"] = timer.calls(fn, *args)
+    out[f"{prefix}implementation"] = implementation(log)
+    return out
+
+
+def missing(needs: str | None) -> str | None:
+    """Why this machine cannot run kernels that need ``needs`` (``"gpu"``: Pallas Triton, ``"hopper"``: Mosaic
+    GPU), or ``None``. Read through :mod:`blocksparse.hardware`, so a test fakes the device there."""
+    from .. import hardware
+
+    if needs is None:
+        return None
+    if needs == "hopper":
+        why = hardware.hopper_problem()
+        return None if why is None else f"needs a Hopper GPU ({why})"
+    if needs == "gpu":
+        dev = hardware.current()
+        return None if dev.is_gpu else f"needs a GPU (default device: {dev.platform})"
+    raise ValueError(f"Expected needs None, 'gpu' or 'hopper'. Got {needs!r}.")
+
+
+def variant(timer: Timer, name: str, fn: Callable, *args, needs: str | None = None, **check) -> dict:
+    """:func:`measure` of one variant of a cell under the keys ``{name}_loop_ms``, ``{name}_calls_ms``, ...
+
+    A variant this machine cannot run (``needs``: see :func:`missing`) or its backend refuses
+    (``NotImplementedError``: a plan over the shared memory, a block size it does not take) is recorded as
+    ``{name}_skipped`` with the reason, not a failure; a wrong result still fails the cell (:class:`CellFailed`).
+    """
+    if (why := missing(needs)) is not None:
+        return {f"{name}_skipped": why}
+    try:
+        return measure(timer, fn, *args, what=check.pop("what", name), prefix=f"{name}_", **check)
+    except NotImplementedError as e:
+        return {f"{name}_skipped": " ".join(str(e).split())[:300]}
+
+
+def ratio(metrics: dict, num: str, den: str, key: str) -> None:
+    """``metrics[key] = metrics[num] / metrics[den]`` when both were measured (a skipped variant leaves it out)."""
+    if metrics.get(num) and metrics.get(den):
+        metrics[key] = metrics[num] / metrics[den]
+
+
+def write_json(path: str, doc: dict) -> None:
+    """Write ``doc`` to ``path`` atomically (a run cut short leaves the last complete document)."""
+    import json
+    import os
+
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(_jsonable(doc), f, indent=1)
+    os.replace(tmp, path)

@@ -37,7 +37,7 @@ def _generic_columns(results: Sequence[Result], limit: int = 8):
 def table(results: Sequence[Result], columns: dict[str, Sequence[tuple[str, str, str]] | None]) -> str:
     """One block per suite: label, status, the suite's columns, the implementation that ran.
 
-    A failed cell says ``FAILED`` and its reason in place of the metrics.
+    A failed cell says ``FAILED`` and its reason in place of the metrics; a skipped one ``skipped`` and why.
     """
     lines = []
     for suite in dict.fromkeys(r.suite for r in results):
@@ -46,20 +46,24 @@ def table(results: Sequence[Result], columns: dict[str, Sequence[tuple[str, str,
         header = ["cell", "status", *(c[0] for c in cols), "implementation"]
         body = []
         for r in rows:
-            if r.ok:
+            if r.skipped:
+                body.append([r.label, "skipped", f"{r.skipped}"])
+            elif r.ok:
                 vals = [_fmt(r.metrics.get(key), spec) for _, key, spec in cols]
                 body.append([r.label, "ok", *vals, str(r.metrics.get("implementation", "-"))])
             else:
                 body.append([r.label, "FAILED", f"{r.error}"])
-        widths = [max(len(header[i]), *(len(b[i]) for b in body if len(b) == len(header))) for i in range(len(header))]
+        widths = [
+            max([len(header[i]), *(len(b[i]) for b in body if len(b) == len(header))]) for i in range(len(header))
+        ]
         lines.append(f"\n[{suite}]")
-        if any(r.ok for r in rows):
+        if any(r.ok and not r.skipped for r in rows):
             lines.append(_row(header, widths))
         for b in body:
             if len(b) == len(header):
                 lines.append(_row(b, widths))
-            else:  # failed: the reason runs to the end of the line
-                lines.append(f"{b[0].ljust(widths[0])}  FAILED  {b[2]}")
+            else:  # failed or skipped: the reason runs to the end of the line
+                lines.append(f"{b[0].ljust(widths[0])}  {b[1]}  {b[2]}")
     return "\n".join(lines)
 
 
@@ -73,7 +77,10 @@ def _row(values, widths) -> str:
 
 def summary(results: Sequence[Result], seconds: float | None = None) -> str:
     failed = [r for r in results if not r.ok]
-    text = f"\n{len(results)} cells, {len(results) - len(failed)} ok, {len(failed)} failed"
+    skipped = sum(1 for r in results if r.skipped)
+    text = f"\n{len(results)} cells, {len(results) - len(failed) - skipped} ok, {len(failed)} failed"
+    if skipped:
+        text += f", {skipped} skipped"
     if seconds is not None:
         text += f" in {seconds:.1f} s"
     for r in failed:
@@ -100,7 +107,9 @@ def plot(doc: dict, out_dir: str) -> list[str]:
     ``matmul``: per ``n``, TFLOP/s (on the non-zeros) against density, one line per block size,
     dense ``jnp.dot`` as a horizontal line, for the static and the dynamic product and for the IPU
     model's estimate (the PopSparse paper's figure). ``gnn``: the speedup of each op over the JAX
-    segment-op reference. ``plan``: the IPU model's predicted speedup over dense per cell.
+    segment-op reference. ``plan``: the IPU model's predicted speedup over dense per cell. ``model``: the
+    Spearman correlation against density, and the encoder's and FFN's speedup over dense. The other suites: a
+    bar per cell of the ratio named in :data:`BARS`.
     """
     plt = require_matplotlib()
     os.makedirs(out_dir, exist_ok=True)
@@ -115,6 +124,60 @@ def plot(doc: dict, out_dir: str) -> list[str]:
     paths += _plot_bars(plt, [r for r in rows if r["suite"] == "plan"], "ipu_speedup",
                         "predicted speedup over dense (IPU model)", "IPU planner estimates",
                         os.path.join(out_dir, "plan_speedup.png"))  # fmt: skip
+    paths += _plot_model(plt, [r for r in rows if r["suite"] == "model"], out_dir)
+    for suite, (key, ylabel) in BARS.items():
+        paths += _plot_bars(plt, [r for r in rows if r["suite"] == suite], key, ylabel, f"{suite} ({where})",
+                            os.path.join(out_dir, f"{suite.replace('-', '_')}.png"))  # fmt: skip
+    return paths
+
+
+#: The bar figure of each other suite: the metric and its axis label.
+BARS = {
+    "mosaic": ("speedup_vs_triton", "Mosaic speedup over Triton"),
+    "dynamic": ("loop_vs_static", "dynamic time / static time"),
+    "sharded": ("speedup_vs_one_device", "speedup over one device"),
+    "training": ("loop_vs_dense", "step time / dense step time"),
+    "gnn-variants": ("best_speedup", "best variant's speedup over the default"),
+    "gnn-graphs": ("speedup_vs_segment", "speedup over the segment ops"),
+}
+
+
+def _plot_model(plt, rows, out_dir) -> list[str]:
+    """Spearman vs density (one line per block size and scope) and encoder/FFN speedup vs density."""
+    quality = [r for r in rows if r["params"].get("kind") == "quality"]
+    speed = [r for r in rows if r["params"].get("kind") in ("encoder", "ffn") and r["params"].get("block_size")]
+    paths = []
+    if quality:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for scope, style in (("layer", "-"), ("global", "--")):
+            for b in sorted({r["params"]["block_size"] for r in quality}):
+                pts = sorted((r["params"]["density"], r["metrics"]["spearman"]) for r in quality
+                             if r["params"]["block_size"] == b and r["params"]["scope"] == scope)  # fmt: skip
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), style, marker="o", label=f"b={b} {scope}")
+            pts = sorted((r["params"]["density"], r["metrics"]["recovered_spearman"]) for r in quality
+                         if r["params"]["scope"] == scope and "recovered_spearman" in r["metrics"])  # fmt: skip
+            if pts:
+                ax.plot(*zip(*pts, strict=True), style, marker="s", color="k", label=f"{scope} recovered")
+        ax.set(xscale="log", xlabel="density", ylabel="Spearman vs dense", title="all-MiniLM-L6-v2 block-pruned")
+        ax.legend(fontsize=7)
+        paths.append(os.path.join(out_dir, "model_quality.png"))
+        fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
+        plt.close(fig)
+    if speed:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for kind, style in (("encoder", "-"), ("ffn", "--")):
+            for b in sorted({r["params"]["block_size"] for r in speed}):
+                pts = sorted((r["params"]["density"], r["metrics"]["speedup_vs_dense"]) for r in speed
+                             if r["params"]["kind"] == kind and r["params"]["block_size"] == b)  # fmt: skip
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), style, marker="o", label=f"{kind} b={b}")
+        ax.axhline(1.0, color="gray", lw=1)
+        ax.set(xscale="log", xlabel="density", ylabel="speedup vs dense (Timer.loop)", title="model speed")
+        ax.legend(fontsize=7)
+        paths.append(os.path.join(out_dir, "model_speed.png"))
+        fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
+        plt.close(fig)
     return paths
 
 

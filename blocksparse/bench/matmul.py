@@ -8,6 +8,10 @@ ways (:class:`~blocksparse.bench.Timer`), with TFLOP/s counted on the non-zeros 
 (``2 nnz_blocks b^2 n``), the ratio to dense ``jnp.dot`` of the same shape and dtype, and the IPU
 planner's estimate beside it (:func:`blocksparse.plan` / :func:`blocksparse.dynamic_plan`, on the
 Bow model in float16, or float32 for float32 operands).
+
+The full sizes add, on a GPU, each Triton tiling of :data:`TRITON_VARIANTS` to the static cells
+(``config=TritonConfig(...)``, as ``{name}_*`` metrics, the fastest as ``best``), and a ``powerlaw`` cell per
+static one: rows of power-law lengths with as many blocks, ``skew_ratio`` = its time / the uniform one's.
 """
 
 from __future__ import annotations
@@ -19,13 +23,32 @@ import jax.numpy as jnp
 
 import blocksparse as bs
 
-from ._core import Cell, CellFailed, Timer, check_close, implementation
+from ._core import Cell, CellFailed, Timer, check_close, implementation, variant
 
 #: Named sizes: ``tiny`` for tests, ``quick`` for the CPU default, ``full`` for the GPU figures.
 SIZES = {
     "tiny": dict(m=64, ns=(16,), blocks=(16,), densities=(1 / 4,), dtype="float32"),
     "quick": dict(m=512, ns=(128,), blocks=(16, 32), densities=(1 / 4, 1 / 16), dtype="float32"),
-    "full": dict(m=8192, ns=(256, 4096), blocks=(16, 32, 64, 128), densities=(1 / 4, 1 / 16, 1 / 64), dtype="bfloat16"),
+    "full": dict(m=8192, ns=(256, 4096), blocks=(16, 32, 64, 128), densities=(1 / 4, 1 / 16, 1 / 64), dtype="bfloat16",
+                 variants=True),
+}  # fmt: skip
+
+#: Triton tilings of the static cells (full sizes, GPU): name -> ``TritonConfig`` fields.
+TRITON_VARIANTS = {
+    "accT": dict(transpose_acc=True),
+    "accN": dict(transpose_acc=False),
+    "tn64": dict(tn=64),
+    "tn128": dict(tn=128),
+    "tn256": dict(tn=256),
+    "w4": dict(num_warps=4),
+    "w8": dict(num_warps=8),
+    "s2": dict(num_stages=2),
+    "s4": dict(num_stages=4),
+    "tn256w8": dict(tn=256, num_warps=8),
+    "ml4": dict(max_len=4),
+    "ml8": dict(max_len=8),
+    "ml16": dict(max_len=16),
+    "tn64ml8": dict(tn=64, max_len=8),
 }
 
 #: Columns of this suite's table: (header, metric key, format).
@@ -50,19 +73,22 @@ def cells(*, full: bool) -> list[Cell]:
     return suite(**SIZES["full" if full else "quick"])
 
 
-def suite(*, m: int, ns, blocks, densities, dtype: str, seed: int = 0) -> list[Cell]:
-    """The cells of one sweep: per ``n`` one dense cell, then static and dynamic per ``(b, d)``."""
+def suite(*, m: int, ns, blocks, densities, dtype: str, variants: bool = False, seed: int = 0) -> list[Cell]:
+    """The cells of one sweep: per ``n`` one dense cell, then static and dynamic per ``(b, d)`` (``variants``: the
+    Triton tilings on the static cells, and a power-law cell after each)."""
     dense_ms: dict = {}  # (n) -> dense loop ms, shared by the cells of one sweep
+    static_ms: dict = {}  # (n, b, d) -> the uniform static loop ms, for the power-law cells' skew_ratio
     out = []
+    kinds = ("static", "dynamic", "powerlaw") if variants else ("static", "dynamic")
     for n in ns:
         params = dict(m=m, k=m, n=n, dtype=dtype)
         out.append(Cell("matmul", f"n={n} dense", dict(params, kind="dense"), _dense_run(params, dense_ms, seed)))
         for b in blocks:
             for d in densities:
-                for kind in ("static", "dynamic"):
+                for kind in kinds:
                     p = dict(params, b=b, density=d, kind=kind)
                     label = f"n={n} b={b} d={density_label(d)} {kind}"
-                    out.append(Cell("matmul", label, p, _sparse_run(p, dense_ms, seed)))
+                    out.append(Cell("matmul", label, p, _sparse_run(p, dense_ms, seed, variants, static_ms)))
     return out
 
 
@@ -115,14 +141,29 @@ def _ipu_dense(m, n, dtype) -> float | None:
     return None if est is None else est.tflops
 
 
-def _sparse_run(params, dense_ms, seed):
+def _triton(fields):
+    def f(M, x):
+        from ..ops.matmul import TritonConfig
+
+        return bs.matmul(M, x, implementation="pallas", config=TritonConfig(**fields))
+
+    return f
+
+
+def _sparse_run(params, dense_ms, seed, variants=False, static_ms=None):
     def run(timer: Timer) -> dict:
         m, n, b, d = params["m"], params["n"], params["b"], params["density"]
         dtype = jnp.dtype(params["dtype"])
-        W = bs.random(jax.random.key(seed), (m, m), b, d, dtype=dtype, pattern_seed=seed)
+        if params["kind"] == "powerlaw":  # a few very long rows, as many blocks as the uniform pattern
+            pattern = bs.BlockPattern.power_law(seed, (m, m), (b, b), d)
+            W = bs.BlockSparseMatrix(
+                pattern, jax.random.normal(jax.random.key(seed), (pattern.nnz_blocks, b, b), dtype)
+            )
+        else:
+            W = bs.random(jax.random.key(seed), (m, m), b, d, dtype=dtype, pattern_seed=seed)
         x = _operands(m, n, dtype, seed)
         nnz = W.pattern.nnz_blocks
-        if params["kind"] == "static":
+        if params["kind"] in ("static", "powerlaw"):
             M = W
             try:
                 plan = bs.plan(W.pattern, n, dtype=_ipu_dtype(dtype))
@@ -154,6 +195,21 @@ def _sparse_run(params, dense_ms, seed):
         )  # fmt: skip
         if plan is None:
             metrics["ipu_note"] = " ".join(why.split())[:200]
+        key = (n, b, d)
+        if params["kind"] == "static" and static_ms is not None:
+            static_ms[key] = loop
+        if params["kind"] == "powerlaw":
+            metrics["max_row"] = int(W.pattern.row_lengths.max())
+            if static_ms and key in static_ms:
+                metrics["skew_ratio"] = loop / static_ms[key]
+        if variants and params["kind"] == "static":
+            want = _reference(W.to_dense(), x)
+            for name, fields in TRITON_VARIANTS.items():
+                metrics.update(variant(timer, name, _triton(fields), M, x, needs="gpu", want=want, dtype=dtype))
+            timed = {k: metrics[f"{k}_loop_ms"] for k in TRITON_VARIANTS if metrics.get(f"{k}_loop_ms")}
+            if timed:
+                metrics["best"] = min(timed, key=timed.get)
+                metrics["best_speedup"] = loop / timed[metrics["best"]]
         return metrics
 
     return run

@@ -8,11 +8,18 @@ Three kinds of cells (see :mod:`blocksparse.models`):
 - ``encoder``: sentences per second of the whole encoder, dense and pruned (per layer), with both
   timings of :class:`~blocksparse.bench.Timer`; checked against the same pruned weights held densely;
 - ``ffn``: the FFN alone, ``gelu(x @ W1 + b1) @ W2 + b2`` with layer 0's weights, dense and pruned,
-  checked against the dense product of the pruned weights.
+  checked against the dense product of the pruned weights: the cell's own times with the bias and GELU
+  fused into the products (:class:`blocksparse.nn.SparseLinear`), ``unfused_*`` with ``bs.matmul`` then the
+  bias and GELU in XLA, and (full mode, on a GPU) the fused FFN with each Triton tiling of
+  :data:`FFN_TRITON_VARIANTS` (``config=TritonConfig(...)``).
+
+The quality cells of block size 32, per-layer pruning, carry the study's targets (:data:`TARGETS`):
+``target`` and ``target_met`` (Spearman of the pairwise similarity scores, without recovery at density 1/2,
+with recovery at 1/4).
 
 The quick mode runs on a CPU in well under a minute: two layers, 32 held-out sentences, block size
 32 at densities 1/2 and 1/4, an 8-step recovery at 1/4. The full mode is the study of
-``benchmarks/model_study.py``: six layers, 200 held-out sentences, every block size x density x
+the model study: six layers, 200 held-out sentences, every block size x density x
 scope, 300-step recoveries at block size 32 (per-layer pruning), and bf16 speed at 256 sentences x 128 tokens.
 
 Weights: the directory named by the environment variable ``BLOCKSPARSE_MINILM_WEIGHTS``, else the
@@ -33,7 +40,7 @@ import numpy as np
 import blocksparse as bs
 
 from .. import models as _models
-from ._core import Cell, CellFailed, Timer, check_close, implementation
+from ._core import Cell, CellFailed, Timer, check_close, implementation, ratio, variant
 
 COLUMNS = (
     ("loop ms", "loop_ms", ".4g"),
@@ -48,6 +55,16 @@ COLUMNS = (
 )
 
 ENV_WEIGHTS = "BLOCKSPARSE_MINILM_WEIGHTS"
+
+#: The study's quality targets: (density, recovered) -> the Spearman correlation to reach (block size 32, per layer).
+TARGETS = {(1 / 2, False): 0.95, (1 / 4, True): 0.90}
+#: Triton tilings of the fused FFN (full mode, GPU): name -> ``TritonConfig`` fields.
+FFN_TRITON_VARIANTS = {
+    f"tb{tb}_w{w}_s{s}": dict(tb=tb, num_warps=w, num_stages=s)
+    for tb in (64, 128, 256)
+    for w in (4, 8)
+    for s in (2, 3, 4)
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,10 +132,10 @@ def cells(*, full: bool, weights: str | None = None, sizes: Sizes | None = None)
             run = functools.partial(_encoder, ctx, b, d)
             out.append(Cell("model", f"encoder b={b} d={density_label(d)}", params, run))
     ffn = dict(rows=s.ffn_rows, dtype=s.speed_dtype)
-    out.append(Cell("model", "ffn dense", dict(kind="ffn", **ffn), functools.partial(_ffn, ctx, None, None)))
+    out.append(Cell("model", "ffn dense", dict(kind="ffn", **ffn), functools.partial(_ffn, ctx, None, None, False)))
     for b in s.speed_block_sizes:
         for d in s.densities:
-            run = functools.partial(_ffn, ctx, b, d)
+            run = functools.partial(_ffn, ctx, b, d, full)
             params = dict(kind="ffn", block_size=b, density=d, **ffn)
             out.append(Cell("model", f"ffn b={b} d={density_label(d)}", params, run))
     for c in out:
@@ -227,6 +244,16 @@ def _embed(model, tokens, batch: int = 256) -> np.ndarray:
     return embed(model, tokens, batch)
 
 
+def _target(out: dict, b: int, d: float, scope: str) -> None:
+    """The study's target for this cell (:data:`TARGETS`), if it has one."""
+    if b != 32 or scope != "layer":
+        return
+    for (density, recovered), target in TARGETS.items():
+        key = "recovered_spearman" if recovered else "spearman"
+        if d == density and key in out:
+            out.update(target=target, target_met=bool(out[key] >= target))
+
+
 def _quality(ctx: _Context, b: int, d: float, scope: str, recover: bool, timer: Timer) -> dict:
     from ..models import prune_encoder, study
 
@@ -244,6 +271,7 @@ def _quality(ctx: _Context, b: int, d: float, scope: str, recover: bool, timer: 
         _check_unit(emb, "recovered embeddings")
         out.update({f"recovered_{k}": v for k, v in study.quality(ctx.dense_eval, emb).items()})
         out.update(loss_first=losses[0], loss_last=float(np.mean(losses[-10:])))
+    _target(out, b, d, scope)
     return out
 
 
@@ -320,7 +348,27 @@ def _ffn_fn(layer_in, layer_out, x):
     return layer_out(layer_in(x))
 
 
-def _ffn(ctx: _Context, b, d, timer: Timer) -> dict:
+def _ffn_unfused(layer_in, layer_out, x):
+    """``bs.matmul`` without the epilogue, then the bias and the activation in XLA (float32)."""
+    for p in (layer_in, layer_out):
+        y = bs.matmul(x, p.weight).astype(jnp.float32) + p.bias.astype(jnp.float32)
+        x = (jax.nn.gelu(y, approximate=False) if p.activation == "gelu" else y).astype(x.dtype)
+    return x
+
+
+def _ffn_triton(fields):
+    def f(layer_in, layer_out, x):
+        from ..ops.matmul import TritonConfig
+
+        for p in (layer_in, layer_out):
+            x = bs.matmul(x, p.weight, bias=p.bias, activation=p.activation, implementation="pallas",
+                          config=TritonConfig(**fields))  # fmt: skip
+        return x
+
+    return f
+
+
+def _ffn(ctx: _Context, b, d, variants: bool, timer: Timer) -> dict:
     x, dense_in, dense_out = ctx.ffn_dense
     rows, h = x.shape
     flops = 2 * 2 * rows * h * dense_in.out_features  # two products of rows x h x f
@@ -344,7 +392,7 @@ def _ffn(ctx: _Context, b, d, timer: Timer) -> dict:
     tol = None if x.dtype == jnp.float32 else 0.03  # bf16: the two products round differently
     rel_err = check_close(got, want, dtype=x.dtype, tol=tol, what="sparse FFN vs its weights held densely")
     kept = flops * _overall_density_layers(layer_in, layer_out)  # TFLOP/s on the kept blocks
-    return dict(
+    out = dict(
         loop_ms=loop_ms,
         calls_ms=calls_ms,
         tflops=kept / (loop_ms * 1e-3) / 1e12,
@@ -352,3 +400,9 @@ def _ffn(ctx: _Context, b, d, timer: Timer) -> dict:
         speedup_vs_dense=ctx.dense_time("ffn", timer)[0] / loop_ms,
         implementation=implementation(log),
     )
+    check = dict(want=want, dtype=x.dtype, tol=tol)
+    out.update(variant(timer, "unfused", _ffn_unfused, layer_in, layer_out, x, what="unfused FFN", **check))
+    ratio(out, "unfused_loop_ms", "loop_ms", "fused_speedup")
+    for name, fields in FFN_TRITON_VARIANTS.items() if variants else ():
+        out.update(variant(timer, name, _ffn_triton(fields), layer_in, layer_out, x, needs="gpu", **check))
+    return out
