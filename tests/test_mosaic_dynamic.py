@@ -60,8 +60,9 @@ def _linear_loss(D, shape, key):
 
 @settings(max_examples=4, deadline=None)
 @given(
-    bst.dynamic_block_sparse_matrices(block_size=st.sampled_from([(64, 64), (64, 128), (128, 64)]),
-                                      dtype=jnp.bfloat16, max_blocks=3, max_capacity=8),  # fmt: skip
+    bst.dynamic_block_sparse_matrices(
+        block_size=st.sampled_from([(64, 64), (64, 128), (128, 64)]), dtype=jnp.bfloat16, max_blocks=3, max_capacity=8
+    ),  # fmt: skip
     st.sampled_from([1, 64, 100]),
     st.integers(0, 2**16),
 )
