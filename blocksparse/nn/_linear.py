@@ -150,7 +150,7 @@ class SparseLinear(Pytree):
 
     def __post_init__(self):
         # Runs on construction only (JAX rebuilds layers from leaves without it).
-        check_activation(self.activation)
+        object.__setattr__(self, "activation", check_activation(self.activation))  # a function -> its name
         w = self.weight
         if isinstance(w, BlockSparseMatrix) and hasattr(w.data, "shape"):
             _check_bias(w.shape, tuple(w.data.shape[:-3]), self.bias)
@@ -167,7 +167,7 @@ class SparseLinear(Pytree):
         """
         require_host("SparseLinear.init", key=key, density=density)
         check_features(in_features=in_features, out_features=out_features)
-        check_activation(activation)
+        activation = check_activation(activation)
         kw, kp = jax.random.split(key)
         pattern = random_pattern(kw, (in_features, out_features), block_size, density)
         bound = 1.0 / math.sqrt(max(in_features * max(pattern.density, 1e-12), 1.0))
@@ -194,7 +194,7 @@ class SparseLinear(Pytree):
         The pattern is host data: call it outside ``jit`` with a concrete ``weight``.
         """
         require_host("SparseLinear.from_dense", weight=weight, density=density)
-        check_activation(activation)
+        activation = check_activation(activation)
         w = dense_in_out(weight, layout=layout, in_features=in_features, out_features=out_features, bias=bias)
         bias = None if bias is None else jnp.asarray(bias)
         return cls(_prune.magnitude(w, block_size, density, norm=norm), bias, implementation, activation)
@@ -246,7 +246,7 @@ class Linear(Pytree):
     activation: str | None = None
 
     def __post_init__(self):
-        check_activation(self.activation)
+        object.__setattr__(self, "activation", check_activation(self.activation))  # a function -> its name
         w = self.weight
         if hasattr(w, "shape"):
             if len(w.shape) < 2:
@@ -259,7 +259,7 @@ class Linear(Pytree):
         activation: str | None = None,
     ) -> Linear:  # fmt: skip
         """Values uniform in ``+-1/sqrt(in_features)``, bias zero (as :meth:`SparseLinear.init` at density 1)."""
-        check_activation(activation)
+        activation = check_activation(activation)
         bound = 1.0 / math.sqrt(max(in_features, 1))
         weight = jax.random.uniform(key, (in_features, out_features), dtype, -bound, bound)
         bias = jnp.zeros((out_features,), dtype) if use_bias else None
@@ -274,7 +274,7 @@ class Linear(Pytree):
 
         Unlike :meth:`SparseLinear.from_dense` it needs no host data: it works inside ``jit`` too.
         """
-        check_activation(activation)
+        activation = check_activation(activation)
         w = dense_in_out(
             jnp.asarray(weight), layout=layout, in_features=in_features, out_features=out_features, bias=bias
         )

@@ -73,7 +73,7 @@ class SparseLinear(eqx.Module):
     ):  # fmt: skip
         require_host("bs.nn.equinox.SparseLinear", key=key, density=density)
         check_features(in_features=in_features, out_features=out_features)
-        check_activation(activation)
+        activation = check_activation(activation)
         dtype = jnp.float32 if dtype is None else dtype
         kp, kw, kb = jax.random.split(key, 3)
         pattern = random_pattern(kp, (in_features, out_features), block_size, density)
@@ -101,7 +101,7 @@ class SparseLinear(eqx.Module):
         ``in_features`` / ``out_features`` are checked against the weight.
         """
         require_host("bs.nn.equinox.SparseLinear.from_dense", weight=weight, density=density)
-        check_activation(activation)
+        activation = check_activation(activation)
         w = dense_in_out(weight, layout=layout, in_features=in_features, out_features=out_features, bias=bias)
         W = _prune.magnitude(w, block_size, density, norm=norm)
         return cls._build(W, None if bias is None else jnp.asarray(bias), activation, implementation)

@@ -81,7 +81,7 @@ class SparseLinear(nnx.Module):
     ):  # fmt: skip
         require_host("bs.nn.flax.SparseLinear", density=density)
         check_features(in_features=in_features, out_features=out_features)
-        check_activation(activation)
+        activation = check_activation(activation)
         if pattern is None:
             pattern = random_pattern(rngs.params(), (in_features, out_features), block_size, density)
         elif pattern.shape != (in_features, out_features):

@@ -68,11 +68,38 @@ ACTIVATIONS = {
 }
 
 
+def _jax_functions() -> dict:
+    """JAX's own activation functions -> their name here (``jax.nn.gelu`` is the tanh form by default)."""
+    import jax
+
+    return {jax.nn.relu: "relu", jax.nn.gelu: "gelu_tanh", jax.nn.silu: "silu", jax.nn.swish: "silu",
+            jax.nn.sigmoid: "sigmoid", jnp.tanh: "tanh", jax.lax.tanh: "tanh"}  # fmt: skip
+
+
 def check_activation(activation) -> str | None:
-    """``activation`` if it is ``None`` or a known name, else a ``ValueError`` listing the names."""
+    """The activation's name: ``None``, a name in :data:`ACTIVATIONS`, or one of JAX's own functions
+    (``jax.nn.relu``, ``jax.nn.gelu`` (tanh form; ``functools.partial(jax.nn.gelu, approximate=False)`` is
+    ``"gelu"``), ``jax.nn.silu`` / ``swish``, ``jax.nn.sigmoid``, ``jnp.tanh``); else a ``ValueError``
+    listing what is accepted."""
     if activation is None or (isinstance(activation, str) and activation in ACTIVATIONS):
         return activation
-    raise ValueError(f"Expected activation None or one of {sorted(ACTIVATIONS)}. Got {activation!r}.")
+    if callable(activation):
+        known = _jax_functions()
+        try:
+            if activation in known:
+                return known[activation]
+        except TypeError:  # unhashable callable
+            pass
+        func = getattr(activation, "func", None)  # functools.partial(jax.nn.gelu, approximate=...)
+        if func is not None and known.get(func) == "gelu_tanh" and not activation.args:
+            return "gelu_tanh" if activation.keywords.get("approximate", True) else "gelu"
+    what = getattr(activation, "__name__", None) if callable(activation) else None
+    got = f"the function {what}" if what else repr(activation)
+    raise ValueError(
+        f"Expected activation None or one of {sorted(ACTIVATIONS)} or of JAX's [jax.nn.relu, jax.nn.gelu, "
+        f"jax.nn.silu, jax.nn.sigmoid, jnp.tanh]. Got {got}; other functions apply to the product's result "
+        "(they are not fused into the kernel's store)."
+    )
 
 
 @dataclasses.dataclass(frozen=True)
