@@ -36,3 +36,18 @@ def test_unknown_activation_is_named():
         bs.matmul(jnp.ones((2, 64)), W, activation=jax.nn.softplus)
     with pytest.raises(ValueError, match=r"Got 'swish'"):
         bs.matmul(jnp.ones((2, 64)), W, activation="swish")
+
+
+def test_the_triton_deprecation_warning_stays_filtered_after_filters_are_reset():
+    import warnings
+
+    from blocksparse.ops import _dispatch
+
+    W = bs.random(jax.random.key(0), (64, 64), 16, 0.5)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.resetwarnings()  # as a test runner or a user's catch_warnings block may leave them
+        warnings.simplefilter("always")
+        bs.matmul(jnp.ones((2, 64)), W, implementation="xla")  # any op traced puts the filter back
+        warnings.warn(_dispatch._TRITON_DEPRECATION + " and will be removed", DeprecationWarning)
+        warnings.warn("another deprecation", DeprecationWarning)
+    assert [str(w.message) for w in seen] == ["another deprecation"]

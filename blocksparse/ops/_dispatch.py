@@ -43,8 +43,23 @@ __all__ = [
 # jax 0.11 warns, whenever a jit containing a Triton-lowered pallas_call is lowered, that the
 # Triton backend is deprecated in favour of Mosaic GPU. We target it on purpose (see
 # docs/kernels.md). The warning fires when the *enclosing* jit is lowered, outside any call of
-# ours, so a scoped catch_warnings cannot reach it: filter exactly that message, nothing else.
-warnings.filterwarnings("ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning)
+# ours, so a scoped catch_warnings cannot reach it: filter exactly that message, nothing else. The filter is
+# put back whenever an op is traced (:func:`run`): a `warnings.catch_warnings` block or a test runner that
+# restores the filters after `import blocksparse` would otherwise drop it, and the user would see the warning.
+_TRITON_DEPRECATION = "The Pallas Triton backend is deprecated"
+
+
+def quiet_triton_deprecation() -> None:
+    """Filter JAX's deprecation warning of the Triton lowering (only that message) if no filter of ours is there."""
+    for action, message, category, *_ in warnings.filters:
+        if action == "ignore" and category is DeprecationWarning and getattr(message, "pattern", "") == (
+            _TRITON_DEPRECATION
+        ):
+            return
+    warnings.filterwarnings("ignore", message=_TRITON_DEPRECATION, category=DeprecationWarning)
+
+
+quiet_triton_deprecation()
 
 # Part of every jit cache key (and thread-local): see the module docstring. Every user context of
 # the package is made here, when the package is imported: making one changes JAX's trace context,
@@ -134,6 +149,7 @@ def resolve(implementation, default: tuple[str, ...], known: Sequence[str] | Non
 
 def run(op: str, impls: tuple[str, ...], table: Mapping[str, Callable] | Callable[[str], Callable], *args):
     """Call the first implementation of ``op`` in ``impls`` that accepts ``args``; record it."""
+    quiet_triton_deprecation()
     errors = []
     for name in impls:
         fn = table[name] if isinstance(table, Mapping) else table(name)
