@@ -48,6 +48,6 @@ def test_the_triton_deprecation_warning_stays_filtered_after_filters_are_reset()
         warnings.resetwarnings()  # as a test runner or a user's catch_warnings block may leave them
         warnings.simplefilter("always")
         bs.matmul(jnp.ones((2, 64)), W, implementation="xla")  # any op traced puts the filter back
-        warnings.warn(_dispatch._TRITON_DEPRECATION + " and will be removed", DeprecationWarning)
-        warnings.warn("another deprecation", DeprecationWarning)
+        warnings.warn(_dispatch._TRITON_DEPRECATION + " and will be removed", DeprecationWarning, stacklevel=1)
+        warnings.warn("another deprecation", DeprecationWarning, stacklevel=1)
     assert [str(w.message) for w in seen] == ["another deprecation"]
