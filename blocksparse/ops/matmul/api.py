@@ -207,7 +207,8 @@ def matmul(
         bias: optional, added to the product: shape ``(out,)`` for the output's last dimension
             (``(m,)`` when ``x`` is a vector), as ``a @ b + bias`` broadcasts.
         activation: optional, applied after the bias: ``"relu"``, ``"gelu"`` (exact, erf),
-            ``"gelu_tanh"``, ``"silu"``, ``"tanh"`` or ``"sigmoid"``. Bias, activation and the cast to
+            ``"gelu_tanh"``, ``"silu"``, ``"tanh"`` or ``"sigmoid"``, or JAX's function of one of them
+            (``jax.nn.relu``, ``jax.nn.gelu``, ...: :func:`.epilogue.check_activation`). Bias, activation and the cast to
             the output dtype run on the float32 accumulator inside the kernel (one store of the
             output, no extra pass over it); the gradients are those of the unfused expression.
         implementation: ``None`` (fastest available, falling back to pure JAX: :func:`.order.of_product`),
@@ -230,7 +231,9 @@ def matmul(
         The dense product. Differentiable w.r.t. the dense operand and the sparse ``.data``;
         works under ``jit``, ``grad`` and ``vmap``. For a dynamic matrix with invalid
         coordinates the result and its gradients are NaN (see
-        :meth:`~blocksparse.DynamicBlockSparseMatrix.is_valid`).
+        :meth:`~blocksparse.DynamicBlockSparseMatrix.is_valid`). Absent blocks are exact zeros: a NaN
+        or Inf in a part of the dense operand that no block reads does not reach the result (where
+        the densified product would have NaN).
     """
     activation = _epilogue.check_activation(activation)
     config = _check_config(config, MATMUL_CONFIGS)
