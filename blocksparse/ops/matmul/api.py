@@ -208,9 +208,9 @@ def matmul(
             (``(m,)`` when ``x`` is a vector), as ``a @ b + bias`` broadcasts.
         activation: optional, applied after the bias: ``"relu"``, ``"gelu"`` (exact, erf),
             ``"gelu_tanh"``, ``"silu"``, ``"tanh"`` or ``"sigmoid"``, or JAX's function of one of them
-            (``jax.nn.relu``, ``jax.nn.gelu``, ...: :func:`.epilogue.check_activation`). Bias, activation and the cast to
-            the output dtype run on the float32 accumulator inside the kernel (one store of the
-            output, no extra pass over it); the gradients are those of the unfused expression.
+            (``jax.nn.relu``, ``jax.nn.gelu``, ...: :func:`.epilogue.check_activation`). Bias, activation
+            and the cast to the output dtype run on the float32 accumulator inside the kernel (one store
+            of the output, no extra pass over it); the gradients are those of the unfused expression.
         implementation: ``None`` (fastest available, falling back to pure JAX: :func:`.order.of_product`),
             ``"pallas"`` (Triton), ``"mosaic"`` (the Hopper kernels; first by default on a Hopper GPU where they
             measured faster), ``"xla"``, or a sequence tried in order.
