@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 
 import jax
 import numpy as np
 from jax.experimental import checkify as _checkify
 
-__all__ = ["Pytree", "cdiv", "checkify", "next_power_of_2", "runtime_checks", "runtime_checks_enabled"]
+__all__ = [
+    "Pytree",
+    "cdiv",
+    "check_host_bytes",
+    "checkify",
+    "host_memory_bytes",
+    "next_power_of_2",
+    "runtime_checks",
+    "runtime_checks_enabled",
+]
 
 # Whether ops on dynamic (traced) inputs add checkify checks. Off by default: a check is a JAX
 # effect, and a jitted function with effects leaves jax's fast C++ dispatch path (measured on the
@@ -44,6 +54,24 @@ def checkify(f, errors=_checkify.user_checks):
             return checked(*args, **kwargs)
 
     return run
+
+
+def host_memory_bytes() -> int | None:
+    """The host's physical memory in bytes (``None`` where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_host_bytes(nbytes: int, what: str) -> None:
+    """Refuse, before allocating, host arrays of ``nbytes`` that this machine could not hold."""
+    limit = host_memory_bytes()
+    if limit is not None and nbytes > limit:
+        raise ValueError(
+            f"Expected {what} to fit in this host's memory ({limit / 2**30:.1f} GiB). Got one that needs "
+            f"{nbytes / 2**30:.1f} GiB of host arrays."
+        )
 
 
 def cdiv(a, b):

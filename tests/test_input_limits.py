@@ -157,3 +157,29 @@ def test_flax_layer_under_eval_shape():
         lambda: bs.nn.flax.SparseLinear(64, 32, block_size=16, density=0.5, pattern=pattern, rngs=nnx.Rngs(0))
     )
     assert layer.pattern == pattern and layer.kernel.value.shape == (pattern.nnz_blocks, 16, 16)
+
+
+@pytest.mark.parametrize("num_nodes", [2**40, 2**31 - 1])
+def test_graph_node_counts_past_int32_refused_before_allocating(num_nodes):
+    msg = _refused_small(lambda: bs.gnn.Graph.from_edges([0], [1], num_nodes), ValueError)
+    assert "2**31 - 1" in msg and str(num_nodes) in msg
+
+
+def test_graph_larger_than_the_host_refused_before_allocating():
+    from blocksparse._util import host_memory_bytes
+
+    memory = host_memory_bytes()
+    if memory is None or memory // 24 >= 2**31 - 1:
+        pytest.skip("this host could hold the row index of any int32 node count")
+    n = memory // 24 + 1
+    msg = _refused_small(lambda: bs.gnn.Graph.from_edges([0], [1], n), ValueError)
+    assert "host's memory" in msg and str(n) in msg
+
+
+@settings(max_examples=15)
+@given(bst.invalid_node_counts())
+def test_invalid_node_counts_refused_before_allocating(num_nodes):
+    msg = _refused_small(lambda: bs.gnn.Graph.from_edges([0], [1], num_nodes), (TypeError, ValueError))
+    assert "num_nodes" in msg
+    with pytest.raises((TypeError, ValueError), match="num_nodes"):
+        bs.gnn.DynamicGraph.from_edge_index(np.array([[0], [1]]), num_nodes=num_nodes)

@@ -13,7 +13,7 @@ import hashlib
 import jax
 import numpy as np
 
-from .._util import Pytree, cdiv
+from .._util import Pytree, cdiv, check_host_bytes
 from ._common import CHUNK_ALIGN, check_features
 
 __all__ = ["Graph", "Schedule"]
@@ -132,6 +132,11 @@ class Graph(Pytree):
             raise TypeError(f"Expected num_nodes to be a non-negative int. Got {num_nodes!r}.")
         if num_nodes < 0:
             raise ValueError(f"Expected num_nodes >= 0. Got {num_nodes}.")
+        if num_nodes >= 2**31 - 1:  # int32 node ids on the device, as DynamicGraph
+            raise ValueError(f"Expected num_nodes < 2**31 - 1 (int32 node ids). Got {num_nodes}.")
+        # the CSR and its cached transpose hold 24 bytes a node on the host whatever the edges (traced with
+        # tracemalloc at 2 M nodes)
+        check_host_bytes(24 * int(num_nodes), f"a graph of {num_nodes} nodes")
         if not 0.0 <= float(heavy_quantile) <= 1.0:
             raise ValueError(f"Expected heavy_quantile in [0, 1]. Got {heavy_quantile}.")
         arrs = []

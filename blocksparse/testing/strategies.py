@@ -41,6 +41,7 @@ __all__ = [
     "huge_shapes",
     "invalid_block_sizes",
     "invalid_capacities",
+    "invalid_node_counts",
     "non_integer_shapes",
 ]
 
@@ -108,6 +109,18 @@ def invalid_capacities() -> st.SearchStrategy:
         st.booleans(),
         st.sampled_from(["4", np.float32(4.0)]),
         st.integers(MAX_BLOCKS + 1, 2**62),
+    )
+
+
+def invalid_node_counts() -> st.SearchStrategy:
+    """Node counts of a graph that must be refused: negative, past int32 node ids (``>= 2**31 - 1``), or not an
+    int (floats, integral ones too, bools, strings, ``None``)."""
+    return st.one_of(
+        st.integers(max_value=-1),
+        st.integers(2**31 - 1, 2**62),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.booleans(),
+        st.sampled_from(["4", None, np.float32(4.0)]),
     )
 
 
