@@ -51,3 +51,32 @@ def test_the_triton_deprecation_warning_stays_filtered_after_filters_are_reset()
         warnings.warn(_dispatch._TRITON_DEPRECATION + " and will be removed", DeprecationWarning, stacklevel=1)
         warnings.warn("another deprecation", DeprecationWarning, stacklevel=1)
     assert [str(w.message) for w in seen] == ["another deprecation"]
+
+
+def _graph_inputs():
+    ei = np.array([[0, 1, 2, 3], [1, 2, 3, 0]])
+    return jax.random.normal(jax.random.key(0), (4, 8)), ei, jnp.array([1.0, 2.0, 0.5, 1.0])
+
+
+def test_gnn_layers_take_pygs_positional_arguments():
+    x, ei, w = _graph_inputs()
+    gcn = bs.gnn.GCNConv.init(jax.random.key(1), 8, 4)
+    np.testing.assert_array_equal(gcn(x, ei, w), gcn(x, ei, edge_weight=w))
+    attr = jax.random.normal(jax.random.key(2), (4, 3))
+    for cls in (bs.gnn.GATv2Conv, bs.gnn.TransformerConv):
+        layer = cls.init(jax.random.key(3), 8, 4, heads=2, edge_dim=3)
+        np.testing.assert_array_equal(layer(x, ei, attr), layer(x, ei, edge_attr=attr))
+
+
+@pytest.mark.parametrize("cls", [bs.gnn.GCNConv, bs.gnn.GATv2Conv, bs.gnn.TransformerConv])
+@pytest.mark.parametrize("in_channels,match", [(-1, "lazy -1 is not supported"), (0, "positive int"),
+                                               ("8", "positive int")])  # fmt: skip
+def test_gnn_layer_sizes_named_when_wrong(cls, in_channels, match):
+    with pytest.raises((TypeError, ValueError), match=rf"{cls.__name__}: expected in_channels.*{match}"):
+        cls.init(jax.random.key(0), in_channels, 4)
+
+
+@pytest.mark.parametrize("cls", [bs.gnn.GATv2Conv, bs.gnn.TransformerConv])
+def test_gnn_layer_heads_must_be_positive(cls):
+    with pytest.raises(ValueError, match=rf"{cls.__name__}: expected heads as a positive int. Got 0"):
+        cls.init(jax.random.key(0), 8, 4, heads=0)

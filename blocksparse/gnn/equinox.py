@@ -82,7 +82,7 @@ class _AttentionConv(_Conv):
         return cls._wrap(layer, inference=inference)
 
     def __call__(
-        self, x, edge_index, *, edge_attr=None, num_nodes=None, num_edges=None, key=None, inference=None
+        self, x, edge_index, edge_attr=None, *, num_nodes=None, num_edges=None, key=None, inference=None
     ) -> jax.Array:
         """As the plain layer's ``__call__``, with ``eqx.nn.Dropout``'s ``key`` / ``inference``."""
         key, deterministic = self._dropout(key, inference)
@@ -142,7 +142,7 @@ class GCNConv(_Conv):
     def out_channels(self) -> int:
         return self.weight.shape[0]
 
-    def __call__(self, x, edge_index, *, edge_weight=None, num_nodes=None, num_edges=None, key=None) -> jax.Array:
+    def __call__(self, x, edge_index, edge_weight=None, *, num_nodes=None, num_edges=None, key=None) -> jax.Array:
         """As :meth:`blocksparse.gnn.layers.GCNConv.__call__`; ``key`` is ignored."""
         del key
         return self.to_plain()(x, edge_index, edge_weight=edge_weight, num_nodes=num_nodes, num_edges=num_edges)

@@ -132,7 +132,7 @@ class _AttentionConv(_Conv):
     """What GATv2Conv and TransformerConv share: the call with NNX's dropout arguments."""
 
     def __call__(
-        self, x, edge_index, *, edge_attr=None, num_nodes=None, num_edges=None, deterministic=None, rngs=None
+        self, x, edge_index, edge_attr=None, *, num_nodes=None, num_edges=None, deterministic=None, rngs=None
     ) -> jax.Array:
         """As the plain layer's ``__call__``; ``rngs``: Rngs, RngStream or key."""
         key, det = self._dropout(deterministic, rngs)
@@ -189,7 +189,7 @@ class GCNConv(_Conv):
     def out_channels(self) -> int:
         return self.weight.shape[0]
 
-    def __call__(self, x, edge_index, *, edge_weight=None, num_nodes=None, num_edges=None) -> jax.Array:
+    def __call__(self, x, edge_index, edge_weight=None, *, num_nodes=None, num_edges=None) -> jax.Array:
         """As :meth:`blocksparse.gnn.layers.GCNConv.__call__`."""
         return self._computing()(
             _cast(x, self.dtype), edge_index, edge_weight=edge_weight, num_nodes=num_nodes, num_edges=num_edges

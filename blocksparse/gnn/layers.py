@@ -75,8 +75,29 @@ def _impl(implementation):
     return tuple(implementation)
 
 
-def _pair(v) -> tuple[int, int]:
-    return (int(v[0]), int(v[1])) if isinstance(v, tuple | list) else (int(v), int(v))
+def _sizes(layer: str, **sizes) -> None:
+    """Each size a positive int, named in the error (PyG's lazy ``in_channels=-1`` is not supported: the weights
+    are built by ``init``, before any input is seen)."""
+    for name, v in sizes.items():
+        if v is None:
+            continue
+        if not isinstance(v, int | np.integer) or isinstance(v, bool | np.bool_):
+            raise TypeError(f"{layer}: expected {name} as a positive int. Got {v!r} of type {type(v).__name__}.")
+        if v <= 0:
+            lazy = " (PyG's lazy -1 is not supported: give the input's feature size)" if v == -1 else ""
+            raise ValueError(f"{layer}: expected {name} as a positive int{lazy}. Got {v}.")
+
+
+def _pair(layer: str, v) -> tuple[int, int]:
+    """``in_channels`` as ``(in_src, in_dst)``: one size for both or a pair, each a positive int."""
+    pair = tuple(v) if isinstance(v, tuple | list) else (v, v)
+    if len(pair) != 2:
+        raise ValueError(f"{layer}: expected in_channels as an int or a pair (in_src, in_dst). Got {v!r}.")
+    if pair[0] == pair[1]:
+        _sizes(layer, in_channels=pair[0])
+    else:
+        _sizes(layer, in_src=pair[0], in_dst=pair[1])
+    return int(pair[0]), int(pair[1])
 
 
 def _check_x(layer: str, x, in_channels: int, what: str = "x"):
@@ -325,6 +346,7 @@ class GCNConv(Pytree):
         normalize: bool = True, bias: bool = True, dtype=jnp.float32, implementation=None,
     ) -> GCNConv:  # fmt: skip
         """Glorot-uniform weight, zero bias (as PyG). ``add_self_loops`` defaults to ``normalize``."""
+        _sizes("GCNConv", in_channels=in_channels, out_channels=out_channels)
         w, b = _linear_init(key, in_channels, out_channels, False, dtype, "glorot")
         b = jnp.zeros((out_channels,), dtype) if bias else None
         loops = normalize if add_self_loops is None else add_self_loops
@@ -339,7 +361,7 @@ class GCNConv(Pytree):
     def out_channels(self) -> int:
         return self.weight.shape[0]
 
-    def __call__(self, x, edge_index, *, edge_weight=None, num_nodes=None, num_edges=None) -> jax.Array:
+    def __call__(self, x, edge_index, edge_weight=None, *, num_nodes=None, num_edges=None) -> jax.Array:
         """``x (N, in_channels)`` -> ``(N, out_channels)``.
 
         Arguments:
@@ -437,7 +459,8 @@ class GATv2Conv(Pytree):
         """Glorot-uniform weights and ``att``, zero biases (as PyG)."""
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"GATv2Conv: expected dropout in [0, 1). Got {dropout}.")
-        in_src, in_dst = _pair(in_channels)
+        in_src, in_dst = _pair("GATv2Conv", in_channels)
+        _sizes("GATv2Conv", out_channels=out_channels, heads=heads, edge_dim=edge_dim)
         if share_weights and in_src != in_dst:
             raise ValueError(f"GATv2Conv: share_weights needs in_src == in_dst. Got in_channels={in_channels}.")
         hc = heads * out_channels
@@ -457,7 +480,7 @@ class GATv2Conv(Pytree):
         return self.lin_l_weight.shape[1], w_r.shape[1]
 
     def __call__(
-        self, x, edge_index, *, edge_attr=None, num_nodes=None, num_edges=None, key=None, deterministic=None
+        self, x, edge_index, edge_attr=None, *, num_nodes=None, num_edges=None, key=None, deterministic=None
     ) -> jax.Array:
         """``x (N, in)`` or ``(x_src (N_src, in_src), x_dst (N_dst, in_dst))`` -> ``(N_dst, heads * out)`` (or ``out``).
 
@@ -573,7 +596,8 @@ class TransformerConv(Pytree):
             raise ValueError(f"TransformerConv: expected dropout in [0, 1). Got {dropout}.")
         if beta and not root_weight:
             raise ValueError("TransformerConv: beta gates the root weight; expected root_weight=True with beta=True.")
-        in_src, in_dst = _pair(in_channels)
+        in_src, in_dst = _pair("TransformerConv", in_channels)
+        _sizes("TransformerConv", out_channels=out_channels, heads=heads, edge_dim=edge_dim)
         hc = heads * out_channels
         out_skip = hc if concat else out_channels
         kq, kk, kv, ke, ks, kb = jax.random.split(key, 6)
@@ -591,7 +615,7 @@ class TransformerConv(Pytree):
         return self.lin_key_weight.shape[1], self.lin_query_weight.shape[1]
 
     def __call__(
-        self, x, edge_index, *, edge_attr=None, num_nodes=None, num_edges=None, key=None, deterministic=None
+        self, x, edge_index, edge_attr=None, *, num_nodes=None, num_edges=None, key=None, deterministic=None
     ) -> jax.Array:
         """``x (N, in)`` or ``(x_src, x_dst)`` -> ``(N_dst, heads * out)`` (or ``out`` without ``concat``).
 
