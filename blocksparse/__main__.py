@@ -2,7 +2,8 @@
 figures), ``demo`` (multiply, check, time) and ``plan`` (IPU model).
 
 Bad input ends with a one-line message naming the expected and the actual value, and exit status 2;
-``bench`` exits with status 1 when a cell disagrees with its dense reference.
+``bench`` exits with status 1 when a cell disagrees with its dense reference, and 3 when a cell could not run
+(a missing weights file or optional extra: the row names it).
 """
 
 from __future__ import annotations
@@ -222,9 +223,15 @@ def _plan(args) -> int:
     return 0
 
 
+def _prog() -> str:
+    """The command as the user typed it: ``blocksparse`` (the installed script) or ``python -m blocksparse``."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return "python -m blocksparse" if name in ("", "__main__.py", "-c", "-m") else name
+
+
 def _parser() -> argparse.ArgumentParser:
     fmt = argparse.ArgumentDefaultsHelpFormatter
-    parser = _Parser(prog="python -m blocksparse", description=__doc__, formatter_class=fmt)
+    parser = _Parser(prog=_prog(), description=__doc__, formatter_class=fmt)
     sub = parser.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     be = sub.add_parser(
         "bench", formatter_class=fmt,

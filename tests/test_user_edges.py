@@ -80,3 +80,44 @@ def test_gnn_layer_sizes_named_when_wrong(cls, in_channels, match):
 def test_gnn_layer_heads_must_be_positive(cls):
     with pytest.raises(ValueError, match=rf"{cls.__name__}: expected heads as a positive int. Got 0"):
         cls.init(jax.random.key(0), 8, 4, heads=0)
+
+
+def test_bench_exit_codes_tell_a_wrong_result_from_a_cell_that_could_not_run():
+    from blocksparse.bench import Cell, CellFailed, Timer, run_cell
+    from blocksparse.bench._cli import exit_code
+
+    def wrong(timer):
+        raise CellFailed("expected 1, got 2")
+
+    def missing(timer):
+        raise ModuleNotFoundError("No module named 'optax'", name="optax")
+
+    timer = Timer(iters=1, trials=1)
+    ok = run_cell(Cell("demo", "ok", {}, lambda timer: {"x": 1}), timer)
+    bad = run_cell(Cell("demo", "wrong", {}, wrong), timer)
+    broken = run_cell(Cell("demo", "broken", {}, missing), timer)
+    assert "pip install 'blocksparse[train]'" in broken.error and broken.broken and not bad.broken
+    assert exit_code([ok]) == 0 and exit_code([ok, broken]) == 3 and exit_code([bad, broken]) == 1
+
+
+def test_model_suite_rows_say_when_the_encoder_is_random(monkeypatch):
+    from blocksparse.bench import model
+
+    monkeypatch.setattr(model, "importlib_find", lambda name: None)  # the weights package not installed
+    monkeypatch.delenv(model.ENV_WEIGHTS, raising=False)
+    cells = model.cells(full=False)
+    assert cells and all(c.label.endswith("[random weights]") for c in cells)
+    assert all(c.params["weights"].startswith("random") for c in cells)
+
+
+def test_usage_lines_name_the_command_as_typed():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(sys.executable).with_name("blocksparse")
+    out = subprocess.run([sys.executable, "-m", "blocksparse", "--help"], capture_output=True, text=True, timeout=120)
+    assert out.stdout.startswith("usage: python -m blocksparse ")
+    if script.exists():  # the installed console script
+        out = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
+        assert out.stdout.startswith("usage: blocksparse ")

@@ -137,7 +137,7 @@ def run(
         cells, module, reason = load_suite(name, full=full)
         columns[name] = getattr(module, "COLUMNS", None)
         if reason is not None:
-            failed.append(Result(suite=name, label="(suite)", params={}, ok=False, error=reason))
+            failed.append(Result(suite=name, label="(suite)", params={}, ok=False, error=reason, broken=True))
         loaded.extend(cells)
     if filters:
         kept = [c for c in loaded if any(f in f"{c.suite}: {c.label}" for f in filters)]
@@ -171,8 +171,8 @@ def run_cells(
     The one runner and the one JSON writer of ``blocksparse bench`` and of the peer scripts in
     ``benchmarks/``: the document is ``{"meta": {...}, "results": [Result.to_dict(), ...]}``, rewritten
     after every cell. ``meta`` adds to the environment (``suites``, a script's name and options).
-    ``results``: rows to report before the cells' (a suite that failed to load). Returns 0, or 1 if a
-    cell failed.
+    ``results``: rows to report before the cells' (a suite that failed to load). Returns
+    :func:`exit_code` of the results.
     """
     from . import _report
 
@@ -217,4 +217,13 @@ def run_cells(
     if plot_dir is not None:
         for path in _report.plot(doc, plot_dir):
             print(f"wrote {path}", file=out)
-    return 0 if all(r.ok for r in results) else 1
+    return exit_code(results)
+
+
+def exit_code(results) -> int:
+    """0 when every cell ran and agreed with its reference; 1 when a result disagreed (the code reserved for
+    a wrong result); else 3 when a cell could not run (a missing file or extra, a broken suite; 2 is the
+    command line's bad input)."""
+    if any(not r.ok and not r.broken for r in results):
+        return 1
+    return 3 if any(not r.ok for r in results) else 0

@@ -91,6 +91,9 @@ class Result:
     error: str | None = None
     skipped: str | None = None
     seconds: float = 0.0  # wall time of the whole cell, compilation and checking included
+    #: The cell could not run (an exception other than :class:`CellFailed`: a missing file or extra, a bug),
+    #: as opposed to a result that disagrees with the reference.
+    broken: bool = False
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -113,12 +116,24 @@ def run_cell(cell: Cell, timer: Timer) -> Result:
     except Exception as e:  # noqa: BLE001 - one broken cell must not stop the suite
         frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
         where = f" (at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno})" if frame else ""
-        message = " ".join(f"{type(e).__name__}: {e}".split())[:400]
-        return Result(**common, ok=False, error=message + where, seconds=time.perf_counter() - t0)
+        message = " ".join(f"{type(e).__name__}: {e}".split())[:400] + _install_hint(e)
+        return Result(**common, ok=False, error=message + where, seconds=time.perf_counter() - t0, broken=True)
     if not isinstance(metrics, dict):
         error = f"expected run() to return a dict of metrics; got {type(metrics).__name__}"
         return Result(**common, ok=False, error=error, seconds=time.perf_counter() - t0)
     return Result(**common, ok=True, metrics=_jsonable(metrics), seconds=time.perf_counter() - t0)
+
+
+#: Optional dependencies -> the extra of ``pip install 'blocksparse[EXTRA]'`` that brings them.
+EXTRAS = {"optax": "train", "safetensors": "models", "tokenizers": "models", "flax": "flax", "equinox": "equinox",
+          "matplotlib": "bench", "tqdm": "bench", "scipy": "scipy", "hypothesis": "testing"}  # fmt: skip
+
+
+def _install_hint(e: Exception) -> str:
+    """For a missing optional dependency: which extra installs it."""
+    name = getattr(e, "name", None) if isinstance(e, ImportError) else None
+    extra = EXTRAS.get((name or "").split(".")[0])
+    return f" (pip install 'blocksparse[{extra}]')" if extra and extra not in str(e) else ""
 
 
 def _jsonable(value: Any) -> Any:

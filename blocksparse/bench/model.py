@@ -140,6 +140,8 @@ def cells(*, full: bool, weights: str | None = None, sizes: Sizes | None = None)
             out.append(Cell("model", f"ffn b={b} d={density_label(d)}", params, run))
     for c in out:
         c.params["weights"] = ctx.describe
+        if ctx.random:  # said in every row: quality figures of a random encoder say nothing of MiniLM's
+            c.label += " [random weights]"
     return out
 
 
@@ -158,11 +160,16 @@ class _Context:
                 )
             self.describe = "random (no weights installed)"
 
+    @property
+    def random(self) -> bool:
+        """A random encoder of MiniLM's shape stands in for the missing weights (quick mode only)."""
+        return self.describe.startswith("random")
+
     @functools.cached_property
     def model(self) -> _models.BertEncoder:
         from ..models import BertConfig, BertEncoder, minilm
 
-        if self.describe.startswith("random"):
+        if self.random:
             model = BertEncoder.random(jax.random.key(0), BertConfig(num_layers=self.s.layers or 6))
         else:
             model = minilm.load(self.weights)
@@ -172,7 +179,7 @@ class _Context:
     def tokens(self, split: str, n: int, length: int | None = None) -> dict:
         from ..models import corpus
 
-        if self.describe.startswith("random"):
+        if self.random:
             rng = np.random.default_rng({"train": 0, "heldout": 1, "speed": 2}[split])
             length = length or 24
             ids = rng.integers(1000, 30000, (n, length)).astype(np.int32)
