@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_pallas_mosaic import HALF, _hopper
@@ -106,7 +107,7 @@ def _oracle_dds(W, x, bias=None, activation=None):
     return y, np.abs(_np(x)) @ np.abs(to_dense64(W)) + (0 if bias is None else np.abs(_np(bias))[None, :])
 
 
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=examples(4), deadline=None)
 @given(
     bst.block_sparse_matrices(
         dtype=st.sampled_from(HALF), block_size=st.sampled_from([(16, 16), (32, 32)]), max_blocks=5, kinds=KINDS
@@ -330,6 +331,7 @@ def test_default_rule_on_a_claimed_hopper(monkeypatch, op, shape, b, density, si
     assert not pb.prefers(pat, size, jnp.bfloat16, jnp.float16, op)
 
 
+@pytest.mark.slow  # the script end to end, every variant interpreted; its kernels have quick tests above
 def test_benchmark_script_runs_in_the_interpreter(tmp_path):
     """benchmarks/bench_mosaic_bands.py end to end on a tiny cell: every kernel checked against dense, a variant."""
     import json

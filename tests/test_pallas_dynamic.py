@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples, sweep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -54,7 +55,7 @@ def _check(D, n, key, dtype):
     assert_close(s_p.data, _np(s_x.data), bound, tol, "sdd")
 
 
-@settings(max_examples=8)
+@settings(max_examples=examples(8))
 @given(
     bst.dynamic_block_sparse_matrices(block_size=st.sampled_from([(16, 16), (16, 32), (32, 16)]), max_blocks=4),
     st.sampled_from([1, 8, 20]),
@@ -67,8 +68,11 @@ def test_dynamic_pallas_interpret(D, n, max_len, mode, seed):
         _check(D, n, jax.random.key(seed), jnp.float32)
 
 
-@pytest.mark.parametrize("mode", ["scan", "worklist"])
-@pytest.mark.parametrize("kind", ["one_row", "one_col", "empty", "all_padding"])
+@sweep(
+    "kind,mode",
+    [(k, m) for m in ["scan", "worklist"] for k in ["one_row", "one_col", "empty", "all_padding"]],
+    quick=[("one_row", "scan"), ("one_col", "worklist"), ("empty", "scan"), ("all_padding", "worklist")],
+)
 def test_dynamic_pallas_adversarial_interpret(mode, kind, getkey):
     gm = gk = 4
     cap = 12

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples, sweep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -51,7 +52,7 @@ def _problem(kind, block, dtype, shape=(256, 256), n=200, seed=0):
 
 
 # ----------------------------------------------------------------------------- host preparation
-@settings(max_examples=15)
+@settings(max_examples=examples(15))
 @given(
     block=st.sampled_from(BLOCKS),
     grid=st.tuples(st.integers(1, 5), st.integers(1, 5)),
@@ -540,7 +541,7 @@ def test_default_dispatch_off_hopper_is_unchanged():
 
 
 # ----------------------------------------------------------------------------- real Hopper GPU
-@pytest.mark.parametrize("kind,order,block,n,cfg", [
+@sweep("kind,order,block,n,cfg", quick=2, argvalues=[
     ("full_row", "tiles", (64, 64), 200, dict(tn=64, stages=2, max_len=2)),
     ("random", "units", (64, 128), 130, dict(tn=64, stages=3)),
     ("single", "tiles", (128, 64), 64, dict(tn=64)),

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_pallas_mosaic import HALF, _epilogue_oracle, _hopper  # the dsd tests' helpers
@@ -396,7 +397,7 @@ def test_interpreter_fused_epilogue_matches_oracle(kind, block, dtype, out_dtype
     assert_close(y, *_epilogue_oracle(want, scale, bias, axis, activation), out_dtype or dtype)
 
 
-@settings(max_examples=5, deadline=None)
+@settings(max_examples=examples(5), deadline=None)
 @given(
     b=st.sampled_from([64, 128]),
     dtype=st.sampled_from(HALF),
@@ -509,6 +510,7 @@ def test_prefers_needs_a_hopper_gpu_half_operands_and_enough_rows(monkeypatch):
     assert not pmd.prefers(U.pattern, 8192, bf, bf)  # b = 32: not the kernel's
 
 
+@pytest.mark.slow  # the script end to end, every variant interpreted; its kernels have quick tests above
 def test_benchmark_script_runs_in_the_interpreter(tmp_path):
     """benchmarks/bench_mosaic_dds.py end to end on a tiny cell (every kernel checked against dense)."""
     import json
