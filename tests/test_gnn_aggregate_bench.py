@@ -38,6 +38,7 @@ def test_bfloat16_rows_on_xla(bench, tmp_path):
     assert all(r["gather_gbps"] > 0 and r["ms"] > 0 for r in timed)
 
 
+@pytest.mark.slow  # every variant of the sweep interpreted; the kernels: test_gnn_pallas.py and test_gnn_gather_*
 def test_nodes_per_program_sweep_in_interpret_mode(bench, tmp_path):
     with gnn.interpret():
         res = _run(bench, tmp_path, "--impls", "pallas", "--ops", "max", "--nodes-per-program", "1", "4",

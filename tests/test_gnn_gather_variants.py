@@ -361,6 +361,7 @@ def test_extreme_variants_lower_to_triton(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------- the GPU benchmark, tiny
+@pytest.mark.slow  # the script end to end in the interpreter; its kernels have quick tests in this file
 def test_benchmark_script_small(tmp_path):
     import json
 

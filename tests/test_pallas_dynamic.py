@@ -94,6 +94,7 @@ def test_dynamic_pallas_adversarial_interpret(mode, kind, getkey):
         _check(D, 16, getkey(), jnp.float32)
 
 
+@pytest.mark.slow  # a row split over several units: quick in the adversarial one_row case and the sweep above
 def test_dynamic_pallas_one_long_row_interpret(getkey):
     # 40 blocks in one row of a 4-row grid: split over several units, combined afterwards.
     rows = jnp.zeros(40, jnp.int32).at[-2:].set(jnp.array([2, 3]))

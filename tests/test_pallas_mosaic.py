@@ -504,6 +504,26 @@ def test_default_order_rule_on_fake_devices(monkeypatch, device):
     assert api._default_order(W, [[1.0]]) == ("pallas", "xla")  # not an array: matmul's own error follows
 
 
+def test_default_dispatch_on_a_claimed_hopper_when_traced(monkeypatch):
+    """The decisions of the slow test below, traced only (jax.eval_shape; the dispatch log is written while
+    tracing): the rule's Mosaic for the forward and dx, Triton for the sdd, Triton at density 1/16, and an explicit
+    implementation over the rule. The kernels' numbers: the interpreter tests above."""
+    monkeypatch.setattr(pallas_mosaic, "hopper_problem", lambda: None)
+    W = _matrix((64, 64), 16, grid=(8, 8))
+    assert pallas_mosaic.plan(W.pattern, 128).persistent is not None
+    x = jnp.zeros((2, 512, 64), jnp.bfloat16)  # batch folded in: n = 2 x 64 = 128
+    with bs.interpret(), bs.dispatch_log() as log:
+        jax.eval_shape(lambda W, x: bs.matmul(W, x), W, x)
+        jax.eval_shape(jax.grad(lambda x: bs.matmul(W, x).astype(jnp.float32).sum()), x)
+    assert log == [("dsd", "mosaic")] * 3 + [("sdd", "pallas")]
+    V = _matrix((64, 64), 1, grid=(4, 4))
+    with bs.interpret(), bs.dispatch_log() as log:
+        jax.eval_shape(lambda V, x: bs.matmul(V, x), V, x[:, :256])
+        jax.eval_shape(lambda V, x: bs.matmul(V, x, implementation="mosaic"), V, x[:, :256])
+    assert log == [("dsd", "pallas"), ("dsd", "mosaic")]
+
+
+@pytest.mark.slow  # interprets the persistent kernel through bs.matmul; the decisions alone: the traced test above
 def test_default_dispatch_on_a_claimed_hopper_runs_the_rule_in_the_interpreter(monkeypatch):
     """With the device taken for a Hopper GPU, bs.matmul(W, x) runs the kernel the rule picks (interpreted):
     b = 64 at density 1/4 and n = 128 (the n = 256 row, 1.33; the persistent kernel) on Mosaic, forward and

@@ -361,7 +361,7 @@ def test_jit_pattern_changes_without_recompiling_and_checkify():
 # --------------------------------------------------------------------------------------------------
 # Invalid coordinates: NaN, exactly as D @ x, never a block read from somewhere else
 # --------------------------------------------------------------------------------------------------
-@sweep("row, col", [(0, 5), (-1, 0), (0, -1), (9, 0)], quick=2, ids=["col5", "row-1", "col-1", "row9"])
+@sweep("row, col", [(0, 5), (-1, 0), (0, -1), (9, 0)], quick=1, ids=["col5", "row-1", "col-1", "row9"])
 def test_simulate_dynamic_poisons_out_of_grid_coordinates(row, col):
     # A 4 x 4 grid of 4 x 4 blocks. Before, col 5 read the block column 3, row -1 became row 3, col -1
     # became col 0 and row 9 was dropped: finite wrong values where D @ x is NaN.
