@@ -17,6 +17,7 @@ import gnn_oracle as O
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import sweep
 
 import blocksparse.gnn as gnn
 from blocksparse.ops import _gnn_triton as P
@@ -127,7 +128,7 @@ def test_order_keys_are_monotone_and_invert():
 SPMM_VARIANTS = (V(pairs=True), V(tile_bytes=True), V(prefetch=True, num_warps=2), EVERYTHING)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@sweep("dtype", DTYPES, quick=[jnp.bfloat16, jnp.float32], ids=lambda d: jnp.dtype(d).name)  # float16: slow
 @pytest.mark.parametrize("nodes", [None, 2], ids=["one-node", "packed"])
 def test_spmm_variants_match_reference(graph, interp, dtype, nodes):
     g, n = graph, graph.num_nodes
@@ -179,7 +180,7 @@ def _check_extreme(g, x, is_max, nodes, v, with_arg, refs=None):
         assert arg is None
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@sweep("dtype", DTYPES, quick=[jnp.bfloat16, jnp.float32], ids=lambda d: jnp.dtype(d).name)  # float16: slow
 @pytest.mark.parametrize("nodes", [1, 2], ids=["one-node", "packed"])
 def test_extreme_variants_match_reference_exactly(graph, interp, dtype, nodes):
     x, refs = _ties(graph.num_nodes, 20, 7, dtype), {}

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -48,7 +49,7 @@ def poisoned(draw, *, max_nodes=8, hub=(129, 170)):
 
 
 @given(poisoned(), st.sampled_from(IMPLS))
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=examples(6), deadline=None)
 def test_nonfinite_features_reach_exactly_the_reference_destinations(gx, impl):
     g, x = gx
     for reduce in ("max", "min"):

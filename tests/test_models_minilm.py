@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -177,7 +178,7 @@ def test_tokenizer_padding_and_truncation(tiny):
 
 
 # -- the encoder --------------------------------------------------------------------------------------
-@settings(max_examples=4)
+@settings(max_examples=examples(4))
 @given(st.integers(1, 6), st.data())
 def test_padding_does_not_change_the_embedding(extra, data):
     model = minilm.load(TINY)
