@@ -19,7 +19,7 @@ from blocksparse.ipu.cost import DYNAMIC_PHASES
 from blocksparse.ipu.machines import IPUMachine
 from blocksparse.testing.oracles import to_dense64
 
-SETTINGS = settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=examples(25, quick=4), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _tiny(tiles):
