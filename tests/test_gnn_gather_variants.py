@@ -129,7 +129,7 @@ SPMM_VARIANTS = (V(pairs=True), V(tile_bytes=True), V(prefetch=True, num_warps=2
 
 
 @sweep("dtype", DTYPES, quick=[jnp.bfloat16, jnp.float32], ids=lambda d: jnp.dtype(d).name)  # float16: slow
-@pytest.mark.parametrize("nodes", [None, 2], ids=["one-node", "packed"])
+@sweep("nodes", [None, 2], quick=[None], ids=["one-node", "packed"])  # packed: the extreme tests below
 def test_spmm_variants_match_reference(graph, interp, dtype, nodes):
     g, n = graph, graph.num_nodes
     f = 20  # not a multiple of the tile: the one-node kernel pads to 32, the packed one masks
@@ -181,7 +181,7 @@ def _check_extreme(g, x, is_max, nodes, v, with_arg, refs=None):
 
 
 @sweep("dtype", DTYPES, quick=[jnp.bfloat16, jnp.float32], ids=lambda d: jnp.dtype(d).name)  # float16: slow
-@pytest.mark.parametrize("nodes", [1, 2], ids=["one-node", "packed"])
+@sweep("nodes", [1, 2], quick=[2], ids=["one-node", "packed"])  # one node a program: the spmm tests above
 def test_extreme_variants_match_reference_exactly(graph, interp, dtype, nodes):
     x, refs = _ties(graph.num_nodes, 20, 7, dtype), {}
     for i, v in enumerate(EXTREME_VARIANTS):

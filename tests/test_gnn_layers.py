@@ -467,6 +467,7 @@ def test_bad_input_messages():
 
 
 # ------------------------------------------------------------------------------------ the training example
+@pytest.mark.slow  # the training script end to end; the layers' quick tests are above
 def test_train_example_learns(tmp_path):
     """benchmarks/train_gnn.py at a tiny size: every model and mode ends well above chance (0.25)."""
     import json

@@ -67,6 +67,7 @@ def interp():
         yield
 
 
+@pytest.mark.slow  # hubs of 129 to 200 in-edges, interpreted; quick: the heavy-chunk tests below
 @given(graphs(max_nodes=10, hub_in_degree=(129, 200), heavy_quantile=0.5))
 @settings(max_examples=examples(2, quick=1))
 def test_interpret_matches_reference_on_awkward_graphs(g):

@@ -338,6 +338,7 @@ def test_magnitude_global_normalises_by_block_size():
 
 
 # -- recovery and quality -----------------------------------------------------------------------------
+@pytest.mark.slow  # 20 training steps; docs/models.md runs study.distill quickly (3 steps)
 def test_distillation_lowers_the_loss(tiny):
     model, tok = tiny
     train = tok(corpus.sentences("train", 64), padding="max_length")
