@@ -1,20 +1,34 @@
 import os
+import time
 
 # Several CPU devices, so sharding (shard_map over a mesh) is tested on a machine without GPUs.
 # Must be set before JAX initialises its backends; a GPU machine keeps its own devices.
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
 
+import helpers  # noqa: E402
 import jax  # noqa: E402
 import pytest  # noqa: E402
-from hypothesis import HealthCheck, settings  # noqa: E402
 
-# Bounded example counts keep CI (2 CPU cores) fast; `HYPOTHESIS_PROFILE=thorough` for more.
-settings.register_profile(
-    "ci", max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
-)
-settings.register_profile("thorough", max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+# Quick (`make test`, the default) or full (`make test-slow`) hypothesis sweeps: tests/helpers.py.
+helpers.load_profile()
+
+
+_START = time.monotonic()
+_announced = False
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """Under xdist (``make test``) a line once the first worker has collected: starting the workers (each imports
+    JAX and every test module) is otherwise a silent stretch before the first dot."""
+    global _announced
+    if _announced:
+        return
+    _announced = True
+    reporter = node.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"{len(ids)} tests collected in {time.monotonic() - _START:.0f} s; running them")
 
 
 def has_gpu() -> bool:

@@ -3,7 +3,8 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-from hypothesis import given
+from helpers import examples
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import blocksparse as bs
@@ -29,6 +30,7 @@ def _invariants(s, D, keep):
     np.testing.assert_array_equal(direct + split, np.ones(gm, int))
 
 
+@settings(max_examples=examples(20))
 @given(bst.dynamic_block_sparse_matrices(max_capacity=40), st.sampled_from([None, 1, 2, 4, 8]), st.data())
 def test_redistribute_matches_dense(D, max_len, data):
     keep = np.asarray(D.active())

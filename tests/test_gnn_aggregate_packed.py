@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -75,7 +76,7 @@ def _check_api(g, x, reduce, nodes, ct):
     st.booleans(),
     st.booleans(),
 )
-@settings(max_examples=3)
+@settings(max_examples=examples(3))
 def test_packed_matches_reference_on_random_graphs(g, reduce, nodes, sort, prefetch):
     # isolated nodes, self-loops, multi-edges and a hub split into chunks (extra units, packed alike)
     with gnn.interpret():

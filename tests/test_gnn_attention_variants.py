@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import sweep
 
 import blocksparse as bs
 import blocksparse.gnn as gnn
@@ -74,8 +75,13 @@ def _close(got, want, what):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=f"{what} [{i}]")
 
 
-@pytest.mark.parametrize("shape", [(1, 128), (8, 16)], ids=["H1xD128", "H8xD16"])
-@pytest.mark.parametrize("name", list(VARIANTS))
+@sweep(
+    "name,shape",
+    [(name, shape) for shape in [(1, 128), (8, 16)] for name in VARIANTS],
+    quick=[(n, (1, 128)) for n in ("default", "flat", "groups", "groups+deferred+w2", "be64+w8")]
+    + [(n, (8, 16)) for n in ("default", "previous", "deferred", "be8+w1")],
+    ids=lambda v: f"H{v[0]}xD{v[1]}" if isinstance(v, tuple) else None,
+)
 def test_gatv2_variant_matches_reference(graph, name, shape):
     h, d = shape
     xs, xd, att, ct, _ = _inputs(h, d, seed=h)

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -122,7 +123,7 @@ def _dense_ops_f32(count, wsum, a):
 
 
 @given(edge_lists(max_nodes=N_CAP, max_edges=40, hub_in_degree=(129, 300)), st.booleans())
-@settings(max_examples=5, deadline=None)
+@settings(max_examples=examples(5), deadline=None)
 def test_every_op_matches_dense_and_numpy_oracles(edges, with_ties):
     src, dst, n = edges  # isolated node, self-loop, multi-edge, a hub of 2-3 chunks; padded to capacity
     e = src.size

@@ -15,6 +15,7 @@ import gnn_oracle as O
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import sweep
 
 import blocksparse.gnn as gnn
 from blocksparse import hardware
@@ -147,8 +148,8 @@ def test_order_keys_are_monotone_and_invert():
 SPMM_VARIANTS = (V(pairs=True), V(tile_bytes=True), V(prefetch=True, num_warps=2), EVERYTHING)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("nodes", [None, 2], ids=["one-node", "packed"])
+@sweep("dtype", DTYPES, quick=[jnp.bfloat16, jnp.float32], ids=lambda d: jnp.dtype(d).name)  # float16: slow
+@sweep("nodes", [None, 2], quick=[None], ids=["one-node", "packed"])  # packed: the extreme tests below
 def test_spmm_variants_match_reference(graph, interp, dtype, nodes):
     g, n = graph, graph.num_nodes
     f = 20  # not a multiple of the tile: the one-node kernel pads to 32, the packed one masks
@@ -199,8 +200,8 @@ def _check_extreme(g, x, is_max, nodes, v, with_arg, refs=None):
         assert arg is None
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("nodes", [1, 2], ids=["one-node", "packed"])
+@sweep("dtype", DTYPES, quick=[jnp.bfloat16, jnp.float32], ids=lambda d: jnp.dtype(d).name)  # float16: slow
+@sweep("nodes", [1, 2], quick=[2], ids=["one-node", "packed"])  # one node a program: the spmm tests above
 def test_extreme_variants_match_reference_exactly(graph, interp, dtype, nodes):
     x, refs = _ties(graph.num_nodes, 20, 7, dtype), {}
     for i, v in enumerate(EXTREME_VARIANTS):

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -121,7 +122,7 @@ def test_bad_input():
 
 
 @given(g=graphs(max_nodes=16, max_edges=40), chunk=st.integers(1, 64), heads=st.sampled_from([1, 2]))
-@settings(max_examples=6, deadline=None)  # each example compiles its own shapes
+@settings(max_examples=examples(6), deadline=None)  # each example compiles its own shapes
 def test_chunked_reference_matches_segment_ops(g, chunk, heads):
     """The benchmark's float32 reference, cut into node ranges of about ``chunk`` edges, against the
     segment-op references of ``blocksparse.bench.gnn`` (outputs) and their gradients."""
@@ -186,6 +187,7 @@ def test_bench_skips_rcm_above_the_limit(tmp_path):
     assert all(r["metrics"]["rel_err"] < 1e-4 for r in ran)
 
 
+@pytest.mark.slow  # a second suite run on one graph; the quick one: test_bench_small_runs_and_checks
 def test_bench_two_dtypes_one_graph_and_the_row_budget():
     """Both dtypes on one graph (cells and gains per dtype); a cell over its time budget gets fewer iterations."""
     cells = bench_gnn_graphs.suite(graphs=("ogbn-arxiv",), edges=None, scale=0.01, dtypes=("float32", "bfloat16"),

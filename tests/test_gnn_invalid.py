@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples, sweep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -48,7 +49,7 @@ def poisoned(draw, *, max_nodes=8, hub=(129, 170)):
 
 
 @given(poisoned(), st.sampled_from(IMPLS))
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=examples(6), deadline=None)
 def test_nonfinite_features_reach_exactly_the_reference_destinations(gx, impl):
     g, x = gx
     for reduce in ("max", "min"):
@@ -98,7 +99,7 @@ def test_max_min_propagate_nan(values, reduce, impl):
     np.testing.assert_array_equal(dx, O.extreme_grad(g.src, g.dst, g.num_nodes, x, ct, reduce))
 
 
-@pytest.mark.parametrize("nan_at", [5, 200, 650])  # the main chunk, the first extra chunk, the last one
+@sweep("nan_at", [5, 200, 650], quick=2)  # the main chunk, the first extra chunk, the last one
 def test_max_min_nan_in_heavy_node_chunks(nan_at):
     # a hub of 700 in-edges (chunks of 128: the main unit and 5 extra units); feature 0 has one NaN,
     # feature 1 none, and the largest / smallest values sit after the NaN

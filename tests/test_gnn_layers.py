@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -169,7 +170,7 @@ def _pad_edges(a, kind, extra=3):
     return jnp.concatenate([a, jnp.full((extra, *a.shape[1:]), 7.0, a.dtype)])
 
 
-@settings(max_examples=8)
+@settings(max_examples=examples(8))
 @given(seed=st.integers(0, 10**6), improved=st.booleans(), mode=st.sampled_from(["loops", "plain", "raw"]),
        weighted=st.booleans(), kind=st.sampled_from(KINDS))  # fmt: skip
 def test_gcn_matches_oracle(seed, improved, mode, weighted, kind):
@@ -186,7 +187,7 @@ def test_gcn_matches_oracle(seed, improved, mode, weighted, kind):
         np.testing.assert_allclose(out[N - 1], conv.bias, **TOL)
 
 
-@settings(max_examples=8)
+@settings(max_examples=examples(8))
 @given(seed=st.integers(0, 10**6), heads=st.sampled_from([1, 3]), concat=st.booleans(), loops=st.booleans(),
        share=st.booleans(), edge_dim=st.sampled_from([None, 2]), kind=st.sampled_from(KINDS))  # fmt: skip
 def test_gatv2_matches_oracle(seed, heads, concat, loops, share, edge_dim, kind):
@@ -202,7 +203,7 @@ def test_gatv2_matches_oracle(seed, heads, concat, loops, share, edge_dim, kind)
         np.testing.assert_allclose(out[N - 1], conv.bias, **TOL)
 
 
-@settings(max_examples=8)
+@settings(max_examples=examples(8))
 @given(seed=st.integers(0, 10**6), heads=st.sampled_from([1, 2]), concat=st.booleans(), beta=st.booleans(),
        root=st.booleans(), edge_dim=st.sampled_from([None, 1]), kind=st.sampled_from(KINDS))  # fmt: skip
 def test_transformer_matches_oracle(seed, heads, concat, beta, root, edge_dim, kind):
@@ -466,6 +467,7 @@ def test_bad_input_messages():
 
 
 # ------------------------------------------------------------------------------------ the training example
+@pytest.mark.slow  # the training script end to end; the layers' quick tests are above
 def test_train_example_learns(tmp_path):
     """benchmarks/train_gnn.py at a tiny size: every model and mode ends well above chance (0.25)."""
     import json

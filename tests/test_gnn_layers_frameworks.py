@@ -17,6 +17,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -89,7 +90,7 @@ def _plain_value_and_grads(plain, x, ei, kw, num_edges, key=None):
 
 # ------------------------------------------------------------------------------------ equal to the plain layers
 @pytest.mark.parametrize("name", list(CONFIGS))
-@settings(max_examples=3, deadline=None)
+@settings(max_examples=examples(3), deadline=None)
 @given(seed=st.integers(0, 2**16), e=st.integers(0, E_CAP), dropout_key=st.booleans())
 def test_flax_module_equals_the_plain_layer(name, seed, e, dropout_key):
     plain, extra = _plain(name, seed)
@@ -112,7 +113,7 @@ def test_flax_module_equals_the_plain_layer(name, seed, e, dropout_key):
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-@settings(max_examples=3, deadline=None)
+@settings(max_examples=examples(3), deadline=None)
 @given(seed=st.integers(0, 2**16), e=st.integers(0, E_CAP), dropout_key=st.booleans())
 def test_equinox_module_equals_the_plain_layer(name, seed, e, dropout_key):
     plain, extra = _plain(name, seed)

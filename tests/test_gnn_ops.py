@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import jax.test_util
 import numpy as np
 import pytest
+from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +21,7 @@ def _x(g, *shape, seed=0, dtype=jnp.float32):
 
 @given(graphs(), st.sampled_from([("sum", None), ("sum", "left"), ("sum", "right"), ("sum", "both"), ("mean", None)]),
        st.booleans())  # fmt: skip
-@settings(max_examples=8)
+@settings(max_examples=examples(8))
 def test_spmm_matches_oracle(g, reduce_norm, weighted):
     reduce, norm = reduce_norm
     x = _x(g, 5)
@@ -43,7 +44,7 @@ def test_spmm_gradients():
 
 
 @given(graphs(), st.sampled_from(["max", "min"]))
-@settings(max_examples=6)
+@settings(max_examples=examples(6))
 def test_aggregate_matches_oracle_and_routes_gradient(g, reduce):
     # few distinct values: many ties, which must go to the first in-edge
     x = jnp.asarray(np.random.default_rng(0).integers(-2, 3, (g.num_nodes, 3)), jnp.float32)
@@ -55,7 +56,7 @@ def test_aggregate_matches_oracle_and_routes_gradient(g, reduce):
 
 
 @given(graphs(max_nodes=12), st.integers(1, 3), st.integers(1, 5))
-@settings(max_examples=5)
+@settings(max_examples=examples(5))
 def test_attention_matches_oracle(g, heads, dim):
     xs, xd, att = (
         _x(g, heads, dim),

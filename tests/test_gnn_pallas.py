@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples
 from hypothesis import given, settings
 
 import blocksparse as bs
@@ -67,8 +68,9 @@ def interp():
         yield
 
 
+@pytest.mark.slow  # hubs of 129 to 200 in-edges, interpreted; quick: the heavy-chunk tests below
 @given(graphs(max_nodes=10, hub_in_degree=(129, 200), heavy_quantile=0.5))
-@settings(max_examples=2)
+@settings(max_examples=examples(2, quick=1))
 def test_interpret_matches_reference_on_awkward_graphs(g):
     with gnn.interpret():
         _compare(g, feat=5, heads=2, dim=3, key=jax.random.key(g.num_edges))

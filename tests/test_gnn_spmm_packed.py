@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -43,7 +44,7 @@ def _check(g, x, nodes, w=None, init=None, tol=1e-5):
 
 
 @given(graphs(max_nodes=40, max_edges=200), st.sampled_from(PACKED), st.booleans(), st.booleans())
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=examples(4), deadline=None)
 def test_packed_matches_reference_on_random_graphs(g, nodes, weighted, with_init):
     # isolated nodes, self-loops, multi-edges and hubs split into chunks (extra units, packed alike)
     with gnn.interpret():

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -62,7 +63,7 @@ def _check_both_orders(M, key, dtype, activation, with_bias, impl, n=24, config=
 ACTS = st.sampled_from([None, *ACTIVATIONS])
 
 
-@settings(max_examples=12)
+@settings(max_examples=examples(12))
 @given(
     bst.block_sparse_matrices(block_size=st.sampled_from([(16, 16), (16, 32), (32, 16)]), max_blocks=4),
     ACTS,
@@ -77,7 +78,7 @@ def test_static_matches_oracle(W, activation, with_bias, impl, max_len):
         _check_both_orders(W, jax.random.key(0), jnp.float32, activation, with_bias, impl, config=config)
 
 
-@settings(max_examples=10)
+@settings(max_examples=examples(10))
 @given(
     bst.dynamic_block_sparse_matrices(block_size=st.sampled_from([(16, 16), (32, 16)]), max_blocks=4, max_capacity=8),
     ACTS,

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -58,7 +59,7 @@ def test_sdd_matches_oracle(like, n, data):
     assert_close(out.to_dense(), exact, np.abs(_np(a)) @ np.abs(_np(b)), like.dtype)
 
 
-@settings(max_examples=8)  # each example compiles a new pattern's forward and backward
+@settings(max_examples=examples(8))  # each example compiles a new pattern's forward and backward
 @given(bst.dynamic_block_sparse_matrices(dtype=bst.dtypes()), st.integers(1, 4), st.data())
 def test_dynamic_both_orders_match_oracle(D, n, data):
     m, k = D.shape
@@ -95,7 +96,7 @@ def _loss(y):
     return jnp.sum(jnp.sin(y))
 
 
-@settings(max_examples=8)  # each example compiles a new pattern's forward and backward
+@settings(max_examples=examples(8))  # each example compiles a new pattern's forward and backward
 @given(bst.block_sparse_matrices(dtype=st.sampled_from([jnp.float32, jnp.bfloat16])), st.integers(1, 4), st.data())
 def test_grads_match_dense(W, n, data):
     """d/dx and d/d(data) of both operand orders equal the dense gradient restricted to the pattern."""
@@ -121,7 +122,7 @@ def test_grads_match_dense(W, n, data):
     assert_close(h_data, full, scale, W.dtype, "ddata (dense @ sparse)")
 
 
-@settings(max_examples=8)  # each example compiles a new pattern's forward and backward
+@settings(max_examples=examples(8))  # each example compiles a new pattern's forward and backward
 @given(bst.block_sparse_matrices(), st.integers(1, 4), st.data())
 def test_sdd_grads_match_dense(like, n, data):
     m, k = like.shape
@@ -135,7 +136,7 @@ def test_sdd_grads_match_dense(like, n, data):
     assert_close(gb, eb, scale, jnp.float32, "db")
 
 
-@settings(max_examples=8)  # each example compiles a new pattern's forward and backward
+@settings(max_examples=examples(8))  # each example compiles a new pattern's forward and backward
 @given(bst.dynamic_block_sparse_matrices(), st.integers(1, 3), st.data())
 def test_dynamic_grads_match_dense(D, n, data):
     m, k = D.shape

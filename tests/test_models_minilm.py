@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -183,7 +184,7 @@ def test_tokenizer_padding_and_truncation(tiny):
 
 
 # -- the encoder --------------------------------------------------------------------------------------
-@settings(max_examples=4)
+@settings(max_examples=examples(4))
 @given(st.integers(1, 6), st.data())
 def test_padding_does_not_change_the_embedding(extra, data):
     model = minilm.load(TINY)
@@ -350,6 +351,7 @@ def test_magnitude_global_normalises_by_block_size():
 
 
 # -- recovery and quality -----------------------------------------------------------------------------
+@pytest.mark.slow  # 20 training steps; docs/models.md runs study.distill quickly (3 steps)
 def test_distillation_lowers_the_loss(tiny):
     model, tok = tiny
     train = tok(corpus.sentences("train", 64), padding="max_length")

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_pallas_mosaic import HALF, _hopper
@@ -107,7 +108,7 @@ def _oracle_dds(W, x, bias=None, activation=None):
     return y, np.abs(_np(x)) @ np.abs(to_dense64(W)) + (0 if bias is None else np.abs(_np(bias))[None, :])
 
 
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=examples(4), deadline=None)
 @given(
     bst.block_sparse_matrices(
         dtype=st.sampled_from(HALF), block_size=st.sampled_from([(16, 16), (32, 32)]), max_blocks=5, kinds=KINDS
@@ -186,6 +187,25 @@ def test_bands_long_band_interpret(getkey):
     assert_close(y, want, scale, jnp.float16, "x @ W (long band)")
 
 
+def test_backend_routes_small_blocks_when_traced(getkey):
+    """The routing of the slow test below, traced only (jax.eval_shape; the dispatch log is written while tracing):
+    blocks of 16 and 32 on ``implementation="mosaic"``, plain, fused and both orders, and the gradients through
+    ``("mosaic", "xla")``. The kernels' numbers: the interpreter tests above."""
+    x, xt, c = jnp.zeros((96, 24), jnp.bfloat16), jnp.zeros((24, 64), jnp.bfloat16), jnp.zeros((24,), jnp.bfloat16)
+    for b in (16, 32):
+        W = bs.random(getkey(), (64, 96), b, 0.4, jnp.bfloat16)
+        with bs.interpret(), bs.dispatch_log() as log:
+            jax.eval_shape(lambda W, x: bs.matmul(W, x, implementation="mosaic"), W, x)
+            jax.eval_shape(lambda W, x: bs.matmul(W, x, bias=c, activation="relu", implementation="mosaic"), W, x)
+            jax.eval_shape(lambda xt, W: bs.matmul(xt, W, implementation="mosaic"), xt, W)
+        assert log == [("dsd", "mosaic"), ("dsd+epilogue", "mosaic"), ("dds", "mosaic")], b
+        loss = lambda d, x, W=W: bs.matmul(W.with_data(d), x, implementation=("mosaic", "xla")).sum()  # noqa: E731
+        with bs.interpret(), bs.dispatch_log() as log:
+            jax.eval_shape(jax.grad(loss, (0, 1)), W.data, x)
+        assert log == [("dsd", "mosaic"), ("dsd", "mosaic"), ("sdd", "xla")], b  # dx = W^T @ g: a dsd
+
+
+@pytest.mark.slow  # six kernels interpreted through bs.matmul; the routing alone: the traced test above
 def test_backend_routes_small_blocks_to_the_banded_kernel(getkey):
     """``implementation="mosaic"`` takes blocks of 16 and 32 (plain and fused, both orders, the bias along either
     axis); gradients through ``("mosaic", "xla")`` match XLA's (the weight gradient of these blocks is not on

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_pallas_mosaic import HALF, _hopper
@@ -58,7 +59,7 @@ def _linear_loss(D, shape, key):
     return loss
 
 
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=examples(4), deadline=None)
 @given(
     bst.dynamic_block_sparse_matrices(
         block_size=st.sampled_from([(64, 64), (64, 128), (128, 64)]), dtype=jnp.bfloat16, max_blocks=3, max_capacity=8

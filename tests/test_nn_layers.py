@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples, sweep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -60,7 +61,7 @@ def make_layer(kind, seed, n_in, n_out, block, density, *, use_bias, dtype, acti
     return bs.nn.Linear(jnp.asarray(w), b, activation=activation), w
 
 
-@settings(max_examples=10)
+@settings(max_examples=examples(10))
 @given(
     kind=st.sampled_from(["sparse", "dense"]),
     block=st.sampled_from([(1, 1), (2, 4), (4, 4), (8, 2)]),
@@ -82,8 +83,10 @@ def test_layers_match_the_dense_oracle(kind, block, grid, density, activation, d
     assert_close(y, oracle(x, w, layer.bias, activation), dtype)
 
 
-@pytest.mark.parametrize(
-    "kind,activation", [("sparse", a) for a in ACTS] + [("dense", None), ("dense", "gelu"), ("dense", "sigmoid")]
+@sweep(
+    "kind,activation",
+    [("sparse", a) for a in ACTS] + [("dense", None), ("dense", "gelu"), ("dense", "sigmoid")],
+    quick=[("sparse", None), ("sparse", "relu"), ("sparse", "tanh"), ("dense", "gelu")],
 )
 def test_gradients_match_dense_gradients_on_the_pattern(kind, activation, getkey):
     layer, w = make_layer(kind, 0, 32, 24, (8, 4), 0.5, use_bias=True, dtype=jnp.float32,

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples, sweep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -59,7 +60,7 @@ def _check(D, n, key, dtype, config=None):
     assert_close(s_p.data, _np(s_x.data), bound, tol, "sdd")
 
 
-@settings(max_examples=8)
+@settings(max_examples=examples(8))
 @given(
     bst.dynamic_block_sparse_matrices(block_size=st.sampled_from([(16, 16), (16, 32), (32, 16)]), max_blocks=4),
     st.sampled_from([1, 8, 20]),
@@ -72,8 +73,11 @@ def test_dynamic_pallas_interpret(D, n, max_len, mode, seed):
         _check(D, n, jax.random.key(seed), jnp.float32, TritonConfig(max_len=max_len, dynamic=mode))
 
 
-@pytest.mark.parametrize("mode", ["scan", "worklist"])
-@pytest.mark.parametrize("kind", ["one_row", "one_col", "empty", "all_padding"])
+@sweep(
+    "kind,mode",
+    [(k, m) for m in ["scan", "worklist"] for k in ["one_row", "one_col", "empty", "all_padding"]],
+    quick=[("one_row", "scan"), ("one_col", "worklist"), ("empty", "scan"), ("all_padding", "worklist")],
+)
 def test_dynamic_pallas_adversarial_interpret(mode, kind, getkey):
     gm = gk = 4
     cap = 12
@@ -95,6 +99,7 @@ def test_dynamic_pallas_adversarial_interpret(mode, kind, getkey):
         _check(D, 16, getkey(), jnp.float32, TritonConfig(dynamic=mode))
 
 
+@pytest.mark.slow  # a row split over several units: quick in the adversarial one_row case and the sweep above
 def test_dynamic_pallas_one_long_row_interpret(getkey):
     # 40 blocks in one row of a 4-row grid: split over several units, combined afterwards.
     rows = jnp.zeros(40, jnp.int32).at[-2:].set(jnp.array([2, 3]))

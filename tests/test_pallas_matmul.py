@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples, sweep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -172,7 +173,7 @@ def _check_all_ops(p, dtype, key, n, cfg=None, table=RTOL):
     _close(pt.sdd(a, b, p, dtype, config=cfg), REF.sdd(s, a.astype(f32), b.astype(f32)), dtype, table, f"sdd {p}")
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=examples(10), deadline=None)
 @given(
     kind=st.sampled_from(["random", "single", "full_row", "empty"]),
     block=st.sampled_from([(16, 16), (32, 16), (16, 64)]),
@@ -219,7 +220,7 @@ def test_sdd_splits_by_default_only_for_few_blocks_per_sm():
         pt.TritonConfig(sdd_splits=0)
 
 
-@settings(max_examples=8)
+@settings(max_examples=examples(8))
 @given(
     gm=st.integers(1, 4),
     gk=st.integers(1, 4),
@@ -241,7 +242,7 @@ def test_kernels_match_reference_interpret(gm, gk, bh, bw, n, density, skew, max
         _check_all_ops(p, dtype, jax.random.key(seed), n, cfg)
 
 
-@pytest.mark.parametrize("kind", ["empty", "single", "full_row", "empty_rows", "full_col"])
+@sweep("kind", ["empty", "single", "full_row", "empty_rows", "full_col"], quick=["empty", "full_row", "full_col"])
 def test_adversarial_patterns_interpret(interpret, kind, getkey):
     p = _pattern(kind, 3, (64, 128), (16, 16))
     _check_all_ops(p, jnp.float32, getkey(), 24, pt.TritonConfig(max_len=2))
@@ -250,7 +251,7 @@ def test_adversarial_patterns_interpret(interpret, kind, getkey):
 def test_tiles_and_padding_interpret(interpret, getkey):
     # n not a multiple of the tile, several column tiles, several batch tiles in dds.
     p = _pattern("power_law", 1, (64, 64), (16, 16), 0.6)
-    _check_all_ops(p, jnp.float32, getkey(), 70, pt.TritonConfig(tn=32, tb=32, tk=16, max_len=2))
+    _check_all_ops(p, jnp.float32, getkey(), 40, pt.TritonConfig(tn=32, tb=32, tk=16, max_len=2))
 
 
 # --------------------------------------------------------------------------------------------
@@ -342,7 +343,7 @@ def test_dispatch_log_and_interpret_are_local_to_the_thread(getkey):
     assert seen["log"] == [("dsd", expected)]
 
 
-@pytest.mark.parametrize("block", [(8, 8), (4, 16), (1, 1), (16, 48)])
+@sweep("block", [(8, 8), (4, 16), (1, 1), (16, 48)], quick=[(8, 8), (16, 48)])
 def test_unsupported_blocks_fall_back(interpret, block, getkey):
     W = bs.random(getkey(), (96, 96), block, 0.5)
     x = jax.random.normal(getkey(), (96, 4))

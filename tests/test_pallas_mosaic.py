@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples, sweep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -54,7 +55,7 @@ def _problem(kind, block, dtype, shape=(256, 256), n=200, seed=0):
 
 
 # ----------------------------------------------------------------------------- host preparation
-@settings(max_examples=15)
+@settings(max_examples=examples(15))
 @given(
     block=st.sampled_from(BLOCKS),
     grid=st.tuples(st.integers(1, 5), st.integers(1, 5)),
@@ -492,6 +493,26 @@ def test_default_order_rule_on_fake_devices(device):
         assert order.of_product("dsd", W.pattern, W.dtype, [[1.0]]) == ("pallas", "xla")  # not an array
 
 
+def test_default_dispatch_on_a_claimed_hopper_when_traced():
+    """The decisions of the slow test below, traced only (jax.eval_shape; the dispatch log is written while
+    tracing): the rule's Mosaic for the forward and dx, Triton for the sdd, Triton at density 1/16, and an explicit
+    implementation over the rule. The kernels' numbers: the interpreter tests above."""
+    with hardware.fake(hardware.H200):
+        W = _matrix((64, 64), 16, grid=(8, 8))
+        assert backend.dsd_plan(W.pattern, 128).persistent is not None
+        x = jnp.zeros((2, 512, 64), jnp.bfloat16)  # batch folded in: n = 2 x 64 = 128
+        with bs.interpret(), bs.dispatch_log() as log:
+            jax.eval_shape(lambda W, x: bs.matmul(W, x), W, x)
+            jax.eval_shape(jax.grad(lambda x: bs.matmul(W, x).astype(jnp.float32).sum()), x)
+        assert log == [("dsd", "mosaic")] * 3 + [("sdd", "pallas")]
+        V = _matrix((64, 64), 1, grid=(4, 4))
+        with bs.interpret(), bs.dispatch_log() as log:
+            jax.eval_shape(lambda V, x: bs.matmul(V, x), V, x[:, :256])
+            jax.eval_shape(lambda V, x: bs.matmul(V, x, implementation="mosaic"), V, x[:, :256])
+        assert log == [("dsd", "pallas"), ("dsd", "mosaic")]
+
+
+@pytest.mark.slow  # interprets the persistent kernel through bs.matmul; the decisions alone: the traced test above
 def test_default_dispatch_on_a_claimed_hopper_runs_the_rule_in_the_interpreter():
     """With the device taken for a Hopper GPU, bs.matmul(W, x) runs the kernel the rule picks (interpreted):
     b = 64 at density 1/4 and n = 128 (the n = 256 row, 1.33; the persistent kernel) on Mosaic, forward and
@@ -529,7 +550,7 @@ def test_default_dispatch_off_hopper_is_unchanged():
 
 
 # ----------------------------------------------------------------------------- real Hopper GPU
-@pytest.mark.parametrize("kind,order,block,n,cfg", [
+@sweep("kind,order,block,n,cfg", quick=2, argvalues=[
     ("full_row", "tiles", (64, 64), 200, dict(tn=64, stages=2, max_len=2)),
     ("random", "units", (64, 128), 130, dict(tn=64, stages=3)),
     ("single", "tiles", (128, 64), 64, dict(tn=64)),

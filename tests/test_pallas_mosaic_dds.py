@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_pallas_mosaic import HALF, _epilogue_oracle, _hopper  # the dsd tests' helpers
@@ -398,7 +399,7 @@ def test_interpreter_fused_epilogue_matches_oracle(kind, block, dtype, out_dtype
     assert_close(y, *_epilogue_oracle(want, scale, bias, axis, activation), out_dtype or dtype)
 
 
-@settings(max_examples=5, deadline=None)
+@settings(max_examples=examples(5), deadline=None)
 @given(
     b=st.sampled_from([64, 128]),
     dtype=st.sampled_from(HALF),

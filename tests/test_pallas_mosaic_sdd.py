@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_pallas_mosaic import HALF, _hopper  # the dsd tests' helpers
@@ -99,6 +100,7 @@ def test_prefers_needs_a_hopper_gpu_half_operands_many_tokens_and_splits():
         assert order.default("sdd", big, 4096, bf, bf) == ("pallas", "xla")
 
 
+@pytest.mark.slow  # interprets the kernels at 4096 tokens; the decisions alone: the traced sibling below
 def test_weight_gradient_takes_its_own_default_order():
     """implementation=None on a claimed Hopper GPU (interpreted): x @ W with 4096 tokens and W 256 x 256 of four
     64 x 64 blocks (d = 1/4) runs on Mosaic (the dds rule: 1.09x), while its weight gradient takes the sdd rule,
@@ -117,6 +119,7 @@ def test_weight_gradient_takes_its_own_default_order():
     assert log == [("dds", "pallas")] * 2 + [("sdd", "pallas")]
 
 
+@pytest.mark.slow  # as above
 def test_sdd_backward_products_take_their_own_default_order():
     """bs.sdd(implementation=None) claimed by the sdd rule (interpreted, a claimed Hopper GPU; blocks of 128, two
     blocks over 4096 tokens: 8 splits) runs on Mosaic, and the products of its backward run on what their own
@@ -130,6 +133,29 @@ def test_sdd_backward_products_take_their_own_default_order():
         dds_first = order.default("dds", W.pattern, 4096, jnp.bfloat16, jnp.bfloat16)[0]
     with hardware.fake(hardware.H200), bs.interpret(), bs.dispatch_log() as log:
         jax.grad(lambda a, b: bs.sdd(a, b, W).data.astype(jnp.float32).sum(), (0, 1))(x.T, x)
+    assert log == [("sdd", "mosaic"), ("dsd", dsd_first), ("dds", dds_first)]
+
+
+def test_backward_default_orders_when_traced():
+    """The two slow tests above, traced only (jax.eval_shape: the dispatch log is written while tracing): x @ W's
+    weight gradient takes the sdd rule, and bs.sdd's backward products take their own rules."""
+    W = bs.BlockSparseMatrix(bs.BlockPattern.from_mask(np.eye(4, dtype=bool), (64, 64)),
+                             jnp.zeros((4, 64, 64), jnp.bfloat16))  # fmt: skip
+    x = jnp.zeros((4096, 256), jnp.bfloat16)
+    for impl, want in [(None, [("dds", "mosaic")] * 2 + [("sdd", "pallas")]), ("pallas", [("dds", "pallas")] * 2
+                       + [("sdd", "pallas")])]:  # fmt: skip
+        with hardware.fake(hardware.H200), bs.interpret(), bs.dispatch_log() as log:
+            jax.eval_shape(jax.grad(lambda W, i=impl: bs.matmul(x, W, implementation=i).astype(jnp.float32).sum()), W)
+        assert log == want, impl
+    mask = np.zeros((4, 4), bool)
+    mask[0, 0] = mask[3, 3] = True
+    W = bs.BlockSparseMatrix(bs.BlockPattern.from_mask(mask, (128, 128)), jnp.zeros((2, 128, 128), jnp.bfloat16))
+    x = jnp.zeros((4096, 512), jnp.bfloat16)
+    with hardware.fake(hardware.H200):
+        dsd_first = order.default("dsd", W.pattern, 4096, jnp.bfloat16, jnp.bfloat16)[0]
+        dds_first = order.default("dds", W.pattern, 4096, jnp.bfloat16, jnp.bfloat16)[0]
+        with bs.interpret(), bs.dispatch_log() as log:
+            jax.eval_shape(jax.grad(lambda a, b: bs.sdd(a, b, W).data.astype(jnp.float32).sum(), (0, 1)), x.T, x)
     assert log == [("sdd", "mosaic"), ("dsd", dsd_first), ("dds", dds_first)]
 
 
@@ -207,7 +233,7 @@ def test_lowering_checks_the_shared_memory_budget_the_plan_uses():
 
 
 # ----------------------------------------------------------------------------- GPU interpreter
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=examples(10), deadline=None)
 @given(
     block=st.sampled_from(BLOCKS),
     dtype=st.sampled_from(HALF),
@@ -247,10 +273,10 @@ def test_interpreter_finds_no_races():
 def test_backend_serves_sdd_and_the_weight_gradients():
     """bs.sdd(implementation="mosaic") and the weight gradient of W @ x and x @ W on the Mosaic kernels
     (interpreted), against XLA."""
-    W = bs.random(jax.random.key(0), (256, 128), 64, 0.5, jnp.bfloat16)
+    W = bs.random(jax.random.key(0), (128, 128), 64, 0.5, jnp.bfloat16)
     x = jax.random.normal(jax.random.key(1), (128, 72), jnp.bfloat16)
-    xt = jax.random.normal(jax.random.key(2), (40, 256), jnp.bfloat16)
-    g = jax.random.normal(jax.random.key(3), (256, 72), jnp.bfloat16)
+    xt = jax.random.normal(jax.random.key(2), (40, 128), jnp.bfloat16)
+    g = jax.random.normal(jax.random.key(3), (128, 72), jnp.bfloat16)
     impl = ("mosaic", "xla")
     with bs.interpret(), bs.dispatch_log() as log:
         s = bs.sdd(g, x.T, W, implementation="mosaic")

@@ -5,6 +5,7 @@ import json
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import sweep
 
 import blocksparse as bs
 from blocksparse.ipu import NoValidPlanError, Plan
@@ -328,9 +329,10 @@ def test_larger_blocks_n_and_matrices_raise_throughput():
     assert _speedup(4096, 32, 1 / 16, 1024).tflops >= by_block[-1]  # decomposed into 16 x 16
 
 
-@pytest.mark.parametrize(
+@sweep(
     "shape, b, d, n, amp",
-    [
+    quick=2,
+    argvalues=[
         ((2048, 2048), 1, 1 / 16, 512, 0.6),  # fits in one pass
         ((2048, 2048), 1, 1 / 8, 4096, 0.3),  # 4 serial passes: levels 1 and 2 fail
         ((2048, 2048), 1, 1 / 8, 4096, 0.1),  # 16 serial passes

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples, sweep
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.experimental import checkify
@@ -18,7 +19,7 @@ from blocksparse.ipu.cost import DYNAMIC_PHASES
 from blocksparse.ipu.machines import IPUMachine
 from blocksparse.testing.oracles import to_dense64
 
-SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=examples(25, quick=4), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _tiny(tiles):
@@ -360,7 +361,7 @@ def test_jit_pattern_changes_without_recompiling_and_checkify():
 # --------------------------------------------------------------------------------------------------
 # Invalid coordinates: NaN, exactly as D @ x, never a block read from somewhere else
 # --------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("row, col", [(0, 5), (-1, 0), (0, -1), (9, 0)], ids=["col5", "row-1", "col-1", "row9"])
+@sweep("row, col", [(0, 5), (-1, 0), (0, -1), (9, 0)], quick=1, ids=["col5", "row-1", "col-1", "row9"])
 def test_simulate_dynamic_poisons_out_of_grid_coordinates(row, col):
     # A 4 x 4 grid of 4 x 4 blocks. Before, col 5 read the block column 3, row -1 became row 3, col -1
     # became col 0 and row 9 was dropped: finite wrong values where D @ x is NaN.
@@ -402,7 +403,7 @@ def invalid_cases(draw):
     return p, rows, cols, nnz, data, x
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(invalid_cases(), st.booleans())
 def test_simulate_dynamic_invalid_input_is_an_error_or_nan(case, jit):
     p, rows, cols, nnz, data, x = case

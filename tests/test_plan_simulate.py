@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -42,6 +43,7 @@ def problems(draw):
     return b, gm, gk, n, kind, seed, machine, n_split, num_bands
 
 
+@settings(max_examples=examples(20))
 @given(problems())
 def test_simulate_matches_reference(prob):
     b, gm, gk, n, kind, seed, machine, n_split, num_bands = prob
@@ -110,7 +112,7 @@ def mismatched(draw):
     return b, (gm, gk), (gm2, gk2), n, n2, seed, same_pattern, x_dtype
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mismatched())
 def test_simulate_invalid_input_is_an_error_never_a_wrong_value(case):
     b, (gm, gk), (gm2, gk2), n, n2, seed, same_pattern, x_dtype = case

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples, sweep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -60,8 +61,12 @@ def test_floating_preferred_element_type_is_kept():
 BAD = [([0, 5], [1, 1]), ([0, 1], [4, 0]), ([-1, 0], [0, 0]), ([0, 0], [-1, 2]), ([9, 0], [0, 1])]
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("rows_cols", BAD, ids=str)
+@sweep(
+    "rows_cols,impl",
+    [(rc, impl) for impl in IMPLS for rc in BAD],
+    quick=[(BAD[1], "xla"), (BAD[2], "xla"), (BAD[0], "pallas"), (BAD[3], "pallas")],
+    ids=str,
+)
 def test_invalid_coordinates_poison_output_and_gradients(impl, rows_cols):
     D = _dynamic(*rows_cols)
     assert not bool(D.is_valid())
@@ -97,7 +102,7 @@ def test_valid_coordinates_keep_finite_gradients():
     assert np.isfinite(np.asarray(gd)).all() and np.isfinite(np.asarray(gx)).all()
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=examples(12), deadline=None)
 @given(
     bst.dynamic_block_sparse_matrices(block_size=st.sampled_from([(16, 16), (16, 32)]), max_blocks=3, max_capacity=6),
     st.integers(0, 3),

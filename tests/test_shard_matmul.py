@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import sweep
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -40,8 +41,12 @@ def _loss(f):
 
 
 @needs_4
-@pytest.mark.parametrize("kind", ["random", "one_row", "one_col", "first_rows", "empty"])
-@pytest.mark.parametrize("split,collective", SPLITS)
+@sweep(
+    "split,collective,kind",
+    [(s, c, k) for s, c in SPLITS for k in ["random", "one_row", "one_col", "first_rows", "empty"]],
+    quick=[("cols", "psum", "random"), ("rows", None, "one_row"), (None, None, "one_col"),
+           ("cols", "psum_scatter", "first_rows")],
+)  # fmt: skip
 def test_products_and_gradients_match_one_device(getkey, kind, split, collective):
     mesh = _mesh()
     W = _matrix(getkey(), kind)

@@ -1,0 +1,68 @@
+"""Helpers shared by the test modules.
+
+Quick and slow runs. ``make test`` (CI: 2 CPU cores, a 10-minute budget) runs every kernel in interpret mode on a
+few representative shapes and small hypothesis sweeps; ``make test-slow`` runs the ``slow``-marked cases and every
+hypothesis test at its full sweep. One switch tells them apart, the hypothesis profile (``HYPOTHESIS_PROFILE``):
+``ci`` (the default) for quick runs, ``slow`` for ``make test-slow``. Tests ask this module, never the variable:
+
+- :func:`examples` is a hypothesis test's example count: ``@settings(max_examples=examples(25))``.
+- :func:`sweep` is ``pytest.mark.parametrize`` whose cases beyond the quick ones are marked ``slow``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Iterable, Sequence
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+QUICK = PROFILE == "ci"
+# A quick run takes this fraction of a sweep (each example of the interpreter tests compiles new shapes).
+QUICK_FRACTION = 4
+MIN_EXAMPLES = 2
+
+_HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large]
+# Tests without their own count: 10 examples in quick runs, 20 (the count of the suite before the split) in slow ones.
+settings.register_profile("ci", max_examples=10, deadline=None, suppress_health_check=_HEALTH)
+settings.register_profile("slow", max_examples=20, deadline=None, suppress_health_check=_HEALTH)
+
+
+def load_profile() -> None:
+    """Load the run's hypothesis profile (conftest.py, before any test module is imported)."""
+    settings.load_profile(PROFILE)
+
+
+def examples(full: int, quick: int | None = None) -> int:
+    """A hypothesis test's example count: ``full`` under ``make test-slow``; ``quick`` (default: a quarter of
+    ``full``, at least 2 and at most ``full``) under ``make test``: ``examples(25)`` is 6 there."""
+    if not QUICK:
+        return full
+    return min(full, max(MIN_EXAMPLES, full // QUICK_FRACTION) if quick is None else quick)
+
+
+def sweep(argnames: str | Sequence[str], argvalues: Iterable, quick: int | Collection = 1, ids=None):
+    """``pytest.mark.parametrize(argnames, argvalues, ids=ids)`` whose cases outside ``quick`` are marked ``slow``.
+
+    ``quick`` is a number (the first cases) or a collection of the values (``argvalues``' items, or a
+    ``pytest.param``'s values) that ``make test`` runs. The ids are parametrize's own, so a case keeps its name
+    in both runs."""
+    names = [n.strip() for n in argnames.split(",")] if isinstance(argnames, str) else list(argnames)
+    cases = []
+    for i, value in enumerate(argvalues):
+        if isinstance(value, type(pytest.param(None))):
+            values, marks, id_ = value.values, list(value.marks), value.id
+        else:
+            values, marks, id_ = (tuple(value) if len(names) > 1 else (value,)), [], None
+        key = values if len(names) > 1 else values[0]
+        fast = i < quick if isinstance(quick, int) else any(_same(key, q) for q in quick)
+        cases.append(pytest.param(*values, marks=marks if fast else [*marks, pytest.mark.slow], id=id_))
+    return pytest.mark.parametrize(names, cases, ids=ids)
+
+
+def _same(a, b) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # arrays and other values without a plain equality: identity only
+        return a is b
