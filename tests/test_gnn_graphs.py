@@ -52,7 +52,7 @@ def test_exported_from_bs_gnn():
 
 
 @given(name=st.sampled_from(sorted(PAPER_GRAPH_SPECS)), scale=st.floats(2e-3, 2e-2), seed=st.integers(0, 2**31))
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=examples(12), deadline=None)
 def test_scaled_sizes_exact_simple_and_symmetric(name, scale, seed):
     spec = PAPER_GRAPH_SPECS[name]
     src, dst, n = paper_graph_edges(name, scale=scale, seed=seed)
@@ -144,6 +144,7 @@ def test_chunked_reference_matches_segment_ops(g, chunk, heads):
         np.testing.assert_allclose(got[k], w, rtol=1e-4, atol=1e-5, err_msg=k)
 
 
+@pytest.mark.slow  # every op, order and implementation; quick: test_bench_skips_rcm_above_the_limit runs the script
 def test_bench_small_runs_and_checks(tmp_path):
     """``--small`` on a skewed graph (heavy nodes, nodes without in-edges): every op, implementation and order."""
     out = tmp_path / "graphs.json"
