@@ -39,15 +39,15 @@ demo: $(STAMP)
 	$(BIN)/python -m blocksparse bench
 
 # CPU suite (Pallas kernels in interpret mode on a few shapes, small hypothesis sweeps, docs blocks, docstring
-# examples); `slow` tests excluded. About 8 minutes on 2 cores: a dot per test, [done/total] at each line's end,
+# examples); `slow` tests excluded. About 10 minutes on 2 cores: a dot per test, [done/total] at each line's end,
 # the 15 slowest tests at the end.
 test: $(STAMP)
-	@echo "make test: the CPU suite on 2 workers (about 8 minutes on 2 cores); make test-slow for the larger sweeps"
+	@echo "make test: the CPU suite on 2 workers (about 10 minutes on 2 cores); make test-slow for the larger sweeps"
 	$(PYTEST) -q -n 2 -m "not slow" -o console_output_style=count --durations=15 tests
 
 # The `slow` tests and every hypothesis test at its full sweep (the `slow` profile of tests/helpers.py).
 test-slow: $(STAMP)
-	@echo "make test-slow: the slow tests and the full hypothesis sweeps on 2 workers (about 40 minutes on 2 cores)"
+	@echo "make test-slow: the slow tests and the full hypothesis sweeps on 2 workers (about 20 minutes on 2 cores)"
 	HYPOTHESIS_PROFILE=slow $(PYTEST) -q -n 2 -m "slow or hypothesis" -o console_output_style=count --durations=15 tests
 
 # On a GPU machine: the tests that need a CUDA GPU.

@@ -210,6 +210,7 @@ def test_extreme_variants_match_reference_exactly(graph, interp, dtype, nodes):
             _check_extreme(graph, x, i % 2 == 1, nodes, v, i < 2, refs)
 
 
+@pytest.mark.slow  # quick: test_spmm_pairs_two_feature_blocks_and_odd_features and the extreme tests above
 def test_extreme_pairs_wide_and_odd_features(graph, interp):
     for f, nodes in ((130, 1), (130, 4), (21, 2)):  # two feature blocks; an odd F (pairs fall back when packed)
         x, refs, is_max = _ties(graph.num_nodes, f, 8, jnp.bfloat16), {}, nodes != 4
@@ -242,7 +243,7 @@ def _arg_grad(g, arg, dout):
     return dx
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: jnp.dtype(d).name)
+@sweep("dtype", [jnp.bfloat16, jnp.float32], quick=[jnp.float32], ids=lambda d: jnp.dtype(d).name)
 def test_with_arg_sweep_rows_match_the_oracle(graph, interp, dtype):
     # the kernels of the gnn-variants suite's arg-max cells: values and the arg-max / arg-min positions (through
     # the gradient they route: ties to the first in-edge, NaN to the first NaN) against the NumPy oracle. Rows

@@ -56,7 +56,7 @@ def test_exported_from_bs_gnn():
 
 
 @given(name=st.sampled_from(sorted(PAPER_GRAPH_SPECS)), scale=st.floats(2e-3, 2e-2), seed=st.integers(0, 2**31))
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=examples(12), deadline=None)
 def test_scaled_sizes_exact_simple_and_symmetric(name, scale, seed):
     spec = PAPER_GRAPH_SPECS[name]
     src, dst, n = paper_graph_edges(name, scale=scale, seed=seed)
@@ -153,6 +153,7 @@ def _cells(doc, suite="gnn-graphs"):
     return [r for r in doc["results"] if r["suite"] == suite]
 
 
+@pytest.mark.slow  # every op, order and implementation; quick: test_bench_skips_rcm_above_the_limit runs the script
 def test_bench_small_runs_and_checks(tmp_path):
     """``--small`` on a skewed graph (heavy nodes, nodes without in-edges): every op and order, ours and the segment
     ops in each cell, checked; the peers' cells skipped without torch."""
