@@ -559,11 +559,13 @@ def save_llama(model: LlamaModel, path: str | os.PathLike) -> Path:
 
 
 # -- generation ---------------------------------------------------------------------------------------
-def left_pad(prompts, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """``(tokens (batch, longest) int32, pad (batch,) int32)``: the prompts right-aligned, ``pad`` slots each."""
-    if isinstance(prompts, np.ndarray | jax.Array) and np.ndim(prompts) == 2:
-        t = np.asarray(prompts)
-        return np.asarray(_check_tokens(t)), np.zeros(t.shape[0], np.int32)
+def left_pad(prompts, pad_id: int = 0) -> tuple[jax.Array | np.ndarray, np.ndarray]:
+    """``(tokens (batch, longest) int32, pad (batch,) int32)``: the prompts right-aligned, ``pad`` slots each.
+
+    A 2-D array is taken as prompts of one length (no padding); it may be traced (``generate`` under ``jit``).
+    """
+    if isinstance(prompts, np.ndarray | jax.Array) and np.ndim(prompts) == 2:  # may be traced: left as it is
+        return _check_tokens(prompts), np.zeros(prompts.shape[0], np.int32)
     seqs = [list(map(int, np.asarray(p).reshape(-1))) for p in prompts]
     if not seqs or not all(seqs):
         raise ValueError("Expected at least one prompt, each of at least one token.")
