@@ -162,7 +162,7 @@ class _Generation:
     @functools.cache  # noqa: B019
     def dense_loop_ms(self, batch: int, timer: Timer) -> float:
         """The dense model's generation time at ``batch``, measured once (its own cell and every ratio)."""
-        run = functools.partial(_run, new_tokens=self.new_tokens)
+        run = functools.partial(_last, new_tokens=self.new_tokens)
         return timer.loop(run, self.model, self.prompts(batch), iters=min(timer.iters, GENERATE_ITERS))
 
 
@@ -170,6 +170,11 @@ def _run(model, prompts, *, new_tokens):
     from ..models import generate
 
     return generate(model, prompts, new_tokens)
+
+
+def _last(model, prompts, *, new_tokens):
+    """What the timings run: the last new token, so that the timer's probe depends on every decoding step."""
+    return _run(model, prompts, new_tokens=new_tokens)[:, -1]
 
 
 def _prefill(model, prompts):
@@ -215,8 +220,9 @@ def _generate(ctx: _Generation, batch: int, b, d, timer: Timer) -> dict:
                                      what="pruned logits vs its weights held densely")  # fmt: skip
         out["tokens_equal"] = float(np.mean(np.asarray(tokens) == np.asarray(ref_tokens)))
         out["block_density"] = block_density(model)
-    out["loop_ms"] = ctx.dense_loop_ms(batch, timer) if b is None else timer.loop(run, model, prompts, iters=iters)
-    out["calls_ms"] = timer.calls(run, model, prompts, iters=iters)
+    timed = functools.partial(_last, new_tokens=ctx.new_tokens)
+    out["loop_ms"] = ctx.dense_loop_ms(batch, timer) if b is None else timer.loop(timed, model, prompts, iters=iters)
+    out["calls_ms"] = timer.calls(timed, model, prompts, iters=iters)
     out["prefill_ms"] = timer.loop(_prefill, model, prompts, iters=iters)
     out["tokens_per_s"] = batch * ctx.new_tokens / (out["loop_ms"] * 1e-3)
     out["decode_ms_per_token"] = (out["loop_ms"] - out["prefill_ms"]) / max(ctx.new_tokens - 1, 1)
