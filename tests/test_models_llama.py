@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -233,15 +234,15 @@ def test_greedy_generation_is_the_argmax_of_recomputed_logits(ckpt):
     seq = np.concatenate([IDS, out], 1)
     want = np.argmax(np_forward(ckpt["tensors"], HF, seq)[:, IDS.shape[1] - 1 : -1], -1)
     np.testing.assert_array_equal(out, want)
-    np.testing.assert_array_equal(generate(m, IDS, 6, cache_size=20), out)  # a larger cache changes nothing
 
 
 def test_prompts_of_different_lengths_are_left_padded_and_decode_as_alone(ckpt):
     m = ckpt["model"]
-    short, long = [5, 17, 3], list(IDS[1])
-    both = np.asarray(generate(m, [short, long], 4))
-    np.testing.assert_array_equal(both[0], generate(m, [short], 4)[0])
-    np.testing.assert_array_equal(both[1], generate(m, [long], 4)[0])
+    short = [5, 17, 3]
+    both = np.asarray(generate(m, [short, list(IDS[1])], 6))
+    np.testing.assert_array_equal(both[0], generate(m, [short], 6)[0])
+    greedy = np.asarray(generate(m, IDS, 6))  # the greedy test's program: IDS[1] unpadded
+    np.testing.assert_array_equal(both[1], greedy[1])
 
 
 def test_sampling_top_k_and_eos(ckpt):
@@ -285,10 +286,9 @@ def test_pruned_model_equals_the_dense_model_of_its_weights(ckpt):
     assert _llama.block_density(p) == pytest.approx(0.5)
     d = densified(p)
     np.testing.assert_allclose(p(IDS), d(IDS), rtol=1e-5, atol=1e-5)
-    assert rel(p(IDS), np_forward(d.state_dict(), HF, IDS)) < 1e-5
-    np.testing.assert_array_equal(generate(p, IDS, 4), generate(d, IDS, 4))
-    g = prune_decoder(m, 8, 0.25, scope="global", targets=("gate", "up", "down"))
-    assert isinstance(g.layers[1].down, bs.nn.SparseLinear) and isinstance(g.layers[1].q, bs.nn.Linear)
+    assert rel(p(IDS), np_forward(d.state_dict(), HF, IDS)) < 1e-5  # (pruned generation: the decode suite's cells)
+    g = prune_decoder(m, 8, 0.25, scope="global", targets=("gate", "up"))
+    assert isinstance(g.layers[1].up, bs.nn.SparseLinear) and isinstance(g.layers[1].down, bs.nn.Linear)
     assert _llama.block_density(g) == pytest.approx(0.25, abs=0.01)
 
 
@@ -345,19 +345,49 @@ def test_prompt_plus_new_tokens_longer_than_the_cache_is_refused_before_generati
         prune_decoder(m, 8, 0.5, targets=("qkv",))
 
 
-# -- the bench suite ------------------------------------------------------------------------------------
-def test_decode_suite_runs_checked_at_the_tiny_size():
-    from blocksparse.bench import Timer, decode, run_cell
+# -- the bench suite and the GPU script -----------------------------------------------------------------
+def test_check_llama_script_skips_its_cells_without_torch(tmp_path, monkeypatch):
+    import bench_scripts
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    script = bench_scripts.load("check_llama")
+    if sys.modules["peers"].torch_problem() is None:  # torch on CUDA was found (and cached) before
+        pytest.skip("torch with a GPU is available: the script's cells would run for real")
+    out = tmp_path / "check.json"
+    assert script.main(["--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["script"] == "benchmarks/check_llama.py"
+    assert doc["results"] and all(r["ok"] and r["skipped"] for r in doc["results"])
+
+
+def _run_checked(cell) -> dict:
+    from blocksparse.bench import Timer, run_cell
+
+    r = run_cell(cell, Timer(iters=1, trials=1, warmup=0))
+    assert r.ok and not r.skipped, (cell.label, r.error)
+    assert r.metrics["loop_ms"] > 0 and r.metrics["calls_ms"] > 0 and r.metrics["implementation"]
+    return r.metrics
+
+
+def test_decode_suite_lists_its_cells_and_runs_a_product_checked():
+    from blocksparse.bench import decode
 
     cells = decode.suite(**decode.SIZES["tiny"])
     assert {c.params["kind"] for c in cells} == {"product", "generate"}
     assert all("[random weights]" in c.label for c in cells if c.params["kind"] == "generate")
-    assert len(decode.cells(full=True)) > len(decode.cells(full=False))
-    json.dumps([c.params for c in decode.cells(full=True)])
-    # One product and the pruned generation (which times the dense model too): the other rows differ only in sizes.
-    for c in (cells[0], cells[-1]):
-        r = run_cell(c, Timer(iters=1, trials=1, warmup=0))
-        assert r.ok and not r.skipped, (c.label, r.error)
-        assert r.metrics["loop_ms"] > 0 and r.metrics["calls_ms"] > 0 and r.metrics["implementation"]
-        if c.params["kind"] == "generate":
-            assert r.metrics["tokens_per_s"] > 0
+    assert set(decode.SIZES) == {"tiny", "quick", "full"} and len(decode.cells(full=False)) <= 16
+    full = decode.cells(full=True)
+    assert len({c.label for c in full}) == len(full) > len(decode.cells(full=False))
+    json.dumps([c.params for c in full])
+    m = _run_checked(cells[0])
+    assert m["rel_err"] < 1e-4 and m["dense_loop_ms"] > 0 and m["speedup_vs_dense"] > 0 and m["kept_gbs"] > 0
+
+
+@pytest.mark.slow  # about eight compilations (generation checked twice, timed three ways): `make test-slow`
+def test_decode_suite_pruned_generation_cell_runs_checked():
+    from blocksparse.bench import decode
+
+    cell = decode.suite(**decode.SIZES["tiny"])[-1]
+    assert cell.params["kind"] == "generate" and cell.params["block_size"]
+    m = _run_checked(cell)
+    assert m["tokens_per_s"] > 0 and m["rel_err"] < 1e-4 and m["tokens_equal"] == 1.0 and m["dense_loop_ms"] > 0

@@ -440,27 +440,32 @@ class LlamaModel(Pytree):
     @classmethod
     def random(cls, key, config: LlamaConfig, *, dtype=jnp.float32, scale: float = 0.02) -> LlamaModel:
         """A randomly initialised dense model (normal weights of standard deviation ``scale``, norms one),
-        drawn on the device in ``dtype`` (a 1B-class model never passes through the host)."""
-        c = config
-        h, f, d = c.hidden_size, c.intermediate_size, c.head_dim
-        dims = {"q": (h, c.num_heads * d), "k": (h, c.num_kv_heads * d), "v": (h, c.num_kv_heads * d),
-                "o": (c.num_heads * d, h), "gate": (h, f), "up": (h, f), "down": (f, h)}  # fmt: skip
-        keys = iter(jax.random.split(key, c.num_layers * len(dims) + 2))
+        drawn on the device in ``dtype`` by one jitted program (a 1B-class model never passes through the host)."""
+        return _random_model(key, config, np.dtype(dtype), float(scale))
 
-        def normal(shape):
-            return (scale * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
 
-        ones = jnp.ones((h,), dtype)
-        layers = tuple(
-            LlamaLayer(input_norm=RMSNorm(ones, c.rms_norm_eps), post_norm=RMSNorm(ones, c.rms_norm_eps),
-                       num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=d,
-                       **{n: dense_projection(normal(s), None, _ACT.get(n)) for n, s in dims.items()})
-            for _ in range(c.num_layers)
-        )  # fmt: skip
-        embed = normal((c.vocab_size, h))
-        head = None if c.tie_word_embeddings else dense_projection(normal((h, c.vocab_size)), None)
-        inv = jnp.asarray(inverse_frequencies(c), jnp.float32)
-        return cls(embed, layers, RMSNorm(ones, c.rms_norm_eps), head, inv, c, np.dtype(dtype))
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _random_model(key, config: LlamaConfig, dtype, scale: float) -> LlamaModel:
+    c = config
+    h, f, d = c.hidden_size, c.intermediate_size, c.head_dim
+    dims = {"q": (h, c.num_heads * d), "k": (h, c.num_kv_heads * d), "v": (h, c.num_kv_heads * d),
+            "o": (c.num_heads * d, h), "gate": (h, f), "up": (h, f), "down": (f, h)}  # fmt: skip
+    keys = iter(jax.random.split(key, c.num_layers * len(dims) + 2))
+
+    def normal(shape):
+        return (scale * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
+
+    ones = jnp.ones((h,), dtype)
+    layers = tuple(
+        LlamaLayer(input_norm=RMSNorm(ones, c.rms_norm_eps), post_norm=RMSNorm(ones, c.rms_norm_eps),
+                   num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=d,
+                   **{n: dense_projection(normal(s), None, _ACT.get(n)) for n, s in dims.items()})
+        for _ in range(c.num_layers)
+    )  # fmt: skip
+    embed = normal((c.vocab_size, h))
+    head = None if c.tie_word_embeddings else dense_projection(normal((h, c.vocab_size)), None)
+    inv = jnp.asarray(inverse_frequencies(c), jnp.float32)
+    return LlamaModel(embed, layers, RMSNorm(ones, c.rms_norm_eps), head, inv, c, np.dtype(dtype))
 
 
 def _check_tokens(tokens) -> jax.Array:
