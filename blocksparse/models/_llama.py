@@ -303,6 +303,7 @@ class LlamaModel(Pytree):
         layers: a tuple of :class:`LlamaLayer`.
         norm: the final :class:`RMSNorm`.
         lm_head: a ``bs.nn`` layer ``(hidden, vocab)``, or ``None`` when the embeddings are tied.
+        inv_freq: the rotary inverse frequencies ``(head_dim // 2,)`` float32 (:func:`inverse_frequencies`).
         config: the :class:`LlamaConfig` (static).
         dtype: the compute dtype (static).
     """
@@ -550,7 +551,8 @@ def load_llama(path: str | os.PathLike, *, dtype=jnp.float32) -> LlamaModel:
 
 def save_llama(model: LlamaModel, path: str | os.PathLike) -> Path:
     """Write ``model`` as a Hugging Face directory (``config.json`` + ``model.safetensors``), which
-    :func:`load_llama` and ``transformers`` read; block-sparse projections are written densely."""
+    :func:`load_llama` and ``transformers`` read; block-sparse projections are written densely, and bfloat16
+    parameters as float32 (NumPy's safetensors writer has no bfloat16). Needs the ``models`` extra."""
     from safetensors.numpy import save
 
     path = Path(path)
