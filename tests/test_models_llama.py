@@ -187,6 +187,7 @@ def test_transformers_5_rope_parameters_are_read():
     del cfg["rope_theta"], cfg["rope_scaling"]
     c = LlamaConfig.from_hf(cfg)
     assert c.rope_theta == 500000.0 and c.rope_type == "llama3"
+    assert LlamaConfig.from_hf(c.to_hf()) == c  # what check_llama hands to transformers reads back the same
     np.testing.assert_allclose(_llama.inverse_frequencies(c), np_inv_freq(dict(cfg, rope_theta=5e5,
                                                                                rope_scaling=LLAMA3)))  # fmt: skip
     assert LlamaConfig.from_hf(dict(HF, rope_scaling={"rope_type": "default"})).rope_scaling is None
