@@ -239,7 +239,7 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     be.add_argument(
         "--suite", type=_suites, action="append", metavar="NAME[,NAME]",
-        help="matmul, gnn, plan, model, mosaic, dynamic, sharded, training, gnn-variants, gnn-graphs or all; "
+        help="matmul, gnn, plan, model, mosaic, dynamic, sharded, training, gnn-variants, gnn-graphs, decode or all; "
         "repeatable or a comma list; None runs matmul,gnn,plan",
     )  # fmt: skip
     be.add_argument(

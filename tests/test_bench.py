@@ -47,7 +47,8 @@ from blocksparse.bench import plan as bench_plan
 from blocksparse.bench import sharded as bench_sharded
 from blocksparse.bench import training as bench_training
 
-#: Every suite with ``tiny`` / ``quick`` / ``full`` sizes (the model suite has its own, tested in test_models_minilm).
+#: Every suite with ``tiny`` / ``quick`` / ``full`` sizes (the model and decode suites have their own, tested in
+#: test_models_minilm and test_models_llama).
 SIZED = [bench_matmul, bench_gnn, bench_plan, bench_mosaic, bench_dynamic, bench_sharded, bench_training,
          bench_gnn_variants, bench_gnn_graphs]  # fmt: skip
 
@@ -170,7 +171,7 @@ SUITE_NAMES = [s.__name__.rsplit(".", 1)[1].replace("_", "-") for s in SIZED]
 
 
 def test_every_suite_is_registered():
-    assert set(_cli.SUITES) == {*SUITE_NAMES, "model"} and _cli.parse_suites("all") == list(_cli.SUITES)
+    assert set(_cli.SUITES) == {*SUITE_NAMES, "model", "decode"} and _cli.parse_suites("all") == list(_cli.SUITES)
     assert _cli.module_name("gnn-variants") == "gnn_variants"
 
 

@@ -15,6 +15,7 @@ PEERS = {
     "bench_gnn": "torch, PyG",
     "bench_gnn_graphs": "torch, PyG",
     "bench_matmul": "torch",
+    "check_llama": "torch, transformers",
     "check_minilm": "sentence-transformers",
     "plot": "matplotlib (figures of the results JSON)",
     "profile_kernels": "ncu",

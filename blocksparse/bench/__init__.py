@@ -1,8 +1,8 @@
 """``blocksparse bench``: the library's benchmark suites, their table, JSON and figures.
 
 Suites (``blocksparse bench --suite NAME``): ``matmul``, ``gnn``, ``plan``, ``model``, ``mosaic``, ``dynamic``,
-``sharded``, ``training``, ``gnn-variants``, ``gnn-graphs``. Each is a module of this package (``gnn-variants``
-is :mod:`blocksparse.bench.gnn_variants`) exposing ``cells(*, full: bool) -> list[Cell]``; see
+``sharded``, ``training``, ``gnn-variants``, ``gnn-graphs``, ``decode``. Each is a module of this package
+(``gnn-variants`` is :mod:`blocksparse.bench.gnn_variants`) exposing ``cells(*, full: bool) -> list[Cell]``; see
 :mod:`blocksparse.bench._core` for the protocol and :func:`blocksparse.bench._cli.main` for the command line
 (``blocksparse bench --help``). :func:`run_cells` is the one runner and JSON writer, also of the peer scripts
 in ``benchmarks/`` (torch, PyG, sentence-transformers).

@@ -139,6 +139,7 @@ BARS = {
     "training": ("loop_vs_dense", "step time / dense step time"),
     "gnn-variants": ("best_speedup", "best variant's speedup over the default"),
     "gnn-graphs": ("speedup_vs_segment", "speedup over the segment ops"),
+    "decode": ("speedup_vs_dense", "speedup over dense"),
 }
 
 

