@@ -15,8 +15,19 @@ from collections.abc import Sequence
 from ._core import Cell, Result, Timer, run_cell, write_json
 
 #: Every suite; a suite ``a-b`` is the module ``blocksparse.bench.a_b``.
-SUITES = ("matmul", "gnn", "plan", "model", "mosaic", "dynamic", "sharded", "training", "gnn-variants", "gnn-graphs",
-          "decode")
+SUITES = (
+    "matmul",
+    "gnn",
+    "plan",
+    "model",
+    "mosaic",
+    "dynamic",
+    "sharded",
+    "training",
+    "gnn-variants",
+    "gnn-graphs",
+    "decode",
+)
 #: ``--suite`` when none is given: the quick CPU-friendly suites (``model`` needs the ``models`` extra).
 DEFAULT_SUITES = ("matmul", "gnn", "plan")
 #: Timer settings (iters, trials) when ``--iters`` / ``--trials`` are not given.

@@ -52,8 +52,10 @@ _TRITON_DEPRECATION = "The Pallas Triton backend is deprecated"
 def quiet_triton_deprecation() -> None:
     """Filter JAX's deprecation warning of the Triton lowering (only that message) if no filter of ours is there."""
     for action, message, category, *_ in warnings.filters:
-        if action == "ignore" and category is DeprecationWarning and getattr(message, "pattern", "") == (
-            _TRITON_DEPRECATION
+        if (
+            action == "ignore"
+            and category is DeprecationWarning
+            and getattr(message, "pattern", "") == (_TRITON_DEPRECATION)
         ):
             return
     warnings.filterwarnings("ignore", message=_TRITON_DEPRECATION, category=DeprecationWarning)
