@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PYTEST := PYTHONPATH=. $(BIN)/python -m pytest
 NEED_PY := import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)
 
-.PHONY: demo test test-slow test-gpu bench lint clean FORCE
+.PHONY: demo test test-docs test-slow test-gpu bench lint clean FORCE
 
 # A .venv without a working Python >= 3.12 (a first `make` under the wrong interpreter, a removed
 # interpreter) is rebuilt rather than reused: force the install step, which recreates it.
@@ -42,8 +42,13 @@ demo: $(STAMP)
 # examples); `slow` tests excluded. About 10 minutes on 2 cores: a dot per test, [done/total] at each line's end,
 # the 15 slowest tests at the end.
 test: $(STAMP)
-	@echo "make test: the CPU suite on 2 workers (about 10 minutes on 2 cores); make test-slow for the larger sweeps"
-	$(PYTEST) -q -n 2 -m "not slow" -o console_output_style=count --durations=15 tests
+	@echo "make test: the CPU suite on 2 workers (about 10 minutes on 2 cores); make test-docs runs the docs' code blocks, make test-slow the larger sweeps"
+	$(PYTEST) -q -n 2 -m "not slow and not docs" -o console_output_style=count --durations=15 tests
+
+# The code blocks of docs/*.md and the README, each page run as written (CI runs it after `make test`).
+test-docs: $(STAMP)
+	@echo "make test-docs: every page's code blocks (about 3 minutes on 2 cores)"
+	$(PYTEST) -q -n 2 -m docs -o console_output_style=count tests
 
 # The `slow` tests and every hypothesis test at its full sweep (the `slow` profile of tests/helpers.py).
 test-slow: $(STAMP)

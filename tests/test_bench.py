@@ -16,6 +16,7 @@ import bench_scripts
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import sweep
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -375,7 +376,7 @@ MOSAIC_TINY = dict(dtype="float16", variants=True, dsd=(128, (64,), (64,), (2,),
                    bands=((("dsd", 128, 128, 64),), (16,), (2,)))  # fmt: skip
 
 
-@pytest.mark.parametrize("kind", ["dsd", "dds", "sdd", "bands"])
+@sweep("kind", ["dsd", "dds", "sdd", "bands"], quick=1)  # the kernels themselves: their own interpreter tests
 def test_mosaic_cells_run_every_kernel_and_a_forced_variant_in_the_interpreter(kind, monkeypatch):
     """On a faked H200 the cell runs dense, XLA, Triton, Mosaic and its config= variants, each checked."""
     variants = {
@@ -414,6 +415,7 @@ def test_dynamic_and_triton_variants_reach_their_kernels_in_the_interpreter(monk
     assert static.metrics["tn64_implementation"] == "dsd: pallas" and static.metrics["best"] in ("tn64", "accT")
 
 
+@pytest.mark.slow  # every variant interpreted; the configs reach the kernels in test_gnn_config.py
 def test_gnn_variant_cells_run_their_configs_in_the_interpreter(monkeypatch):
     """Each gather / attention / packed variant reaches its kernel through config= and matches XLA."""
     monkeypatch.setattr(bench_gnn_variants, "SPMM", {"w2": dict(num_warps=2), "G2": dict(nodes_per_program=2)})
@@ -430,6 +432,7 @@ def test_gnn_variant_cells_run_their_configs_in_the_interpreter(monkeypatch):
 
 
 # -- the peer scripts, on the CPU (torch absent: their own cells skipped, the suites' cells run) --------------
+@pytest.mark.slow  # the peer scripts end to end; their imports: test_bench_scripts_import.py
 def test_peer_scripts_run_the_suites_cells_and_skip_their_peers(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)
     for name, argv in (("bench_matmul", ["--small", "--b", "16", "--d", "4"]),

@@ -57,6 +57,7 @@ def test_block_extraction():
     assert python_blocks(text) == [(2, "x = 1\n"), (9, "y = x\n")]
 
 
+@pytest.mark.docs  # `make test-docs` (CI runs it after `make test`)
 @pytest.mark.parametrize("page", [_page_param(p) for p in PAGES])
 def test_page_blocks_run(page):
     blocks = python_blocks(page.read_text())

@@ -175,6 +175,7 @@ def test_bench_small_runs_and_checks(tmp_path):
     assert all(r["skipped"] for r in _cells(data, "gnn-graphs-peers"))
 
 
+@pytest.mark.slow  # the suite's limit end to end; the quick suite run: test_bench_small_runs_and_checks
 def test_bench_skips_rcm_above_the_limit(tmp_path):
     out = tmp_path / "graphs.json"
     bench = _bench()

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import examples
+from helpers import examples, sweep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -244,8 +244,8 @@ def test_static_graph_matches_oracle():
     np.testing.assert_allclose(tr(x, g, edge_attr=ea), transformer_oracle(tr, x, ei, ea), **TOL)
 
 
-@pytest.mark.parametrize("layer", ["gat", "transformer"])
-@pytest.mark.parametrize("sizes", [(4, 6), (6, 3)])
+@sweep("layer", ["gat", "transformer"], quick=2)
+@sweep("sizes", [(4, 6), (6, 3)], quick=1)
 def test_bipartite(layer, sizes):
     n_src, n_dst = sizes
     ei = _graph(3, n_src=n_src, n_dst=n_dst - 1)  # target n_dst - 1 has no in-edges

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import sweep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.sharding import Mesh
@@ -237,6 +238,7 @@ def _hooked() -> bool:
 
 
 @pytest.mark.skipif(not _hooked(), reason="bs.gnn.spmm / aggregate do not dispatch a ShardedGraph yet (the hook)")
+@pytest.mark.slow  # the sharded ops through bs.gnn end to end; the same ops: test_matches_one_device
 def test_dispatch_from_bs_gnn():
     ei = _random_edges(20, 60, 5)
     sg = shard_graph(ei, 20, MESH, "d")
@@ -280,7 +282,7 @@ def test_pallas_on_gpus():
             np.testing.assert_allclose(gx, wx, rtol=1e-4, atol=1e-6 * float(np.abs(wx).max()) + 1e-4)
 
 
-@pytest.mark.parametrize("sources", [None, "all_gather", "exchange", "replicated"])
+@sweep("sources", [None, "all_gather", "exchange", "replicated"], quick=1)
 def test_one_device_mesh(sources):
     """A mesh of one device (the docs' "however many devices exist, one included"): the one-device result
     and gradients, and no collective in the program (every source is the device's own)."""

@@ -72,6 +72,7 @@ def test_dynamic_mosaic_interpret(D, n, seed):
         _check(D, n, jax.random.key(seed), jnp.bfloat16)
 
 
+@pytest.mark.slow  # a long row interpreted; the kernel's quick interpreter test: test_dynamic_mosaic_interpret
 def test_dynamic_mosaic_long_row_invalid_and_gradients_interpret(getkey):
     """One row of 10 blocks (split into units of 4: float32 partials summed after the kernel); an invalid
     matrix gives NaN; gradients through ``("mosaic", "xla")`` (the dynamic sdd is not on Mosaic) match XLA's."""
