@@ -47,7 +47,7 @@ test: $(STAMP)
 
 # The code blocks of docs/*.md and the README, each page run as written (CI runs it after `make test`).
 test-docs: $(STAMP)
-	@echo "make test-docs: every page's code blocks (about 3 minutes on 2 cores)"
+	@echo "make test-docs: every page's code blocks (about 2 minutes on 2 cores)"
 	$(PYTEST) -q -n 2 -m docs -o console_output_style=count tests
 
 # The `slow` tests and every hypothesis test at its full sweep (the `slow` profile of tests/helpers.py).
