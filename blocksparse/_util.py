@@ -14,6 +14,7 @@ __all__ = [
     "Pytree",
     "cdiv",
     "check_host_bytes",
+    "check_positive_int",
     "checkify",
     "host_memory_bytes",
     "next_power_of_2",
@@ -72,6 +73,16 @@ def check_host_bytes(nbytes: int, what: str) -> None:
             f"Expected {what} to fit in this host's memory ({limit / 2**30:.1f} GiB). Got one that needs "
             f"{nbytes / 2**30:.1f} GiB of host arrays."
         )
+
+
+def check_positive_int(value, name: str, where: str | None = None, hint: str = "") -> None:
+    """``value`` a positive Python or NumPy int (not a bool); else a ``TypeError`` / ``ValueError`` naming ``name``
+    (after ``where: `` when given) and ``value``, with ``hint`` after the expectation."""
+    expected = f"{where}: expected" if where else "Expected"
+    if not isinstance(value, int | np.integer) or isinstance(value, bool | np.bool_):
+        raise TypeError(f"{expected} {name} as a positive int{hint}. Got {value!r} of type {type(value).__name__}.")
+    if value <= 0:
+        raise ValueError(f"{expected} {name} as a positive int{hint}. Got {value}.")
 
 
 def cdiv(a, b):

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._util import Pytree
+from .._util import Pytree, check_positive_int
 from ..graph import DynamicGraph, Graph
 from ..ops.gnn.attention import gatv2, graph_attention
 from ..ops.gnn.spmm import spmm
@@ -79,13 +79,9 @@ def _sizes(layer: str, **sizes) -> None:
     """Each size a positive int, named in the error (PyG's lazy ``in_channels=-1`` is not supported: the weights
     are built by ``init``, before any input is seen)."""
     for name, v in sizes.items():
-        if v is None:
-            continue
-        if not isinstance(v, int | np.integer) or isinstance(v, bool | np.bool_):
-            raise TypeError(f"{layer}: expected {name} as a positive int. Got {v!r} of type {type(v).__name__}.")
-        if v <= 0:
+        if v is not None:
             lazy = " (PyG's lazy -1 is not supported: give the input's feature size)" if v == -1 else ""
-            raise ValueError(f"{layer}: expected {name} as a positive int{lazy}. Got {v}.")
+            check_positive_int(v, name, layer, lazy)
 
 
 def _pair(layer: str, v) -> tuple[int, int]:

@@ -18,7 +18,7 @@ import numpy as np
 from .. import prune as _prune
 from .._matrix import BlockSparseMatrix, is_concrete, require_host
 from .._pattern import BlockPattern, check_block_size, check_density, num_blocks
-from .._util import Pytree
+from .._util import Pytree, check_positive_int
 from ..ops.matmul import epilogue as _epilogue
 from ..ops.matmul.api import matmul
 
@@ -38,10 +38,7 @@ check_activation = _epilogue.check_activation
 def check_features(**features) -> None:
     """Each of ``features`` (``in_features=...``) a positive int: named in the error otherwise."""
     for name, n in features.items():
-        if not isinstance(n, int | np.integer) or isinstance(n, bool | np.bool_):
-            raise TypeError(f"Expected {name} as a positive int. Got {n!r} of type {type(n).__name__}.")
-        if n <= 0:
-            raise ValueError(f"Expected {name} as a positive int. Got {n}.")
+        check_positive_int(n, name)
 
 
 def random_pattern(key, shape, block_size, density: float) -> BlockPattern:
