@@ -29,11 +29,13 @@ def _kernels(fn, *args) -> list[str]:
 
 def test_each_config_reaches_its_kernel():
     W16 = _matrix(16, (32, 64), dtype=jnp.float32)
-    x = jnp.ones((64, 40), jnp.float32)
+    x = jnp.ones((64, 128), jnp.float32)  # more columns than the few-token kernel takes
     with bs.interpret():
         default = _kernels(lambda W, x: bs.matmul(W, x, implementation="pallas"), W16, x)
         forced = _kernels(lambda W, x: bs.matmul(W, x, config=TritonConfig(tn=16)), W16, x)
         assert "bs_dsd_16x16_tn64" in default and "bs_dsd_16x16_tn16" in forced
+        few = _kernels(lambda W, x: bs.matmul(W, x, config=TritonConfig(tb=16, stream_group=2)), W16, x[:, :3])
+        assert set(few) == {"bs_dsd_stream_16x16_t16_g2"}, few
         a, b = jnp.ones((32, 16 * 96)), jnp.ones((16 * 96, 64))
         split = _kernels(lambda a, b: bs.sdd(a, b, W16, config=TritonConfig(tk=16, sdd_splits=2)).data, a, b)
         assert any(k.startswith("bs_sdd_16x16_tk16_split2") for k in split), split
@@ -79,7 +81,7 @@ def test_a_config_of_another_kernel_is_ignored():
 
 def test_the_config_applies_to_the_forward_product_only():
     W = _matrix(16, (32, 64), dtype=jnp.float32)
-    x = jnp.ones((64, 40), jnp.float32)
+    x = jnp.ones((64, 128), jnp.float32)
 
     def loss(x):
         return bs.matmul(W, x, config=TritonConfig(tn=16)).sum()
@@ -87,9 +89,9 @@ def test_the_config_applies_to_the_forward_product_only():
     with bs.interpret():
         names = set(_kernels(jax.grad(loss), x))
         _, pullback = jax.vjp(lambda x: bs.matmul(W, x, config=TritonConfig(tn=16)), x)
-        backward = set(_kernels(pullback, jnp.ones((32, 40), jnp.float32)))
+        backward = set(_kernels(pullback, jnp.ones((32, 128), jnp.float32)))
     assert "bs_dsd_16x16_tn16" in names  # the forward
-    assert backward == {"bs_dsd_16x16_tn64", "bs_sdd_16x16_tk64"}  # dx = W^T @ g and dW on the default tiles
+    assert backward == {"bs_dsd_16x16_tn64", "bs_sdd_16x16_tk128"}  # dx = W^T @ g and dW on the default tiles
 
 
 def test_the_config_is_part_of_the_jit_cache_key():

@@ -150,7 +150,8 @@ def test_every_table_has_the_same_entries_and_names_its_source():
             assert table.entry(name).source, name
     for name in tuned.H200.names():
         source = tuned.H200.entry(name).source
-        assert source.startswith(("bench --suite mosaic", "bench --suite matmul")) and "benchmarks/results/" in source
+        suites = ("bench --suite mosaic", "bench --suite matmul", "bench --suite decode")
+        assert source.startswith(suites) and "benchmarks/results/" in source
     assert order.of_product("dsd", None, jnp.bfloat16, jnp.zeros((8, 8))) == order.DEFAULT  # a dynamic matrix
     with pytest.raises(ValueError, match="Expected op in"):
         order.default("spmm", _pattern("b=32 d=1/4 384x1536"), 16, jnp.bfloat16, jnp.bfloat16)

@@ -2,12 +2,18 @@
 
 Two kinds of cells:
 
-- ``product``: ``x (n, K) @ W (K, N)`` with ``W`` a uniformly random block pattern (``bs.matmul``, the
-  ``dds`` product of a linear layer), for the decode shapes ``K x N`` of a Llama-8B-sized FFN
-  (4096 x 14336 and 14336 x 4096) and ``n`` from 1 to 64 tokens; checked against a float32 product of the
-  same values, timed both ways (:class:`~blocksparse.bench.Timer`), with dense ``jnp.dot`` of the same
-  shape and dtype in the same cell (``dense_*``), the speedup and the bandwidth of the bytes moved
-  (``kept_gbs``: the blocks kept, their indices, ``x`` and ``y``; ``dense_gbs``: the dense weight, ``x``, ``y``);
+- ``product``: ``x (n, K) @ W (K, N)`` (``x @ W``, the ``dds`` product of a linear layer) and ``W (N, K) @ x
+  (K, n)`` (``W @ x``) with ``W`` a uniformly random block pattern, for the decode shapes ``K x N`` of a
+  Llama-8B-sized FFN (4096 x 14336 and 14336 x 4096) and ``n`` from 1 to 64 tokens; checked against a float32
+  product of the same values, timed both ways (:class:`~blocksparse.bench.Timer`), with dense ``jnp.dot`` of
+  the same shape and dtype in the same cell (``dense_*``), the work-list Triton kernel the few-token kernel
+  replaced (``worklist_*``: ``TritonConfig(stream=False)``), the speedup and the bandwidth of the bytes moved
+  (``kept_gbs``: the blocks kept, their indices, ``x`` and ``y``; ``dense_gbs``: the dense weight, ``x``,
+  ``y``). At the tuning cells (``tune``: tokens and density; ``None``: every cell) the cell also times the
+  few-token kernel's variants of ``variants`` (``TritonConfig`` fields: sub-tile, blocks per step, warps,
+  stages) as ``{name}_*``. On a GPU, ``kernel_us`` / ``busy_us`` (and ``dense_*``, ``{variant}_*``) come from a
+  profiler trace of the Timer's loop (:func:`~blocksparse.bench._trace.kernel_us`): the loop's own work is
+  most of an iteration of a few microseconds;
 - ``generate``: :func:`blocksparse.models.generate` of a Llama decoder with **random weights** (said in
   every row's label): a prompt then greedy decoding as one jitted program, ``tokens_per_s`` = batch x new
   tokens / the program's time (prefill included; ``prefill_ms`` alone beside it). Dense, and pruned by
@@ -21,8 +27,8 @@ Two kinds of cells:
 Quick (CPU) sizes: a tiny decoder and small products, in seconds. Full sizes (GPU, bf16): the 1B-class
 config (hidden 2048, 16 layers, 32 heads and 8 KV heads, FFN 8192, vocabulary 32000) at batch 1, 8 and 32
 with a 128-token prompt and 128 new tokens, dense and b = 32, 64 x d = 1/4, 1/8; the products at
-b = 16, 32, 64 x d = 1/4, 1/8, 1/16 and n = 1, 16, 64. transformers' model of the same configuration is
-timed by ``benchmarks/check_llama.py`` (it needs torch).
+b = 16, 32, 64, 128 x d = 1/4, 1/8, 1/16 and n = 1, 16, 64, both orientations. transformers' model of the same
+configuration is timed by ``benchmarks/check_llama.py`` (it needs torch).
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ import numpy as np
 
 import blocksparse as bs
 
-from ._core import Cell, CellFailed, Timer, check_close, implementation, tolerance, variant
+from ._core import Cell, CellFailed, Timer, check_close, implementation, missing, ratio, tolerance, variant
+from ._trace import kernel_us
 
 #: A 1B-class Llama (the shape of TinyLlama-1.1B's layers with a 2048 context): the full mode's model.
 LLAMA_1B = dict(vocab_size=32000, hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8,
@@ -45,16 +52,32 @@ LLAMA_1B = dict(vocab_size=32000, hidden_size=2048, num_layers=16, num_heads=32,
 LLAMA_TINY = dict(vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
                   max_positions=128)  # fmt: skip
 
+#: The few-token kernel's variants timed at the tuning density (TritonConfig fields; the tuned table's
+#: ``TRITON_STREAM_*`` entries are the default they are measured against).
+STREAM_VARIANTS = {
+    "group2": dict(stream_group=2),
+    "group8": dict(stream_group=8),
+    "warps2": dict(num_warps=2),
+    "warps8": dict(num_warps=8),
+    "stages2": dict(num_stages=2),
+    "stages5": dict(num_stages=5),
+    "tile16": dict(tn=16, tb=16),
+    "tile64": dict(tn=64, tb=64),
+}
 #: Named sizes: ``tiny`` for tests, ``quick`` for the CPU default, ``full`` for the GPU figures.
 SIZES = {
-    "tiny": dict(products=((128, 256),), ns=(4,), blocks=(32,), densities=(1 / 4,),
+    "tiny": dict(products=((128, 256),), ns=(4,), blocks=(32,), densities=(1 / 4,), ops=("x @ W",),
+                 variants={"group1": dict(stream_group=1)}, tune=None,
                  model=dict(LLAMA_TINY, vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=32),
                  batches=(2,), prompt=4, new_tokens=4, gen_blocks=(16,),
                  gen_densities=(1 / 4,), dtype="float32"),
-    "quick": dict(products=((256, 512), (512, 256)), ns=(1, 16), blocks=(32,), densities=(1 / 4,), model=LLAMA_TINY,
+    "quick": dict(products=((256, 512), (512, 256)), ns=(1, 16), blocks=(32,), densities=(1 / 4,),
+                  ops=("x @ W", "W @ x"), variants={"group1": dict(stream_group=1)}, tune=None,
+                  model=LLAMA_TINY,
                   batches=(1, 4), prompt=8, new_tokens=8, gen_blocks=(16,), gen_densities=(1 / 4,), dtype="float32"),
-    "full": dict(products=((4096, 14336), (14336, 4096)), ns=(1, 16, 64), blocks=(16, 32, 64),
-                 densities=(1 / 4, 1 / 8, 1 / 16), model=LLAMA_1B, batches=(1, 8, 32), prompt=128, new_tokens=128,
+    "full": dict(products=((4096, 14336), (14336, 4096)), ns=(1, 16, 64), blocks=(16, 32, 64, 128),
+                 densities=(1 / 4, 1 / 8, 1 / 16), ops=("x @ W", "W @ x"), variants=STREAM_VARIANTS, tune=(1, 1 / 8),
+                 model=LLAMA_1B, batches=(1, 8, 32), prompt=128, new_tokens=128,
                  gen_blocks=(32, 64), gen_densities=(1 / 4, 1 / 8), dtype="bfloat16"),
 }  # fmt: skip
 
@@ -64,6 +87,8 @@ COLUMNS = (
     ("calls ms", "calls_ms", ".4g"),
     ("dense ms", "dense_loop_ms", ".4g"),
     ("x dense", "speedup_vs_dense", ".3g"),
+    ("kernel us", "kernel_us", ".4g"),
+    ("dense kernel us", "dense_kernel_us", ".4g"),
     ("GB/s kept", "kept_gbs", ".4g"),
     ("tok/s", "tokens_per_s", ".4g"),
     ("prefill ms", "prefill_ms", ".4g"),
@@ -83,17 +108,23 @@ def cells(*, full: bool) -> list[Cell]:
     return suite(**SIZES["full" if full else "quick"])
 
 
-def suite(*, products, ns, blocks, densities, model, batches, prompt, new_tokens, gen_blocks, gen_densities,
-          dtype) -> list[Cell]:  # fmt: skip
+def suite(*, products, ns, blocks, densities, ops, variants, tune, model, batches, prompt, new_tokens, gen_blocks,
+          gen_densities, dtype) -> list[Cell]:  # fmt: skip
     """The cells of one size: every product, then generation at every batch (dense, then each pruning)."""
     out = []
-    for k, n_out in products:
-        for n in ns:
-            for b in blocks:
-                for d in densities:
-                    params = dict(kind="product", K=k, N=n_out, n=n, block_size=b, density=d, dtype=dtype)
-                    label = f"x ({n}, {k}) @ W ({k}, {n_out}) b={b} d={density_label(d)}"
-                    out.append(Cell("decode", label, params, functools.partial(_product, params)))
+    for op in ops:
+        for k, n_out in products:
+            for n in ns:
+                for b in blocks:
+                    for d in densities:
+                        params = dict(kind="product", op=op, K=k, N=n_out, n=n, block_size=b, density=d, dtype=dtype)
+                        if tune is None or (n, d) == tune:
+                            params["variants"] = variants
+                        if op == "x @ W":
+                            label = f"x ({n}, {k}) @ W ({k}, {n_out}) b={b} d={density_label(d)}"
+                        else:
+                            label = f"W ({n_out}, {k}) @ x ({k}, {n}) b={b} d={density_label(d)}"
+                        out.append(Cell("decode", label, params, functools.partial(_product, params)))
     ctx = _Generation(model, prompt, new_tokens, dtype)
     for batch in batches:
         for b, d in [(None, None)] + [(b, d) for b in gen_blocks for d in gen_densities]:
@@ -106,31 +137,57 @@ def suite(*, products, ns, blocks, densities, model, batches, prompt, new_tokens
 
 
 # -- products -----------------------------------------------------------------------------------------
-def _dds(x, W):
-    return bs.matmul(x, W)
+def _sparse_first(W, x, config=None):
+    return bs.matmul(W, x, config=config)
 
 
-def _dense(x, w):
-    return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+def _sparse_last(x, W, config=None):
+    return bs.matmul(x, W, config=config)
+
+
+def _dense(a, b):
+    return jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype)
 
 
 def _product(p: dict, timer: Timer) -> dict:
+    from ..ops.matmul.triton import TritonConfig
+
     dtype = jnp.dtype(p["dtype"])
     k, n_out, n, b, d = p["K"], p["N"], p["n"], p["block_size"], p["density"]
-    W = bs.random(jax.random.key(0), (k, n_out), b, d, dtype=dtype)
-    x = jax.random.normal(jax.random.key(1), (n, k), jnp.float32).astype(dtype)
+    if p.get("op", "x @ W") == "x @ W":
+        W = bs.random(jax.random.key(0), (k, n_out), b, d, dtype=dtype)
+        x = jax.random.normal(jax.random.key(1), (n, k), jnp.float32).astype(dtype)
+        fn, args, dense_args = _sparse_last, (x, W), lambda w: (x, w)
+    else:
+        W = bs.random(jax.random.key(0), (n_out, k), b, d, dtype=dtype)
+        x = jax.random.normal(jax.random.key(1), (k, n), jnp.float32).astype(dtype)
+        fn, args, dense_args = _sparse_first, (W, x), lambda w: (w, x)
     dense_w = W.to_dense()
-    want = jnp.dot(x.astype(jnp.float32), dense_w.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+    a32, b32 = (t.astype(jnp.float32) for t in dense_args(dense_w))
+    want = jnp.dot(a32, b32, precision=jax.lax.Precision.HIGHEST)
     tol = None if dtype == jnp.float32 else 2 * tolerance(dtype)
     with bs.dispatch_log() as log:
-        got = jax.block_until_ready(jax.jit(_dds)(x, W))
-    rel_err = check_close(got, want, dtype=dtype, tol=tol, what="x @ W vs the float32 dense product")
-    loop_ms, calls_ms = timer.loop(_dds, x, W), timer.calls(_dds, x, W)
+        got = jax.block_until_ready(jax.jit(fn)(*args))
+    rel_err = check_close(got, want, dtype=dtype, tol=tol, what=f"{p.get('op', 'x @ W')} vs the float32 dense product")
+    loop_ms, calls_ms = timer.loop(fn, *args), timer.calls(fn, *args)
     out = dict(loop_ms=loop_ms, calls_ms=calls_ms, rel_err=rel_err, implementation=implementation(log))
-    out.update(variant(timer, "dense", _dense, x, dense_w, want=want, dtype=dtype, tol=tol, what="dense jnp.dot"))
+    out.update(variant(timer, "dense", _dense, *dense_args(dense_w), want=want, dtype=dtype, tol=tol,
+                       what="dense jnp.dot"))  # fmt: skip
+    if missing("gpu") is None:  # the kernels' own time: the loop's own work is most of a few-microsecond product
+        out.update(kernel_us(timer, fn, *args))
+        out.update({f"dense_{k}": v for k, v in kernel_us(timer, _dense, *dense_args(dense_w)).items()})
+        ratio(out, "dense_kernel_us", "kernel_us", "kernel_speedup_vs_dense")
+    configs = {"worklist": dict(stream=False), **p.get("variants", {})}
+    for name, fields in configs.items():
+        run = functools.partial(fn, config=TritonConfig(**fields))
+        got = variant(timer, name, run, *args, needs="gpu", want=want, dtype=dtype, tol=tol, what=name)
+        if f"{name}_loop_ms" in got:
+            got.update({f"{name}_{k}": v for k, v in kernel_us(timer, run, *args).items()})
+        out.update(got)
+        ratio(out, f"{name}_kernel_us", "kernel_us", f"{name}_time_ratio")  # > 1: the default is faster
     item = dtype.itemsize
     io = (n * k + n * n_out) * item
-    kept = W.nnz_blocks * b * b * item + W.nnz_blocks * 4 + (k // b + 1) * 4 + io  # blocks, columns, row pointers
+    kept = W.nnz_blocks * b * b * item + W.nnz_blocks * 4 + (W.shape[0] // b + 1) * 4 + io  # blocks, indices
     out.update(kept_gbs=kept / (loop_ms * 1e-3) / 1e9, dense_gbs=(k * n_out * item + io) / (out["dense_loop_ms"] * 1e-3)
                / 1e9, speedup_vs_dense=out["dense_loop_ms"] / loop_ms, calls_vs_dense=out["dense_calls_ms"] / calls_ms,
                ideal_speedup=1 / W.density)  # fmt: skip

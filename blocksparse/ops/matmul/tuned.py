@@ -70,6 +70,7 @@ class Table:
 
 _MOSAIC = "bench --suite mosaic --full"
 _MATMUL = "bench --suite matmul --full"
+_DECODE = "bench --suite decode --full"
 _R = "benchmarks/results/"
 
 H200 = Table(
@@ -231,6 +232,62 @@ H200 = Table(
             32,
             f"{_MOSAIC}: sdd Triton splits, the inference layer W 384 x 1536 over 32768 tokens b=16,32 "
             f"({_R}sdd_triton_split_variants_h200.json)",
+        ),
+        # The few-token stream kernel (triton/stream.py): its time over the work-list kernel's, both as the busy
+        # time per iteration of a profiler trace of the Timer's loop (every launch of the product counted: the
+        # work list's pad, walk, combine and slice); keyed by (b, K), K the contracted dimension, n = 1 token.
+        "TRITON_STREAM_DDS_SPEEDUP": Entry(
+            {
+                (16, 4096): {1 / 8: 1.70},
+                (16, 14336): {1 / 8: 1.97},
+                (32, 4096): {1 / 8: 1.19},
+                (32, 14336): {1 / 8: 1.49},
+                (64, 4096): {1 / 8: 1.17},
+                (64, 14336): {1 / 8: 1.16},
+                (128, 4096): {1 / 8: 1.39},
+                (128, 14336): {1 / 8: 1.30},
+            },
+            f"{_DECODE}: x (1, K) @ W (K, N) b=16,32,64,128 d=1/8, K x N = 4096 x 14336 and 14336 x 4096, the "
+            f"work list's busy time over the stream kernel's at the tuned warps and stages "
+            f"({_R}decode_stream_tune_h200.json)",
+        ),
+        "TRITON_STREAM_DSD_SPEEDUP": Entry(
+            {
+                (16, 4096): {1 / 8: 1.11},
+                (16, 14336): {1 / 8: 0.83},
+                (32, 4096): {1 / 8: 1.11},
+                (32, 14336): {1 / 8: 0.61},
+                (64, 4096): {1 / 8: 0.97},
+                (64, 14336): {1 / 8: 0.68},
+                (128, 4096): {1 / 8: 1.14},
+            },
+            f"{_DECODE}: W (N, K) @ x (K, 1) b=16,32,64,128 d=1/8 (b=128 at K=4096 only: the run was cut "
+            f"short), as for dds ({_R}decode_stream_tune_h200.json)",
+        ),
+        "TRITON_STREAM_MAX_N": Entry(
+            64, f"{_DECODE}: no product of more than 64 tokens was measured ({_R}decode_stream_tune_h200.json)"
+        ),
+        "TRITON_STREAM_PROGRAMS_PER_SM": Entry(
+            1,
+            f"{_DECODE}: sub-tiles of 16 (tile16) and whole blocks (tile64) against one program per SM at n=1, "
+            f"d=1/8: neither faster in any cell ({_R}decode_stream_tune_h200.json)",
+        ),
+        "TRITON_STREAM_MIN_TILE": Entry(
+            32, f"{_DECODE}: tile16 slower than the 32-wide sub-tile at b=32..128 ({_R}decode_stream_tune_h200.json)"
+        ),
+        "TRITON_STREAM_GROUP": Entry(
+            4,
+            f"{_DECODE}: 2 and 8 blocks per step within the noise of 4 at n=1 d=1/8 ({_R}decode_stream_tune_h200.json)",
+        ),
+        "TRITON_STREAM_WARPS": Entry(
+            {16: 2, 32: 4, 64: 4, 128: 4},
+            f"{_DECODE}: by block: 2 warps faster at b=16 in all four cells, 8 slower everywhere "
+            f"({_R}decode_stream_tune_h200.json)",
+        ),
+        "TRITON_STREAM_STAGES": Entry(
+            {16: 3, 32: 5, 64: 5, 128: 5},
+            f"{_DECODE}: by block: 5 stages faster than 3 in 10 of the 11 cells of b=32..128, not at b=16 "
+            f"({_R}decode_stream_tune_h200.json)",
         ),
         # Roofline ceilings (estimate_seconds).
         "HBM_BYTES_PER_S": Entry(

@@ -1,7 +1,8 @@
 """The Pallas (Triton lowering) backend of the block-sparse products: ``implementation="pallas"``.
 
 :mod:`.common` (the config, tiles and helpers the kernels share), :mod:`.kernels` (``dsd`` / ``dds`` with their
-combine kernel, the dynamic scan, ``sdd``), :mod:`.backend` (:class:`~.backend.PallasBackend`, loaded by the
+combine kernel, the dynamic scan, ``sdd``), :mod:`.stream` (the one-launch few-token ``x @ W`` / ``W @ x`` of
+decoding), :mod:`.backend` (:class:`~.backend.PallasBackend`, loaded by the
 registry of :mod:`blocksparse.ops.matmul.registry`).
 """
 

@@ -1,8 +1,9 @@
 """The Pallas (Triton lowering) backend (``implementation="pallas"``): which kernel variant runs.
 
-Every product runs its kernel of :mod:`.kernels`; a :class:`~.common.TritonConfig` given through
-``bs.matmul(..., config=)`` (``OpStatic.config``) sets its tiles and variants (split or not, the dynamic
-design), the defaults of :mod:`.common` otherwise.
+Every product runs its kernel of :mod:`.kernels`, except the static ``x @ W`` and ``W @ x`` with few tokens,
+which run the one-launch kernel of :mod:`.stream` (:func:`.stream.takes`). A :class:`~.common.TritonConfig` given
+through ``bs.matmul(..., config=)`` (``OpStatic.config``) sets the tiles and variants (split or not, the dynamic
+design, stream or not), the defaults of :mod:`.common` and the tuned table otherwise.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..reference import poison
+from . import stream
 from .common import TritonConfig, check
 from .kernels import dds, dsd, dsd_dynamic, sdd, sdd_coords
 
@@ -32,12 +34,10 @@ class PallasBackend:
     name = "pallas"
 
     def dsd(self, s, data, x):
-        dt = check(s.pattern.block_size, data.dtype, x.dtype)
-        return dsd(s.pattern, data.astype(dt), x.astype(dt), s.out_dtype, exact=_exact(s), config=_cfg(s))
+        return self.dsd_fused(s, data, x, None)  # no epilogue: s.epilogue is None
 
     def dds(self, s, x, data):
-        dt = check(s.pattern.block_size, data.dtype, x.dtype)
-        return dds(x.astype(dt), s.pattern, data.astype(dt), s.out_dtype, exact=_exact(s), config=_cfg(s))
+        return self.dds_fused(s, x, data, None)
 
     def sdd(self, s, a, b):
         dt = check(s.pattern.block_size, a.dtype, b.dtype)
@@ -51,29 +51,17 @@ class PallasBackend:
     # Fused epilogue (``s.epilogue``): bias, activation and the cast in the kernels' store.
     def dsd_fused(self, s, data, x, bias):
         dt = check(s.pattern.block_size, data.dtype, x.dtype)
-        return dsd(
-            s.pattern,
-            data.astype(dt),
-            x.astype(dt),
-            s.out_dtype,
-            exact=_exact(s),
-            config=_cfg(s),
-            epi=s.epilogue,
-            bias=bias,
-        )
+        cfg = _cfg(s)
+        run = stream.dsd if stream.takes("dsd", x.shape[1], s.pattern, cfg) else dsd
+        return run(s.pattern, data.astype(dt), x.astype(dt), s.out_dtype, exact=_exact(s), config=cfg, epi=s.epilogue,
+                   bias=bias)  # fmt: skip
 
     def dds_fused(self, s, x, data, bias):
         dt = check(s.pattern.block_size, data.dtype, x.dtype)
-        return dds(
-            x.astype(dt),
-            s.pattern,
-            data.astype(dt),
-            s.out_dtype,
-            exact=_exact(s),
-            config=_cfg(s),
-            epi=s.epilogue,
-            bias=bias,
-        )
+        cfg = _cfg(s)
+        run = stream.dds if stream.takes("dds", x.shape[0], s.pattern, cfg) else dds
+        return run(x.astype(dt), s.pattern, data.astype(dt), s.out_dtype, exact=_exact(s), config=cfg, epi=s.epilogue,
+                   bias=bias)  # fmt: skip
 
     def dyn_dsd_fused(self, s, rows, cols, keep, valid, data, x, bias):
         dt = check(data.shape[1:], data.dtype, x.dtype)

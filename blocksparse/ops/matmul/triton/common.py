@@ -45,6 +45,10 @@ class TritonConfig:
             dozen small launches). ``None``: ``"scan"``. (A third design, one sort and a binary
             search per program, measured slower than the scan everywhere and was dropped.)
         scan_chunk: block coordinates read at once by the scan (a power of two).
+        stream: run the few-token kernel of :mod:`.stream` (one launch, every SM streaming ``W``'s blocks)
+            for ``x @ W`` and ``W @ x``; ``None``: where the dense operand has at most :data:`~..tuned`
+            ``TRITON_STREAM_MAX_N`` tokens. Its sub-tile is ``tn`` (``x @ W``) or ``tb`` (``W @ x``).
+        stream_group: blocks the stream kernel reads per loop step.
     """
 
     tn: int | None = None
@@ -57,6 +61,8 @@ class TritonConfig:
     dynamic: str | None = None
     scan_chunk: int | None = None
     sdd_splits: int | None = None
+    stream: bool | None = None
+    stream_group: int | None = None
 
     #: The backend this config configures (``implementation="pallas"``).
     backend: ClassVar[str] = "pallas"
@@ -66,6 +72,8 @@ class TritonConfig:
             raise ValueError(f"Expected sdd_splits >= 1. Got {self.sdd_splits}.")
         if self.dynamic not in (None, "scan", "worklist"):
             raise ValueError(f"Expected dynamic None, 'scan' or 'worklist'. Got {self.dynamic!r}.")
+        if self.stream_group is not None and self.stream_group < 1:
+            raise ValueError(f"Expected stream_group >= 1. Got {self.stream_group}.")
 
 
 def _tile(n: int, preferred: int) -> int:

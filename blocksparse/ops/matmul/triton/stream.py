@@ -1,0 +1,239 @@
+"""Few-token products at the memory limit: ``x @ W`` and ``W @ x`` when the dense operand has a handful of
+rows (``x @ W``) or columns (``W @ x``), as in decoding.
+
+With ``n`` tokens of ``K`` features, the product reads ``W``'s kept blocks once and does ``2 n`` flops per
+weight: its time is the time to stream the blocks from HBM. The work-list kernels of :mod:`.kernels` spend it
+elsewhere at such sizes: ``x`` padded to 16 rows by XLA, one program per block column whatever the SM count,
+split columns summed by a second kernel, then a slice: four launches around a kernel of a few microseconds.
+
+This kernel is one launch. Program ``p`` owns one *sub-tile* of one output block: ``tile`` of the block's
+columns (``x @ W``) or rows (``W @ x``), so that a matrix with fewer output blocks than SMs still spreads over
+all of them (a 14336 x 4096 ``W`` of 64 x 64 blocks has 64 block columns: two sub-tiles of 32 give 128
+programs). It walks every kept block of its block column (row), ``group`` blocks per loop step so that
+enough bytes are in flight, reads the ``tile``-wide slice of each block and the matching slab of the dense
+operand (the ``n`` tokens padded to 16 in registers by a masked load, never in memory), accumulates in
+float32 and stores its ``n`` rows (columns) once, the epilogue and the cast fused. No partials, no atomics:
+deterministic, one launch.
+
+- ``x @ W`` (:func:`dds`): the block columns of ``W`` through the pattern's cached transpose (``W``'s values
+  read in place); acc ``(nr, tile) += x[:, slab] @ W_block[:, sub-tile]``.
+- ``W @ x`` (:func:`dsd`): ``W``'s block rows in storage order; acc ``(tile, nr) += W_block[sub-tile, :] @
+  x[slab, :]``. The sub-tile is ``tile`` contiguous rows of the block: one contiguous read.
+
+Which products take it is :func:`takes` (the tuned tables ``TRITON_STREAM_DDS_SPEEDUP`` / ``_DSD_SPEEDUP``:
+where it measured at least as fast as the work list, whose kernel alone is faster on long rows of few output
+blocks: one program per SM then walks 30 to 110 blocks one after another) unless ``TritonConfig(stream=)``
+says; its tile, group and launch parameters come from the config where set, else from :func:`plan`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+
+from .... import hardware
+from ...._pattern import BlockPattern
+from ...._util import next_power_of_2
+from .. import epilogue as _epilogue
+from .. import tuned
+from ..schedule import kernel_constant
+from .common import TritonConfig, _bias_operand, _dot, _finish, _interpret, _pallas_call, _params, _split_refs
+
+__all__ = ["StreamPlan", "dds", "dsd", "plan", "takes"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamPlan:
+    """How the stream kernel runs one product (host facts, hashable).
+
+    Attributes:
+        tile: the sub-tile: columns (``x @ W``) or rows (``W @ x``) of an output block per program.
+        group: blocks read per loop step.
+        rows: the tokens padded to a power of two >= 16 (the accumulator's short side; held in registers).
+        programs: output blocks times sub-tiles.
+        num_warps, num_stages: Triton launch parameters.
+    """
+
+    tile: int
+    group: int
+    rows: int
+    programs: int
+    num_warps: int
+    num_stages: int
+
+
+def takes(op: str, n: int, pattern: BlockPattern, config: TritonConfig | None) -> bool:
+    """Whether ``op`` (``"dds"``: ``x @ W``, ``"dsd"``: ``W @ x``) with ``n`` tokens runs the stream kernel:
+    ``config.stream`` where set; else for square blocks, ``0 < n <=`` the tuned ``TRITON_STREAM_MAX_N`` and the
+    nearest cell of ``TRITON_STREAM_DDS_SPEEDUP`` / ``TRITON_STREAM_DSD_SPEEDUP`` (by block and contracted
+    dimension) at least 1: a tie goes to the kernel of one launch. A device nobody measured has no cell."""
+    if config is not None and config.stream is not None:
+        return bool(config.stream)
+    t = tuned.current()
+    bh, bw = pattern.block_size
+    if bh != bw or not 0 < n <= t.TRITON_STREAM_MAX_N or pattern.nnz_blocks == 0:
+        return False
+    table, k = (t.TRITON_STREAM_DDS_SPEEDUP, pattern.shape[0]) if op == "dds" else (t.TRITON_STREAM_DSD_SPEEDUP,
+                                                                                      pattern.shape[1])  # fmt: skip
+    return tuned.nearest_cell(table, bh, k, pattern.density) >= 1.0
+
+
+#: The share of a CTA's shared memory the pipelined loads may take (Triton keeps a buffer per stage of every load
+#: feeding a dot; the epilogue's layout conversion needs some of the rest).
+SMEM_SHARE = 3 / 4
+
+
+def plan(op: str, pattern: BlockPattern, n: int, config: TritonConfig | None = None, itemsize: int = 2) -> StreamPlan:
+    """The stream kernel's plan for ``op`` (``"dds"``: ``x @ W``, ``"dsd"``: ``W @ x``) with ``n`` tokens of
+    ``itemsize`` bytes.
+
+    The sub-tile is the widest (at most the block) that still gives every SM :data:`~..tuned`
+    ``TRITON_STREAM_PROGRAMS_PER_SM`` programs, and never below ``TRITON_STREAM_MIN_TILE``; the config's
+    ``tn`` (``x @ W``) or ``tb`` (``W @ x``) overrides it. Blocks per step and stages (config, else the tuned
+    table's) are halved, blocks first, until the pipelined loads fit :data:`SMEM_SHARE` of the device's shared
+    memory per CTA."""
+    t = tuned.current()
+    cfg = config or TritonConfig()
+    bh, bw = pattern.block_size
+    side = bw if op == "dds" else bh
+    units = pattern.grid[1] if op == "dds" else pattern.grid[0]
+    forced = cfg.tn if op == "dds" else cfg.tb
+    if forced is not None:
+        tile = min(int(forced), side)
+    else:
+        want = t.TRITON_STREAM_PROGRAMS_PER_SM * hardware.gpu().num_sms
+        tile = side
+        while tile > t.TRITON_STREAM_MIN_TILE and units * (side // tile) < want:
+            tile //= 2
+    rows = next_power_of_2(n, 16)
+    group = cfg.stream_group or t.TRITON_STREAM_GROUP
+    stages = cfg.num_stages or t.TRITON_STREAM_STAGES[min(bh, bw)]
+    contracted = bh if op == "dds" else bw
+    step = (tile * contracted + rows * contracted) * itemsize  # one block's slice and its slab of x
+    budget = SMEM_SHARE * (hardware.gpu().smem_per_block or hardware.PLANNING_DEFAULT.smem_per_block)
+    while group * stages * step > budget and (group > 1 or stages > 2):
+        if group > 1:
+            group = max(1, group // 2)
+        else:
+            stages -= 1
+    return StreamPlan(
+        tile=tile,
+        group=group,
+        rows=rows,
+        programs=units * (side // tile),
+        num_warps=cfg.num_warps or t.TRITON_STREAM_WARPS[min(bh, bw)],
+        num_stages=stages,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _walk(pattern: BlockPattern, op: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(start, kblock, block_id)``: for each output block (a block column of ``W`` for ``dds``, a block row for
+    ``dsd``) the offset of its blocks, then per block the contracted block index and the block's position in
+    ``data``."""
+    if op == "dds":
+        t, perm = pattern.transpose()
+        return np.asarray(t.indptr, np.int32), np.asarray(t.cols, np.int32), np.asarray(perm, np.int32)
+    ids = np.arange(pattern.nnz_blocks, dtype=np.int32)
+    return np.asarray(pattern.indptr, np.int32), np.asarray(pattern.cols, np.int32), ids
+
+
+def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, rows, n, group, exact, epi):
+    """Program ``p``: sub-tile ``p % sub`` of output block ``p // sub`` (see the module docstring)."""
+    from jax.experimental.pallas import triton as plgpu
+
+    bias_ref, (y_ref,) = _split_refs(refs, epi)
+    side = bw if op == "dds" else bh
+    sub = side // tile
+    p = pl.program_id(0)
+    u = p // sub
+    t0 = pl.multiple_of((p % sub) * tile, tile)
+    start = start_ref[u]
+    length = start_ref[u + 1] - start
+    if op == "dds":  # acc (rows, tile): tokens x output columns
+        live = lax.broadcasted_iota(jnp.int32, (rows, bh), 0) < n
+
+        def step(j, acc):
+            r, d = kb_ref[j], id_ref[j]
+            w = w_ref[pl.ds(pl.multiple_of(d * bh, bh), bh), pl.ds(t0, tile)]  # (bh, tile)
+            xs = plgpu.load(x_ref.at[pl.ds(0, rows), pl.ds(pl.multiple_of(r * bh, bh), bh)], mask=live, other=0)
+            return acc + _dot(xs, w, exact=exact)
+
+        shape = (rows, tile)
+    else:  # acc (tile, rows): output rows x tokens
+        live = lax.broadcasted_iota(jnp.int32, (bw, rows), 1) < n
+
+        def step(j, acc):
+            c, d = kb_ref[j], id_ref[j]
+            w = w_ref[pl.ds(pl.multiple_of(d * bh + t0, tile), tile), :]  # (tile, bw)
+            xs = plgpu.load(x_ref.at[pl.ds(pl.multiple_of(c * bw, bw), bw), pl.ds(0, rows)], mask=live, other=0)
+            return acc + _dot(w, xs, exact=exact)
+
+        shape = (tile, rows)
+
+    def grouped(i, acc):
+        j = start + i * group
+        for g in range(group):
+            acc = step(j + g, acc)
+        return acc
+
+    full = length // group
+    acc = lax.fori_loop(0, full, grouped, jnp.zeros(shape, jnp.float32))
+    acc = lax.fori_loop(start + full * group, start + length, step, acc)
+    if op == "dds":
+        c0 = u * bw + t0
+        out = _finish(acc, epi, bias_ref, 0, c0, shape)
+        keep = lax.broadcasted_iota(jnp.int32, shape, 0) < n
+        plgpu.store(y_ref.at[pl.ds(0, rows), pl.ds(c0, tile)], out.astype(y_ref.dtype), mask=keep)
+    else:
+        r0 = u * bh + t0
+        out = _finish(acc, epi, bias_ref, r0, 0, shape)
+        keep = lax.broadcasted_iota(jnp.int32, shape, 1) < n
+        plgpu.store(y_ref.at[pl.ds(r0, tile), pl.ds(0, rows)], out.astype(y_ref.dtype), mask=keep)
+
+
+def _call(op, pattern, data, x, out_dtype, n, out_shape, *, exact, config, epi, bias):
+    bh, bw = pattern.block_size
+    if pattern.nnz_blocks == 0:
+        return _epilogue.reference(jnp.zeros(out_shape, jnp.float32), bias, epi, out_dtype)
+    pl_ = plan(op, pattern, n, config, jnp.dtype(x.dtype).itemsize)
+    start, kb, ids = _walk(pattern, op)
+    kernel = functools.partial(_kernel, op=op, bh=bh, bw=bw, tile=pl_.tile, rows=pl_.rows, n=n, group=pl_.group,
+                               exact=exact, epi=epi)  # fmt: skip
+    length = out_shape[1] if op == "dds" else out_shape[0]
+    b1 = _bias_operand(bias, epi, length)
+    name = f"bs_{op}_stream_{bh}x{bw}_t{pl_.tile}_g{pl_.group}" + ("_epi" if epi is not None else "")
+    return _pallas_call(
+        kernel,
+        grid=(pl_.programs,),
+        out_shape=jax.ShapeDtypeStruct(out_shape, out_dtype),
+        compiler_params=_params(pl_.num_warps, pl_.num_stages),
+        interpret=_interpret(),
+        name=name,
+    )(kernel_constant(start), kernel_constant(kb), kernel_constant(ids), data.reshape(-1, bw), x, *b1)
+
+
+def dds(x, pattern: BlockPattern, data, out_dtype, *, exact: bool = False, config: TritonConfig | None = None,
+        epi=None, bias=None):  # fmt: skip
+    """``x @ W`` (``x``: ``(n, K)``, few rows) in one launch; ``data`` and ``x`` of one supported dtype."""
+    n = x.shape[0]
+    if n == 0:
+        return jnp.zeros((0, pattern.shape[1]), out_dtype)
+    return _call("dds", pattern, data, x, out_dtype, n, (n, pattern.shape[1]), exact=exact, config=config, epi=epi,
+                 bias=bias)  # fmt: skip
+
+
+def dsd(pattern: BlockPattern, data, x, out_dtype, *, exact: bool = False, config: TritonConfig | None = None,
+        epi=None, bias=None):  # fmt: skip
+    """``W @ x`` (``x``: ``(K, n)``, few columns) in one launch; ``data`` and ``x`` of one supported dtype."""
+    n = x.shape[1]
+    if n == 0:
+        return jnp.zeros((pattern.shape[0], 0), out_dtype)
+    return _call("dsd", pattern, data, x, out_dtype, n, (pattern.shape[0], n), exact=exact, config=config, epi=epi,
+                 bias=bias)  # fmt: skip

@@ -1,0 +1,191 @@
+"""The few-token kernel (``triton/stream.py``): ``x @ W`` and ``W @ x`` with a handful of tokens, in one launch.
+
+CPU (CI): its plan and dispatch rule on a faked H200, one launch in the CUDA lowering, and its logic in Pallas'
+interpreter against the dense product on random shapes, block sizes, densities (empty and full) and adversarial
+patterns, with the fused epilogue and gradients. GPU (``-m gpu``): the real kernel on the same oracles.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import has_gpu
+from helpers import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_gnn_pallas import _lower_for_cuda
+
+import blocksparse as bs
+from blocksparse import hardware
+from blocksparse.ops import _dispatch as dispatch
+from blocksparse.ops.matmul import tuned
+from blocksparse.ops.matmul.triton import TritonConfig, stream
+
+ON_GPU = has_gpu()
+TOL = {jnp.dtype(jnp.float32): 2e-5, jnp.dtype(jnp.bfloat16): 2e-2, jnp.dtype(jnp.float16): 4e-3}
+HIGHEST = jax.lax.Precision.HIGHEST
+
+
+@pytest.fixture(autouse=True)
+def kernels():
+    """The real kernels on a GPU, the interpreter elsewhere."""
+    with dispatch.interpret(not ON_GPU):
+        yield
+
+
+def _pattern(kind: str, rng, grid, block, density):
+    gm, gk = grid
+    if kind == "random":
+        return bs.BlockPattern.random(rng, (gm * block, gk * block), block, density)
+    mask = np.zeros(grid, bool)
+    if kind == "one_full_row":
+        mask[rng.integers(gm), :] = True
+    elif kind == "one_full_col":
+        mask[:, rng.integers(gk)] = True
+    elif kind == "empty_rows":
+        mask[::2, :] = True
+    elif kind == "single":
+        mask[rng.integers(gm), rng.integers(gk)] = True
+    return bs.BlockPattern.from_mask(mask, block)
+
+
+def _rel(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape and np.isfinite(got).all()
+    scale = np.linalg.norm(want)
+    return np.linalg.norm(got - want) / scale if scale else np.abs(got).max()
+
+
+@settings(max_examples=examples(12), deadline=None)
+@given(
+    kind=st.sampled_from(["random", "random", "one_full_row", "one_full_col", "empty_rows", "single"]),
+    gm=st.integers(1, 5),
+    gk=st.integers(1, 5),
+    block=st.sampled_from([16, 32, 64]),
+    n=st.sampled_from([1, 2, 7, 16, 17, 40]),
+    density=st.sampled_from([0.0, 0.3, 1.0]),
+    op=st.sampled_from(["x @ W", "W @ x"]),
+    group=st.sampled_from([1, 3, 4]),
+    tile=st.sampled_from([None, 16]),
+    dtype=st.sampled_from([jnp.float32, jnp.bfloat16]),
+    seed=st.integers(0, 2**16),
+)
+def test_stream_matches_the_dense_product(kind, gm, gk, block, n, density, op, group, tile, dtype, seed):
+    rng = np.random.default_rng(seed)
+    p = _pattern(kind, rng, (gm, gk), block, density)
+    data = jnp.asarray(rng.standard_normal((p.nnz_blocks, block, block)), dtype)
+    W = bs.BlockSparseMatrix(p, data)
+    cfg = TritonConfig(stream=True, stream_group=group, tn=tile, tb=tile)
+    if op == "x @ W":
+        x = jnp.asarray(rng.standard_normal((n, p.shape[0])), dtype)
+        got = bs.matmul(x, W, implementation="pallas", precision=HIGHEST, config=cfg)
+        want = x.astype(jnp.float32) @ W.to_dense().astype(jnp.float32)
+    else:
+        x = jnp.asarray(rng.standard_normal((p.shape[1], n)), dtype)
+        got = bs.matmul(W, x, implementation="pallas", precision=HIGHEST, config=cfg)
+        want = W.to_dense().astype(jnp.float32) @ x.astype(jnp.float32)
+    assert got.dtype == jnp.dtype(dtype)
+    assert _rel(got.astype(jnp.float32), want) <= TOL[jnp.dtype(dtype)]
+
+
+@pytest.mark.parametrize("op", ["x @ W", "W @ x"])
+def test_fused_epilogue_and_gradients_match_dense(op):
+    rng = np.random.default_rng(1)
+    W = bs.random(jax.random.key(2), (128, 64) if op == "x @ W" else (64, 128), 32, 0.5)
+    dense = W.to_dense()
+    bias = jnp.asarray(rng.standard_normal(64), jnp.float32)
+
+    def sparse(W, x):
+        if op == "x @ W":
+            return bs.matmul(x, W, bias=bias, activation=jax.nn.gelu, precision=HIGHEST)
+        out = bs.matmul(W, x, precision=HIGHEST)
+        return jax.nn.gelu(out + bias[:, None])
+
+    def ref(w, x):
+        out = x @ w if op == "x @ W" else w @ x
+        return jax.nn.gelu(out + (bias if op == "x @ W" else bias[:, None]))
+
+    x = jnp.asarray(rng.standard_normal((3, 128) if op == "x @ W" else (128, 3)), jnp.float32)
+    with bs.dispatch_log() as log, jax.default_matmul_precision("highest"):  # the oracle in float32 too
+        got, want = sparse(W, x), ref(dense, x)
+        gW, gx = jax.grad(lambda W, x: (sparse(W, x) ** 2).sum(), argnums=(0, 1))(W, x)
+        rW, rx = jax.grad(lambda w, x: (ref(w, x) ** 2).sum(), argnums=(0, 1))(dense, x)
+    assert _rel(got, want) <= 1e-5
+    assert _rel(gx, rx) <= 1e-5
+    assert _rel(gW.to_dense(), rW * (dense != 0)) <= 1e-5
+    assert any("pallas" in str(e) for e in log)
+
+
+def test_plan_spreads_the_decode_shapes_over_every_sm():
+    with hardware.fake(hardware.H200):
+        t = tuned.current()
+        sms = hardware.gpu().num_sms
+        for shape in ((4096, 14336), (14336, 4096)):
+            for b in (16, 32, 64, 128):
+                p = bs.BlockPattern.random(0, shape, b, 1 / 8)
+                for op in ("dds", "dsd"):
+                    pl_ = stream.plan(op, p, 1)
+                    assert pl_.tile >= t.TRITON_STREAM_MIN_TILE or pl_.tile == b
+                    units = p.grid[1] if op == "dds" else p.grid[0]
+                    assert pl_.programs == units * b // pl_.tile
+                    assert pl_.programs >= min(sms, units * b // t.TRITON_STREAM_MIN_TILE)
+                    assert pl_.rows == 16 and 1 <= pl_.group <= t.TRITON_STREAM_GROUP
+                    assert pl_.num_warps == t.TRITON_STREAM_WARPS[b]
+                    step = pl_.tile * b * 2 + 16 * b * 2  # bf16
+                    assert pl_.group * pl_.num_stages * step <= stream.SMEM_SHARE * hardware.H200.smem_per_block
+        p = bs.BlockPattern.random(0, (4096, 4096), 64, 1 / 8)
+        assert stream.plan("dds", p, 40, TritonConfig(tn=16, stream_group=2)) == stream.StreamPlan(
+            tile=16, group=2, rows=64, programs=64 * 4, num_warps=t.TRITON_STREAM_WARPS[64],
+            num_stages=t.TRITON_STREAM_STAGES[64])  # fmt: skip
+
+
+def test_takes_few_tokens_where_it_measured_faster_unless_the_config_says():
+    most = tuned.H200.TRITON_STREAM_MAX_N
+    with hardware.fake(hardware.H200):
+        p = bs.BlockPattern.random(0, (4096, 4096), 32, 1 / 8)
+        assert stream.takes("dds", 1, p, None) and stream.takes("dds", most, p, None)
+        assert not stream.takes("dds", most + 1, p, None) and not stream.takes("dds", 0, p, None)
+        long_rows = bs.BlockPattern.random(0, (4096, 14336), 32, 1 / 8)  # W @ x walks 56 blocks a row
+        assert stream.takes("dds", 1, long_rows.T, None) and not stream.takes("dsd", 1, long_rows, None)
+        assert not stream.takes("dds", 1, p, TritonConfig(stream=False))
+        assert stream.takes("dsd", 4096, long_rows, TritonConfig(stream=True))
+        assert not stream.takes("dds", 1, bs.BlockPattern.from_mask(np.zeros((8, 8), bool), 32), None)
+        assert not stream.takes("dds", 1, bs.BlockPattern.random(0, (4096, 4096), (32, 64), 1 / 8), None)
+    with hardware.fake(hardware.Device("an unmeasured GPU", num_sms=100, smem_per_block=100_000)):
+        assert not stream.takes("dds", 1, p, None)  # no measured cell: the work list
+    with pytest.raises(ValueError, match="stream_group >= 1"):
+        TritonConfig(stream_group=0)
+
+
+@pytest.mark.skipif(ON_GPU, reason="the GPU runs the kernels for real")
+@pytest.mark.parametrize("op", ["x @ W", "W @ x"])
+def test_one_launch_per_product(op, monkeypatch):
+    # The decode product is the stream kernel alone: no pad of x, no combine kernel, no slice.
+    monkeypatch.setattr(dispatch, "pallas_mode", lambda: False)  # lowered as on a GPU
+    W = bs.random(jax.random.key(0), (1024, 512), 32, 1 / 4, dtype=jnp.bfloat16)
+
+    def f(W, x):
+        return bs.matmul(x, W) if op == "x @ W" else bs.matmul(W.T, x)
+
+    x = jnp.ones((5, 1024) if op == "x @ W" else (1024, 5), jnp.bfloat16)
+    txt = _lower_for_cuda(f, W, x)
+    assert txt.count("__gpu$xla.gpu.triton") == 1 and "_stream_" in txt
+    assert "stablehlo.pad" not in txt and "stablehlo.slice" not in txt
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b", [16, 32, 64, 128])
+@pytest.mark.parametrize("op", ["x @ W", "W @ x"])
+def test_decode_shapes_on_the_gpu(op, b):
+    # The decode suite's shapes at n = 1 and 64, bf16 and fp16, default plan, against the float32 product.
+    for n, dtype in ((1, jnp.bfloat16), (64, jnp.float16)):
+        W = bs.random(jax.random.key(b), (4096, 1024), b, 1 / 8, dtype=dtype)
+        if op == "x @ W":
+            x = jax.random.normal(jax.random.key(1), (n, 4096)).astype(dtype)
+            got, want = bs.matmul(x, W), x.astype(jnp.float32) @ W.to_dense().astype(jnp.float32)
+        else:
+            x = jax.random.normal(jax.random.key(1), (1024, n)).astype(dtype)
+            got, want = bs.matmul(W, x), W.to_dense().astype(jnp.float32) @ x.astype(jnp.float32)
+        assert _rel(got.astype(jnp.float32), want) <= TOL[jnp.dtype(dtype)]
