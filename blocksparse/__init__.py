@@ -15,7 +15,7 @@ from importlib.metadata import PackageNotFoundError as _NotFound
 from importlib.metadata import version as _version
 
 from . import gnn, ipu, nn, ops, prune
-from ._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, random
+from ._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, concatenate, random
 from ._pattern import BlockPattern
 from ._util import checkify, runtime_checks
 from .ipu import DynamicPlan, NoValidPlanError, Plan, dynamic_plan, plan, simulate, simulate_dynamic
@@ -30,6 +30,7 @@ except _NotFound:  # running from a source tree that was never installed
 __all__ = [
     "BlockPattern",
     "checkify",
+    "concatenate",
     "runtime_checks",
     "BlockSparseMatrix",
     "DynamicBlockSparseMatrix",

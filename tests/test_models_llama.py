@@ -293,6 +293,33 @@ def test_pruned_model_equals_the_dense_model_of_its_weights(ckpt):
     assert _llama.block_density(g) == pytest.approx(0.25, abs=0.01)
 
 
+def test_fused_projections_give_the_same_model_with_fewer_products(ckpt):
+    m = ckpt["model"]
+    pruned = prune_decoder(m, 8, 0.5)
+    for model in (m, pruned):
+        fused = _llama.fuse_projections(model)
+        for L in fused.layers:
+            assert L.q is None and L.k is None and L.v is None and L.gate is None and L.up is None
+            assert type(L.qkv) is type(model.layers[0].q) and L.gate_up.activation is None
+        np.testing.assert_allclose(fused(IDS), model(IDS), rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(generate(fused, IDS, 4), generate(model, IDS, 4))
+        want = model.state_dict()
+        got = fused.state_dict()
+        assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)
+        assert _llama.block_density(fused) == pytest.approx(_llama.block_density(model))
+        np.testing.assert_allclose(densified(fused)(IDS), model(IDS), rtol=1e-5, atol=1e-5)
+    with bs.dispatch_log() as log:
+        jax.jit(lambda model, ids: model(ids))(_llama.fuse_projections(pruned), IDS)
+    assert len(log) == 4 * HF["num_hidden_layers"]  # qkv, o, gate_up, down: four products a layer, not seven
+    with pytest.raises(ValueError, match=r"layers\[0\].qkv fused; prune first"):
+        prune_decoder(_llama.fuse_projections(m), 8, 0.5)
+    mixed = _llama.fuse_projections(prune_decoder(m, 8, 0.5, targets=("q", "gate", "up")))
+    assert mixed.layers[0].qkv is None and isinstance(mixed.layers[0].q, bs.nn.SparseLinear)  # mixed: as it was
+    assert isinstance(mixed.layers[0].gate_up, bs.nn.SparseLinear)
+    np.testing.assert_allclose(mixed(IDS), prune_decoder(m, 8, 0.5, targets=("q", "gate", "up"))(IDS), rtol=1e-5,
+                               atol=1e-5)  # fmt: skip
+
+
 # -- bad input ------------------------------------------------------------------------------------------
 def test_missing_or_misshaped_tensor_is_named(ckpt, tmp_path):
     t = dict(ckpt["tensors"])
@@ -392,3 +419,4 @@ def test_decode_suite_pruned_generation_cell_runs_checked():
     assert cell.params["kind"] == "generate" and cell.params["block_size"]
     m = _run_checked(cell)
     assert m["tokens_per_s"] > 0 and m["rel_err"] < 1e-4 and m["tokens_equal"] == 1.0 and m["dense_loop_ms"] > 0
+    assert m["fused_tokens_per_s"] > 0 and m["fused_calls_ms"] > 0  # the fused model, checked and timed

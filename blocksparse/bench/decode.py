@@ -22,7 +22,9 @@ Two kinds of cells:
   whole sequence (a token may differ from it only within the dtype's rounding of a near-tie), and a
   pruned model against the same pruned weights held by dense layers (logits on the same sequence; in
   bfloat16 against that dense model in float32, within twice the dense bfloat16 model's own error
-  ``dense_half_rel_err`` plus 1e-2; ``tokens_equal``: the fraction of greedy tokens both pick).
+  ``dense_half_rel_err`` plus 1e-2; ``tokens_equal``: the fraction of greedy tokens both pick). A pruned
+  cell also times the model with its projections fused (:func:`blocksparse.models.fuse_projections`: q, k, v
+  and gate, up one product each; ``fused_*``), its greedy tokens checked against its own logits.
 
 Quick (CPU) sizes: a tiny decoder and small products, in seconds. Full sizes (GPU, bf16): the 1B-class
 config (hidden 2048, 16 layers, 32 heads and 8 KV heads, FFN 8192, vocabulary 32000) at batch 1, 8 and 32
@@ -288,6 +290,16 @@ def _generate(ctx: _Generation, batch: int, b, d, timer: Timer) -> dict:
                                      what="pruned logits vs its weights held densely")  # fmt: skip
         out["tokens_equal"] = float(np.mean(np.asarray(tokens) == np.asarray(ref_tokens)))
         out["block_density"] = block_density(model)
+    if b is not None:  # the same pruned model with q, k, v and gate, up fused into one product each
+        from ..models import fuse_projections
+
+        fused = fuse_projections(model)
+        fused_tokens = jax.block_until_ready(jax.jit(run)(fused, prompts))[:, ::-1]
+        fused_seq = jnp.concatenate([prompts, fused_tokens], axis=1)
+        _check_greedy(jax.jit(_logits)(fused, fused_seq), ctx.prompt, fused_tokens, ctx.dtype, "fused generation")
+        out["fused_loop_ms"] = timer.loop(run, fused, prompts, iters=iters)
+        out["fused_calls_ms"] = timer.calls(run, fused, prompts, iters=iters)
+        out["fused_tokens_per_s"] = batch * ctx.new_tokens / (out["fused_loop_ms"] * 1e-3)
     out["loop_ms"] = ctx.dense_loop_ms(batch, timer) if b is None else timer.loop(run, model, prompts, iters=iters)
     out["calls_ms"] = timer.calls(run, model, prompts, iters=iters)  # the checked program (compiled above)
     out["prefill_ms"] = timer.loop(_prefill, model, prompts, iters=iters)

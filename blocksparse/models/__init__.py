@@ -17,6 +17,7 @@ from . import corpus, minilm, study
 from ._bert import PROJECTIONS, BertConfig, BertEncoder, BertLayer, LayerNorm, prune_encoder
 from ._llama import (
     DECODER_PROJECTIONS,
+    FUSED_PROJECTIONS,
     ROPE_TYPES,
     KVCache,
     LlamaConfig,
@@ -25,6 +26,7 @@ from ._llama import (
     RMSNorm,
     block_density,
     densified,
+    fuse_projections,
     generate,
     inverse_frequencies,
     left_pad,
@@ -36,6 +38,7 @@ from ._llama import (
 
 __all__ = [
     "DECODER_PROJECTIONS",
+    "FUSED_PROJECTIONS",
     "PROJECTIONS",
     "ROPE_TYPES",
     "KVCache",
@@ -45,6 +48,7 @@ __all__ = [
     "RMSNorm",
     "block_density",
     "densified",
+    "fuse_projections",
     "generate",
     "inverse_frequencies",
     "left_pad",

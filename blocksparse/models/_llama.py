@@ -29,12 +29,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import nn as _nn
+from .._matrix import concatenate as bs_concatenate
 from .._pattern import check_block_size, check_density, num_blocks
 from .._util import Pytree
 from ._bert import _apply, dense_projection, sparse_projection
 
 __all__ = [
     "DECODER_PROJECTIONS",
+    "FUSED_PROJECTIONS",
     "KVCache",
     "LlamaConfig",
     "LlamaLayer",
@@ -43,6 +45,7 @@ __all__ = [
     "RMSNorm",
     "block_density",
     "densified",
+    "fuse_projections",
     "generate",
     "inverse_frequencies",
     "left_pad",
@@ -57,6 +60,8 @@ DECODER_PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
 #: Hugging Face names of the projections under ``model.layers.{i}.``.
 _HF = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
        "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}  # fmt: skip
+#: The projections :func:`fuse_projections` joins into one product: fused name -> its members, in order.
+FUSED_PROJECTIONS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
 #: The activation fused into a projection's product (SwiGLU: ``down(silu(gate(x)) * up(x))``).
 _ACT = {"gate": "silu"}
 #: ``rope_scaling`` types implemented (``"default"``: none); any other is refused by name.
@@ -240,6 +245,11 @@ class KVCache(Pytree):
         return self.k[0].shape[1]
 
 
+def _silu(y):
+    """SiLU as the products' epilogue computes it (in float32), cast back."""
+    return _nn.ACTIVATIONS["silu"](y.astype(jnp.float32)).astype(y.dtype)
+
+
 def _rotate(x, cos, sin):
     """Rotary embedding in the ``rotate_half`` layout: ``x (b, t, heads, d)``, ``cos``/``sin`` ``(b, t, d)``."""
     half = x.shape[-1] // 2
@@ -251,7 +261,7 @@ def _rotate(x, cos, sin):
 class LlamaLayer(Pytree):
     """One decoder layer: RMSNorm, grouped-query attention on the KV cache, residual; RMSNorm, SwiGLU, residual."""
 
-    _leaves = ("input_norm", "q", "k", "v", "o", "post_norm", "gate", "up", "down")
+    _leaves = ("input_norm", "q", "k", "v", "o", "post_norm", "gate", "up", "down", "qkv", "gate_up")
     _static = ("num_heads", "num_kv_heads", "head_dim")
 
     input_norm: RMSNorm
@@ -266,6 +276,8 @@ class LlamaLayer(Pytree):
     num_heads: int
     num_kv_heads: int
     head_dim: int
+    qkv: object = None
+    gate_up: object = None
 
     def __call__(self, x, cos, sin, k_cache, v_cache, start, key_mask):
         """``x (b, t, hidden)`` at cache slots ``start .. start + t``; returns ``(x, k_cache, v_cache)``.
@@ -275,9 +287,13 @@ class LlamaLayer(Pytree):
         b, t, _ = x.shape
         nh, nk, d = self.num_heads, self.num_kv_heads, self.head_dim
         h = self.input_norm(x)
-        q = _rotate(_apply(self.q, h).reshape(b, t, nh, d), cos, sin)
-        k = _rotate(_apply(self.k, h).reshape(b, t, nk, d), cos, sin)
-        v = _apply(self.v, h).reshape(b, t, nk, d)
+        if self.qkv is not None:  # fused: one product, split
+            q, k, v = jnp.split(_apply(self.qkv, h), [nh * d, (nh + nk) * d], axis=-1)
+        else:
+            q, k, v = _apply(self.q, h), _apply(self.k, h), _apply(self.v, h)
+        q = _rotate(q.reshape(b, t, nh, d), cos, sin)
+        k = _rotate(k.reshape(b, t, nk, d), cos, sin)
+        v = v.reshape(b, t, nk, d)
         k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), start, axis=1)
         v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), start, axis=1)
         qg = q.reshape(b, t, nk, nh // nk, d)
@@ -287,7 +303,11 @@ class LlamaLayer(Pytree):
         ctx = jnp.einsum("bkgts,bskd->btkgd", probs, v_cache, preferred_element_type=jnp.float32).astype(x.dtype)
         x = x + _apply(self.o, ctx.reshape(b, t, nh * d))
         h = self.post_norm(x)
-        mlp = _apply(self.gate, h) * _apply(self.up, h)  # the gate's SiLU is fused into its product
+        if self.gate_up is not None:  # fused: one product, then SiLU(gate) * up
+            gate, up = jnp.split(_apply(self.gate_up, h), 2, axis=-1)
+            mlp = _silu(gate) * up
+        else:
+            mlp = _apply(self.gate, h) * _apply(self.up, h)  # the gate's SiLU is fused into its product
         return x + _apply(self.down, mlp), k_cache, v_cache
 
 
@@ -425,15 +445,15 @@ class LlamaModel(Pytree):
         densely, zeros outside the pattern); bfloat16 parameters stay bfloat16 (``ml_dtypes``)."""
 
         def dense(p):
-            return np.asarray(p.weight.to_dense() if isinstance(p, _nn.SparseLinear) else p.weight).T
+            return _dense_weight(p).T
 
         out = {"model.embed_tokens.weight": np.asarray(self.embed), "model.norm.weight": np.asarray(self.norm.weight)}
         for i, L in enumerate(self.layers):
             p = f"model.layers.{i}."
             out[p + "input_layernorm.weight"] = np.asarray(L.input_norm.weight)
             out[p + "post_attention_layernorm.weight"] = np.asarray(L.post_norm.weight)
-            for n in DECODER_PROJECTIONS:
-                out[p + _HF[n] + ".weight"] = dense(getattr(L, n))
+            for n, w in _unfused_weights(L).items():
+                out[p + _HF[n] + ".weight"] = w.T
         if self.lm_head is not None:
             out["lm_head.weight"] = dense(self.lm_head)
         return {k: np.ascontiguousarray(v) for k, v in out.items()}
@@ -703,6 +723,11 @@ def prune_decoder(model: LlamaModel, block_size, density: float, *, scope: str =
         raise ValueError(f"Expected density in (0, 1] (a fraction of each projection's blocks kept). Got {density}.")
     if scope not in ("layer", "global"):
         raise ValueError(f"Expected scope 'layer' or 'global'. Got {scope!r}.")
+    for i, L in enumerate(model.layers):
+        fused = [n for n in FUSED_PROJECTIONS if getattr(L, n) is not None]
+        if fused:
+            raise ValueError(f"Expected unfused projections to prune. Got layers[{i}].{fused[0]} fused; prune first, "
+                             "then fuse_projections.")  # fmt: skip
     where = [(i, t) for i in range(len(model.layers)) for t in targets if t != "lm_head"]
     if "lm_head" in targets:
         where.append((None, "lm_head"))
@@ -740,7 +765,9 @@ def densified(model: LlamaModel) -> LlamaModel:
     def dense(p):
         return _nn.Linear(p.weight.to_dense(), p.bias, p.activation) if isinstance(p, _nn.SparseLinear) else p
 
-    layers = tuple(L._replace(**{n: dense(getattr(L, n)) for n in DECODER_PROJECTIONS}) for L in model.layers)
+    names = (*DECODER_PROJECTIONS, *FUSED_PROJECTIONS)
+    layers = tuple(L._replace(**{n: dense(getattr(L, n)) for n in names if getattr(L, n) is not None})
+                   for L in model.layers)  # fmt: skip
     head = None if model.lm_head is None else dense(model.lm_head)
     return model._replace(layers=layers, lm_head=head)
 
@@ -748,9 +775,91 @@ def densified(model: LlamaModel) -> LlamaModel:
 def block_density(model: LlamaModel) -> float:
     """The fraction of weight blocks kept over every block-sparse projection (1.0 for a dense model)."""
     kept = total = 0
-    projs = [getattr(L, n) for L in model.layers for n in DECODER_PROJECTIONS] + [model.lm_head]
+    projs = [getattr(L, n) for L in model.layers for n in (*DECODER_PROJECTIONS, *FUSED_PROJECTIONS)] + [model.lm_head]
     for p in projs:
         if isinstance(p, _nn.SparseLinear):
             kept += p.weight.pattern.nnz_blocks * math.prod(p.weight.block_size)
             total += math.prod(p.weight.shape)
     return kept / total if total else 1.0
+
+
+def fuse_projections(model: LlamaModel) -> LlamaModel:
+    """One product for each group of projections that reads one input: ``q, k, v`` as ``qkv`` and ``gate, up``
+    as ``gate_up`` (:data:`FUSED_PROJECTIONS`), the same model with fewer launches per layer.
+
+    A group is fused where its members are all dense or all block-sparse of one block size (and one
+    implementation): the weights side by side (:func:`blocksparse.concatenate` for block-sparse ones), the
+    product's output split again, the gate's SiLU applied after the product instead of in its epilogue (the
+    rest of the computation is the same, so in float32 the logits agree to rounding). A group of mixed members
+    stays as it is. Prune first (:func:`prune_decoder` refuses a fused model), then fuse; ``state_dict`` writes
+    the members under their own names again.
+
+    Example::
+
+        >>> import jax, blocksparse as bs
+        >>> from blocksparse.models import LlamaConfig, LlamaModel, fuse_projections, prune_decoder
+        >>> cfg = LlamaConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+        ...                   intermediate_size=64, max_positions=16)
+        >>> m = prune_decoder(LlamaModel.random(jax.random.key(0), cfg), 16, 0.5)
+        >>> f = fuse_projections(m)
+        >>> f.layers[0].gate is None, type(f.layers[0].gate_up).__name__, f.layers[0].gate_up.weight.shape
+        (True, 'SparseLinear', (32, 128))
+    """
+    layers = []
+    for i, L in enumerate(model.layers):
+        fields = {}
+        for fused, names in FUSED_PROJECTIONS.items():
+            if getattr(L, fused) is None:
+                fields.update(_fuse(fused, [getattr(L, n) for n in names], names, f"layers[{i}]"))
+        layers.append(L._replace(**fields))
+    return model._replace(layers=tuple(layers))
+
+
+def _fuse(fused: str, projs, names, where: str) -> dict:
+    """``{fused: the joined layer, member: None, ...}``, or ``{}`` for members of mixed kinds."""
+    acts = [p.activation for p in projs]
+    want = [_ACT.get(n) for n in names]
+    if acts != want:
+        raise ValueError(f"{where}: expected the activations {dict(zip(names, want, strict=True))} of a Llama "
+                         f"layer to fuse {fused}. Got {dict(zip(names, acts, strict=True))}.")  # fmt: skip
+    if all(isinstance(p, _nn.SparseLinear) for p in projs):
+        ws = [p.weight for p in projs]
+        if len({w.block_size for w in ws}) > 1 or len({p.implementation for p in projs}) > 1:
+            return {}
+        weight, make = bs_concatenate(ws), lambda w, b: _nn.SparseLinear(w, b, projs[0].implementation, None)
+    elif all(type(p) is _nn.Linear for p in projs):
+        weight, make = jnp.concatenate([p.weight for p in projs], axis=1), lambda w, b: _nn.Linear(w, b, None)
+    else:
+        return {}
+    if all(p.bias is None for p in projs):
+        bias = None
+    else:
+        bias = jnp.concatenate([jnp.zeros(_out_features(p), weight.dtype) if p.bias is None else p.bias
+                                for p in projs])  # fmt: skip
+    return {fused: make(weight, bias), **dict.fromkeys(names)}
+
+
+def _out_features(p) -> int:
+    return p.weight.shape[1]
+
+
+def _dense_weight(p) -> np.ndarray:
+    """A projection's ``(in, out)`` weight as NumPy (block-sparse written densely)."""
+    return np.asarray(p.weight.to_dense() if isinstance(p, _nn.SparseLinear) else p.weight)
+
+
+def _unfused_weights(layer: LlamaLayer) -> dict[str, np.ndarray]:
+    """Each of :data:`DECODER_PROJECTIONS` ``(in, out)`` weight, fused ones split again."""
+    out = {}
+    for n in DECODER_PROJECTIONS:
+        p = getattr(layer, n)
+        if p is not None:
+            out[n] = _dense_weight(p)
+    for fused, names in FUSED_PROJECTIONS.items():
+        p = getattr(layer, fused)
+        if p is not None:
+            nh, nk, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
+            widths = (nh * d, nk * d, nk * d) if fused == "qkv" else (p.weight.shape[1] // 2,) * 2
+            parts = np.split(_dense_weight(p), np.cumsum(widths)[:-1], axis=1)
+            out.update(zip(names, parts, strict=True))
+    return {n: out[n] for n in DECODER_PROJECTIONS}
