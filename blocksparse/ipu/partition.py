@@ -21,7 +21,6 @@ Python loops), and plans are cached on the pattern's fingerprint and the options
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -94,15 +93,50 @@ def tiles_for_bands(nnz_per_band: np.ndarray, tiles: int, grain: int = 1) -> np.
     return np.minimum(out, nnz)
 
 
-@dataclass(frozen=True)
 class _Bands:
-    boundaries: np.ndarray  # int[B + 1]
-    nnz: np.ndarray  # int[B] blocks per band
-    order: np.ndarray  # permutation of blocks: band-major, row-major within a band
-    band: np.ndarray  # band of each block, in `order`
-    pos: np.ndarray  # position of each block within its band, in `order`
-    nonempty_rows: np.ndarray  # int[B] block rows with a block in the band
-    nonempty_cols: np.ndarray  # int[B] block columns with a block in the band
+    """Column bands of a pattern: counts at once (what screening reads), the band-major order of the blocks on
+    first use (what exact scoring and the plan read): a stable sort of every block, skipped for the candidates
+    a screen or a probe rejects."""
+
+    def __init__(self, pattern: BlockPattern, boundaries: np.ndarray, nnz: np.ndarray, of_block: np.ndarray | None,
+                 nonempty_rows: np.ndarray, nonempty_cols: np.ndarray):  # fmt: skip
+        self.pattern = pattern
+        self.boundaries = boundaries  # int[B + 1]
+        self.nnz = nnz  # int[B] blocks per band
+        self.of_block = of_block  # band of each block in pattern order (None: one band)
+        self.nonempty_rows = nonempty_rows  # int[B] block rows with a block in the band
+        self.nonempty_cols = nonempty_cols  # int[B] block columns with a block in the band
+        self._members = {}  # band -> its blocks in pattern order (first_blocks before the order is needed)
+
+    @functools.cached_property
+    def order(self) -> np.ndarray:
+        """Permutation of blocks: band-major, row-major within a band."""
+        if self.of_block is None:
+            return np.arange(self.pattern.nnz_blocks)  # one band: the pattern's own row-major order
+        return np.argsort(self.of_block, kind="stable")  # pattern order is row-major: stays so
+
+    @functools.cached_property
+    def starts(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.nnz)[:-1]])
+
+    @functools.cached_property
+    def band(self) -> np.ndarray:
+        """Band of each block, in :attr:`order`."""
+        return np.repeat(np.arange(self.nnz.size), self.nnz)
+
+    @functools.cached_property
+    def pos(self) -> np.ndarray:
+        """Position of each block within its band, in :attr:`order`."""
+        return np.arange(self.pattern.nnz_blocks) - np.repeat(self.starts, self.nnz)
+
+    def first_blocks(self, j: int, count: int) -> np.ndarray:
+        """The first ``count`` blocks of band ``j`` in :attr:`order` (pattern positions), without sorting."""
+        if "order" in self.__dict__ or self.of_block is None:
+            start = int(self.starts[j])
+            return self.order[start : start + count]
+        if j not in self._members:
+            self._members[j] = np.flatnonzero(self.of_block == j)
+        return self._members[j][:count]
 
 
 def _tiles_per_split(machine: IPUMachine, n_split: int) -> int:
@@ -121,27 +155,30 @@ def _small_int(a: np.ndarray, limit: int) -> np.ndarray:
     return a.astype(np.int16) if limit < np.iinfo(np.int16).max else a
 
 
+#: Above this many (block row, band) cells, the rows of each band are counted by sorting instead of a bitmap.
+_BITMAP_CELLS = 1 << 24
+
+
 def _bands(pattern: BlockPattern, num_bands: int, col_counts: np.ndarray) -> _Bands:
     bounds = _bounds(col_counts, num_bands)
     nb = bounds.size - 1
     nnz = np.add.reduceat(col_counts, bounds[:-1]) if col_counts.size else np.zeros(nb, np.int64)
-    size = pattern.nnz_blocks
-    if nb == 1:
-        order = np.arange(size)  # one band: the pattern's own row-major order
-    else:
-        lut = _small_int(np.repeat(np.arange(nb), np.diff(bounds)), nb)  # band of each block column
-        order = np.argsort(lut[pattern.cols], kind="stable")  # pattern order is row-major: stays so
-    starts = np.concatenate([[0], np.cumsum(nnz)[:-1]])
-    band = np.repeat(np.arange(nb), nnz)
-    pos = np.arange(size) - np.repeat(starts, nnz)
-    rows = pattern.rows[order]
-    new_row = np.ones(size, bool)
-    new_row[1:] = rows[1:] != rows[:-1]
-    new_row[starts[nnz > 0]] = True  # a band's first block starts a row
-    nonempty_rows = np.bincount(band[new_row], minlength=nb)
+    gm = pattern.grid[0]
     cum = np.concatenate([[0], np.cumsum(col_counts > 0)])
     nonempty_cols = cum[bounds[1:]] - cum[bounds[:-1]]
-    return _Bands(bounds, nnz, order, band, pos, nonempty_rows, nonempty_cols)
+    if nb == 1:
+        nonempty_rows = np.array([int((np.diff(pattern.indptr) > 0).sum())])
+        return _Bands(pattern, bounds, nnz, None, nonempty_rows, nonempty_cols)
+    lut = _small_int(np.repeat(np.arange(nb), np.diff(bounds)), nb)  # band of each block column
+    of_block = lut[pattern.cols]
+    if gm * nb <= _BITMAP_CELLS:  # distinct (row, band) pairs: a bitmap, no sort
+        seen = np.zeros((gm, nb), bool)
+        seen[pattern.rows, of_block] = True
+        nonempty_rows = seen.sum(axis=0)
+    else:
+        pairs = np.unique(pattern.rows.astype(np.int64) * nb + of_block)
+        nonempty_rows = np.bincount(pairs % nb, minlength=nb)
+    return _Bands(pattern, bounds, nnz, of_block, nonempty_rows, nonempty_cols)
 
 
 def _tile_of_block(bands: _Bands, tiles_per_band: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -351,8 +388,7 @@ def _search(pattern, n, machine, dt, pdt, amp, n_split_opt, num_bands_opt) -> Pl
         bands, s, tps, tpb = candidates[i]
         chunk = np.where(tpb > 0, cdiv(bands.nnz, np.maximum(tpb, 1)), 0)
         j = int(np.argmax(chunk))
-        start = int(bands.nnz[:j].sum())
-        sel = bands.order[start : start + int(chunk[j])]
+        sel = bands.first_blocks(j, int(chunk[j]))
         rows = pattern.rows[sel]  # ascending within a band
         nrows = int((np.diff(rows) != 0).sum()) + 1 if rows.size else 0
         ncols = int(np.unique(pattern.cols[sel]).size)
@@ -380,7 +416,7 @@ def _search(pattern, n, machine, dt, pdt, amp, n_split_opt, num_bands_opt) -> Pl
         for i in exact_order:
             if best is not None and pattern.nnz_blocks > EXACT_LIMIT and scored >= EXACT_TOP:
                 break
-            if PROBE and pattern.nnz_blocks > EXACT_LIMIT and probe(i, serial) > limit:
+            if PROBE and probe(i, serial) > limit:
                 # Its busiest tile is at least as large as the probed one: it cannot fit, so exact
                 # scoring cannot change the choice (only the error message's smallest footprint).
                 skipped.append((i, serial))
