@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import nn as _nn
+from .._checkpoint import register_checkpoint_type
 from .._pattern import check_block_size, check_density, num_blocks
 from .._safetensors import read_safetensors
 from .._safetensors import write as write_safetensors
@@ -445,6 +446,10 @@ class LlamaModel(Pytree):
         return _random_model(key, config, np.dtype(dtype), float(scale))
 
 
+for _cls in (LlamaConfig, RMSNorm, KVCache, LlamaLayer, LlamaModel):
+    register_checkpoint_type(_cls, f"blocksparse.models.{_cls.__name__}")
+
+
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
 def _random_model(key, config: LlamaConfig, dtype, scale: float) -> LlamaModel:
     c = config
@@ -522,7 +527,8 @@ def load_llama(path: str | os.PathLike, *, dtype=jnp.float32) -> LlamaModel:
 
 def save_llama(model: LlamaModel, path: str | os.PathLike) -> Path:
     """Write ``model`` as a Hugging Face directory (``config.json`` + ``model.safetensors``), which
-    :func:`load_llama` and ``transformers`` read; block-sparse projections are written densely, every parameter in its own dtype (bfloat16 included)."""
+    :func:`load_llama` and ``transformers`` read; block-sparse projections are written densely (for the pattern
+    and the blocks themselves, :func:`blocksparse.save`), every parameter in its own dtype (bfloat16 included)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(model.config.to_hf(), indent=1) + "\n")
