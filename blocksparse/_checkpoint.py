@@ -426,6 +426,12 @@ class _Writer(_Codec):
             if not _same(self.decode_static(value, _where(path)), obj):
                 raise TypeError(f"bs.save: the {_qualified(t)} at {_where(path)} does not come back from its fields.")
             return {"kind": "value", "value": value}
+        if _is_node(obj) and t.__module__.startswith("blocksparse"):
+            raise TypeError(
+                f"bs.save: cannot save the {_qualified(t)} at {_where(path)}: this library type has no checkpoint "
+                "form. Save the arrays and matrices it holds instead (a layer's weight and bias; see "
+                "docs/checkpoints.md)."
+            )
         if _is_node(obj):
             raise TypeError(
                 f"bs.save: cannot save the {_qualified(t)} at {_where(path)}: its type is not registered for "

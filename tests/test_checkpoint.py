@@ -378,6 +378,9 @@ def test_a_type_that_does_not_come_back_from_its_fields_is_refused_before_writin
 
 def test_unsupported_values_are_refused_by_name(tmp_path):
     f = tmp_path / "f.safetensors"
+    graph = bs.gnn.Graph.from_edges(np.array([0, 1]), np.array([1, 2]), 3)
+    with pytest.raises(TypeError, match=r"Graph at 'g': this library type has no checkpoint form"):
+        bs.save(f, {"g": graph})
     with pytest.raises(TypeError, match=r"leaf .* of type builtins.object at 'a.0'"):
         bs.save(f, {"a": [object()]})
     with pytest.raises(TypeError, match=r"at 'c'.*complex64"):
