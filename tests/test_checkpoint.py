@@ -287,19 +287,21 @@ def test_file_layout_bsr_recipe_and_the_safetensors_package(tmp_path):
     (entry,) = header["matrices"]
     p = header["patterns"][entry["pattern"]]
     assert entry["data"] == "proj.weight.data" and p["shape"] == [64, 48] and p["block_size"] == [16, 8]
-    # docs/checkpoints.md's recipe for torch.sparse_bsr_tensor, in NumPy: crow_indices from the block rows.
-    rows, cols, values = tensors[p["rows"]], tensors[p["cols"]], tensors[entry["data"]]
+    # docs/checkpoints.md's recipe for torch.sparse_bsr_tensor, in NumPy, checked by scipy's BSR (the same layout):
+    # crow_indices from the block rows, col_indices the block columns; the transpose by sorting on (col, row).
+    sparse = pytest.importorskip("scipy.sparse")
+    rows, cols, values = tensors[p["rows"]], tensors[p["cols"]], tensors[entry["data"]].astype(np.float32)
     assert rows.dtype == cols.dtype == np.int32 and values.shape == (W.nnz_blocks, 16, 8)
-    gm = p["shape"][0] // p["block_size"][0]
+    (gm, gk), (bh, bw) = W.pattern.grid, p["block_size"]
     crow = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=gm))])
-    dense = np.zeros(p["shape"], np.float32)
-    for r in range(gm):
-        for j in range(crow[r], crow[r + 1]):
-            c = cols[j]
-            dense[r * 16 : (r + 1) * 16, c * 8 : (c + 1) * 8] = values[j].astype(np.float32)
-    expected = np.zeros((4, 6, 16, 8), np.float32)
-    expected[W.pattern.rows, W.pattern.cols] = np.asarray(W.data, np.float32)
-    np.testing.assert_array_equal(dense, expected.swapaxes(1, 2).reshape(64, 48))
+    expected = np.asarray(W.to_dense(), np.float32)
+    bsr = sparse.bsr_array((values, cols, crow), shape=p["shape"], blocksize=(bh, bw))
+    np.testing.assert_array_equal(bsr.toarray(), expected)
+    order = np.argsort(cols.astype(np.int64) * gm + rows, kind="stable")
+    t_crow = np.concatenate([[0], np.cumsum(np.bincount(cols, minlength=gk))])
+    t_values = values[order].transpose(0, 2, 1)
+    t_bsr = sparse.bsr_array((t_values, rows[order], t_crow), shape=p["shape"][::-1], blocksize=(bw, bh))
+    np.testing.assert_array_equal(t_bsr.toarray(), expected.T)
     safetensors_numpy = pytest.importorskip("safetensors.numpy")
     loaded = safetensors_numpy.load_file(path)  # the reference reader accepts the file, bfloat16 included
     np.testing.assert_array_equal(loaded["proj.weight.data"], values)
