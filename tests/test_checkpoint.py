@@ -172,6 +172,8 @@ def test_layers_round_trip_and_compute_the_same():
     out = round_trip(layers)
     assert_same(out, layers)
     assert out["no_bias"].bias is None and out["no_bias"].implementation == ("xla",)
+    stack = jax.tree.map(lambda a: np.stack([a, -a]), layers["sparse"])  # a stack of layers (for lax.scan)
+    assert_same(round_trip(stack), stack)
 
     def apply(t):
         g = jnp.array([[0, 1, 2], [1, 2, 3]])
