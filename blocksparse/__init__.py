@@ -7,6 +7,7 @@ Where things live (see docs/architecture.md):
 - :mod:`blocksparse.ipu`: the IPU model (:func:`plan`, :func:`dynamic_plan`, :func:`simulate`);
 - :mod:`blocksparse.gnn`: graphs and the IO-aware GNN operations;
 - :mod:`blocksparse.nn` (layers), :mod:`blocksparse.prune`, :mod:`blocksparse.testing`;
+- :func:`save` and :func:`load`: checkpoints of any tree of matrices, layers and models, patterns included;
 - :mod:`blocksparse.models` (a pretrained encoder to prune; the ``models`` extra) and
   :mod:`blocksparse.bench` (the ``blocksparse bench`` suites), imported on first use.
 """
@@ -15,6 +16,7 @@ from importlib.metadata import PackageNotFoundError as _NotFound
 from importlib.metadata import version as _version
 
 from . import gnn, ipu, nn, ops, prune
+from ._checkpoint import load, register_checkpoint_type, save
 from ._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, concatenate, random
 from ._pattern import BlockPattern
 from ._util import checkify, runtime_checks
@@ -42,12 +44,15 @@ __all__ = [
     "gnn",
     "interpret",
     "ipu",
+    "load",
     "matmul",
     "nn",
     "ops",
     "plan",
     "prune",
     "random",
+    "register_checkpoint_type",
+    "save",
     "sdd",
     "shard",
     "ShardedBlockSparseMatrix",

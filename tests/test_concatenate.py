@@ -19,7 +19,7 @@ import blocksparse as bs
     grids=st.lists(st.integers(1, 4), min_size=1, max_size=4),
     other=st.integers(1, 4),
     block=st.sampled_from([(8, 8), (8, 16)]),
-    density=st.sampled_from([0.0, 0.4, 1.0]),
+    density=st.sampled_from([0.0, 0.6, 1.0]),  # 0.6 keeps a block of even a one-block matrix
     dtype=st.sampled_from([jnp.float32, jnp.bfloat16]),
     seed=st.integers(0, 2**16),
 )

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._checkpoint import register_checkpoint_type
 from .._util import Pytree, check_positive_int
 from ..graph import DynamicGraph, Graph
 from ..ops.gnn.attention import gatv2, graph_attention
@@ -661,3 +662,7 @@ class TransformerConv(Pytree):
             else:
                 out = out + x_r
         return _valid_or_nan(g, out)
+
+
+for _cls in (GCNConv, GATv2Conv, TransformerConv):
+    register_checkpoint_type(_cls, f"blocksparse.gnn.{_cls.__name__}")

@@ -13,6 +13,7 @@ Needs the ``models`` extra (``pip install 'blocksparse[models]'``) to read weigh
 and ``optax`` (``blocksparse[train]``) for recovery.
 """
 
+from .._safetensors import read_safetensors
 from . import corpus, minilm, study
 from ._bert import PROJECTIONS, BertConfig, BertEncoder, BertLayer, LayerNorm, prune_encoder
 from ._llama import (
@@ -32,7 +33,6 @@ from ._llama import (
     left_pad,
     load_llama,
     prune_decoder,
-    read_safetensors,
     save_llama,
 )
 

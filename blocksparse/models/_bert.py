@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import nn as _nn
+from .._checkpoint import register_checkpoint_type
 from .._matrix import BlockSparseMatrix
 from .._pattern import check_block_size, check_density, num_blocks
 from .._util import Pytree
@@ -357,6 +358,10 @@ class BertEncoder(Pytree):
             tensors[n + ".weight"] = np.ones(h, np.float32)
             tensors[n + ".bias"] = np.zeros(h, np.float32)
         return cls.from_state_dict(tensors, c, source="random", dtype=dtype)
+
+
+for _cls in (BertConfig, LayerNorm, BertLayer, BertEncoder):
+    register_checkpoint_type(_cls, f"blocksparse.models.{_cls.__name__}")
 
 
 def _check_targets(targets) -> tuple[str, ...]:

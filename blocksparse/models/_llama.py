@@ -20,7 +20,6 @@ import functools
 import json
 import math
 import os
-import struct
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -29,8 +28,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import nn as _nn
+from .._checkpoint import register_checkpoint_type
 from .._matrix import concatenate as bs_concatenate
 from .._pattern import check_block_size, check_density, num_blocks
+from .._safetensors import read_safetensors
+from .._safetensors import write as write_safetensors
 from .._util import Pytree
 from ._bert import _apply, dense_projection, sparse_projection
 
@@ -51,7 +53,6 @@ __all__ = [
     "left_pad",
     "load_llama",
     "prune_decoder",
-    "read_safetensors",
     "save_llama",
 ]
 
@@ -465,6 +466,10 @@ class LlamaModel(Pytree):
         return _random_model(key, config, np.dtype(dtype), float(scale))
 
 
+for _cls in (LlamaConfig, RMSNorm, KVCache, LlamaLayer, LlamaModel):
+    register_checkpoint_type(_cls, f"blocksparse.models.{_cls.__name__}")
+
+
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
 def _random_model(key, config: LlamaConfig, dtype, scale: float) -> LlamaModel:
     c = config
@@ -498,35 +503,6 @@ def _check_tokens(tokens) -> jax.Array:
 
 
 # -- loading ------------------------------------------------------------------------------------------
-_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": jnp.bfloat16, "I64": np.int64,
-           "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}  # fmt: skip
-
-
-def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """The tensors of one ``.safetensors`` file as read-only NumPy views of a memory map (bfloat16 through
-    ``ml_dtypes``, which NumPy's ``safetensors`` reader lacks). Nothing is copied until a tensor is used."""
-    path = Path(path)
-    raw = np.memmap(path, np.uint8, mode="r")
-    try:
-        (n,) = struct.unpack("<Q", raw[:8].tobytes())
-        header = json.loads(raw[8 : 8 + n].tobytes())
-    except (struct.error, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: expected a safetensors file; its header is corrupt ({e}).") from None
-    out = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        if meta.get("dtype") not in _DTYPES:
-            raise ValueError(f"{path}: tensor {name!r} has dtype {meta.get('dtype')!r}, not one of {sorted(_DTYPES)}.")
-        dtype = np.dtype(_DTYPES[meta["dtype"]])
-        lo, hi = (8 + n + int(o) for o in meta["data_offsets"])
-        shape = tuple(int(s) for s in meta["shape"])
-        if hi > raw.size or (hi - lo) != dtype.itemsize * math.prod(shape):
-            raise ValueError(f"{path}: tensor {name!r} ({meta['dtype']} {list(shape)}) does not fit its byte range.")
-        out[name] = raw[lo:hi].view(dtype).reshape(shape)
-    return out
-
-
 def load_tensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Every tensor of a Llama directory: ``model.safetensors``, or the shards ``model.safetensors.index.json``
     lists (``transformers``' ``save_pretrained`` layout)."""
@@ -571,17 +547,12 @@ def load_llama(path: str | os.PathLike, *, dtype=jnp.float32) -> LlamaModel:
 
 def save_llama(model: LlamaModel, path: str | os.PathLike) -> Path:
     """Write ``model`` as a Hugging Face directory (``config.json`` + ``model.safetensors``), which
-    :func:`load_llama` and ``transformers`` read; block-sparse projections are written densely, and bfloat16
-    parameters as float32 (NumPy's safetensors writer has no bfloat16). Needs the ``models`` extra."""
-    from safetensors.numpy import save
-
+    :func:`load_llama` and ``transformers`` read; block-sparse projections are written densely (for the pattern
+    and the blocks themselves, :func:`blocksparse.save`), every parameter in its own dtype (bfloat16 included)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tensors = model.state_dict()
-    if any(a.dtype == jnp.bfloat16 for a in tensors.values()):
-        tensors = {k: a.astype(np.float32) for k, a in tensors.items()}  # NumPy's safetensors writer lacks bf16
     (path / "config.json").write_text(json.dumps(model.config.to_hf(), indent=1) + "\n")
-    (path / "model.safetensors").write_bytes(save(tensors, metadata={"format": "pt"}))
+    write_safetensors(path / "model.safetensors", model.state_dict(), {"format": "pt"})
     return path
 
 

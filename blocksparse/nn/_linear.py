@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import prune as _prune
+from .._checkpoint import register_checkpoint_type
 from .._matrix import BlockSparseMatrix, is_concrete, require_host
 from .._pattern import BlockPattern, check_block_size, check_density, num_blocks
 from .._util import Pytree, check_positive_int
@@ -288,6 +289,10 @@ class Linear(Pytree):
     def __call__(self, x) -> jax.Array:
         """``x (..., in_features)`` -> ``(..., out_features)``."""
         return dense_product(x, self.weight, self.bias, self.activation)
+
+
+register_checkpoint_type(SparseLinear, "blocksparse.nn.SparseLinear")
+register_checkpoint_type(Linear, "blocksparse.nn.Linear")
 
 
 def dense_product(x, weight, bias=None, activation: str | None = None, precision=None) -> jax.Array:

@@ -16,6 +16,7 @@ except ImportError as e:  # ModuleNotFoundError carries the package's name, as a
     raise ModuleNotFoundError("bs.nn.equinox needs Equinox: pip install 'blocksparse[equinox]'", name="equinox") from e
 
 from .. import prune as _prune
+from .._checkpoint import register_checkpoint_type
 from .._matrix import BlockSparseMatrix, require_host
 from ..ops.matmul.api import matmul
 from ._linear import check_activation, check_features, dense_in_out, random_pattern
@@ -131,3 +132,6 @@ class SparseLinear(eqx.Module):
     def to_dense(self) -> jax.Array:
         """The weight as a dense ``(out, in)`` array, the layout of ``eqx.nn.Linear.weight``."""
         return self.weight.to_dense().T
+
+
+register_checkpoint_type(SparseLinear, "blocksparse.nn.equinox.SparseLinear")
