@@ -293,7 +293,7 @@ def test_pruned_model_equals_the_dense_model_of_its_weights(ckpt):
     assert _llama.block_density(g) == pytest.approx(0.25, abs=0.01)
 
 
-def test_fused_projections_give_the_same_model_with_fewer_products(ckpt):
+def test_fused_projections_give_the_same_model_with_fewer_products(ckpt, tmp_path):
     m = ckpt["model"]
     pruned = prune_decoder(m, 8, 0.5)
     for model in (m, pruned):
@@ -308,8 +308,12 @@ def test_fused_projections_give_the_same_model_with_fewer_products(ckpt):
         assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)
         assert _llama.block_density(fused) == pytest.approx(_llama.block_density(model))
         np.testing.assert_allclose(densified(fused)(IDS), model(IDS), rtol=1e-5, atol=1e-5)
+    fused = _llama.fuse_projections(pruned)
+    loaded = bs.load(bs.save(tmp_path / "fused.safetensors", fused))  # a checkpoint keeps it fused
+    assert loaded.layers[0].q is None and loaded.layers[0].qkv.weight.pattern == fused.layers[0].qkv.weight.pattern
+    np.testing.assert_array_equal(loaded(IDS), fused(IDS))
     with bs.dispatch_log() as log:
-        jax.jit(lambda model, ids: model(ids))(_llama.fuse_projections(pruned), IDS)
+        jax.jit(lambda model, ids: model(ids))(fused, IDS)
     assert len(log) == 4 * HF["num_hidden_layers"]  # qkv, o, gate_up, down: four products a layer, not seven
     with pytest.raises(ValueError, match=r"layers\[0\].qkv fused; prune first"):
         prune_decoder(_llama.fuse_projections(m), 8, 0.5)
