@@ -159,8 +159,8 @@ def _small_int(a: np.ndarray, limit: int) -> np.ndarray:
 _BITMAP_CELLS = 1 << 24
 
 
-def _bands(pattern: BlockPattern, num_bands: int, col_counts: np.ndarray) -> _Bands:
-    bounds = _bounds(col_counts, num_bands)
+def _bands(pattern: BlockPattern, bounds: np.ndarray, col_counts: np.ndarray) -> _Bands:
+    """The :class:`_Bands` of the block columns split at ``bounds`` (:func:`_bounds`)."""
     nb = bounds.size - 1
     nnz = np.add.reduceat(col_counts, bounds[:-1]) if col_counts.size else np.zeros(nb, np.int64)
     gm = pattern.grid[0]
@@ -351,11 +351,12 @@ def _search(pattern, n, machine, dt, pdt, amp, n_split_opt, num_bands_opt) -> Pl
     candidates = []  # (bands, n_split, tiles_per_split, tiles_per_band)
     seen = set()
     for nb in band_options:
-        bands = _bands(pattern, nb, col_counts)
-        bkey = tuple(bands.boundaries.tolist())
-        if bkey in seen:
+        bounds = _bounds(col_counts, nb)
+        bkey = tuple(bounds.tolist())
+        if bkey in seen:  # another band count gave the same bands
             continue
         seen.add(bkey)
+        bands = _bands(pattern, bounds, col_counts)
         for s in splits:
             tps = _tiles_per_split(machine, s)
             tpb = tiles_for_bands(bands.nnz, tps, _grain(machine))
@@ -416,7 +417,7 @@ def _search(pattern, n, machine, dt, pdt, amp, n_split_opt, num_bands_opt) -> Pl
         for i in exact_order:
             if best is not None and pattern.nnz_blocks > EXACT_LIMIT and scored >= EXACT_TOP:
                 break
-            if PROBE and probe(i, serial) > limit:
+            if PROBE and pattern.nnz_blocks > EXACT_LIMIT and probe(i, serial) > limit:
                 # Its busiest tile is at least as large as the probed one: it cannot fit, so exact
                 # scoring cannot change the choice (only the error message's smallest footprint).
                 skipped.append((i, serial))
