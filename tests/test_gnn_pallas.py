@@ -50,8 +50,8 @@ def _ops(g, feat, heads, dim, key):
 
 def _compare(g, feat, heads, dim, key, names=None, rtol=1e-4, atol=1e-4):
     """Each op's outputs and input gradients, Pallas against XLA, each side one jitted function (eager calls
-    compile the interpreted kernels' primitives one by one, several times slower; the eager path:
-    test_interpret_forward_only_without_heavy_nodes and test_spmm_into_adds_init_in_the_kernel)."""
+    compile the interpreted kernels' primitives one by one, several times slower; the eager path: test_interpret_bf16,
+    test_interpret_forward_only_without_heavy_nodes, test_spmm_into_adds_init_in_the_kernel)."""
     ops = _ops(g, feat, heads, dim, key)
     for name in names or ops:
         ref = jax.jit(lambda name=name: ops[name]("xla"))()
@@ -119,11 +119,11 @@ def test_interpret_bf16(interp):
         lambda impl: gnn.spmm(g, x, implementation=impl),
         lambda impl: gnn.aggregate(g, x, implementation=impl),
         lambda impl: gnn.gatv2(g, xh, xh, att, implementation=impl),
-        lambda impl: jax.grad(
-            lambda q: gnn.graph_attention(g, q, xh, xh, implementation=impl).astype(jnp.float32).sum()
+        lambda impl: jax.jit(  # jitted: eagerly the backward's glue compiles op by op (the forwards: eager)
+            jax.grad(lambda q: gnn.graph_attention(g, q, xh, xh, implementation=impl).astype(jnp.float32).sum())
         )(xh),
     ):
-        a, b = jax.jit(f, static_argnums=0)("xla"), jax.jit(f, static_argnums=0)("pallas")
+        a, b = f("xla"), f("pallas")
         assert b.dtype == jnp.bfloat16
         np.testing.assert_allclose(np.asarray(b, np.float32), np.asarray(a, np.float32), rtol=3e-2, atol=3e-2)
 
