@@ -130,11 +130,15 @@ def test_packed_empty_graphs(interp):
     np.testing.assert_array_equal(
         gnn.aggregate(g, jnp.ones((6, 3)), implementation="pallas", config=GatherConfig(nodes_per_program=4)), 0.0
     )
-    d = gnn.DynamicGraph.from_edge_index(np.zeros((2, 0), np.int32), num_nodes=6, max_edges=256, chunk=128)
+    # built and run in jit (eagerly the build's sorts and the gradient's glue compile op by op)
+    build = jax.jit(lambda ei: gnn.DynamicGraph.from_edge_index(ei, num_nodes=6, max_edges=256, chunk=128))
+    d = build(np.zeros((2, 0), np.int32))
     for nodes in (4,):
-        y, dx = jax.value_and_grad(
-            lambda x, nodes=nodes: jnp.sum(
-                gnn.aggregate(d, x, implementation="pallas", config=GatherConfig(nodes_per_program=nodes))
+        y, dx = jax.jit(
+            jax.value_and_grad(
+                lambda x, nodes=nodes: jnp.sum(
+                    gnn.aggregate(d, x, implementation="pallas", config=GatherConfig(nodes_per_program=nodes))
+                )
             )
         )(jnp.ones((6, 3)))
         assert y == 0.0
