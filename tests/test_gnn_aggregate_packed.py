@@ -44,12 +44,17 @@ def _ties(n, f, seed=0, dtype=jnp.float32):
 
 
 def _check_kernel(g, x, reduce, nodes, sort=True, prefetch=False):
-    """Values (with and without the arg) and arg positions of ``nodes`` per program == the reference."""
+    """Values (with and without the arg) and arg positions of ``nodes`` per program == the reference.
+
+    Both kernels in one jitted function (eager calls compile the interpreted kernel's primitives one by one, about
+    twice as slow; the eager path: test_packed_nan_inf_ties_and_isolated_nodes, test_packed_half_precision)."""
     is_max = reduce == "max"
     want, want_arg = R.segment_extreme(g, x, is_max)
     kw = dict(nodes_per_program=nodes, sort_by_degree=sort, prefetch=prefetch)
-    got, arg = K.segment_extreme(g, x, is_max, **kw)
-    only, none = K.segment_extreme(g, x, is_max, with_arg=False, **kw)
+    both = jax.jit(
+        lambda x: (K.segment_extreme(g, x, is_max, **kw), K.segment_extreme(g, x, is_max, with_arg=False, **kw))
+    )
+    (got, arg), (only, none) = both(x)
     assert got.dtype == x.dtype and only.dtype == x.dtype and none is None
     what = f"{reduce}, nodes_per_program={nodes}"
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32), err_msg=what)
@@ -60,10 +65,15 @@ def _check_kernel(g, x, reduce, nodes, sort=True, prefetch=False):
 def _check_api(g, x, reduce, nodes, ct):
     """Forward and gradient of ``aggregate`` (Pallas, ``nodes`` per program) == the NumPy oracle."""
     f = lambda x: gnn.aggregate(g, x, reduce, implementation="pallas", config=_cfg("pallas", nodes))
-    with bs.dispatch_log() as log:
+
+    @jax.jit  # one program (the eager path: see _check_kernel)
+    def forward_and_gradient(x, ct):
         y, vjp = jax.vjp(f, x)
+        return y, vjp(ct)[0]
+
+    with bs.dispatch_log() as log:  # written while tracing
+        y, dx = forward_and_gradient(x, ct)
     assert log == [("aggregate", "pallas")]
-    (dx,) = vjp(ct)
     src, dst = np.asarray(g.src), np.asarray(g.dst)
     np.testing.assert_array_equal(y, O.extreme(src, dst, g.num_nodes, x, reduce).astype(np.float32))
     np.testing.assert_allclose(dx, O.extreme_grad(src, dst, g.num_nodes, x, ct, reduce), rtol=1e-6, atol=1e-6)
@@ -120,11 +130,15 @@ def test_packed_empty_graphs(interp):
     np.testing.assert_array_equal(
         gnn.aggregate(g, jnp.ones((6, 3)), implementation="pallas", config=GatherConfig(nodes_per_program=4)), 0.0
     )
-    d = gnn.DynamicGraph.from_edge_index(np.zeros((2, 0), np.int32), num_nodes=6, max_edges=256, chunk=128)
+    # built and run in jit (eagerly the build's sorts and the gradient's glue compile op by op)
+    build = jax.jit(lambda ei: gnn.DynamicGraph.from_edge_index(ei, num_nodes=6, max_edges=256, chunk=128))
+    d = build(np.zeros((2, 0), np.int32))
     for nodes in (4,):
-        y, dx = jax.value_and_grad(
-            lambda x, nodes=nodes: jnp.sum(
-                gnn.aggregate(d, x, implementation="pallas", config=GatherConfig(nodes_per_program=nodes))
+        y, dx = jax.jit(
+            jax.value_and_grad(
+                lambda x, nodes=nodes: jnp.sum(
+                    gnn.aggregate(d, x, implementation="pallas", config=GatherConfig(nodes_per_program=nodes))
+                )
             )
         )(jnp.ones((6, 3)))
         assert y == 0.0

@@ -56,16 +56,23 @@ def _inputs(h, d, seed):
     return xs, xd, jax.random.normal(ks[3], (h, d), jnp.float32), ct, jax.random.normal(ks[4], (N, h, d))
 
 
-def _gat(g, xs, xd, att, ct, impl, config=None):
-    f = lambda a, b, c: gnn.gatv2(g, a, b, c, implementation=impl, config=config)
-    out, vjp = jax.vjp(f, xs, xd, att)
-    return (out, *vjp(ct))
+def _forward_and_vjp(op, g, a, b, c, ct, impl, config, eager):
+    """``op``'s output and its VJP's three gradients, in one jitted function unless ``eager`` (eager calls compile
+    the interpreted kernels' primitives one by one: several times slower)."""
+
+    def run(a, b, c, ct):
+        out, vjp = jax.vjp(lambda a, b, c: op(g, a, b, c, implementation=impl, config=config), a, b, c)
+        return (out, *vjp(ct))
+
+    return (run if eager else jax.jit(run))(a, b, c, ct)
 
 
-def _dot(g, q, k, v, ct, impl, config=None):
-    f = lambda a, b, c: gnn.graph_attention(g, a, b, c, implementation=impl, config=config)
-    out, vjp = jax.vjp(f, q, k, v)
-    return (out, *vjp(ct))
+def _gat(g, xs, xd, att, ct, impl, config=None, eager=False):
+    return _forward_and_vjp(gnn.gatv2, g, xs, xd, att, ct, impl, config, eager)
+
+
+def _dot(g, q, k, v, ct, impl, config=None, eager=False):
+    return _forward_and_vjp(gnn.graph_attention, g, q, k, v, ct, impl, config, eager)
 
 
 def _close(got, want, what):
@@ -97,8 +104,8 @@ def test_gatv2_variant_matches_reference(graph, name, shape):
 def test_graph_attention_variant_matches_reference(graph, name):
     q, k, _, ct, v = _inputs(1, 128, seed=7)
     want = _dot(graph, q, k, v, ct, "xla")
-    with gnn.interpret():
-        got = _dot(graph, q, k, v, ct, "pallas", VARIANTS[name])
+    with gnn.interpret():  # eager here (the others: jitted)
+        got = _dot(graph, q, k, v, ct, "pallas", VARIANTS[name], eager=True)
     _close(got, want, f"graph_attention {name}")
 
 

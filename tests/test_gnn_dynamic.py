@@ -172,7 +172,7 @@ def test_every_op_matches_static_graph():
     ss, sd, o = _sorted_edges(src, dst)
     g = gnn.Graph.from_edges(ss, sd, N_CAP, heavy_quantile=0.9)
     assert g.num_heavy == 1
-    want = _all_ops(g, dict(a, w=a["w"][:e][o]))
+    want = jax.jit(lambda a: _all_ops(g, a))(dict(a, w=a["w"][:e][o]))  # one program (eagerly: op by op)
     for name in want:
         (yo, go), (ys, gs) = got[name], want[name]
         _close(yo, ys, name)
@@ -337,7 +337,8 @@ def test_interpret_pallas_traced_graph_with_heavy_chunks_and_padding():
     dst = np.concatenate([np.full(280, 6), rng.integers(0, 11, 150), rng.integers(0, 11, 10)])
     ei = np.full((2, 512), 99, np.int32)
     ei[:, :440] = np.stack([src, dst])
-    g = gnn.DynamicGraph.from_edge_index(ei, num_nodes=12, num_edges=440, chunk=128)
+    # built in jit (eagerly its sorts compile op by op; the eager build: the tests above)
+    g = jax.jit(lambda ei: gnn.DynamicGraph.from_edge_index(ei, num_nodes=12, num_edges=440, chunk=128))(ei)
     _pallas_vs_xla(g, _inputs(12, 512, seed=2), ["sum_w", "min", "gatv2"])
 
 

@@ -49,11 +49,14 @@ def _ops(g, feat, heads, dim, key):
 
 
 def _compare(g, feat, heads, dim, key, names=None, rtol=1e-4, atol=1e-4):
+    """Each op's outputs and input gradients, Pallas against XLA, each side one jitted function (eager calls
+    compile the interpreted kernels' primitives one by one, several times slower; the eager path: test_interpret_bf16,
+    test_interpret_forward_only_without_heavy_nodes, test_spmm_into_adds_init_in_the_kernel)."""
     ops = _ops(g, feat, heads, dim, key)
     for name in names or ops:
-        ref = ops[name]("xla")
+        ref = jax.jit(lambda name=name: ops[name]("xla"))()
         with bs.dispatch_log() as log:
-            got = ops[name]("pallas")
+            got = jax.jit(lambda name=name: ops[name]("pallas"))()
         assert {impl for _, impl in log} == {"pallas"}, log
         for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got), strict=True):
             assert not np.isnan(np.asarray(b, np.float32)).any(), name
@@ -86,10 +89,15 @@ def test_interpret_heavy_chunks_and_wide_features(interp):
     _compare(g, feat=130, heads=1, dim=20, key=jax.random.key(1), names=["spmm", "max", "gatv2"])
     xi = jnp.asarray(rng.integers(-1, 2, (12, 16)), jnp.float32)  # many ties across chunks
     for red in ("max", "min"):
-        f = lambda x, impl, red=red: jax.vjp(lambda x: gnn.aggregate(g, x, red, implementation=impl), x)
+
+        @jax.jit(static_argnums=1)
+        def f(x, impl, red=red):
+            out, vjp = jax.vjp(lambda x: gnn.aggregate(g, x, red, implementation=impl), x)
+            return out, vjp(x)[0]
+
         (o1, v1), (o2, v2) = f(xi, "xla"), f(xi, "pallas")
         np.testing.assert_array_equal(o1, o2)
-        np.testing.assert_array_equal(v1(xi)[0], v2(xi)[0])
+        np.testing.assert_array_equal(v1, v2)
 
 
 def test_interpret_transpose_heavy_sources(interp):
@@ -104,7 +112,6 @@ def test_interpret_transpose_heavy_sources(interp):
 
 def test_interpret_bf16(interp):
     g = gnn.power_law(40, 500, seed=5, heavy_quantile=0.5)
-    ops = _ops(g, 16, 2, 8, jax.random.key(3))
     x = _rand(jax.random.key(4), (40, 16), jnp.bfloat16)
     xh = _rand(jax.random.key(5), (40, 2, 8), jnp.bfloat16)
     att = jnp.ones((2, 8), jnp.bfloat16)
@@ -112,14 +119,13 @@ def test_interpret_bf16(interp):
         lambda impl: gnn.spmm(g, x, implementation=impl),
         lambda impl: gnn.aggregate(g, x, implementation=impl),
         lambda impl: gnn.gatv2(g, xh, xh, att, implementation=impl),
-        lambda impl: jax.grad(
-            lambda q: gnn.graph_attention(g, q, xh, xh, implementation=impl).astype(jnp.float32).sum()
+        lambda impl: jax.jit(  # jitted: eagerly the backward's glue compiles op by op (the forwards: eager)
+            jax.grad(lambda q: gnn.graph_attention(g, q, xh, xh, implementation=impl).astype(jnp.float32).sum())
         )(xh),
     ):
         a, b = f("xla"), f("pallas")
         assert b.dtype == jnp.bfloat16
         np.testing.assert_allclose(np.asarray(b, np.float32), np.asarray(a, np.float32), rtol=3e-2, atol=3e-2)
-    del ops
 
 
 def test_interpret_forward_only_without_heavy_nodes(interp):

@@ -217,8 +217,9 @@ def test_sharded_operand_rounds_once_like_the_unsharded_product(getkey):
     x = jax.random.normal(getkey(), (96, 64), jnp.bfloat16)
     b = jax.random.normal(getkey(), (64,), jnp.bfloat16)
     Ws = bs.shard(W, mesh, "d", split="rows")
-    a = bs.matmul(Ws, x, bias=b, activation="gelu", implementation="xla")
-    want = bs.matmul(W, x, bias=b, activation="gelu", implementation="xla")
+    # jitted: an eager shard_map runs op by op (seconds); eager sharded products: test_shard_matmul.py
+    f = jax.jit(lambda W, x, b: bs.matmul(W, x, bias=b, activation="gelu", implementation="xla"))
+    a, want = f(Ws, x, b), f(W, x, b)
     assert a.dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(want, np.float32))
     with pytest.raises(ValueError, match=r"bias of shape \(64,\).*Got \(3,\)"):

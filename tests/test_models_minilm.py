@@ -184,6 +184,11 @@ def test_tokenizer_padding_and_truncation(tiny):
 
 
 # -- the encoder --------------------------------------------------------------------------------------
+#: The model's forward, jitted: one compilation per padded length (eagerly every op compiles apart for each new
+#: length, seconds an example; the eager calls: the other tests).
+_embed = jax.jit(lambda model, ids, mask: model(ids, mask))
+
+
 @settings(max_examples=examples(4))
 @given(st.integers(1, 6), st.data())
 def test_padding_does_not_change_the_embedding(extra, data):
@@ -194,8 +199,8 @@ def test_padding_does_not_change_the_embedding(extra, data):
     ids = np.pad(t["input_ids"], ((0, 0), (0, extra)))
     mask = np.pad(t["attention_mask"], ((0, 0), (0, extra)))
     ids[:, n:] = data.draw(st.integers(0, model.config.vocab_size - 1))  # whatever sits under the padding
-    a = model(t["input_ids"], t["attention_mask"])
-    b = model(ids, mask)
+    a = _embed(model, t["input_ids"], t["attention_mask"])
+    b = _embed(model, ids, mask)
     np.testing.assert_allclose(a, b, atol=2e-6)
 
 
@@ -257,7 +262,7 @@ def test_prune_encoder_refuses_density_zero(scope):
         prune_encoder(minilm.load(TINY), 8, 0, scope=scope)
 
 
-@settings(max_examples=8)
+@settings(max_examples=examples(8, quick=3))  # each example compiles the pruning's ops for its shapes
 @given(st.sampled_from([4, (4, 8)]), st.sampled_from([1 / 2, 1 / 4, 1 / 8]), st.sampled_from(["layer", "global"]))
 def test_prune_encoder_density_and_values(block, density, scope):
     model = minilm.load(TINY)
@@ -307,7 +312,7 @@ def test_calibrated_pruning_ranks_scaled_blocks(tiny):
     assert W.pattern == want and np.array_equal(np.asarray(W.to_dense())[W.to_dense() != 0], w[W.to_dense() != 0])
 
 
-@settings(max_examples=12)
+@settings(max_examples=examples(12))  # each example compiles the pruning's ops for its shapes
 @given(st.lists(st.tuples(st.integers(1, 4), st.integers(1, 4)), min_size=1, max_size=4),
        st.sampled_from([4, (2, 4)]), st.sampled_from([0.25, 0.5, 1.0]), st.sampled_from(["l1", "l2", "max"]),
        st.data())  # fmt: skip

@@ -37,7 +37,7 @@ from ._core import Cell, Timer, check_close, measure, ratio, variant
 SIZES = {
     "tiny": dict(nodes=96, edges=1536, feat=16, dtypes=("float32",), shapes=((2, 8),), arxiv_scale=0.002,
                  dynamic_feat=16, heads=2, modes=("fwd",), graphs=("arxiv-like",), gather=("spmm", "max"),
-                 dynamic=("spmm_sum", "gatv2")),
+                 dynamic=("spmm_sum",)),
     "quick": dict(nodes=512, edges=16_384, feat=32, dtypes=("float32",), shapes=((4, 8),), arxiv_scale=0.005,
                   dynamic_feat=32, heads=2, modes=("fwd+bwd",), graphs=("power-law-32", "arxiv-like"),
                   dynamic=("spmm_sum", "max", "gatv2"), dynamic_modes=("fwd",)),

@@ -37,7 +37,8 @@ from ._core import Cell, CellSkipped, Timer, measure, ratio, variant
 from .matmul import density_label
 
 SIZES = {
-    "tiny": dict(matrix=(128, 128, 32, 16, 1 / 4, "float32"), graph=(512, 4096, 8)),
+    # tests: one graph op (the other runs the same cell code; every op: quick and full)
+    "tiny": dict(matrix=(128, 128, 32, 16, 1 / 4, "float32"), graph=(512, 4096, 8), graph_ops=("spmm_sum",)),
     "quick": dict(matrix=(512, 512, 128, 32, 1 / 8, "float32"), graph=(2048, 16_384, 16)),
     "full": dict(matrix=(32768, 32768, 8192, 64, 1 / 16, "bfloat16"), graph=(1 << 20, 1 << 25, 128)),
 }
@@ -75,7 +76,8 @@ def cells(*, full: bool) -> list[Cell]:
     return suite(**SIZES["full" if full else "quick"])
 
 
-def suite(*, matrix, graph, seed: int = 0) -> list[Cell]:
+def suite(*, matrix, graph, graph_ops=None, seed: int = 0) -> list[Cell]:
+    """``graph_ops``: the graph cells' ops among :data:`GRAPH_OPS` (``None``: every one)."""
     m, k, n, b, d, dtype = matrix
     nodes, edges, feat = graph
     out = [
@@ -83,7 +85,7 @@ def suite(*, matrix, graph, seed: int = 0) -> list[Cell]:
              dict(kind="matrix", m=m, k=k, n=n, b=b, density=d, dtype=dtype), _matrix(m, k, n, b, d, dtype, seed))
     ]  # fmt: skip
     edges_of = functools.cache(lambda: bs.gnn.power_law(nodes, edges, seed=seed))
-    for op in GRAPH_OPS:
+    for op in graph_ops or GRAPH_OPS:
         params = dict(kind="graph", op=op, nodes=nodes, edges=edges, feat=feat, dtype="float32", graph="power_law")
         out.append(Cell("sharded", f"graph {op} N={nodes} E={edges}", params, _graph(op, edges_of, feat, seed)))
     return out
