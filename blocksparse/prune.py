@@ -23,11 +23,13 @@ from jax import lax
 
 from ._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, check_floating, is_concrete, require_host
 from ._pattern import BlockPattern, check_block_size, check_density, num_blocks
-from ._util import next_power_of_2
+from ._util import cdiv
 
 __all__ = [
     "BALANCES",
     "block_norms",
+    "check_balance",
+    "keep_count",
     "magnitude",
     "magnitude_global",
     "reconstruct",
@@ -266,22 +268,23 @@ def _hessian(x, damp) -> tuple[jax.Array, jax.Array, jax.Array]:
     return h, lam, jnp.linalg.cholesky(h[::-1, ::-1])
 
 
-def _check_calibration(w, x) -> np.ndarray:
-    x = np.asarray(x)
+def _check_calibration(w, x) -> jax.Array:
+    """``x`` on the device, checked: 2-D ``(rows >= 1, in)``, floating, finite (a bad value is located on the host)."""
+    x = jnp.asarray(x)
     if x.ndim != 2 or x.shape[1] != w.shape[0]:
         raise ValueError(
             f"Expected calibration inputs x of shape (rows, {w.shape[0]}) (the weight is (in, out) = {tuple(w.shape)}, "
-            f"y = x @ w). Got shape {x.shape}."
+            f"y = x @ w). Got shape {tuple(x.shape)}."
         )
     if x.shape[0] == 0:
-        raise ValueError(f"Expected at least one calibration row in x. Got shape {x.shape}.")
-    if not np.issubdtype(x.dtype, np.floating):
+        raise ValueError(f"Expected at least one calibration row in x. Got shape {tuple(x.shape)}.")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"Expected floating-point calibration inputs x. Got dtype {x.dtype}.")
-    bad = ~np.isfinite(x)
-    if bad.any():
+    if not bool(jnp.isfinite(x).all()):
+        bad = ~np.isfinite(np.asarray(x))
         r, c = (int(i) for i in np.argwhere(bad)[0])
         raise ValueError(
-            f"Expected finite calibration inputs x. Got {x[r, c]} at row {r}, column {c} "
+            f"Expected finite calibration inputs x. Got {np.asarray(x[r, c])} at row {r}, column {c} "
             f"({int(bad.sum())} of {x.size} values are NaN or inf)."
         )
     return x
@@ -292,7 +295,7 @@ def _factor(x, damp: float):
     if isinstance(damp, bool) or not isinstance(damp, numbers.Real) or not (math.isfinite(damp) and damp >= 0):
         raise ValueError(f"Expected damp a finite float >= 0. Got {damp!r}.")
     rows, n = x.shape
-    h, lam, chol = _hessian(jnp.asarray(x), float(damp))
+    h, lam, chol = _hessian(x, float(damp))
     if not bool(jnp.isfinite(chol).all()):
         lam = float(lam)
         if lam == 0 and damp > 0:
@@ -382,12 +385,13 @@ def _refit_values(w, h, keep, rows, valid) -> tuple[jax.Array, jax.Array]:
 def _refit(w, h, mask, block) -> tuple[jax.Array, float]:
     """:func:`_refit_values` on a host block mask.
 
-    Every block column is padded to the longest one's count rounded up to a power of two (at most ``gm``), so that
-    patterns of a similar density share one compiled program.
+    Every block column is padded to the longest one's count rounded up to a multiple of ``ceil(gm / 8)`` blocks, so
+    that patterns of a similar density share one compiled program (at most 8 per shape) at little extra work.
     """
     bh, bw = block
     gm, gk = mask.shape
-    width = min(next_power_of_2(int(mask.sum(axis=0).max(initial=0))), gm) * bh
+    step = cdiv(gm, 8)
+    width = max(cdiv(int(mask.sum(axis=0).max(initial=0)), step), 1) * step * bh
     rows = np.zeros((gk, width), np.int32)
     valid = np.zeros((gk, width), bool)
     for c in range(gk):  # one block column at a time: its kept block rows, as feature indices

@@ -512,13 +512,20 @@ def test_bench_model_suite_runs_and_checks(tiny):
     sizes = dataclasses.replace(
         model.SIZES["quick"], eval_sentences=8, train_sentences=16, train_length=16, block_sizes=(8,),
         densities=(1 / 2,), recover=(8,), recover_densities=None, steps=2, batch_size=4, speed_block_sizes=(8,),
-        speed_batch=2, speed_length=8, ffn_rows=8,
+        speed_batch=2, speed_length=8, ffn_rows=8, reconstruct=(8,), reconstruct_densities=None,
+        calibration_sentences=8, balances=(None, "cols"),
     )  # fmt: skip
     cells = model.cells(full=False, weights=str(TINY), sizes=sizes)
-    assert [c.params["kind"] for c in cells] == ["quality", "encoder", "encoder", "ffn", "ffn"]
+    assert [c.label for c in cells] == [
+        "quality b=8 d=1/2 layer +recovery", "quality b=8 d=1/2 layer cols", "quality b=8 d=1/2 reconstruct",
+        "quality b=8 d=1/2 reconstruct cols", "encoder dense", "encoder b=8 d=1/2", "encoder b=8 d=1/2 cols",
+        "ffn dense", "ffn b=8 d=1/2", "ffn b=8 d=1/2 cols",
+    ]  # fmt: skip
     results = [run_cell(c, Timer(iters=1, trials=1, warmup=0)) for c in cells]
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]
     q = results[0].metrics
     assert 0 < q["cosine_mean"] <= 1 and -1 <= q["recovered_spearman"] <= 1 and q["density_overall"] == 0.5
-    assert results[2].metrics["min_cosine_vs_densified"] > 0.999 and results[4].metrics["rel_err"] < 1e-5
-    assert all(r.metrics["loop_ms"] > 0 and "implementation" in r.metrics for r in results[1:])
+    rec = results[2].metrics
+    assert rec["cosine_mean"] > q["cosine_mean"] and rec["density_overall"] == 0.5 and "target" not in rec
+    assert results[5].metrics["min_cosine_vs_densified"] > 0.999 and results[8].metrics["rel_err"] < 1e-5
+    assert all(r.metrics["loop_ms"] > 0 and "implementation" in r.metrics for r in results[4:])

@@ -125,6 +125,7 @@ def test_full_density_returns_the_weights(balance):
     W = bs.prune.reconstruct(w, calibration(rng, 48, N), BLOCK, 1.0, balance=balance)
     assert W.nnz_blocks == GRID[0] * GRID[1]
     np.testing.assert_allclose(np.asarray(W.to_dense()), w, rtol=1e-6, atol=1e-6)
+    assert bs.prune.reconstruct(w, calibration(rng, 48, N), BLOCK, 0.0, balance=balance).nnz_blocks == 0  # as magnitude
 
 
 @pytest.mark.parametrize("balance", [None, "rows", "cols"])

@@ -513,7 +513,7 @@ def prune_encoder_reconstruct(model: BertEncoder, calibration: Mapping, block_si
         )
     mask = calibration["attention_mask"]
     x, mask_bias = model.embed(calibration["input_ids"], mask, calibration.get("token_type_ids"))
-    real = np.asarray(mask, bool)
+    real = jnp.asarray(np.flatnonzero(np.asarray(mask, bool)))  # the real tokens, as rows of (batch * length, .)
     dtype = model.word_embeddings.dtype
     layers = list(model.layers)
     for i, layer in enumerate(layers):
@@ -526,8 +526,8 @@ def prune_encoder_reconstruct(model: BertEncoder, calibration: Mapping, block_si
             for t in names:
                 p = getattr(layer, t)
                 try:
-                    W = _prune.reconstruct(p.weight, np.asarray(taps[t], np.float32)[real], block_size, density,
-                                           damp=damp, balance=balance)  # fmt: skip
+                    rows = taps[t].reshape(-1, p.in_features)[real].astype(jnp.float32)
+                    W = _prune.reconstruct(p.weight, rows, block_size, density, damp=damp, balance=balance)
                 except ValueError as e:
                     raise ValueError(f"layers[{i}].{t} ({p.in_features} x {p.out_features}): {e}") from None
                 W = W.astype(dtype)
