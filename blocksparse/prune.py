@@ -1,7 +1,18 @@
-"""Block pruning: turn a dense weight into a block-sparse one, or move blocks during training (RigL)."""
+"""Block pruning: turn a dense weight into a block-sparse one, or move blocks during training (RigL).
+
+- :func:`magnitude`, :func:`magnitude_global`: keep the blocks of largest norm (per matrix or ranked
+  across matrices);
+- :func:`reconstruct`: keep the blocks a layer's calibration inputs need most and re-fit them, so
+  that ``x @ W'`` stays close to ``x @ W`` (optimal brain surgeon on blocks, as SparseGPT does on
+  weights); :func:`refit` re-fits the kept values of a given pattern;
+- ``balance=``: every block row (or column) keeps the same number of blocks, so the kernels' work
+  units have one length;
+- :func:`rigl_update`: move blocks during training.
+"""
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
@@ -12,10 +23,27 @@ from jax import lax
 
 from ._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, check_floating, is_concrete, require_host
 from ._pattern import BlockPattern, check_block_size, check_density, num_blocks
+from ._util import cdiv
 
-__all__ = ["magnitude", "magnitude_global", "block_norms", "rigl_update"]
+__all__ = [
+    "BALANCES",
+    "block_norms",
+    "check_balance",
+    "keep_count",
+    "magnitude",
+    "magnitude_global",
+    "reconstruct",
+    "reconstruction_error",
+    "refit",
+    "rigl_update",
+    "top_blocks",
+]
 
 _ORDS = {"l1": 1, "l2": 2, "max": np.inf}
+
+#: Values of ``balance=``: ``None`` (blocks ranked over the whole matrix), ``"rows"`` (every block row keeps
+#: the same number of blocks), ``"cols"`` (every block column does).
+BALANCES = (None, "rows", "cols")
 
 
 def block_norms(w, block_size, norm: str = "l2") -> np.ndarray:
@@ -35,7 +63,58 @@ def block_norms(w, block_size, norm: str = "l2") -> np.ndarray:
     return np.sqrt((blocks.astype(np.float64) ** 2).sum(axis=(1, 3)))
 
 
-def magnitude(w, block_size, density: float, *, norm: str = "l2") -> BlockSparseMatrix:
+def check_balance(balance) -> str | None:
+    """``balance`` if it is one of :data:`BALANCES`; anything else raises."""
+    if not (balance is None or (isinstance(balance, str) and balance in BALANCES)):
+        raise ValueError(f"Expected balance None, 'rows' or 'cols'. Got {balance!r}.")
+    return balance
+
+
+def keep_count(density: float, grid: tuple[int, int], balance: str | None = None) -> int:
+    """How many blocks a ``grid`` of blocks keeps at ``density``: in all (``balance=None``), per block row or column.
+
+    ``None``: ``round(density * gm * gk)``. ``"rows"``: every block row keeps ``round(density * gk)``,
+    the per-row count whose total ``gm * round(density * gk)`` is closest to ``density * gm * gk``
+    (so the density is rounded to a multiple of ``1 / gk``); ``"cols"``: ``round(density * gm)``
+    per block column. A positive density that rounds to no block raises (``0`` keeps none on purpose).
+    """
+    gm, gk = grid
+    if check_balance(balance) is None:
+        return num_blocks(density, gm * gk)
+    per, axis = (gk, "row") if balance == "rows" else (gm, "column")
+    try:
+        return num_blocks(density, per)
+    except ValueError as e:
+        raise ValueError(f"balance={balance!r}: every block {axis} keeps round(density * {per}) blocks. {e}") from None
+
+
+def top_blocks(scores, count: int, balance: str | None = None) -> np.ndarray:
+    """The block mask keeping the ``count`` largest ``scores``: in all, or in every block row or column.
+
+    ``scores`` is a host ``(gm, gk)`` array; ``balance`` is ``None`` (``count`` blocks in all), ``"rows"``
+    (``count`` per block row) or ``"cols"`` (``count`` per block column). Ties go to the earlier
+    position (row-major for ``None``), so the mask is deterministic.
+    """
+    scores = np.asarray(scores)
+    if scores.ndim != 2:
+        raise ValueError(f"Expected a 2-D (block rows, block columns) array of scores. Got shape {scores.shape}.")
+    if np.isnan(scores).any():
+        raise ValueError("Expected scores without NaN (they cannot be ranked). Got NaN.")
+    gm, gk = scores.shape
+    limit = {None: gm * gk, "rows": gk, "cols": gm}[check_balance(balance)]
+    if not 0 <= count <= limit:
+        raise ValueError(f"Expected count in [0, {limit}] for balance={balance!r} on a {gm} x {gk} grid. Got {count}.")
+    mask = np.zeros((gm, gk), bool)
+    if balance is None:
+        mask.reshape(-1)[np.argsort(-scores.reshape(-1), kind="stable")[:count]] = True
+    elif balance == "rows":
+        np.put_along_axis(mask, np.argsort(-scores, axis=1, kind="stable")[:, :count], True, axis=1)
+    else:
+        np.put_along_axis(mask, np.argsort(-scores, axis=0, kind="stable")[:count], True, axis=0)
+    return mask
+
+
+def magnitude(w, block_size, density: float, *, norm: str = "l2", balance: str | None = None) -> BlockSparseMatrix:
     """Keep the ``round(density * blocks)`` blocks of ``w`` with the largest norm.
 
     Ties are broken by position (row-major, earlier first), so the result is deterministic. A block
@@ -47,6 +126,11 @@ def magnitude(w, block_size, density: float, *, norm: str = "l2") -> BlockSparse
         density: fraction of blocks kept, in ``[0, 1]``; a positive density that rounds to no block
             raises (``0`` gives an empty matrix on purpose).
         norm: ``"l2"`` (default), ``"l1"`` or ``"max"``.
+        balance: ``None`` (default: the largest blocks of the whole matrix), ``"rows"`` (the
+            ``round(density * k // bw)`` largest of every block row) or ``"cols"`` (the
+            ``round(density * m // bh)`` largest of every block column); see :func:`keep_count`. For
+            ``x @ W`` (every ``bs.nn`` layer) the kernels walk ``W``'s block columns, so ``"cols"``
+            gives every work unit the same length.
 
     Returns:
         A :class:`BlockSparseMatrix` with ``w``'s values on the kept blocks.
@@ -55,24 +139,27 @@ def magnitude(w, block_size, density: float, *, norm: str = "l2") -> BlockSparse
     w = jnp.asarray(w)
     check_floating(w.dtype, "w")
     density = check_density(density)
+    check_balance(balance)
     scores = block_norms(w, block_size, norm)
+    bh, bw = check_block_size(w.shape, block_size)
+    _check_no_nan(scores, (bh, bw), "w")
+    mask = top_blocks(scores, keep_count(density, scores.shape, balance), balance)
+    return BlockSparseMatrix.from_mask(mask, w, (bh, bw))
+
+
+def _check_no_nan(scores, block, what: str) -> None:
     if np.isnan(scores).any():
         r, c = (int(i) for i in np.argwhere(np.isnan(scores))[0])
-        bh, bw = check_block_size(w.shape, block_size)
+        bh, bw = block
         raise ValueError(
-            f"Expected w without NaN. Got NaN in block ({r}, {c}) (rows {r * bh}:{(r + 1) * bh}, "
+            f"Expected {what} without NaN. Got NaN in block ({r}, {c}) (rows {r * bh}:{(r + 1) * bh}, "
             f"cols {c * bw}:{(c + 1) * bw}); its norm cannot be ranked, so it would be dropped silently."
         )
-    keep = num_blocks(density, scores.size)  # a positive density that keeps no block raises
-    order = np.argsort(-scores.reshape(-1), kind="stable")[:keep]
-    mask = np.zeros(scores.size, bool)
-    mask[order] = True
-    bh, bw = check_block_size(w.shape, block_size)
-    pattern = BlockPattern.from_mask(mask.reshape(scores.shape), (bh, bw))
-    return BlockSparseMatrix.from_mask(pattern.mask(), w, (bh, bw))
 
 
-def magnitude_global(weights, block_size, density: float, *, norm: str = "l2") -> list[BlockSparseMatrix]:
+def magnitude_global(
+    weights, block_size, density: float, *, norm: str = "l2", balance: str | None = None
+) -> list[BlockSparseMatrix]:
     """Global block pruning: rank the blocks of all ``weights`` together and keep the largest.
 
     Each block is scored by its norm *divided by the norm of an all-ones block of its size*: the
@@ -88,11 +175,17 @@ def magnitude_global(weights, block_size, density: float, *, norm: str = "l2") -
     per weight raises. Ties are broken by position (weight order, then row-major), so the result is
     deterministic.
 
+    With ``balance="rows"`` (``"cols"``) the global ranking decides how many blocks each weight keeps,
+    and the balance where: a weight that the ranking gives ``n`` of its ``gm x gk`` blocks keeps the
+    ``max(1, round(n / gm))`` largest of every block row (``max(1, round(n / gk))`` of every block
+    column), so the total is close to, not exactly, ``round(density * total blocks)``.
+
     Arguments:
         weights: a sequence of concrete 2-D floating arrays.
         block_size: ``b`` or ``(bh, bw)`` for every weight, or a *list* with one of those per weight.
         density: overall fraction of blocks kept, in ``(0, 1]``.
         norm: ``"l2"`` (default), ``"l1"`` or ``"max"``.
+        balance: ``None`` (default), ``"rows"`` or ``"cols"`` (see above and :func:`magnitude`).
 
     Returns:
         One :class:`BlockSparseMatrix` per weight, in order, with the weight's values on its kept blocks.
@@ -108,6 +201,7 @@ def magnitude_global(weights, block_size, density: float, *, norm: str = "l2") -
     if isinstance(weights, np.ndarray | jax.Array) or not hasattr(weights, "__len__") or len(weights) == 0:
         raise TypeError(f"Expected weights as a non-empty sequence of 2-D arrays. Got {type(weights).__name__}.")
     density = check_density(density)
+    check_balance(balance)
     if norm not in _ORDS:
         raise ValueError(f"Expected norm in {sorted(_ORDS)}. Got {norm!r}.")
     sizes = list(block_size) if isinstance(block_size, list) else [block_size] * len(weights)
@@ -122,9 +216,7 @@ def magnitude_global(weights, block_size, density: float, *, norm: str = "l2") -
             raise ValueError(f"Expected weights[{i}] 2-D. Got shape {tuple(w.shape)}.")
         bh, bw = check_block_size(w.shape, b)
         s = block_norms(w, (bh, bw), norm)
-        if np.isnan(s).any():
-            r, c = (int(j) for j in np.argwhere(np.isnan(s))[0])
-            raise ValueError(f"Expected weights without NaN. Got NaN in weights[{i}], block ({r}, {c}).")
+        _check_no_nan(s, (bh, bw), f"weights[{i}]")
         scale = {"l2": np.sqrt(bh * bw), "l1": float(bh * bw), "max": 1.0}[norm]
         ws.append(w)
         scores.append(np.asarray(s, np.float64) / scale)
@@ -147,8 +239,299 @@ def magnitude_global(weights, block_size, density: float, *, norm: str = "l2") -
     out = []
     for i, (w, s, bsz) in enumerate(zip(ws, scores, shapes, strict=True)):
         mask = chosen[offsets[i] : offsets[i + 1]].reshape(s.shape)
+        if balance is not None:  # the ranking's count for this weight, spread evenly
+            lines = s.shape[0] if balance == "rows" else s.shape[1]
+            mask = top_blocks(s, max(1, int(round(mask.sum() / lines))), balance)
         out.append(BlockSparseMatrix.from_mask(mask, w, bsz))
     return out
+
+
+# -- reconstruction pruning ----------------------------------------------------------------------------
+_HIGHEST = lax.Precision.HIGHEST
+
+
+def _dot(a, b) -> jax.Array:
+    # float32 accumulation at full precision: a GPU's default float32 dot rounds to TF32, too coarse for a Hessian.
+    return jnp.matmul(a, b, precision=_HIGHEST)
+
+
+@jax.jit
+def _hessian(x, damp) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(H, lambda, M)``: ``H = X^T X + lambda I`` with ``lambda = damp * mean(diag(X^T X))``, and the
+    lower Cholesky factor ``M`` of ``H`` with its rows and columns reversed (NaN where ``H`` is not
+    positive definite). :func:`_obs_mask` turns ``M`` into the upper factor of ``H^-1`` with one
+    triangular inverse."""
+    x = x.astype(jnp.float32)
+    h = _dot(x.T, x)
+    lam = damp * jnp.mean(jnp.diag(h))
+    h = h + lam * jnp.eye(h.shape[0], dtype=h.dtype)
+    return h, lam, jnp.linalg.cholesky(h[::-1, ::-1])
+
+
+def _check_calibration(w, x) -> jax.Array:
+    """``x`` on the device, checked: 2-D ``(rows >= 1, in)``, floating, finite (a bad value is located on the host)."""
+    x = jnp.asarray(x)
+    if x.ndim != 2 or x.shape[1] != w.shape[0]:
+        raise ValueError(
+            f"Expected calibration inputs x of shape (rows, {w.shape[0]}) (the weight is (in, out) = {tuple(w.shape)}, "
+            f"y = x @ w). Got shape {tuple(x.shape)}."
+        )
+    if x.shape[0] == 0:
+        raise ValueError(f"Expected at least one calibration row in x. Got shape {tuple(x.shape)}.")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"Expected floating-point calibration inputs x. Got dtype {x.dtype}.")
+    if not bool(jnp.isfinite(x).all()):
+        bad = ~np.isfinite(np.asarray(x))
+        r, c = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(
+            f"Expected finite calibration inputs x. Got {np.asarray(x[r, c])} at row {r}, column {c} "
+            f"({int(bad.sum())} of {x.size} values are NaN or inf)."
+        )
+    return x
+
+
+def _factor(x, damp: float):
+    """The damped Hessian of a reconstruction from ``x`` and its Cholesky factor, checked positive definite."""
+    if isinstance(damp, bool) or not isinstance(damp, numbers.Real) or not (math.isfinite(damp) and damp >= 0):
+        raise ValueError(f"Expected damp a finite float >= 0. Got {damp!r}.")
+    rows, n = x.shape
+    h, lam, chol = _hessian(x, float(damp))
+    if not bool(jnp.isfinite(chol).all()):
+        lam = float(lam)
+        if lam == 0 and damp > 0:
+            why = "the calibration inputs are all zero"
+        elif damp == 0 and rows < n:
+            why = (f"{rows} rows for {n} input features make X^T X singular; use damp > 0 (default 0.01) or more "
+                   "calibration rows")  # fmt: skip
+        else:
+            why = "raise damp"
+        raise ValueError(
+            f"Expected the Hessian X^T X + lambda I ({n} x {n}, lambda = damp * mean(diag(X^T X)) = {lam:.4g}, "
+            f"damp={damp}) positive definite. Its Cholesky factorisation failed with {rows} calibration rows: {why}."
+        )
+    return h, chol
+
+
+@functools.partial(jax.jit, static_argnames=("block_size", "balance"))
+def _obs_mask(w, chol, count, *, block_size, balance) -> jax.Array:
+    """The blocks kept by the sequential block OBS pass (module docs of :func:`reconstruct`): a ``(gm, gk)`` mask."""
+    bh, bw = block_size
+    n, k = w.shape
+    gm, gk = n // bh, k // bw
+    # With J the reversal, J H J = M M^T gives H = V V^T, V = J M J upper, so H^-1 = U^T U with U = V^-1 = J M^-1 J
+    # upper triangular: row block g of U is feature group g's OBS step.
+    u = jax.scipy.linalg.solve_triangular(chol, jnp.eye(n, dtype=jnp.float32), lower=True)[::-1, ::-1]
+    ub = u.reshape(gm, bh, gm, bh)
+    # At step r the features of groups r, r + 1, ... are still free; their inverse Hessian is U^T U restricted to
+    # U's rows from group r on. Its diagonal blocks, cov[r, g] (g >= r), give every undecided block's removal
+    # cost ||L^-1 W[g, c]||_F^2 with L L^T = cov[r, g]; `whiten` holds those L^-1 (identity for g < r).
+    cov = jnp.cumsum(jnp.einsum("aigb,aigc->agbc", ub, ub, precision=_HIGHEST)[::-1], axis=0)[::-1]
+    free = jnp.arange(gm)[None, :] >= jnp.arange(gm)[:, None]  # [r, g]: group g still free at step r
+    eye_b = jnp.eye(bh, dtype=jnp.float32)
+    cov = jnp.where(free[..., None, None], cov, eye_b)
+    whiten = jax.scipy.linalg.solve_triangular(jnp.linalg.cholesky(cov), jnp.broadcast_to(eye_b, cov.shape), lower=True)
+
+    def ranks(scores, axis):  # 0 for the largest along axis; ties to the earlier position
+        return jnp.argsort(jnp.argsort(-scores, axis=axis, stable=True), axis=axis, stable=True)
+
+    def step(r, carry):
+        w, mask = carry
+        u_r = lax.dynamic_slice(u, (r * bh, 0), (bh, n))  # (bh, n)
+        u_rr = lax.dynamic_slice(u_r, (0, r * bh), (bh, bh))
+        w_r = lax.dynamic_slice(w, (r * bh, 0), (bh, k))
+        z = jnp.einsum("gab,gbk->gak", whiten[r], w.reshape(gm, bh, k), precision=_HIGHEST)
+        scores = jnp.where(free[r][:, None], jnp.sum(jnp.square(z).reshape(gm, bh, gk, bw), axis=(1, 3)), -jnp.inf)
+        kept = jnp.where(free[r][:, None], False, mask)  # the decided rows' kept blocks
+        if balance is None:  # rank among every undecided block, against what is left of the budget
+            keep = ranks(scores.reshape(1, -1), 1).reshape(gm, gk)[r] < count - jnp.sum(kept)
+        elif balance == "cols":  # the same per block column
+            keep = ranks(scores, 0)[r] < count - jnp.sum(kept, axis=0)
+        else:  # "rows": row r keeps its own `count` best
+            keep = ranks(scores[r][None], 1)[0] < count
+        # OBS update: zero the dropped blocks of group r, move their error onto the free features.
+        e = jax.scipy.linalg.solve_triangular(u_rr.T, w_r * jnp.repeat(~keep, bw)[None], lower=True)
+        w = w - _dot(u_r.T, e)
+        w = lax.dynamic_update_slice(w, w_r * jnp.repeat(keep, bw)[None], (r * bh, 0))
+        return w, mask.at[r].set(keep)
+
+    _, mask = lax.fori_loop(0, gm, step, (w, jnp.zeros((gm, gk), bool)))
+    return mask
+
+
+@jax.jit
+def _refit_values(w, h, keep, rows, valid) -> tuple[jax.Array, jax.Array]:
+    """Exact re-fit on a fixed pattern: ``(W', sum of (W' - W)^T H (W' - W))``.
+
+    ``keep``: the dense ``(n, k)`` mask of kept entries; ``rows[c]``: the kept input features of block
+    column ``c`` (padded; ``valid`` marks the real ones). Per block column, with ``K`` the kept and
+    ``D`` the dropped features, the change of the kept values is ``H_KK^-1 H_KD W_D``.
+    """
+    n, k = w.shape
+    gk, _ = rows.shape
+    bw = k // gk
+    g = _dot(h, jnp.where(keep, 0.0, w)).reshape(n, gk, bw).swapaxes(0, 1)  # (gk, n, bw): H W_D
+    rhs = jnp.where(valid[..., None], jnp.take_along_axis(g, rows[..., None], axis=1), 0.0)
+    pair = valid[:, :, None] & valid[:, None, :]
+    a = jnp.where(pair, h[rows[:, :, None], rows[:, None, :]], jnp.eye(rows.shape[1], dtype=h.dtype))
+    delta = jax.scipy.linalg.cho_solve((jnp.linalg.cholesky(a), True), rhs)
+    wc = w.reshape(n, gk, bw).swapaxes(0, 1)
+    kept = jnp.take_along_axis(wc, rows[..., None], axis=1) + delta
+    out = jnp.zeros_like(wc).at[jnp.arange(gk)[:, None], rows].add(jnp.where(valid[..., None], kept, 0.0))
+    out = out.swapaxes(0, 1).reshape(n, k)
+    diff = out - w
+    return out, jnp.sum(diff * _dot(h, diff))
+
+
+def _refit(w, h, mask, block) -> tuple[jax.Array, float]:
+    """:func:`_refit_values` on a host block mask.
+
+    Every block column is padded to the longest one's count rounded up to a multiple of ``ceil(gm / 8)`` blocks, so
+    that patterns of a similar density share one compiled program (at most 8 per shape) at little extra work.
+    """
+    bh, bw = block
+    gm, gk = mask.shape
+    step = cdiv(gm, 8)
+    width = max(cdiv(int(mask.sum(axis=0).max(initial=0)), step), 1) * step * bh
+    rows = np.zeros((gk, width), np.int32)
+    valid = np.zeros((gk, width), bool)
+    for c in range(gk):  # one block column at a time: its kept block rows, as feature indices
+        feats = (np.flatnonzero(mask[:, c])[:, None] * bh + np.arange(bh)).reshape(-1)
+        rows[c, : feats.size], valid[c, : feats.size] = feats, True
+    keep = np.kron(mask, np.ones((bh, bw), bool))
+    out, err = _refit_values(jnp.asarray(w), h, keep, rows, valid)
+    return out, float(err)
+
+
+def _host_matrix(mask, dense, block, dtype) -> BlockSparseMatrix:
+    """``BlockSparseMatrix.from_mask(mask, dense)`` with the blocks gathered on the host (no program per shape)."""
+    bh, bw = block
+    pattern = BlockPattern.from_mask(mask, block)
+    n, k = dense.shape
+    blocks = np.asarray(dense).reshape(n // bh, bh, k // bw, bw).swapaxes(1, 2)[pattern.rows, pattern.cols]
+    return BlockSparseMatrix(pattern, jnp.asarray(blocks.astype(dtype)))
+
+
+def _pattern_mask(pattern, shape) -> np.ndarray:
+    if isinstance(pattern, BlockSparseMatrix):
+        pattern = pattern.pattern
+    if not isinstance(pattern, BlockPattern):
+        raise TypeError(f"Expected a BlockPattern or a BlockSparseMatrix. Got {type(pattern).__name__}.")
+    if pattern.shape != tuple(shape):
+        raise ValueError(f"Expected a pattern of the weight's shape {tuple(shape)}. Got {pattern.shape}.")
+    return pattern.mask()
+
+
+def refit(w, x_calib, pattern, *, damp: float = 0.01) -> BlockSparseMatrix:
+    """Re-fit the kept values of ``pattern`` so that ``x_calib @ W'`` is closest to ``x_calib @ w``.
+
+    Minimises ``||X (W - W')||_F^2 + lambda ||W - W'||_F^2`` over the values on the pattern's blocks
+    (``lambda = damp * mean(diag(X^T X))``; ``damp=0`` is plain least squares). Output columns are
+    independent; the columns of one block column share their kept input features ``K`` (``D`` the
+    dropped ones), and with ``H = X^T X + lambda I`` their kept values move by ``H_KK^-1 H_KD W_D``:
+    one Cholesky solve per block column, batched.
+
+    Arguments:
+        w: the concrete dense weight ``(in, out)`` (``y = x @ w``, the ``bs.nn`` layout).
+        x_calib: calibration inputs ``(rows, in)``, finite.
+        pattern: the :class:`~blocksparse.BlockPattern` to keep, or a :class:`BlockSparseMatrix` (its pattern).
+        damp: dampening of the Hessian, a float ``>= 0``.
+
+    Returns:
+        A :class:`BlockSparseMatrix` on ``pattern`` with the re-fitted values, in ``w``'s dtype.
+    """
+    require_host("bs.prune.refit", w=w, x_calib=x_calib)
+    w = jnp.asarray(w)
+    check_floating(w.dtype, "w")
+    if w.ndim != 2:
+        raise ValueError(f"Expected a 2-D weight (in, out). Got shape {tuple(w.shape)}.")
+    mask = _pattern_mask(pattern, w.shape)
+    block = pattern.block_size
+    x = _check_calibration(w, x_calib)
+    h, _ = _factor(x, damp)
+    out, _ = _refit(jnp.asarray(w, jnp.float32), h, mask, block)
+    return _host_matrix(mask, out, block, w.dtype)
+
+
+def reconstruct(
+    w, x_calib, block_size, density: float, *, damp: float = 0.01, balance: str | None = None
+) -> BlockSparseMatrix:
+    """Block pruning that keeps a layer's outputs: choose the blocks by OBS on calibration inputs, then re-fit them.
+
+    For a layer ``y = x @ w`` with ``w (in, out)`` and calibration inputs ``X (rows, in)`` (rows are
+    tokens), it looks for the block-sparse ``W'`` minimising ``||X w - X W'||_F^2``:
+
+    1. the Hessian ``H = X^T X + lambda I``, ``lambda = damp * mean(diag(X^T X))`` (SparseGPT's
+       dampening: it makes ``H`` invertible when there are fewer rows than inputs);
+    2. the block rows of ``w`` (groups of ``bh`` input features) are processed in order, with
+       ``H^-1 = U^T U`` (``U`` upper triangular; its diagonal block ``U_rr`` is group ``r``'s):
+       removing block ``(r, c)`` while the later groups stay free costs ``||U_rr^-T W[r, c]||_F^2``,
+       and the later rows are updated to compensate, ``W -= U[r, :]^T U_rr^-T W[r, dropped]``.
+       Which blocks of row ``r`` go is decided with every undecided block scored the same way
+       against the current weights (the budget ``round(density * blocks)`` is shared by all rows, or
+       split per block row or column by ``balance``);
+    3. the kept values are re-fitted exactly for the chosen pattern (:func:`refit`).
+
+    The pattern returned is that one, unless the magnitude pattern of the same balance
+    (:func:`magnitude`) re-fits to a lower error, which then wins: the result never reconstructs worse
+    than magnitude pruning (re-fitted or not). Everything runs in float32 under ``jit``
+    (``O(in^2 out)`` work); the pattern is host data, so call it outside ``jit``.
+
+    Arguments:
+        w: the concrete dense weight ``(in, out)`` (Flax's and ``bs.nn``'s layout; transpose a
+            PyTorch ``(out, in)`` weight first).
+        x_calib: calibration inputs ``(rows, in)``, finite; at least one row.
+        block_size: ``b`` or ``(b_in, b_out)`` dividing ``w.shape``.
+        density: fraction of blocks kept, in ``[0, 1]`` (see :func:`keep_count`).
+        damp: dampening as a fraction of the mean diagonal of ``X^T X``, ``>= 0`` (default 0.01).
+            With ``damp=0`` and fewer rows than input features ``H`` is singular: that raises, as
+            does an ``H`` that is not positive definite even after dampening (all-zero inputs).
+        balance: ``None``, ``"rows"`` or ``"cols"`` (as :func:`magnitude`).
+
+    Returns:
+        A :class:`BlockSparseMatrix` ``(in, out)`` in ``w``'s dtype.
+    """
+    require_host("bs.prune.reconstruct", w=w, x_calib=x_calib, density=density)
+    w = jnp.asarray(w)
+    check_floating(w.dtype, "w")
+    if w.ndim != 2:
+        raise ValueError(f"Expected a 2-D weight (in, out). Got shape {tuple(w.shape)}.")
+    density = check_density(density)
+    check_balance(balance)
+    bh, bw = check_block_size(w.shape, block_size)
+    norms = block_norms(w, (bh, bw))
+    _check_no_nan(norms, (bh, bw), "w")
+    if np.isinf(norms).any():
+        r, c = (int(i) for i in np.argwhere(np.isinf(norms))[0])
+        raise ValueError(f"Expected a finite weight w. Got inf in block ({r}, {c}) (rows {r * bh}:{(r + 1) * bh}).")
+    count = keep_count(density, norms.shape, balance)
+    x = _check_calibration(w, x_calib)
+    h, chol = _factor(x, damp)
+    w32 = jnp.asarray(w, jnp.float32)  # one program per shape, whatever the weight's dtype
+    mask = np.asarray(_obs_mask(w32, chol, count, block_size=(bh, bw), balance=balance))
+    out, err = _refit(w32, h, mask, (bh, bw))
+    by_norm = top_blocks(norms, count, balance)
+    if not np.array_equal(by_norm, mask):
+        out_n, err_n = _refit(w32, h, by_norm, (bh, bw))
+        if err_n < err:
+            mask, out = by_norm, out_n
+    return _host_matrix(mask, out, (bh, bw), w.dtype)
+
+
+def reconstruction_error(w, pruned, x_calib) -> float:
+    """``||X w - X W'||_F^2 / ||X w||_F^2``: how much of the layer's output on ``x_calib`` the pruned ``W'`` loses.
+
+    ``w`` is the dense ``(in, out)`` weight, ``pruned`` a :class:`BlockSparseMatrix` or dense array of its
+    shape; computed in float64 on the host.
+    """
+    w = np.asarray(w, np.float64)
+    p = np.asarray(pruned.to_dense() if isinstance(pruned, BlockSparseMatrix) else pruned, np.float64)
+    x = np.asarray(x_calib, np.float64)
+    if p.shape != w.shape or x.ndim != 2 or x.shape[1] != w.shape[0]:
+        raise ValueError(f"Expected w and pruned of one shape (in, out) and x (rows, in). Got {w.shape}, {p.shape}, "
+                         f"{x.shape}.")  # fmt: skip
+    y = x @ w
+    den = float(np.sum(y * y))
+    return float(np.sum(np.square(y - x @ p)) / den) if den > 0 else 0.0
 
 
 def _block_sq_norms(blocks) -> jax.Array:

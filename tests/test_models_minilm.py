@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import blocksparse as bs
-from blocksparse.models import corpus, minilm, prune_encoder, study
+from blocksparse.models import STAGES, corpus, minilm, prune_encoder, prune_encoder_reconstruct, study
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY = FIXTURES / "tiny_bert"
@@ -312,6 +312,72 @@ def test_calibrated_pruning_ranks_scaled_blocks(tiny):
     assert W.pattern == want and np.array_equal(np.asarray(W.to_dense())[W.to_dense() != 0], w[W.to_dense() != 0])
 
 
+@pytest.mark.parametrize("balance", ["rows", "cols"])
+def test_prune_encoder_balanced(tiny, balance):
+    model, _ = tiny
+    for scope in ("layer", "global"):
+        pruned = prune_encoder(model, 8, 0.5, scope=scope, balance=balance)
+        for L in pruned.layers:
+            for n in bs.models.PROJECTIONS:
+                counts = getattr(L, n).weight.pattern.mask().sum(axis=1 if balance == "rows" else 0)
+                assert len(set(counts)) == 1, (scope, n, counts)
+    with pytest.raises(ValueError, match=r"layers\[0\].query \(16 x 16\): balance='rows'.*keeps 0 blocks"):
+        prune_encoder(model, 8, 0.2, balance="rows")
+
+
+# -- reconstruction pruning ---------------------------------------------------------------------------
+def test_prune_encoder_reconstruct_calibrates_on_the_model_pruned_so_far(tiny):
+    model, tok = tiny
+    cal = tok(corpus.sentences("train", 24))
+    pruned = prune_encoder_reconstruct(model, cal, 8, 0.5, balance="cols")
+    real = cal["attention_mask"].astype(bool)
+    x0, mask_bias = model.embed(cal["input_ids"], cal["attention_mask"])
+    inputs = {0: x0, 1: pruned.layers[0](x0, mask_bias)}  # layer 1 sees the pruned layer 0's output
+    # Each projection is reconstruct() of its weight on the inputs it sees once the stages before it are pruned
+    # (run here through their sparse layers), the later ones still dense.
+    for i, name in ((0, "query"), (0, "attn_out"), (0, "ffn_out"), (1, "value"), (1, "ffn_in")):
+        L0, L = model.layers[i], pruned.layers[i]
+        k = next(j for j, stage in enumerate(STAGES) if name in stage)
+        seen = L0._replace(**{t: getattr(L, t) for earlier in STAGES[:k] for t in earlier})
+        taps = {}
+        seen(inputs[i], mask_bias, taps)
+        got = getattr(L, name)
+        want = bs.prune.reconstruct(getattr(L0, name).weight, np.asarray(taps[name])[real], 8, 0.5, balance="cols")
+        assert isinstance(got, bs.nn.SparseLinear) and got.activation == getattr(L0, name).activation
+        assert got.weight.pattern == want.pattern, (i, name)
+        np.testing.assert_allclose(got.weight.data, want.data, rtol=2e-3, atol=2e-4)
+        assert got.bias is getattr(L0, name).bias
+    held = tok(corpus.sentences("heldout", 32))
+    ids, mask = held["input_ids"], held["attention_mask"]
+    q_rec = study.quality(model(ids, mask), pruned(ids, mask))
+    q_mag = study.quality(model(ids, mask), prune_encoder(model, 8, 0.5, balance="cols")(ids, mask))
+    assert q_rec["cosine_mean"] > q_mag["cosine_mean"]
+
+
+def test_prune_encoder_reconstruct_errors_name_the_projection(tiny):
+    model, tok = tiny
+    cal = tok(SENTENCES)
+    only_ffn = prune_encoder_reconstruct(model, cal, 8, 0.5, targets=("ffn_in", "ffn_out"))
+    assert isinstance(only_ffn.layers[1].query, bs.nn.Linear)
+    assert isinstance(only_ffn.layers[1].ffn_out, bs.nn.SparseLinear)
+    norm = model.layers[1].attn_norm
+    broken = model._replace(layers=(model.layers[0], model.layers[1]._replace(
+        attn_norm=norm._replace(weight=norm.weight.at[3].set(jnp.nan)))))  # fmt: skip
+    want = r"layers\[1\].ffn_in \(16 x 32\): Expected finite calibration inputs x. Got nan at row"
+    with pytest.raises(ValueError, match=want):
+        prune_encoder_reconstruct(broken, cal, 8, 0.5)
+    with pytest.raises(ValueError, match=r"layers\[0\].query \(16 x 16\): Expected at least one calibration row"):
+        prune_encoder_reconstruct(model, dict(cal, attention_mask=np.zeros_like(cal["attention_mask"])), 8, 0.5)
+    with pytest.raises(ValueError, match=r"layers\[0\].query \(16 x 16\):.*keeps 0 blocks"):
+        prune_encoder_reconstruct(model, cal, 8, 0.1)
+    with pytest.raises(ValueError, match=r"density in \(0, 1\]"):
+        prune_encoder_reconstruct(model, cal, 8, 0)
+    with pytest.raises(TypeError, match="tokenizer's dict with 'input_ids' and 'attention_mask'. Got ndarray"):
+        prune_encoder_reconstruct(model, cal["input_ids"], 8, 0.5)
+    with pytest.raises(ValueError, match="already block-sparse"):
+        prune_encoder_reconstruct(only_ffn, cal, 8, 0.5)
+
+
 @settings(max_examples=examples(12))  # each example compiles the pruning's ops for its shapes
 @given(st.lists(st.tuples(st.integers(1, 4), st.integers(1, 4)), min_size=1, max_size=4),
        st.sampled_from([4, (2, 4)]), st.sampled_from([0.25, 0.5, 1.0]), st.sampled_from(["l1", "l2", "max"]),
@@ -451,13 +517,20 @@ def test_bench_model_suite_runs_and_checks(tiny):
     sizes = dataclasses.replace(
         model.SIZES["quick"], eval_sentences=8, train_sentences=16, train_length=16, block_sizes=(8,),
         densities=(1 / 2,), recover=(8,), recover_densities=None, steps=2, batch_size=4, speed_block_sizes=(8,),
-        speed_batch=2, speed_length=8, ffn_rows=8,
+        speed_batch=2, speed_length=8, ffn_rows=8, reconstruct=(8,), reconstruct_densities=None,
+        calibration_sentences=8, balances=(None, "cols"),
     )  # fmt: skip
     cells = model.cells(full=False, weights=str(TINY), sizes=sizes)
-    assert [c.params["kind"] for c in cells] == ["quality", "encoder", "encoder", "ffn", "ffn"]
+    assert [c.label for c in cells] == [
+        "quality b=8 d=1/2 layer +recovery", "quality b=8 d=1/2 layer cols", "quality b=8 d=1/2 reconstruct",
+        "quality b=8 d=1/2 reconstruct cols", "encoder dense", "encoder b=8 d=1/2", "encoder b=8 d=1/2 cols",
+        "ffn dense", "ffn b=8 d=1/2", "ffn b=8 d=1/2 cols",
+    ]  # fmt: skip
     results = [run_cell(c, Timer(iters=1, trials=1, warmup=0)) for c in cells]
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]
     q = results[0].metrics
     assert 0 < q["cosine_mean"] <= 1 and -1 <= q["recovered_spearman"] <= 1 and q["density_overall"] == 0.5
-    assert results[2].metrics["min_cosine_vs_densified"] > 0.999 and results[4].metrics["rel_err"] < 1e-5
-    assert all(r.metrics["loop_ms"] > 0 and "implementation" in r.metrics for r in results[1:])
+    rec = results[2].metrics
+    assert rec["cosine_mean"] > q["cosine_mean"] and rec["density_overall"] == 0.5 and "target" not in rec
+    assert results[5].metrics["min_cosine_vs_densified"] > 0.999 and results[8].metrics["rel_err"] < 1e-5
+    assert all(r.metrics["loop_ms"] > 0 and "implementation" in r.metrics for r in results[4:])

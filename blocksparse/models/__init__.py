@@ -5,7 +5,8 @@
 - :class:`BertEncoder`: the BERT encoder in JAX (a pytree; every projection a ``bs.nn`` layer);
 - :class:`LlamaModel`: a Llama-family decoder LM (:func:`load_llama` reads a Hugging Face directory,
   :func:`generate` decodes in one jitted program, :func:`prune_decoder` block-prunes its projections);
-- :func:`prune_encoder`: block pruning per layer or global; :mod:`~blocksparse.models.study`:
+- :func:`prune_encoder`: block pruning per layer or global; :func:`prune_encoder_reconstruct`: block
+  pruning that re-fits each projection to its calibration inputs; :mod:`~blocksparse.models.study`:
   recovery by distillation and the quality measures; :mod:`~blocksparse.models.corpus`: the
   generated sentences.
 
@@ -15,7 +16,16 @@ and ``optax`` (``blocksparse[train]``) for recovery.
 
 from .._safetensors import read_safetensors
 from . import corpus, minilm, study
-from ._bert import PROJECTIONS, BertConfig, BertEncoder, BertLayer, LayerNorm, prune_encoder
+from ._bert import (
+    PROJECTIONS,
+    STAGES,
+    BertConfig,
+    BertEncoder,
+    BertLayer,
+    LayerNorm,
+    prune_encoder,
+    prune_encoder_reconstruct,
+)
 from ._llama import (
     DECODER_PROJECTIONS,
     FUSED_PROJECTIONS,
@@ -41,6 +51,7 @@ __all__ = [
     "FUSED_PROJECTIONS",
     "PROJECTIONS",
     "ROPE_TYPES",
+    "STAGES",
     "KVCache",
     "LlamaConfig",
     "LlamaLayer",
@@ -63,5 +74,6 @@ __all__ = [
     "corpus",
     "minilm",
     "prune_encoder",
+    "prune_encoder_reconstruct",
     "study",
 ]

@@ -20,13 +20,25 @@ import numpy as np
 from .. import nn as _nn
 from .._checkpoint import register_checkpoint_type
 from .._matrix import BlockSparseMatrix
-from .._pattern import check_block_size, check_density, num_blocks
+from .._pattern import check_block_size, check_density
 from .._util import Pytree
 
-__all__ = ["BertConfig", "BertEncoder", "BertLayer", "LayerNorm", "PROJECTIONS", "prune_encoder"]
+__all__ = [
+    "BertConfig",
+    "BertEncoder",
+    "BertLayer",
+    "LayerNorm",
+    "PROJECTIONS",
+    "STAGES",
+    "prune_encoder",
+    "prune_encoder_reconstruct",
+]
 
 #: The projections of one layer, in the order PyTorch's BERT applies them.
 PROJECTIONS = ("query", "key", "value", "attn_out", "ffn_in", "ffn_out")
+#: The projections grouped by the input they read, in the order a layer computes them (query, key and value
+#: share the layer's input; each later one reads what the ones before it produce).
+STAGES = (("query", "key", "value"), ("attn_out",), ("ffn_in",), ("ffn_out",))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,15 +201,23 @@ class BertEncoder(Pytree):
         cast = jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, self)
         return cast._replace(dtype=dtype)
 
-    def hidden_states(self, input_ids, attention_mask, token_type_ids=None) -> jax.Array:
-        """The last layer's token states ``(batch, length, hidden)`` in the compute dtype."""
+    def embed(self, input_ids, attention_mask, token_type_ids=None) -> tuple[jax.Array, jax.Array]:
+        """The first layer's input ``(batch, length, hidden)`` and the attention's additive mask bias.
+
+        The bias is ``0`` at real keys and the float32 minimum at padded ones, shaped ``(batch, 1, 1, length)``
+        for the layers (``layer(x, mask_bias)``).
+        """
         input_ids, attention_mask, token_type_ids = self._check_inputs(input_ids, attention_mask, token_type_ids)
         n = input_ids.shape[1]
         x = (jnp.take(self.word_embeddings, input_ids, axis=0)
              + self.position_embeddings[:n][None]
              + jnp.take(self.token_type_embeddings, token_type_ids, axis=0))  # fmt: skip
-        x = self.embeddings_norm(x.astype(self.dtype))
         mask_bias = jnp.where(attention_mask.astype(bool), 0.0, jnp.finfo(jnp.float32).min)[:, None, None, :]
+        return self.embeddings_norm(x.astype(self.dtype)), mask_bias
+
+    def hidden_states(self, input_ids, attention_mask, token_type_ids=None) -> jax.Array:
+        """The last layer's token states ``(batch, length, hidden)`` in the compute dtype."""
+        x, mask_bias = self.embed(input_ids, attention_mask, token_type_ids)
         for layer in self.layers:
             x = layer(x, mask_bias)
         return x
@@ -207,12 +227,7 @@ class BertEncoder(Pytree):
 
         Runs eagerly (outside ``jit``); one dict ``{projection: (in_features,) float32}`` per layer.
         """
-        input_ids, attention_mask, token_type_ids = self._check_inputs(input_ids, attention_mask, token_type_ids)
-        n = input_ids.shape[1]
-        x = (jnp.take(self.word_embeddings, input_ids, axis=0) + self.position_embeddings[:n][None]
-             + jnp.take(self.token_type_embeddings, token_type_ids, axis=0))  # fmt: skip
-        x = self.embeddings_norm(x.astype(self.dtype))
-        mask_bias = jnp.where(attention_mask.astype(bool), 0.0, jnp.finfo(jnp.float32).min)[:, None, None, :]
+        x, mask_bias = self.embed(input_ids, attention_mask, token_type_ids)
         m = np.asarray(attention_mask, bool)
         out = []
         for layer in self.layers:
@@ -372,8 +387,31 @@ def _check_targets(targets) -> tuple[str, ...]:
     return targets
 
 
+@jax.jit
+def _layer_taps(layer: BertLayer, x, mask_bias) -> tuple[jax.Array, dict]:
+    """``layer``'s output and each projection's input (``BertLayer.__call__``'s ``taps``)."""
+    taps = {}
+    return layer(x, mask_bias, taps), taps
+
+
+def _dense_targets(model: BertEncoder, targets) -> tuple[str, ...]:
+    targets = _check_targets(targets)
+    for i, layer in enumerate(model.layers):
+        for t in targets:
+            if isinstance(getattr(layer, t), _nn.SparseLinear):
+                raise ValueError(f"Expected dense projections to prune. Got layers[{i}].{t} already block-sparse.")
+    return targets
+
+
+def _check_positive_density(density) -> float:
+    density = check_density(density)
+    if density == 0:  # every projection would keep no block: never build empty layers
+        raise ValueError(f"Expected density in (0, 1] (a fraction of each projection's blocks kept). Got {density}.")
+    return density
+
+
 def prune_encoder(model: BertEncoder, block_size, density: float, *, scope: str = "layer",
-                  targets=PROJECTIONS, norm: str = "l2", calibration=None,
+                  targets=PROJECTIONS, norm: str = "l2", calibration=None, balance: str | None = None,
                   implementation=None) -> BertEncoder:  # fmt: skip
     """Block-prune the projections of ``model`` by magnitude; a copy whose ``targets`` are ``SparseLinear``.
 
@@ -391,23 +429,22 @@ def prune_encoder(model: BertEncoder, block_size, density: float, *, scope: str 
             :meth:`BertEncoder.input_norms` on calibration sentences: blocks are then ranked by the
             norm of ``diag(input RMS) @ W`` (activation-aware, as Wanda does per weight), so a
             weight row fed by a large activation counts more. The kept values are ``W``'s.
+        balance: ``None`` (default), ``"rows"`` or ``"cols"``: every block row (column) of a
+            projection keeps the same number of blocks (see :func:`blocksparse.prune.magnitude`;
+            ``"cols"`` evens the work units of the ``x @ W`` kernels).
         implementation: passed to each ``SparseLinear`` (``None``: the fastest available).
 
     A density that keeps no block of some projection raises (an empty projection is never made).
     """
     from .. import prune as _prune
 
-    targets = _check_targets(targets)
-    density = check_density(density)
-    if density == 0:  # every projection would keep no block: never build empty layers
-        raise ValueError(f"Expected density in (0, 1] (a fraction of each projection's blocks kept). Got {density}.")
+    targets = _dense_targets(model, targets)
+    density = _check_positive_density(density)
+    _prune.check_balance(balance)
     if scope not in ("layer", "global"):
         raise ValueError(f"Expected scope 'layer' or 'global'. Got {scope!r}.")
     where = [(i, t) for i in range(len(model.layers)) for t in targets]
     projs = [getattr(model.layers[i], t) for i, t in where]
-    for (i, t), p in zip(where, projs, strict=True):
-        if isinstance(p, _nn.SparseLinear):
-            raise ValueError(f"Expected dense projections to prune. Got layers[{i}].{t} already block-sparse.")
     weights = [np.asarray(p.weight, np.float32) for p in projs]
     scored = weights
     if calibration is not None:
@@ -423,14 +460,13 @@ def prune_encoder(model: BertEncoder, block_size, density: float, *, scope: str 
         mats = []
         for (i, t), w in zip(where, scored, strict=True):
             bh, bw = check_block_size(w.shape, block_size)
-            total = (w.shape[0] // bh) * (w.shape[1] // bw)
             try:
-                num_blocks(density, total)
+                _prune.keep_count(density, (w.shape[0] // bh, w.shape[1] // bw), balance)
             except ValueError as e:
                 raise ValueError(f"layers[{i}].{t} ({w.shape[0]} x {w.shape[1]}): {e}") from None
-            mats.append(_prune.magnitude(w, block_size, density, norm=norm))
+            mats.append(_prune.magnitude(w, block_size, density, norm=norm, balance=balance))
     else:
-        mats = _prune.magnitude_global(scored, block_size, density, norm=norm)
+        mats = _prune.magnitude_global(scored, block_size, density, norm=norm, balance=balance)
     if calibration is not None:  # the pattern of the scores, the values of the weights
         mats = [BlockSparseMatrix.from_mask(W.pattern.mask(), w, W.block_size)
                 for W, w in zip(mats, weights, strict=True)]  # fmt: skip
@@ -439,4 +475,69 @@ def prune_encoder(model: BertEncoder, block_size, density: float, *, scope: str 
     for (i, t), p, W in zip(where, projs, mats, strict=True):
         sp = sparse_projection(W.astype(dtype), p.bias, p.activation, implementation)
         layers[i] = layers[i]._replace(**{t: sp})
+    return model._replace(layers=tuple(layers))
+
+
+def prune_encoder_reconstruct(model: BertEncoder, calibration: Mapping, block_size, density: float, *,
+                              targets=PROJECTIONS, damp: float = 0.01, balance: str | None = None,
+                              implementation=None) -> BertEncoder:  # fmt: skip
+    """Block-prune ``model`` by reconstruction, layer after layer, each projection calibrated on the pruned model.
+
+    Every target projection ``y = x @ W`` is replaced by :func:`blocksparse.prune.reconstruct` of its
+    weight on its own inputs ``x`` over the real tokens of ``calibration``: the blocks that keep
+    ``x @ W`` closest, with re-fitted values. The inputs are those of the model pruned so far: the
+    layers run in order, and within a layer the projections in :data:`STAGES` order (query, key and
+    value on the layer's input; the attention output on the context the pruned query, key and value
+    give; the FFN's input after the pruned attention; its output on the pruned FFN input's GELU), so
+    each projection compensates for the errors of those before it, not just its own.
+
+    Arguments:
+        model: a :class:`BertEncoder` whose target projections are dense.
+        calibration: tokens of calibration sentences: ``input_ids`` and ``attention_mask`` (and
+            optionally ``token_type_ids``), ``(sentences, length)``, as the tokenizer returns them.
+            Their real tokens are the rows of every projection's calibration inputs; fewer rows than
+            a projection's input features are fine with ``damp > 0``.
+        block_size: ``b`` or ``(b_in, b_out)`` dividing every target weight ``(in, out)``.
+        density: fraction of each projection's blocks kept, in ``(0, 1]``.
+        targets: which projections to prune (names of :data:`PROJECTIONS`); the others stay dense.
+        damp, balance: passed to :func:`blocksparse.prune.reconstruct`.
+        implementation: passed to each ``SparseLinear``.
+
+    A problem with one projection (a density that keeps no block, NaN or inf in its inputs, a
+    Hessian that is not positive definite) raises an error naming it (``layers[2].ffn_out``).
+    """
+    from .. import prune as _prune
+
+    targets = _dense_targets(model, targets)
+    density = _check_positive_density(density)
+    _prune.check_balance(balance)
+    if not isinstance(calibration, Mapping) or not {"input_ids", "attention_mask"} <= set(calibration):
+        raise TypeError(
+            "Expected calibration as the tokenizer's dict with 'input_ids' and 'attention_mask'. Got "
+            + (f"keys {sorted(calibration)}." if isinstance(calibration, Mapping) else f"{type(calibration).__name__}.")
+        )
+    mask = calibration["attention_mask"]
+    x, mask_bias = model.embed(calibration["input_ids"], mask, calibration.get("token_type_ids"))
+    real = jnp.asarray(np.flatnonzero(np.asarray(mask, bool)))  # the real tokens, as rows of (batch * length, .)
+    dtype = model.word_embeddings.dtype
+    layers = list(model.layers)
+    for i, layer in enumerate(layers):
+        twin = layer  # the pruned weights held densely: the same activations, one compiled program for every layer
+        for stage in STAGES:
+            names = [t for t in stage if t in targets]
+            if not names:
+                continue
+            _, taps = _layer_taps(twin, x, mask_bias)  # this stage's inputs, given the projections pruned before it
+            for t in names:
+                p = getattr(layer, t)
+                try:
+                    rows = taps[t].reshape(-1, p.in_features)[real].astype(jnp.float32)
+                    W = _prune.reconstruct(p.weight, rows, block_size, density, damp=damp, balance=balance)
+                except ValueError as e:
+                    raise ValueError(f"layers[{i}].{t} ({p.in_features} x {p.out_features}): {e}") from None
+                W = W.astype(dtype)
+                layer = layer._replace(**{t: sparse_projection(W, p.bias, p.activation, implementation)})
+                twin = twin._replace(**{t: dense_projection(W.to_dense(), p.bias, p.activation)})
+        layers[i] = layer
+        x, _ = _layer_taps(twin, x, mask_bias)
     return model._replace(layers=tuple(layers))

@@ -1,0 +1,267 @@
+"""Reconstruction pruning (bs.prune.reconstruct, bs.prune.refit) and balanced patterns (balance=).
+
+The oracles are NumPy float64: np.linalg.lstsq per output column for the re-fit, the damped objective
+tr((W - W')^T (X^T X + lambda I) (W - W')) for comparing patterns, and brute force over every pattern
+where inputs are uncorrelated (the optimum is then known exactly).
+"""
+
+import itertools
+import re
+
+import jax
+import numpy as np
+import pytest
+from helpers import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import blocksparse as bs
+
+BLOCKS = [(1, 1), (2, 4), (4, 2), (4, 4)]
+# The fixed-input tests share one shape (one compiled program each): w (16, 8) in blocks of (4, 2), a 4 x 4 grid.
+N, K, BLOCK, GRID = 16, 8, (4, 2), (4, 4)
+
+
+def calibration(rng, rows, n, corr=0.7):
+    """Correlated inputs with unevenly scaled features, as a layer's activations are."""
+    z = rng.standard_normal((rows, n))
+    mix = np.eye(n) + corr * rng.standard_normal((n, n)) / np.sqrt(n)
+    return (z @ mix * rng.uniform(0.2, 3.0, n)).astype(np.float32)
+
+
+def hessian(x, damp):
+    x = np.asarray(x, np.float64)
+    h = x.T @ x
+    return h + damp * np.mean(np.diag(h)) * np.eye(len(h))
+
+
+def objective(w, pruned, x, damp):
+    """The damped reconstruction error of ``pruned`` (a matrix or a dense array), in float64."""
+    p = pruned.to_dense() if isinstance(pruned, bs.BlockSparseMatrix) else pruned
+    d = np.asarray(p, np.float64) - np.asarray(w, np.float64)
+    return float(np.sum(d * (hessian(x, damp) @ d)))
+
+
+def lstsq_refit(w, x, mask, block, damp):
+    """Per output column: least squares on its kept rows, ``[X_K; sqrt(lambda) I] v ~ [X w; sqrt(lambda) w_K]``."""
+    w, x = np.asarray(w, np.float64), np.asarray(x, np.float64)
+    lam = damp * np.mean(np.sum(x * x, axis=0))
+    keep = np.kron(mask, np.ones(block, bool))
+    out = np.zeros_like(w)
+    for j in range(w.shape[1]):
+        k = np.flatnonzero(keep[:, j])
+        if k.size == 0:
+            continue
+        a = np.vstack([x[:, k], np.sqrt(lam) * np.eye(k.size)])
+        b = np.concatenate([x @ w[:, j], np.sqrt(lam) * w[k, j]])
+        out[k, j] = np.linalg.lstsq(a, b, rcond=None)[0]
+    return out
+
+
+def assert_balanced(mask, balance, count):
+    if balance == "rows":
+        np.testing.assert_array_equal(mask.sum(axis=1), count)
+    elif balance == "cols":
+        np.testing.assert_array_equal(mask.sum(axis=0), count)
+    else:
+        assert mask.sum() == count
+
+
+# -- the re-fit --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("rows, damp", [(48, 0.0), (48, 0.01), (8, 0.05)], ids=["exact", "damped", "few-rows"])
+def test_refit_equals_least_squares_per_output_column(rows, damp):
+    rng = np.random.default_rng(rows)
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    x = calibration(rng, rows, N)
+    mask = rng.random(GRID) < 0.5
+    mask[:, 0], mask[:, 1] = False, True  # a block column with nothing kept, one with everything
+    got = bs.prune.refit(w, x, bs.BlockPattern.from_mask(mask, BLOCK), damp=damp)
+    assert got.pattern == bs.BlockPattern.from_mask(mask, BLOCK) and got.dtype == w.dtype
+    want = lstsq_refit(w, x, mask, BLOCK, damp)
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(np.asarray(got.to_dense()), want, atol=2e-4 * scale, rtol=1e-3)
+    if damp == 0:  # an exact least-squares fit: the residual is orthogonal to every kept input
+        r = x.astype(np.float64) @ (np.asarray(got.to_dense(), np.float64) - w)
+        g = x.astype(np.float64).T @ r * np.kron(mask, np.ones(BLOCK))
+        assert np.abs(g).max() < 1e-3 * np.abs(x.T @ (x @ w)).max()
+    # The matrix works as the pattern too.
+    again = bs.prune.refit(w, x, got, damp=damp)
+    np.testing.assert_array_equal(np.asarray(again.to_dense()), np.asarray(got.to_dense()))
+
+
+# -- the chosen pattern ------------------------------------------------------------------------------
+@settings(max_examples=examples(20))
+@given(st.sampled_from(BLOCKS), st.integers(1, 4), st.integers(1, 4), st.sampled_from([None, "rows", "cols"]),
+       st.sampled_from(["tall", "short"]), st.sampled_from([0.0, 0.01, 0.1]), st.data())  # fmt: skip
+def test_reconstruct_never_does_worse_than_magnitude(block, gm, gk, balance, rows, damp, data):
+    bh, bw = block
+    n, k = gm * bh, gk * bw
+    if rows == "short" and damp == 0:
+        damp = 0.01  # fewer rows than inputs need dampening (tested on its own below)
+    seed = data.draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    x = calibration(rng, 3 * n if rows == "tall" else max(1, n // 2), n)
+    lines = {None: gm * gk, "rows": gk, "cols": gm}[balance]
+    count = data.draw(st.integers(1, lines))  # down to the minimum: one block (per row / column)
+    density = count / lines
+    W = bs.prune.reconstruct(w, x, block, density, damp=damp, balance=balance)
+    mask = W.pattern.mask()
+    assert_balanced(mask, balance, count)
+    M = bs.prune.magnitude(w, block, density, balance=balance)
+    err = objective(w, W, x, damp)
+    tol = 1e-4 * objective(w, np.zeros_like(w), x, damp) + 1e-6
+    assert err <= objective(w, bs.prune.refit(w, x, M, damp=damp), x, damp) + tol
+    assert err <= objective(w, M, x, damp) + tol
+    # The values are the exact re-fit of the chosen pattern.
+    np.testing.assert_allclose(np.asarray(W.to_dense()), lstsq_refit(w, x, mask, block, damp),
+                               atol=5e-3 * max(1.0, np.abs(w).max()), rtol=5e-3)  # fmt: skip
+
+
+@pytest.mark.parametrize("balance", [None, "rows", "cols"])
+def test_full_density_returns_the_weights(balance):
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    W = bs.prune.reconstruct(w, calibration(rng, 48, N), BLOCK, 1.0, balance=balance)
+    assert W.nnz_blocks == GRID[0] * GRID[1]
+    np.testing.assert_allclose(np.asarray(W.to_dense()), w, rtol=1e-6, atol=1e-6)
+    assert bs.prune.reconstruct(w, calibration(rng, 48, N), BLOCK, 0.0, balance=balance).nnz_blocks == 0  # as magnitude
+
+
+@pytest.mark.parametrize("balance", [None, "rows", "cols"])
+def test_uncorrelated_inputs_keep_the_optimal_blocks_at_every_density(balance):
+    # With orthogonal input columns H is diagonal: dropping a block costs sum h_ii w_ij^2 over it, nothing can
+    # compensate, so the best pattern keeps the blocks of largest such cost and the re-fit leaves the values alone.
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    q, _ = np.linalg.qr(rng.standard_normal((48, N)))
+    x = (q * rng.uniform(0.3, 3.0, N)).astype(np.float32)
+    damp = 0.01
+    cost = np.diag(hessian(x, damp))[:, None] * np.asarray(w, np.float64) ** 2
+    scores = cost.reshape(GRID[0], BLOCK[0], GRID[1], BLOCK[1]).sum(axis=(1, 3))
+    lines = {None: GRID[0] * GRID[1], "rows": GRID[1], "cols": GRID[0]}[balance]
+    for count in range(1, lines + 1):  # from the minimum, one block (per row / column), up
+        W = bs.prune.reconstruct(w, x, BLOCK, count / lines, damp=damp, balance=balance)
+        mask = W.pattern.mask()
+        np.testing.assert_array_equal(mask, bs.prune.top_blocks(scores, count, balance), err_msg=f"count={count}")
+        keep = np.kron(mask, np.ones(BLOCK, bool))
+        np.testing.assert_allclose(np.asarray(W.to_dense())[keep], w[keep], rtol=1e-4, atol=1e-5)
+        if balance is None and (count <= 2 or count >= lines - 1):  # brute force: no pattern of that size does better
+            best = min(objective(w, np.where(np.kron(m, np.ones(BLOCK, bool)), w, 0), x, damp)
+                       for m in _masks(GRID, count))  # fmt: skip
+            assert objective(w, W, x, damp) <= best * (1 + 1e-5) + 1e-9
+
+
+def _masks(grid, count):
+    for keep in itertools.combinations(range(grid[0] * grid[1]), count):
+        m = np.zeros(grid[0] * grid[1], bool)
+        m[list(keep)] = True
+        yield m.reshape(grid)
+
+
+def test_inputs_that_never_fire_lose_their_blocks_first():
+    # Inputs 8..15 are always zero: their blocks cost nothing to drop, however large their weights (but for the
+    # dampening, lambda ||W - W'||^2, kept small here).
+    rng = np.random.default_rng(3)
+    x = np.zeros((48, N), np.float32)
+    x[:, :8] = rng.standard_normal((48, 8))
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    w[8:] *= 10.0
+    W = bs.prune.reconstruct(w, x, BLOCK, 0.5, damp=1e-6)
+    np.testing.assert_array_equal(W.pattern.mask(), [[True] * 4] * 2 + [[False] * 4] * 2)
+    assert not bs.prune.magnitude(w, BLOCK, 0.5).pattern.mask()[:2].any()  # magnitude keeps the idle ones
+    assert bs.prune.reconstruction_error(w, W, x) < 1e-10
+    assert bs.prune.reconstruction_error(w, bs.prune.magnitude(w, BLOCK, 0.5), x) == pytest.approx(1.0)
+    half = bs.prune.reconstruct(w.astype(np.float16), x, BLOCK, 0.5, damp=1e-6)
+    assert half.dtype == np.float16 and half.pattern == W.pattern
+
+
+# -- bad input ---------------------------------------------------------------------------------------
+def test_reconstruct_bad_input_says_what_is_wrong():
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    x = calibration(rng, 48, N)
+    with pytest.raises(ValueError, match=r"x of shape \(rows, 16\).*\(16, 8\).*Got shape \(48, 4\)"):
+        bs.prune.reconstruct(w, x[:, :4], BLOCK, 0.5)
+    with pytest.raises(ValueError, match=r"at least one calibration row.*\(0, 16\)"):
+        bs.prune.reconstruct(w, x[:0], BLOCK, 0.5)
+    bad = x.copy()
+    bad[7, 3] = np.nan
+    with pytest.raises(ValueError, match=r"finite calibration inputs x. Got nan at row 7, column 3"):
+        bs.prune.reconstruct(w, bad, BLOCK, 0.5)
+    bad[7, 3] = np.inf
+    with pytest.raises(ValueError, match=r"Got inf at row 7, column 3"):
+        bs.prune.refit(w, bad, bs.prune.magnitude(w, BLOCK, 0.5))
+    with pytest.raises(ValueError, match=r"3 rows for 16 input features make X\^T X singular; use damp > 0"):
+        bs.prune.reconstruct(w, x[:3], BLOCK, 0.5, damp=0.0)
+    bs.prune.reconstruct(w, x[:3], BLOCK, 0.5)  # the default dampening makes it work
+    with pytest.raises(ValueError, match="positive definite.*calibration inputs are all zero"):
+        bs.prune.reconstruct(w, np.zeros_like(x), BLOCK, 0.5)
+    with pytest.raises(ValueError, match=r"damp a finite float >= 0. Got -0.1"):
+        bs.prune.reconstruct(w, x, BLOCK, 0.5, damp=-0.1)
+    with pytest.raises(ValueError, match=r"balance None, 'rows' or 'cols'. Got 'row'"):
+        bs.prune.reconstruct(w, x, BLOCK, 0.5, balance="row")
+    with pytest.raises(TypeError, match="floating-point calibration inputs x. Got dtype int32"):
+        bs.prune.reconstruct(w, x.astype(np.int32), BLOCK, 0.5)
+    w_bad = w.copy()
+    w_bad[5, 1] = np.nan
+    with pytest.raises(ValueError, match=r"w without NaN. Got NaN in block \(1, 0\)"):
+        bs.prune.reconstruct(w_bad, x, BLOCK, 0.5)
+    w_bad[5, 1] = np.inf
+    with pytest.raises(ValueError, match=r"finite weight w. Got inf in block \(1, 0\)"):
+        bs.prune.reconstruct(w_bad, x, BLOCK, 0.5)
+    with pytest.raises(ValueError, match=r"balance='rows': every block row keeps round\(density \* 4\) blocks"):
+        bs.prune.reconstruct(w, x, BLOCK, 0.1, balance="rows")
+    with pytest.raises(ValueError, match=r"pattern of the weight's shape \(16, 8\). Got \(16, 4\)"):
+        bs.prune.refit(w, x, bs.prune.magnitude(w[:, :4], BLOCK, 0.5).pattern)
+    with pytest.raises(TypeError, match=r"bs.prune.reconstruct: expected w as concrete host data"):
+        jax.jit(lambda w: bs.prune.reconstruct(w, x, BLOCK, 0.5))(w)
+
+
+# -- balanced patterns -------------------------------------------------------------------------------
+@settings(max_examples=examples(20))
+@given(st.sampled_from(BLOCKS), st.integers(1, 5), st.integers(1, 5), st.sampled_from(["rows", "cols"]),
+       st.sampled_from([0.0, 0.3, 0.5, 0.8, 1.0]), st.data())  # fmt: skip
+def test_magnitude_balanced_keeps_the_top_blocks_of_every_line(block, gm, gk, balance, density, data):
+    bh, bw = block
+    w = data.draw(bs.testing.strategies.dense_arrays((gm * bh, gk * bw)))
+    per = gk if balance == "rows" else gm
+    if density > 0 and round(density * per) == 0:
+        with pytest.raises(ValueError, match=rf"balance='{balance}'.*keeps 0 blocks"):
+            bs.prune.magnitude(w, block, density, balance=balance)
+        return
+    W = bs.prune.magnitude(w, block, density, balance=balance)
+    mask = W.pattern.mask()
+    assert_balanced(mask, balance, round(density * per))
+    scores = bs.prune.block_norms(w, block)
+    m, s = (mask, scores) if balance == "rows" else (mask.T, scores.T)
+    for line_mask, line in zip(m, s, strict=True):  # within each line the kept blocks are the largest
+        if line_mask.any() and (~line_mask).any():
+            assert line[line_mask].min() >= line[~line_mask].max()
+    keep = np.kron(mask, np.ones(block, bool))
+    np.testing.assert_array_equal(np.asarray(W.to_dense())[keep], w[keep])
+
+
+def test_magnitude_global_balanced_spreads_each_weights_count():
+    rng = np.random.default_rng(5)
+    ws = [rng.standard_normal((16, 16)).astype(np.float32), 0.1 * rng.standard_normal((16, 32)).astype(np.float32)]
+    plain = bs.prune.magnitude_global(ws, 4, 0.5)
+    for balance, axis in (("rows", 1), ("cols", 0)):
+        mats = bs.prune.magnitude_global(ws, 4, 0.5, balance=balance)
+        for W, P, w in zip(mats, plain, ws, strict=True):
+            mask = W.pattern.mask()
+            lines = mask.shape[1 - axis]
+            assert_balanced(mask, balance, max(1, round(P.nnz_blocks / lines)))
+            assert mask.sum(axis=axis)[0] >= 1
+            np.testing.assert_array_equal(mask, bs.prune.top_blocks(bs.prune.block_norms(w, 4), mask.sum(axis=axis)[0],
+                                                                    balance))  # fmt: skip
+    assert plain[0].nnz_blocks > plain[1].nnz_blocks  # the larger weight keeps more, balanced or not
+
+
+def test_top_blocks_ties_and_bad_counts():
+    scores = np.ones((2, 3))
+    np.testing.assert_array_equal(bs.prune.top_blocks(scores, 2), [[True, True, False], [False, False, False]])
+    np.testing.assert_array_equal(bs.prune.top_blocks(scores, 1, "rows"), [[True, False, False], [True, False, False]])
+    np.testing.assert_array_equal(bs.prune.top_blocks(scores, 1, "cols"), [[True, True, True], [False, False, False]])
+    with pytest.raises(ValueError, match=re.escape("count in [0, 3] for balance='rows' on a 2 x 3 grid. Got 4")):
+        bs.prune.top_blocks(scores, 4, "rows")
