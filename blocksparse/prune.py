@@ -314,7 +314,7 @@ def _factor(x, damp: float):
 
 @functools.partial(jax.jit, static_argnames=("block_size", "balance"))
 def _obs_mask(w, chol, count, *, block_size, balance) -> jax.Array:
-    """The blocks kept by the sequential block OBS pass (module docs of :func:`reconstruct`): a ``(gm, gk)`` mask."""
+    """The ``(gm, gk)`` mask of the blocks the sequential block OBS pass keeps (step 2 of :func:`reconstruct`)."""
     bh, bw = block_size
     n, k = w.shape
     gm, gk = n // bh, k // bw
@@ -458,7 +458,7 @@ def reconstruct(
     """Block pruning that keeps a layer's outputs: choose the blocks by OBS on calibration inputs, then re-fit them.
 
     For a layer ``y = x @ w`` with ``w (in, out)`` and calibration inputs ``X (rows, in)`` (rows are
-    tokens), it looks for the block-sparse ``W'`` minimising ``||X w - X W'||_F^2``:
+    tokens), it looks for the block-sparse ``W'`` minimising ``||X w - X W'||_F^2 + lambda ||w - W'||_F^2``:
 
     1. the Hessian ``H = X^T X + lambda I``, ``lambda = damp * mean(diag(X^T X))`` (SparseGPT's
        dampening: it makes ``H`` invertible when there are fewer rows than inputs);
@@ -502,7 +502,10 @@ def reconstruct(
     _check_no_nan(norms, (bh, bw), "w")
     if np.isinf(norms).any():
         r, c = (int(i) for i in np.argwhere(np.isinf(norms))[0])
-        raise ValueError(f"Expected a finite weight w. Got inf in block ({r}, {c}) (rows {r * bh}:{(r + 1) * bh}).")
+        raise ValueError(
+            f"Expected a finite weight w. Got inf in block ({r}, {c}) (rows {r * bh}:{(r + 1) * bh}, "
+            f"cols {c * bw}:{(c + 1) * bw})."
+        )
     count = keep_count(density, norms.shape, balance)
     x = _check_calibration(w, x_calib)
     h, chol = _factor(x, damp)
@@ -530,8 +533,8 @@ def reconstruction_error(w, pruned, x_calib) -> float:
         raise ValueError(f"Expected w and pruned of one shape (in, out) and x (rows, in). Got {w.shape}, {p.shape}, "
                          f"{x.shape}.")  # fmt: skip
     y = x @ w
-    den = float(np.sum(y * y))
-    return float(np.sum(np.square(y - x @ p)) / den) if den > 0 else 0.0
+    num, den = float(np.sum(np.square(y - x @ p))), float(np.sum(y * y))
+    return num / den if den > 0 else (0.0 if num == 0 else math.inf)
 
 
 def _block_sq_norms(blocks) -> jax.Array:

@@ -326,32 +326,38 @@ def test_prune_encoder_balanced(tiny, balance):
 
 
 # -- reconstruction pruning ---------------------------------------------------------------------------
+def densified(model):
+    """``model`` with every ``SparseLinear`` projection held densely (``bs.nn.Linear`` of its weights)."""
+
+    def dense(p):
+        return bs.nn.Linear(p.weight.to_dense(), p.bias, p.activation) if isinstance(p, bs.nn.SparseLinear) else p
+
+    layers = tuple(L._replace(**{t: dense(getattr(L, t)) for t in bs.models.PROJECTIONS}) for L in model.layers)
+    return model._replace(layers=layers)
+
+
 def test_prune_encoder_reconstruct_calibrates_on_the_model_pruned_so_far(tiny):
     model, tok = tiny
     cal = tok(corpus.sentences("train", 24))
     pruned = prune_encoder_reconstruct(model, cal, 8, 0.5, balance="cols")
     real = cal["attention_mask"].astype(bool)
+    held = densified(pruned)  # the same function, without a sparse program to compile per pattern
     x0, mask_bias = model.embed(cal["input_ids"], cal["attention_mask"])
-    inputs = {0: x0, 1: pruned.layers[0](x0, mask_bias)}  # layer 1 sees the pruned layer 0's output
-    # Each projection is reconstruct() of its weight on the inputs it sees once the stages before it are pruned
-    # (run here through their sparse layers), the later ones still dense.
+    inputs = {0: x0, 1: held.layers[0](x0, mask_bias)}  # layer 1 sees the pruned layer 0's output
+    # Each projection is reconstruct() of its weight on the inputs it sees once the stages before it are pruned,
+    # the later ones still dense. (End to end, the suite's test checks it beats magnitude pruning.)
     for i, name in ((0, "query"), (0, "attn_out"), (0, "ffn_out"), (1, "value"), (1, "ffn_in")):
-        L0, L = model.layers[i], pruned.layers[i]
+        L0, L = model.layers[i], held.layers[i]
         k = next(j for j, stage in enumerate(STAGES) if name in stage)
         seen = L0._replace(**{t: getattr(L, t) for earlier in STAGES[:k] for t in earlier})
         taps = {}
         seen(inputs[i], mask_bias, taps)
-        got = getattr(L, name)
+        got = getattr(pruned.layers[i], name)
         want = bs.prune.reconstruct(getattr(L0, name).weight, np.asarray(taps[name])[real], 8, 0.5, balance="cols")
         assert isinstance(got, bs.nn.SparseLinear) and got.activation == getattr(L0, name).activation
         assert got.weight.pattern == want.pattern, (i, name)
         np.testing.assert_allclose(got.weight.data, want.data, rtol=2e-3, atol=2e-4)
         assert got.bias is getattr(L0, name).bias
-    held = tok(corpus.sentences("heldout", 32))
-    ids, mask = held["input_ids"], held["attention_mask"]
-    q_rec = study.quality(model(ids, mask), pruned(ids, mask))
-    q_mag = study.quality(model(ids, mask), prune_encoder(model, 8, 0.5, balance="cols")(ids, mask))
-    assert q_rec["cosine_mean"] > q_mag["cosine_mean"]
 
 
 def test_prune_encoder_reconstruct_errors_name_the_projection(tiny):

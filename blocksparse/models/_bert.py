@@ -530,8 +530,8 @@ def prune_encoder_reconstruct(model: BertEncoder, calibration: Mapping, block_si
             _, taps = _layer_taps(twin, x, mask_bias)  # this stage's inputs, given the projections pruned before it
             for t in names:
                 p = getattr(layer, t)
+                rows = taps[t].reshape(-1, p.in_features)[real].astype(jnp.float32)
                 try:
-                    rows = taps[t].reshape(-1, p.in_features)[real].astype(jnp.float32)
                     W = _prune.reconstruct(p.weight, rows, block_size, density, damp=damp, balance=balance)
                 except ValueError as e:
                     raise ValueError(f"layers[{i}].{t} ({p.in_features} x {p.out_features}): {e}") from None
