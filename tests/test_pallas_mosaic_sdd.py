@@ -278,10 +278,11 @@ def test_backend_serves_sdd_and_the_weight_gradients():
     xt = jax.random.normal(jax.random.key(2), (40, 128), jnp.bfloat16)
     g = jax.random.normal(jax.random.key(3), (128, 72), jnp.bfloat16)
     impl = ("mosaic", "xla")
+    # the gradients jitted (eagerly the backward's glue compiles op by op; the dispatch log is written while tracing)
     with bs.interpret(), bs.dispatch_log() as log:
         s = bs.sdd(g, x.T, W, implementation="mosaic")
-        dw = jax.grad(lambda W: (bs.matmul(W, x, implementation=impl).astype(jnp.float32) * g).sum())(W)
-        dw2 = jax.grad(lambda W: bs.matmul(xt, W, implementation=impl).astype(jnp.float32).sum())(W)
+        dw = jax.jit(jax.grad(lambda W: (bs.matmul(W, x, implementation=impl).astype(jnp.float32) * g).sum()))(W)
+        dw2 = jax.jit(jax.grad(lambda W: bs.matmul(xt, W, implementation=impl).astype(jnp.float32).sum()))(W)
     assert ("sdd", "mosaic") in log and ("sdd", "xla") not in log and log.count(("sdd", "mosaic")) == 3
     want, scale = _oracle(W.pattern, g, x.T)
     assert_close(s.data, want, scale, jnp.bfloat16)
