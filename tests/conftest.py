@@ -1,22 +1,12 @@
-import importlib.util
 import os
 import time
-
-import helpers
 
 # Several CPU devices, so sharding (shard_map over a mesh) is tested on a machine without GPUs.
 # Must be set before JAX initialises its backends; a GPU machine keeps its own devices.
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
 
-# Quick runs (`make test`) on a machine without JAX's CUDA plugin compile with LLVM's optimisations off: the CPU
-# suite is compilation-bound (mostly the interpreted kernels and eager ops), and unoptimised code compiles about a
-# third faster while computing the same values. `make test-slow` (and any run that sets the flag itself) keeps
-# XLA's default level.
-_CUDA = any(importlib.util.find_spec(m) for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
-if helpers.QUICK and not _CUDA and "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
-    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
-
+import helpers  # noqa: E402
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
