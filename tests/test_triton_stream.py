@@ -69,15 +69,17 @@ def _rel(got, want):
     op=st.sampled_from(["x @ W", "W @ x"]),
     group=st.sampled_from([1, 3, 4]),
     tile=st.sampled_from([None, 16]),
+    split=st.sampled_from([None, 1, 2, 3, 8]),
     dtype=st.sampled_from([jnp.float32, jnp.bfloat16]),
     seed=st.integers(0, 2**16),
 )
-def test_stream_matches_the_dense_product(kind, gm, gk, block, n, density, op, group, tile, dtype, seed):
+def test_stream_matches_the_dense_product(kind, gm, gk, block, n, density, op, group, tile, split, dtype, seed):
     rng = np.random.default_rng(seed)
     p = _pattern(kind, rng, (gm, gk), block, density)
     data = jnp.asarray(rng.standard_normal((p.nnz_blocks, block, block)), dtype)
     W = bs.BlockSparseMatrix(p, data)
-    cfg = TritonConfig(stream=True, stream_group=group, tn=tile, tb=tile)
+    # split 8 on walks of at most 5 blocks: parts with no block at all
+    cfg = TritonConfig(stream=True, stream_group=group, tn=tile, tb=tile, stream_split=split)
     if op == "x @ W":
         x = jnp.asarray(rng.standard_normal((n, p.shape[0])), dtype)
         got = bs.matmul(x, W, implementation="pallas", precision=HIGHEST, config=cfg)
@@ -137,8 +139,29 @@ def test_plan_spreads_the_decode_shapes_over_every_sm():
                     assert pl_.group * pl_.num_stages * step <= stream.SMEM_SHARE * hardware.H200.smem_per_block
         p = bs.BlockPattern.random(0, (4096, 4096), 64, 1 / 8)
         assert stream.plan("dds", p, 40, TritonConfig(tn=16, stream_group=2)) == stream.StreamPlan(
-            tile=16, group=2, rows=64, programs=64 * 4, num_warps=t.TRITON_STREAM_WARPS[64],
+            tile=16, group=2, rows=64, programs=64 * 4, split=1, num_warps=t.TRITON_STREAM_WARPS[64],
             num_stages=t.TRITON_STREAM_STAGES[64])  # fmt: skip
+
+
+def test_plan_splits_long_walks_of_few_output_blocks():
+    # x (1, 8192) @ W (8192, 2048), b = 64: 32 block columns, 64 sub-tiles of 32 at most, 16 blocks each at d = 1/8.
+    with hardware.fake(hardware.H200):
+        t = tuned.current()
+        sms = hardware.gpu().num_sms
+        p = bs.BlockPattern.random(0, (8192, 2048), 64, 1 / 8)
+        pl_ = stream.plan("dds", p, 1)
+        mean = p.nnz_blocks / p.grid[1]
+        assert pl_.tile == t.TRITON_STREAM_MIN_TILE and pl_.programs == 64
+        # as many parts as make up the SMs, each of at least the tuned blocks (on the H200: none, measured slower)
+        assert pl_.split == max(1, min(-(-sms // 64), int(mean // t.TRITON_STREAM_SPLIT_MIN_BLOCKS)))
+        assert stream.plan("dds", p, 1, TritonConfig(stream_split=1)).split == 1
+        assert stream.plan("dds", p, 1, TritonConfig(stream_split=5)).split == 5
+        # enough output blocks for every SM: no split
+        assert stream.plan("dds", bs.BlockPattern.random(0, (2048, 8192), 64, 1 / 8), 1).split == 1
+        # walks too short to be worth cutting: no split
+        assert stream.plan("dsd", bs.BlockPattern.random(0, (512, 512), 64, 1 / 8), 1).split == 1
+    with pytest.raises(ValueError, match="stream_split >= 1"):
+        TritonConfig(stream_split=0)
 
 
 def test_takes_few_tokens_where_it_measured_faster_unless_the_config_says():
@@ -160,19 +183,41 @@ def test_takes_few_tokens_where_it_measured_faster_unless_the_config_says():
 
 
 @pytest.mark.skipif(ON_GPU, reason="the GPU runs the kernels for real")
+@pytest.mark.parametrize("split", [None, 4])
 @pytest.mark.parametrize("op", ["x @ W", "W @ x"])
-def test_one_launch_per_product(op, monkeypatch):
-    # The decode product is the stream kernel alone: no pad of x, no combine kernel, no slice.
+def test_one_launch_per_product(op, split, monkeypatch):
+    # The decode product is the stream kernel alone: no pad of x, no combine kernel, no slice; split or not.
     monkeypatch.setattr(dispatch, "pallas_mode", lambda: False)  # lowered as on a GPU
     W = bs.random(jax.random.key(0), (1024, 512), 32, 1 / 4, dtype=jnp.bfloat16)
+    cfg = TritonConfig(stream=True, stream_split=split)
 
     def f(W, x):
-        return bs.matmul(x, W) if op == "x @ W" else bs.matmul(W.T, x)
+        return bs.matmul(x, W, config=cfg) if op == "x @ W" else bs.matmul(W.T, x, config=cfg)
 
     x = jnp.ones((5, 1024) if op == "x @ W" else (1024, 5), jnp.bfloat16)
     txt = _lower_for_cuda(f, W, x)
-    assert txt.count("__gpu$xla.gpu.triton") == 1 and "_stream_" in txt
+    assert txt.count("__gpu$xla.gpu.triton") == 1 and "_stream_" in txt and ("_s4" in txt) == (split == 4)
     assert "stablehlo.pad" not in txt and "stablehlo.slice" not in txt
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", [2, 7])
+@pytest.mark.parametrize("op", ["x @ W", "W @ x"])
+def test_split_walks_on_the_gpu(op, split):
+    # Parts of one sub-tile on different SMs, summed by the last: the same product, every run (deterministic).
+    W = bs.random(jax.random.key(3), (8192, 1024) if op == "x @ W" else (1024, 8192), 64, 1 / 8, dtype=jnp.bfloat16)
+    cfg = TritonConfig(stream=True, stream_split=split)
+    if op == "x @ W":
+        x = jax.random.normal(jax.random.key(1), (3, 8192)).astype(jnp.bfloat16)
+        f = jax.jit(lambda x: bs.matmul(x, W, config=cfg))
+        want = x.astype(jnp.float32) @ W.to_dense().astype(jnp.float32)
+    else:
+        x = jax.random.normal(jax.random.key(1), (8192, 3)).astype(jnp.bfloat16)
+        f = jax.jit(lambda x: bs.matmul(W, x, config=cfg))
+        want = W.to_dense().astype(jnp.float32) @ x.astype(jnp.float32)
+    runs = [np.asarray(f(x).astype(jnp.float32)) for _ in range(20)]
+    assert _rel(runs[0], want) <= TOL[jnp.dtype(jnp.bfloat16)]
+    assert all((r == runs[0]).all() for r in runs)
 
 
 @pytest.mark.gpu

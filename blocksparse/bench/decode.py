@@ -45,7 +45,7 @@ import numpy as np
 import blocksparse as bs
 
 from ._core import Cell, CellFailed, Timer, check_close, implementation, missing, ratio, tolerance, variant
-from ._trace import kernel_us
+from ._trace import kernel_us, trace_loop
 
 #: A 1B-class Llama (the shape of TinyLlama-1.1B's layers with a 2048 context): the full mode's model.
 LLAMA_1B = dict(vocab_size=32000, hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8,
@@ -54,9 +54,15 @@ LLAMA_1B = dict(vocab_size=32000, hidden_size=2048, num_layers=16, num_heads=32,
 LLAMA_TINY = dict(vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
                   max_positions=128)  # fmt: skip
 
-#: The few-token kernel's variants timed at the tuning density (TritonConfig fields; the tuned table's
-#: ``TRITON_STREAM_*`` entries are the default they are measured against).
+#: The few-token kernel's variants timed at the tuning density (TritonConfig fields, each with ``stream=True``;
+#: the tuned table's ``TRITON_STREAM_*`` entries are the default they are measured against). ``stream``: the
+#: kernel's own default plan, also where the dispatch picks the work list.
 STREAM_VARIANTS = {
+    "stream": {},
+    "split1": dict(stream_split=1),
+    "split2": dict(stream_split=2),
+    "split4": dict(stream_split=4),
+    "split8": dict(stream_split=8),
     "group2": dict(stream_group=2),
     "group8": dict(stream_group=8),
     "warps2": dict(num_warps=2),
@@ -181,6 +187,7 @@ def _product(p: dict, timer: Timer) -> dict:
         ratio(out, "dense_kernel_us", "kernel_us", "kernel_speedup_vs_dense")
     configs = {"worklist": dict(stream=False), **p.get("variants", {})}
     for name, fields in configs.items():
+        fields = fields if name == "worklist" else dict(stream=True, **fields)
         run = functools.partial(fn, config=TritonConfig(**fields))
         got = variant(timer, name, run, *args, needs="gpu", want=want, dtype=dtype, tol=tol, what=name)
         if f"{name}_loop_ms" in got:
@@ -261,6 +268,23 @@ def _check_greedy(logits, prompt: int, tokens, dtype, what: str) -> None:
                          f"got a gap of {gap[i]:.3g} at sequence {i[0]}, new token {i[1]}")  # fmt: skip
 
 
+#: Kernels of a generation's trace kept in its cell (the most time first).
+TRACE_TOP = 12
+
+
+def _traced(run, model, prompts, timer: Timer, new_tokens: int, prefix: str = "") -> dict:
+    """On a GPU, one generation under the profiler, per new token: busy time, launches, the top kernels."""
+    if missing("gpu") is not None:
+        return {}
+    t = trace_loop(run, (model, prompts), timer, 1)
+    if "events" not in t:
+        return {}
+    top = {k: [c / new_tokens, us / new_tokens] for k, (c, us) in list(t["events"].items())[:TRACE_TOP]}
+    return {f"{prefix}busy_us_per_token": t["busy_us"] / new_tokens, f"{prefix}span_us_per_token": t["span_us"] /
+            new_tokens, f"{prefix}launches_per_token": sum(c for c, _ in t["events"].values()) / new_tokens,
+            f"{prefix}top_kernels_per_token": top}  # fmt: skip
+
+
 def _generate(ctx: _Generation, batch: int, b, d, timer: Timer) -> dict:
     from ..models import block_density, densified
 
@@ -300,9 +324,11 @@ def _generate(ctx: _Generation, batch: int, b, d, timer: Timer) -> dict:
         out["fused_loop_ms"] = timer.loop(run, fused, prompts, iters=iters)
         out["fused_calls_ms"] = timer.calls(run, fused, prompts, iters=iters)
         out["fused_tokens_per_s"] = batch * ctx.new_tokens / (out["fused_loop_ms"] * 1e-3)
+        out.update(_traced(run, fused, prompts, timer, ctx.new_tokens, "fused_"))
     out["loop_ms"] = ctx.dense_loop_ms(batch, timer) if b is None else timer.loop(run, model, prompts, iters=iters)
     out["calls_ms"] = timer.calls(run, model, prompts, iters=iters)  # the checked program (compiled above)
     out["prefill_ms"] = timer.loop(_prefill, model, prompts, iters=iters)
+    out.update(_traced(run, model, prompts, timer, ctx.new_tokens))
     out["tokens_per_s"] = batch * ctx.new_tokens / (out["loop_ms"] * 1e-3)
     out["decode_ms_per_token"] = (out["loop_ms"] - out["prefill_ms"]) / max(ctx.new_tokens - 1, 1)
     out["dense_loop_ms"] = ctx.dense_loop_ms(batch, timer)

@@ -275,6 +275,12 @@ H200 = Table(
         "TRITON_STREAM_MIN_TILE": Entry(
             32, f"{_DECODE}: tile16 slower than the 32-wide sub-tile at b=32..128 ({_R}decode_stream_tune_h200.json)"
         ),
+        "TRITON_STREAM_SPLIT_MIN_BLOCKS": Entry(
+            math.inf,
+            f"{_DECODE}: x (1, 14336) @ W (14336, 4096) b=32,64 d=1/8, variants split1..split8: 2, 4 and 8 parts "
+            f"slower than 1 by busy time in both cells (the counters' memset and the last part's sum cost more than "
+            f"the extra programs gain): no split by default ({_R}decode_split_k14336_h200.json)",
+        ),
         "TRITON_STREAM_GROUP": Entry(
             4,
             f"{_DECODE}: 2 and 8 blocks per step within the noise of 4 at n=1 d=1/8 ({_R}decode_stream_tune_h200.json)",

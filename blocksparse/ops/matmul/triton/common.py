@@ -49,6 +49,9 @@ class TritonConfig:
             for ``x @ W`` and ``W @ x``; ``None``: where the dense operand has at most :data:`~..tuned`
             ``TRITON_STREAM_MAX_N`` tokens. Its sub-tile is ``tn`` (``x @ W``) or ``tb`` (``W @ x``).
         stream_group: blocks the stream kernel reads per loop step.
+        stream_split: parts each stream sub-tile's blocks are cut into, one program per part (float32
+            partials; the part that finishes last sums them in a fixed order and stores the output, so the
+            product stays one launch and deterministic). ``None``: :func:`.stream.plan`'s choice; ``1``: no split.
     """
 
     tn: int | None = None
@@ -63,6 +66,7 @@ class TritonConfig:
     sdd_splits: int | None = None
     stream: bool | None = None
     stream_group: int | None = None
+    stream_split: int | None = None
 
     #: The backend this config configures (``implementation="pallas"``).
     backend: ClassVar[str] = "pallas"
@@ -74,6 +78,8 @@ class TritonConfig:
             raise ValueError(f"Expected dynamic None, 'scan' or 'worklist'. Got {self.dynamic!r}.")
         if self.stream_group is not None and self.stream_group < 1:
             raise ValueError(f"Expected stream_group >= 1. Got {self.stream_group}.")
+        if self.stream_split is not None and self.stream_split < 1:
+            raise ValueError(f"Expected stream_split >= 1. Got {self.stream_split}.")
 
 
 def _tile(n: int, preferred: int) -> int:

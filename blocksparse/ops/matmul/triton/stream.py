@@ -15,6 +15,12 @@ operand (the ``n`` tokens padded to 16 in registers by a masked load, never in m
 float32 and stores its ``n`` rows (columns) once, the epilogue and the cast fused. No partials, no atomics:
 deterministic, one launch.
 
+Split walks (``TritonConfig(stream_split=)``, or the plan where ``TRITON_STREAM_SPLIT_MIN_BLOCKS`` allows): each
+sub-tile's walk is cut into parts, one program each. A part writes its float32 partial to a scratch output and
+counts itself on a per-sub-tile counter (an ``atomic_add`` on int32 counters zeroed for the call); the part
+that counts last sums every part's partial in part order and stores the output with the epilogue. Still one
+launch, still deterministic (the same sum whichever part finishes last).
+
 - ``x @ W`` (:func:`dds`): the block columns of ``W`` through the pattern's cached transpose (``W``'s values
   read in place); acc ``(nr, tile) += x[:, slab] @ W_block[:, sub-tile]``.
 - ``W @ x`` (:func:`dsd`): ``W``'s block rows in storage order; acc ``(tile, nr) += W_block[sub-tile, :] @
@@ -56,7 +62,8 @@ class StreamPlan:
         tile: the sub-tile: columns (``x @ W``) or rows (``W @ x``) of an output block per program.
         group: blocks read per loop step.
         rows: the tokens padded to a power of two >= 16 (the accumulator's short side; held in registers).
-        programs: output blocks times sub-tiles.
+        programs: output blocks times sub-tiles (the launch has ``programs * split``).
+        split: parts each sub-tile's walk is cut into (``1``: none).
         num_warps, num_stages: Triton launch parameters.
     """
 
@@ -64,6 +71,7 @@ class StreamPlan:
     group: int
     rows: int
     programs: int
+    split: int
     num_warps: int
     num_stages: int
 
@@ -95,22 +103,29 @@ def plan(op: str, pattern: BlockPattern, n: int, config: TritonConfig | None = N
 
     The sub-tile is the widest (at most the block) that still gives every SM :data:`~..tuned`
     ``TRITON_STREAM_PROGRAMS_PER_SM`` programs, and never below ``TRITON_STREAM_MIN_TILE``; the config's
-    ``tn`` (``x @ W``) or ``tb`` (``W @ x``) overrides it. Blocks per step and stages (config, else the tuned
-    table's) are halved, blocks first, until the pipelined loads fit :data:`SMEM_SHARE` of the device's shared
-    memory per CTA."""
+    ``tn`` (``x @ W``) or ``tb`` (``W @ x``) overrides it. Where even that leaves fewer programs than wanted, each
+    sub-tile's walk is split into as many parts as make up the difference, each of at least
+    ``TRITON_STREAM_SPLIT_MIN_BLOCKS`` blocks on average (the config's ``stream_split`` overrides). Blocks per
+    step and stages (config, else the tuned table's) are halved, blocks first, until the pipelined loads fit
+    :data:`SMEM_SHARE` of the device's shared memory per CTA."""
     t = tuned.current()
     cfg = config or TritonConfig()
     bh, bw = pattern.block_size
     side = bw if op == "dds" else bh
     units = pattern.grid[1] if op == "dds" else pattern.grid[0]
     forced = cfg.tn if op == "dds" else cfg.tb
+    want = t.TRITON_STREAM_PROGRAMS_PER_SM * hardware.gpu().num_sms
     if forced is not None:
         tile = min(int(forced), side)
     else:
-        want = t.TRITON_STREAM_PROGRAMS_PER_SM * hardware.gpu().num_sms
         tile = side
         while tile > t.TRITON_STREAM_MIN_TILE and units * (side // tile) < want:
             tile //= 2
+    programs = units * (side // tile)
+    split = cfg.stream_split
+    if split is None:  # still too few programs: cut each walk into parts of at least the tuned blocks
+        mean = pattern.nnz_blocks / units
+        split = max(1, min(-(-want // programs), int(mean // t.TRITON_STREAM_SPLIT_MIN_BLOCKS)))
     rows = next_power_of_2(n, 16)
     group = cfg.stream_group or t.TRITON_STREAM_GROUP
     stages = cfg.num_stages or t.TRITON_STREAM_STAGES[min(bh, bw)]
@@ -126,7 +141,8 @@ def plan(op: str, pattern: BlockPattern, n: int, config: TritonConfig | None = N
         tile=tile,
         group=group,
         rows=rows,
-        programs=units * (side // tile),
+        programs=programs,
+        split=int(split),
         num_warps=cfg.num_warps or t.TRITON_STREAM_WARPS[min(bh, bw)],
         num_stages=stages,
     )
@@ -144,18 +160,29 @@ def _walk(pattern: BlockPattern, op: str) -> tuple[np.ndarray, np.ndarray, np.nd
     return np.asarray(pattern.indptr, np.int32), np.asarray(pattern.cols, np.int32), ids
 
 
-def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, rows, n, group, exact, epi):
-    """Program ``p``: sub-tile ``p % sub`` of output block ``p // sub`` (see the module docstring)."""
+def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, rows, n, group, split, exact, epi):
+    """Program ``p``: part ``p // Q`` of sub-tile ``p % Q`` (``Q`` sub-tiles), which is sub-tile ``q % sub`` of
+    output block ``q // sub`` (see the module docstring)."""
     from jax.experimental.pallas import triton as plgpu
 
-    bias_ref, (y_ref,) = _split_refs(refs, epi)
+    if split > 1:
+        refs = refs[:-4] + refs[-3:]  # the zeroed counters' input: the last output is the same buffer
+        bias_ref, (y_ref, part_ref, count_ref) = _split_refs(refs, epi)
+    else:
+        bias_ref, (y_ref,) = _split_refs(refs, epi)
     side = bw if op == "dds" else bh
     sub = side // tile
     p = pl.program_id(0)
-    u = p // sub
-    t0 = pl.multiple_of((p % sub) * tile, tile)
+    nq = pl.num_programs(0) // split
+    q, part = p % nq, p // nq
+    u = q // sub
+    t0 = pl.multiple_of((q % sub) * tile, tile)
     start = start_ref[u]
     length = start_ref[u + 1] - start
+    if split > 1:  # this part's share of the walk
+        chunk = (length + split - 1) // split
+        start = start + jnp.minimum(part * chunk, length)
+        length = jnp.minimum(chunk, start_ref[u + 1] - start)
     if op == "dds":  # acc (rows, tile): tokens x output columns
         live = lax.broadcasted_iota(jnp.int32, (rows, bh), 0) < n
 
@@ -186,16 +213,38 @@ def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, ro
     full = length // group
     acc = lax.fori_loop(0, full, grouped, jnp.zeros(shape, jnp.float32))
     acc = lax.fori_loop(start + full * group, start + length, step, acc)
-    if op == "dds":
-        c0 = u * bw + t0
-        out = _finish(acc, epi, bias_ref, 0, c0, shape)
-        keep = lax.broadcasted_iota(jnp.int32, shape, 0) < n
-        plgpu.store(y_ref.at[pl.ds(0, rows), pl.ds(c0, tile)], out.astype(y_ref.dtype), mask=keep)
-    else:
-        r0 = u * bh + t0
-        out = _finish(acc, epi, bias_ref, r0, 0, shape)
-        keep = lax.broadcasted_iota(jnp.int32, shape, 1) < n
-        plgpu.store(y_ref.at[pl.ds(r0, tile), pl.ds(0, rows)], out.astype(y_ref.dtype), mask=keep)
+
+    def store(acc):
+        if op == "dds":
+            c0 = u * bw + t0
+            out = _finish(acc, epi, bias_ref, 0, c0, shape)
+            keep = lax.broadcasted_iota(jnp.int32, shape, 0) < n
+            plgpu.store(y_ref.at[pl.ds(0, rows), pl.ds(c0, tile)], out.astype(y_ref.dtype), mask=keep)
+        else:
+            r0 = u * bh + t0
+            out = _finish(acc, epi, bias_ref, r0, 0, shape)
+            keep = lax.broadcasted_iota(jnp.int32, shape, 1) < n
+            plgpu.store(y_ref.at[pl.ds(r0, tile), pl.ds(0, rows)], out.astype(y_ref.dtype), mask=keep)
+
+    if split == 1:
+        store(acc)
+        return
+    # Split: publish the partial, count the parts done; the last one sums all parts in part order (the same
+    # sum whichever part finishes last) and stores. The barrier orders every thread's partial before the
+    # counter's release; the counter's acquire and the volatile loads order the sum after the other parts'.
+    height = shape[0]
+    part_ref[pl.ds((part * nq + q) * height, height), :] = acc
+    if not _interpret():
+        plgpu.debug_barrier()
+    done = plgpu.atomic_add(count_ref, (q,), jnp.int32(1))
+
+    @pl.when(done == split - 1)
+    def _():
+        total = jnp.zeros(shape, jnp.float32)
+        for k in range(split):
+            view = part_ref.at[pl.ds((k * nq + q) * height, height), :]
+            total = total + (view[...] if _interpret() else plgpu.load(view, volatile=True))
+        store(total)
 
 
 def _call(op, pattern, data, x, out_dtype, n, out_shape, *, exact, config, epi, bias):
@@ -205,18 +254,30 @@ def _call(op, pattern, data, x, out_dtype, n, out_shape, *, exact, config, epi, 
     pl_ = plan(op, pattern, n, config, jnp.dtype(x.dtype).itemsize)
     start, kb, ids = _walk(pattern, op)
     kernel = functools.partial(_kernel, op=op, bh=bh, bw=bw, tile=pl_.tile, rows=pl_.rows, n=n, group=pl_.group,
-                               exact=exact, epi=epi)  # fmt: skip
+                               split=pl_.split, exact=exact, epi=epi)  # fmt: skip
     length = out_shape[1] if op == "dds" else out_shape[0]
     b1 = _bias_operand(bias, epi, length)
-    name = f"bs_{op}_stream_{bh}x{bw}_t{pl_.tile}_g{pl_.group}" + ("_epi" if epi is not None else "")
-    return _pallas_call(
+    name = f"bs_{op}_stream_{bh}x{bw}_t{pl_.tile}_g{pl_.group}" + (f"_s{pl_.split}" if pl_.split > 1 else "")
+    name += "_epi" if epi is not None else ""
+    args = (kernel_constant(start), kernel_constant(kb), kernel_constant(ids), data.reshape(-1, bw), x, *b1)
+    y = jax.ShapeDtypeStruct(out_shape, out_dtype)
+    if pl_.split == 1:
+        out_shapes, aliases = y, {}
+    else:
+        rows, cols = (pl_.rows, pl_.tile) if op == "dds" else (pl_.tile, pl_.rows)
+        out_shapes = (y, jax.ShapeDtypeStruct((pl_.split * pl_.programs * rows, cols), jnp.float32),
+                      jax.ShapeDtypeStruct((pl_.programs,), jnp.int32))  # fmt: skip
+        args, aliases = args + (jnp.zeros((pl_.programs,), jnp.int32),), {len(args): 2}
+    out = _pallas_call(
         kernel,
-        grid=(pl_.programs,),
-        out_shape=jax.ShapeDtypeStruct(out_shape, out_dtype),
+        grid=(pl_.programs * pl_.split,),
+        out_shape=out_shapes,
+        input_output_aliases=aliases,
         compiler_params=_params(pl_.num_warps, pl_.num_stages),
         interpret=_interpret(),
         name=name,
-    )(kernel_constant(start), kernel_constant(kb), kernel_constant(ids), data.reshape(-1, bw), x, *b1)
+    )(*args)
+    return out if pl_.split == 1 else out[0]
 
 
 def dds(x, pattern: BlockPattern, data, out_dtype, *, exact: bool = False, config: TritonConfig | None = None,
