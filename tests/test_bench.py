@@ -13,6 +13,7 @@ import types
 from pathlib import Path
 
 import bench_scripts
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -62,6 +63,32 @@ def test_timer_loop_and_calls_return_positive_medians():
     assert timer.calls(lambda a: a @ a + 1, x) > 0
     assert timer.loop(lambda a, b: (a + b, jnp.zeros((0,))), x, x, iters=2) > 0  # pytree out, empty leaf
     assert timer.unrolled(lambda a, b: (a + b, jnp.zeros((0,))), x, x, iters=2) > 0
+
+
+def test_timer_loop_is_compiled_once_for_a_timing_and_its_trace():
+    """The trace of a timed loop (``trace_loop``, ``kernel_us``) runs the program the timing compiled."""
+    timer = Timer(iters=3, trials=2, warmup=1)
+    x = jnp.arange(16.0).reshape(4, 4)
+    traces = []
+
+    def fn(a):
+        traces.append(1)
+        return a @ a
+
+    timer.loop(fn, x)
+    looped = timer.loop_function(fn)
+    assert looped is timer.loop_function(fn, 3) and looped is not timer.loop_function(fn, 2)
+    jax.block_until_ready(looped((x,)))
+    assert len(traces) == 1  # traced once: the timing's compilation served the later call
+    unhashable = Timer(iters=1, trials=1).loop_function  # a fn that cannot be a cache key still works
+    assert float(unhashable(_Unhashable())((x,))) == float((x @ x).ravel()[0])
+
+
+class _Unhashable:
+    __hash__ = None
+
+    def __call__(self, a):
+        return a @ a
 
 
 def test_timer_unrolled_writes_every_call_out():

@@ -173,6 +173,7 @@ class Timer:
             if not isinstance(v, int) or v < low:
                 raise ValueError(f"Expected Timer {name} an integer >= {low}. Got {v!r}.")
         self.iters, self.trials, self.warmup = iters, trials, warmup
+        self._loops: dict = {}  # (fn, iters) -> the jitted loop: a trace of what was timed reuses its compilation
 
     def __repr__(self) -> str:
         return f"Timer(iters={self.iters}, trials={self.trials}, warmup={self.warmup})"
@@ -195,8 +196,13 @@ class Timer:
 
     def loop_function(self, fn: Callable, iters: int | None = None) -> Callable:
         """The jitted function :meth:`loop` times: ``f(args)`` runs ``fn(*args)`` ``iters`` times in one
-        ``fori_loop`` and returns a float32 scalar (for a profiler's trace of exactly what was timed)."""
+        ``fori_loop`` and returns a float32 scalar (for a profiler's trace of exactly what was timed). The same
+        ``fn`` and ``iters`` give the same jitted function, so a trace after a timing compiles nothing new."""
         iters = self._iters(iters)
+        try:
+            return self._loops[fn, iters]
+        except (KeyError, TypeError):  # TypeError: an unhashable fn is not cached
+            pass
 
         def looped(args):
             def body(_, carry):
@@ -206,7 +212,12 @@ class Timer:
 
             return jax.lax.fori_loop(0, iters, body, (args, jnp.float32(0)))[1]
 
-        return jax.jit(looped)
+        out = jax.jit(looped)
+        try:
+            self._loops[fn, iters] = out
+        except TypeError:
+            pass
+        return out
 
     def unrolled(self, fn: Callable, *args, iters: int | None = None) -> float:
         """Median ms per call of ``iters`` calls of ``fn(*args)`` written out one after another in one jitted
@@ -230,14 +241,15 @@ class Timer:
         return self._median(jax.jit(unrolled), args, iters)
 
     def _median(self, jitted, args, iters: int) -> float:
-        """Compile ``jitted(args)``, warm up, then the median ms per iteration over the trials (``iters`` per run)."""
-        compiled = jitted.lower(args).compile()
+        """Compile ``jitted(args)`` (a first untimed run, through ``jit``'s cache so that a later trace of the same
+        function reuses it), warm up, then the median ms per iteration over the trials (``iters`` per run)."""
+        jax.block_until_ready(jitted(args))
         for _ in range(self.warmup):
-            jax.block_until_ready(compiled(args))
+            jax.block_until_ready(jitted(args))
         times = []
         for _ in range(self.trials):
             t0 = time.perf_counter()
-            jax.block_until_ready(compiled(args))
+            jax.block_until_ready(jitted(args))
             times.append((time.perf_counter() - t0) / iters)
         return statistics.median(times) * 1e3
 

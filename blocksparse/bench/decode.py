@@ -272,11 +272,12 @@ def _check_greedy(logits, prompt: int, tokens, dtype, what: str) -> None:
 TRACE_TOP = 12
 
 
-def _traced(run, model, prompts, timer: Timer, new_tokens: int, prefix: str = "") -> dict:
-    """On a GPU, one generation under the profiler, per new token: busy time, launches, the top kernels."""
+def _traced(run, model, prompts, timer: Timer, new_tokens: int, iters: int, prefix: str = "") -> dict:
+    """On a GPU, the timed loop of generations under the profiler (its compiled program reused), per new
+    token: busy time, launches, the top kernels."""
     if missing("gpu") is not None:
         return {}
-    t = trace_loop(run, (model, prompts), timer, 1)
+    t = trace_loop(run, (model, prompts), timer, iters)
     if "events" not in t:
         return {}
     top = {k: [c / new_tokens, us / new_tokens] for k, (c, us) in list(t["events"].items())[:TRACE_TOP]}
@@ -324,11 +325,11 @@ def _generate(ctx: _Generation, batch: int, b, d, timer: Timer) -> dict:
         out["fused_loop_ms"] = timer.loop(run, fused, prompts, iters=iters)
         out["fused_calls_ms"] = timer.calls(run, fused, prompts, iters=iters)
         out["fused_tokens_per_s"] = batch * ctx.new_tokens / (out["fused_loop_ms"] * 1e-3)
-        out.update(_traced(run, fused, prompts, timer, ctx.new_tokens, "fused_"))
+        out.update(_traced(run, fused, prompts, timer, ctx.new_tokens, iters, "fused_"))
     out["loop_ms"] = ctx.dense_loop_ms(batch, timer) if b is None else timer.loop(run, model, prompts, iters=iters)
     out["calls_ms"] = timer.calls(run, model, prompts, iters=iters)  # the checked program (compiled above)
     out["prefill_ms"] = timer.loop(_prefill, model, prompts, iters=iters)
-    out.update(_traced(run, model, prompts, timer, ctx.new_tokens))
+    out.update(_traced(run, model, prompts, timer, ctx.new_tokens, iters))
     out["tokens_per_s"] = batch * ctx.new_tokens / (out["loop_ms"] * 1e-3)
     out["decode_ms_per_token"] = (out["loop_ms"] - out["prefill_ms"]) / max(ctx.new_tokens - 1, 1)
     out["dense_loop_ms"] = ctx.dense_loop_ms(batch, timer)
