@@ -424,3 +424,7 @@ def test_decode_suite_pruned_generation_cell_runs_checked():
     m = _run_checked(cell)
     assert m["tokens_per_s"] > 0 and m["rel_err"] < 1e-4 and m["tokens_equal"] == 1.0 and m["dense_loop_ms"] > 0
     assert m["fused_tokens_per_s"] > 0 and m["fused_calls_ms"] > 0  # the fused model, checked and timed
+    if jax.default_backend() == "gpu":  # a profiler trace of each model's generations, per new token
+        assert m["busy_us_per_token"] > 0 and m["fused_launches_per_token"] > 0 and m["top_kernels_per_token"]
+    else:
+        assert "busy_us_per_token" not in m
