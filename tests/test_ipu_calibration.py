@@ -110,3 +110,14 @@ def test_static_faster_than_dynamic(key):
     if dyn_key not in C.SPARSE:
         pytest.skip("no dynamic point published")
     assert C.model_tflops(*key)[0] > C.model_tflops(*dyn_key)[0]
+
+
+@pytest.mark.slow
+def test_concepts_tables_match_the_model():
+    """docs/concepts.md's predicted-vs-published tables are :func:`calibration.markdown` (plans every point)."""
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "docs" / "concepts.md").read_text()
+    begin, end = "<!-- calibration tables: begin -->\n", "\n<!-- calibration tables: end -->"
+    doc = text[text.index(begin) + len(begin) : text.index(end)]
+    assert doc == C.markdown()
