@@ -11,7 +11,7 @@ import pytest
 
 from blocksparse.ipu import calibration as C
 
-TOL = {"static": 0.30, "dynamic": 0.40, "dense": 0.30}
+TOL = C.TOLERANCE  # static and dense within 30%, dynamic within 40%
 SLOW = 20.0  # seconds: points whose sweep plans multi-million-block patterns take longer
 
 # (mode, b, m, density) -> the model's best-n TFLOP/s where it misses the target (strict xfail).
