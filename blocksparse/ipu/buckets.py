@@ -105,7 +105,7 @@ def _dynamic_cost(mc, shape, block_size, max_nnz, n, dt, pdt, oversize, pm, pk, 
     cycles = {
         # The pm partitions of one (k, n) piece receive the same rows of X: a multicast, at the broadcast
         # rate of poplin's and poplibs' exchange estimates (as in the static and dense models).
-        "exchange_dense": xc(x_bytes / np.where(pm > 1, mc.exchange_broadcast_factor, 1.0)),
+        "exchange_dense": xc(x_bytes / _bus_share(mc, pm, P)),
         "exchange_buckets": xc(bucket_bytes),
         "metadata": visits * (mc.vertex_overhead_cycles + entries * mc.metadata_cycles_per_entry / mc.num_workers),
         "zero_partials": (mt + spill_in_rows) * bh * npc * pbytes / mc.store_bytes_per_cycle,
@@ -130,6 +130,19 @@ def _dynamic_cost(mc, shape, block_size, max_nnz, n, dt, pdt, oversize, pm, pk, 
     at_reduce = x_home + w_home + partials + part_bytes + out_home
     memory = np.maximum(at_compute, at_reduce).astype(np.float64)
     return cycles, nbytes, memory, cap, rounds, mt, kt
+
+
+def _bus_share(mc, consecutive, total):
+    """The exchange's speed-up when ``consecutive`` tiles of ``total`` receive the same data.
+
+    poplibs' dynamic planner (``popsparse/FullyConnectedPlan.cpp``, ``ExchangeEstimator::getCycles``)
+    doubles the receive rate only when the tiles sharing an exchange bus (two on the GC200, the
+    machine's ``tile_grain``) can share it: the number of consecutive tiles receiving the same data is
+    a multiple of the grain, or every receiving tile gets it (a full broadcast).
+    """
+    g = max(int(mc.tile_grain), 1)
+    can = (consecutive > 1) & ((consecutive % g == 0) | (consecutive == total))
+    return np.where(can, mc.exchange_broadcast_factor, 1.0)
 
 
 def bucket_fill(max_nnz, groups, pn, cap):

@@ -10,7 +10,8 @@ is taken at its best ``n`` (the paper sweeps the batch dimension and reports the
 (fixed seed) for each ``n`` in :data:`N_SWEEP` and keep the best non-zero TFLOP/s.
 :func:`break_even_density` finds, by bisection, the density at which the static plan's speedup over
 the modelled dense matmul crosses 1. :func:`table` gathers every data point, published next to
-predicted.
+predicted; :func:`markdown` formats them as the tables of ``docs/concepts.md`` (regenerate the page's
+tables from it when the model changes).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = [
     "SPARSE",
     "best_speedup",
     "break_even_density",
+    "markdown",
     "model_dense_tflops",
     "model_tflops",
 ]
@@ -160,3 +162,77 @@ def table() -> list[dict]:
         out.append({"mode": mode, "b": b, "m": m, "density": d, "published": pub, "model": got, "n": n,
                     "ratio": got / pub})  # fmt: skip
     return out
+
+
+#: Relative tolerance of each kind of point (``tests/test_ipu_calibration.py`` checks the same).
+TOLERANCE = {"static": 0.30, "dynamic": 0.40, "dense": 0.30}
+#: How a published figure is written where the paper gives a range (FP32's large-n plateau).
+_PUBLISHED_TEXT = {("float32", 2048): "55-58"}
+
+
+def _cell(kind: str, pub: float, got: float, n: int | None = None, text: str | None = None) -> str:
+    miss = abs(got / pub - 1.0) > TOLERANCE[kind]
+    value = f"**{got:.1f}**" if miss else f"{got:.1f}"
+    published = text or (f"{pub:g}" if kind == "dense" else f"{pub:.1f}")
+    return f"{published} -> {value}" + ("" if n is None else f" ({n})")
+
+
+def _row(cells) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def markdown() -> str:
+    """The predicted-vs-published tables of ``docs/concepts.md``, from the model (slow: plans every point).
+
+    Four tables (density sweep with each best ``n``, block-size sweep, ``m = k`` sweep, dense), a bold
+    model value where it misses its target, then the count of misses and the static-over-dynamic ratios.
+    """
+    out, misses = [], 0
+
+    def cell(key, with_n=False):
+        nonlocal misses
+        if key not in SPARSE:
+            return "-"
+        got, n = model_tflops(*key)
+        misses += abs(got / SPARSE[key] - 1.0) > TOLERANCE[key[0]]
+        return _cell(key[0], SPARSE[key], got, n if with_n else None)
+
+    dens = (1 / 4, 1 / 8, 1 / 16, 1 / 32)
+    out += ["| series | d = 1/4 | 1/8 | 1/16 | 1/32 |", "| --- | --- | --- | --- | --- |"]
+    for mode in ("static", "dynamic"):
+        for b in (1, 16):
+            out.append(_row([f"{mode} b = {b}", *[cell((mode, b, 4096, d), True) for d in dens]]))
+    out += ["", "| d = 1/16, block size | 1 | 2 | 4 | 8 | 16 |", "| --- | --- | --- | --- | --- | --- |"]
+    for mode in ("static", "dynamic"):
+        out.append(_row([mode, *[cell((mode, b, 4096, 1 / 16)) for b in (1, 2, 4, 8, 16)]]))
+    ms = (256, 512, 1024, 2048, 4096, 8192)
+    out += ["", "| b = 16, d = 1/16, m = k | " + " | ".join(map(str, ms)) + " |", "| --- " * 7 + "|"]
+    for mode in ("static", "dynamic"):
+        out.append(_row([mode, *[cell((mode, 16, m, 1 / 16)) for m in ms]]))
+    # Each point counted once (the sweeps share m = 4096, d = 1/16, b = 1 and 16).
+    misses = sum(abs(model_tflops(*k)[0] / p - 1.0) > TOLERANCE[k[0]] for k, p in SPARSE.items())
+    ns = sorted({n for _, n in DENSE})
+    out += ["", "| dense, m = k = 4096 | " + " | ".join(f"n = {n}" if i == 0 else str(n) for i, n in enumerate(ns))
+            + " |", "| --- " * (len(ns) + 1) + "|"]  # fmt: skip
+    dense_misses = 0
+    for dt, label in (("float16", "FP16"), ("float32", "FP32")):
+        cells = []
+        for n in ns:
+            if (dt, n) not in DENSE:
+                cells.append("")
+                continue
+            pub, got = DENSE[(dt, n)], model_dense_tflops(n, dt)
+            dense_misses += abs(got / pub - 1.0) > TOLERANCE["dense"]
+            cells.append(_cell("dense", pub, got, text=_PUBLISHED_TEXT.get((dt, n))))
+        out.append(_row([label, *cells]))
+    ratios = []
+    for b, ds in ((1, (1 / 16, 1 / 32)), (16, dens)):
+        r = [model_tflops("static", b, 4096, d)[0] / model_tflops("dynamic", b, 4096, d)[0] for d in ds]
+        ratios.append(f"b = {b} " + ", ".join(f"{x:.1f}x" for x in r))
+    dense_text = "every dense point is within 30%" if dense_misses == 0 else f"{dense_misses} dense points miss"
+    out += [
+        "",
+        f"Bold: outside the target ({misses} of the {len(SPARSE)} sparse points; {dense_text}). Static over "
+        f"dynamic at best `n`: {ratios[0]} (d = 1/16, 1/32); {ratios[1]} (d = 1/4 ... 1/32).",
+    ]
+    return "\n".join(out)

@@ -150,6 +150,13 @@ def compute_cycles(
         rate = mc.block_macs_per_cycle(sub, dtype, rows_sharing=bh)
         chunks = 1 if dynamic else n_eff / chunk
         per_row = mc.elementwise_row_cycles + mc.elementwise_chunk_cycles * chunks
+        if dynamic:
+            # poplibs' dynamic element-wise estimate (``sparseDenseElementwiseMultiply`` in
+            # ``popsparse/PerformanceEstimation.hpp``) has a specialised loop for exactly one chunk of two
+            # vectors of columns per worker (8 half, 4 single): a row then costs only its set-up
+            # (``elementwise_two_vector_row_cycles``), no chunk loop.
+            two = mc.elementwise_two_vector_row_cycles[np.dtype(dtype).name]
+            per_row = np.where(npc == chunk, two, per_row)
         out = mc.vertex_overhead_cycles + rows * bh * per_row
         out = out + blocks * nsub * sub * sub * n_eff / rate
     return np.where(blocks > 0, out, 0.0)

@@ -42,6 +42,10 @@ Estimates (not published as such; each with its reasoning):
 * ``elementwise_row_cycles = 12``, ``elementwise_chunk_cycles = 14``: poplibs' element-wise vertex
   estimates charge every output row about 12 cycles plus about 14 per chunk of two vectors of
   columns (loading, storing its accumulators), and no fixed cost per non-zero.
+* ``elementwise_two_vector_row_cycles = 15`` (half), ``13`` (single): poplibs' dynamic element-wise
+  vertex estimate (``sparseDenseElementwiseMultiply``, ``popsparse/PerformanceEstimation.hpp``) has a
+  specialised loop for exactly two vectors of columns per worker (8 half, 4 single columns), where a
+  row costs only its set-up (``xOverhead``: 15 half, 13 single cycles) and no chunk loop.
 * Per-unit overheads, in tile cycles: ``vertex_overhead_cycles`` (launching a compute set's
   vertices on six workers and the supervisor's setup), ``row_overhead_cycles`` (one output row's
   work-list entry: pointer and length loads, accumulator set-up), ``block_overhead_cycles`` (one
@@ -132,6 +136,7 @@ class IPUMachine:
     amp_pipeline_cycles: int = 100
     elementwise_row_cycles: int = 12
     elementwise_chunk_cycles: int = 14
+    elementwise_two_vector_row_cycles: MappingProxyType = field(default_factory=lambda: _frozen({_F16: 15, _F32: 13}))
     exchange_sync_cycles: int = 0
     dense_amp_efficiency: float = 0.95
     output_bytes_per_cycle: float = 1.0
@@ -156,6 +161,7 @@ class IPUMachine:
         # Plain dicts passed by the user become read-only so that the machine stays hashable in spirit.
         object.__setattr__(self, "amp_macs_per_cycle", _frozen(self.amp_macs_per_cycle))
         object.__setattr__(self, "vector_lanes", _frozen(self.vector_lanes))
+        object.__setattr__(self, "elementwise_two_vector_row_cycles", _frozen(self.elementwise_two_vector_row_cycles))
 
     # Frozen dataclasses hash their fields; mapping proxies are not hashable, so hash a canonical tuple.
     def _key(self) -> tuple:
