@@ -215,10 +215,6 @@ def test_every_suite_lists_checked_cells_at_every_size(suite):
     assert len(suite.suite(**suite.SIZES["quick"])) <= 16  # the CPU-sized run stays short
 
 
-#: The tests of the fixture below share one xdist worker (``--dist loadgroup``): the suites run once, not per worker.
-TINY_RUN_WORKER = pytest.mark.xdist_group("tiny_run")
-
-
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """One run of every suite but the model's at the tiny size, with --json and (with matplotlib) --plot."""
@@ -239,7 +235,6 @@ def tiny_run(tmp_path_factory):
                 figs=tmp / "figs" if has_mpl else None)  # fmt: skip
 
 
-@TINY_RUN_WORKER
 def test_quick_suites_run_print_the_table_and_exit_0(tiny_run):
     out = tiny_run["out"]
     assert tiny_run["code"] == 0, out
@@ -249,7 +244,6 @@ def test_quick_suites_run_print_the_table_and_exit_0(tiny_run):
     assert " ok, 0 failed in " in out
 
 
-@TINY_RUN_WORKER
 def test_json_holds_every_cell_with_its_metrics(tiny_run):
     doc = tiny_run["doc"]
     assert doc["meta"]["suites"] == ["matmul", "gnn", "plan", *(n for n in SUITE_NAMES[3:])]
@@ -274,7 +268,6 @@ def test_json_holds_every_cell_with_its_metrics(tiny_run):
     assert {r["label"] for r in results if r["suite"] == "gnn"} == set(bench_gnn.OPS)
 
 
-@TINY_RUN_WORKER
 def test_the_new_suites_measure_dense_or_xla_beside_the_default(tiny_run):
     """Each cell: the default's both timings, its dispatch log, a baseline in the same run; on a CPU the GPU
     variants are recorded as skipped (with the reason), never failed."""
@@ -301,7 +294,6 @@ def test_the_new_suites_measure_dense_or_xla_beside_the_default(tiny_run):
     assert all(m["devices"] == 4 and m["rel_err"] < 1e-4 for m in sharded)  # tests run with 4 CPU devices
 
 
-@TINY_RUN_WORKER
 def test_plot_writes_pngs(tiny_run):
     if tiny_run["figs"] is None:
         pytest.skip("matplotlib is not installed")
@@ -486,7 +478,6 @@ def test_peer_scripts_run_the_suites_cells_and_skip_their_peers(tmp_path, monkey
 
 
 @pytest.mark.gpu
-@TINY_RUN_WORKER
 def test_on_a_gpu_the_suites_run_the_pallas_kernels(tiny_run):
     results = tiny_run["doc"]["results"]
     assert tiny_run["code"] == 0 and tiny_run["doc"]["meta"]["platform"] == "gpu"
