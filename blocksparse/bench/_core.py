@@ -25,7 +25,7 @@ import dataclasses
 import statistics
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 import jax
@@ -199,10 +199,9 @@ class Timer:
         ``fori_loop`` and returns a float32 scalar (for a profiler's trace of exactly what was timed). The same
         ``fn`` and ``iters`` give the same jitted function, so a trace after a timing compiles nothing new."""
         iters = self._iters(iters)
-        try:
-            return self._loops[fn, iters]
-        except (KeyError, TypeError):  # TypeError: an unhashable fn is not cached
-            pass
+        key = (fn, iters) if isinstance(fn, Hashable) else None  # an unhashable fn is not cached
+        if key in self._loops:
+            return self._loops[key]
 
         def looped(args):
             def body(_, carry):
@@ -213,10 +212,8 @@ class Timer:
             return jax.lax.fori_loop(0, iters, body, (args, jnp.float32(0)))[1]
 
         out = jax.jit(looped)
-        try:
-            self._loops[fn, iters] = out
-        except TypeError:
-            pass
+        if key is not None:
+            self._loops[key] = out
         return out
 
     def unrolled(self, fn: Callable, *args, iters: int | None = None) -> float:
