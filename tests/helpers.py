@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, settings
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 QUICK = PROFILE == "ci"
 # A quick run takes this fraction of a sweep (each example of the interpreter tests compiles new shapes).
-QUICK_FRACTION = 5
+QUICK_FRACTION = 8
 MIN_EXAMPLES = 2
 
 _HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -35,8 +35,8 @@ def load_profile() -> None:
 
 
 def examples(full: int, quick: int | None = None) -> int:
-    """A hypothesis test's example count: ``full`` under ``make test-slow``; ``quick`` (default: a fifth of
-    ``full``, at least 2 and at most ``full``) under ``make test``: ``examples(25)`` is 5 there."""
+    """A hypothesis test's example count: ``full`` under ``make test-slow``; ``quick`` (default: an eighth of
+    ``full``, at least 2 and at most ``full``) under ``make test``: ``examples(40)`` is 5 there."""
     if not QUICK:
         return full
     return min(full, max(MIN_EXAMPLES, full // QUICK_FRACTION) if quick is None else quick)

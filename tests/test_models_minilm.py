@@ -336,6 +336,7 @@ def densified(model):
     return model._replace(layers=layers)
 
 
+@pytest.mark.slow  # prunes the model twice; quick: test_prune_reconstruct.py on layers, the error test below
 def test_prune_encoder_reconstruct_calibrates_on_the_model_pruned_so_far(tiny):
     model, tok = tiny
     cal = tok(corpus.sentences("train", 24))
