@@ -24,7 +24,9 @@ Two kinds of cells:
   bfloat16 against that dense model in float32, within twice the dense bfloat16 model's own error
   ``dense_half_rel_err`` plus 1e-2; ``tokens_equal``: the fraction of greedy tokens both pick). A pruned
   cell also times the model with its projections fused (:func:`blocksparse.models.fuse_projections`: q, k, v
-  and gate, up one product each; ``fused_*``), its greedy tokens checked against its own logits.
+  and gate, up one product each; ``fused_*``), its greedy tokens checked against its own logits, and that
+  fused model with its one-token steps' attention in one launch per layer
+  (:func:`blocksparse.ops.attention.decode_attention`, ``fused_attention_*``), checked the same way.
 
 Quick (CPU) sizes: a tiny decoder and small products, in seconds. Full sizes (GPU, bf16): the 1B-class
 config (hidden 2048, 16 layers, 32 heads and 8 KV heads, FFN 8192, vocabulary 32000) at batch 1, 8 and 32
@@ -326,6 +328,15 @@ def _generate(ctx: _Generation, batch: int, b, d, timer: Timer) -> dict:
         out["fused_calls_ms"] = timer.calls(run, fused, prompts, iters=iters)
         out["fused_tokens_per_s"] = batch * ctx.new_tokens / (out["fused_loop_ms"] * 1e-3)
         out.update(_traced(run, fused, prompts, timer, ctx.new_tokens, iters, "fused_"))
+        # ... and its one-token steps' attention in one launch per layer (decode_attention; XLA off the GPU)
+        fast = fused.with_attention("pallas")
+        fast_tokens = jax.block_until_ready(jax.jit(run)(fast, prompts))[:, ::-1]
+        fast_seq = jnp.concatenate([prompts, fast_tokens], axis=1)
+        _check_greedy(jax.jit(_logits)(fused, fast_seq), ctx.prompt, fast_tokens, ctx.dtype, "fused generation, "
+                      "Pallas attention")  # fmt: skip
+        out["fused_attention_loop_ms"] = timer.loop(run, fast, prompts, iters=iters)
+        out["fused_attention_tokens_per_s"] = batch * ctx.new_tokens / (out["fused_attention_loop_ms"] * 1e-3)
+        out.update(_traced(run, fast, prompts, timer, ctx.new_tokens, iters, "fused_attention_"))
     out["loop_ms"] = ctx.dense_loop_ms(batch, timer) if b is None else timer.loop(run, model, prompts, iters=iters)
     out["calls_ms"] = timer.calls(run, model, prompts, iters=iters)  # the checked program (compiled above)
     out["prefill_ms"] = timer.loop(_prefill, model, prompts, iters=iters)

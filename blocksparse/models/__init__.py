@@ -27,6 +27,7 @@ from ._bert import (
     prune_encoder_reconstruct,
 )
 from ._llama import (
+    ATTENTION,
     DECODER_PROJECTIONS,
     FUSED_PROJECTIONS,
     ROPE_TYPES,
@@ -47,6 +48,7 @@ from ._llama import (
 )
 
 __all__ = [
+    "ATTENTION",
     "DECODER_PROJECTIONS",
     "FUSED_PROJECTIONS",
     "PROJECTIONS",

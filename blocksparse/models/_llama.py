@@ -34,9 +34,11 @@ from .._pattern import check_block_size, check_density, num_blocks
 from .._safetensors import read_safetensors
 from .._safetensors import write as write_safetensors
 from .._util import Pytree
+from ..ops.attention import decode_attention
 from ._bert import _apply, dense_projection, sparse_projection
 
 __all__ = [
+    "ATTENTION",
     "DECODER_PROJECTIONS",
     "FUSED_PROJECTIONS",
     "KVCache",
@@ -58,6 +60,8 @@ __all__ = [
 
 #: The projections of one decoder layer, in the order the layer applies them (``lm_head`` is the model's).
 DECODER_PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
+#: The attention implementations of :meth:`LlamaModel.with_attention`.
+ATTENTION = ("xla", "cudnn", "pallas")
 #: Hugging Face names of the projections under ``model.layers.{i}.``.
 _HF = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
        "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}  # fmt: skip
@@ -280,10 +284,12 @@ class LlamaLayer(Pytree):
     qkv: object = None
     gate_up: object = None
 
-    def __call__(self, x, cos, sin, k_cache, v_cache, start, key_mask):
+    def __call__(self, x, cos, sin, k_cache, v_cache, start, key_mask, attention: str = "xla", bounds=None):
         """``x (b, t, hidden)`` at cache slots ``start .. start + t``; returns ``(x, k_cache, v_cache)``.
 
         ``key_mask (b, t, size)``: which cache slots each new token attends to (causal, no padding).
+        ``attention``: :data:`ATTENTION` (``"cudnn"`` and ``"pallas"`` serve one-token steps; longer ones stay on
+        XLA); ``bounds``: ``(lo, hi)`` ``(b,)``, the first and last slot each sequence attends to (one-token steps).
         """
         b, t, _ = x.shape
         nh, nk, d = self.num_heads, self.num_kv_heads, self.head_dim
@@ -297,11 +303,18 @@ class LlamaLayer(Pytree):
         v = v.reshape(b, t, nk, d)
         k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), start, axis=1)
         v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), start, axis=1)
-        qg = q.reshape(b, t, nk, nh // nk, d)
-        scores = jnp.einsum("btkgd,bskd->bkgts", qg, k_cache, preferred_element_type=jnp.float32) / math.sqrt(d)
-        scores = jnp.where(key_mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-        ctx = jnp.einsum("bkgts,bskd->btkgd", probs, v_cache, preferred_element_type=jnp.float32).astype(x.dtype)
+        if attention == "pallas" and t == 1 and bounds is not None:
+            ctx = decode_attention(q[:, 0], k_cache, v_cache, *bounds)[:, None]
+        elif attention == "cudnn" and t == 1:
+            # cuDNN's fused attention (one kernel) on the cache; a one-token step always attends to its own slot, so
+            # no row is wholly masked (a prefill's padding rows would be, and stay on XLA).
+            ctx = jax.nn.dot_product_attention(q, k_cache, v_cache, mask=key_mask[:, None], implementation="cudnn")
+        else:
+            qg = q.reshape(b, t, nk, nh // nk, d)
+            scores = jnp.einsum("btkgd,bskd->bkgts", qg, k_cache, preferred_element_type=jnp.float32) / math.sqrt(d)
+            scores = jnp.where(key_mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+            probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+            ctx = jnp.einsum("bkgts,bskd->btkgd", probs, v_cache, preferred_element_type=jnp.float32).astype(x.dtype)
         x = x + _apply(self.o, ctx.reshape(b, t, nh * d))
         h = self.post_norm(x)
         if self.gate_up is not None:  # fused: one product, then SiLU(gate) * up
@@ -327,10 +340,12 @@ class LlamaModel(Pytree):
         inv_freq: the rotary inverse frequencies ``(head_dim // 2,)`` float32 (:func:`inverse_frequencies`).
         config: the :class:`LlamaConfig` (static).
         dtype: the compute dtype (static).
+        attention: which implementation runs the attention of one-token decode steps (static,
+            :data:`ATTENTION`; :meth:`with_attention` sets it).
     """
 
     _leaves = ("embed", "layers", "norm", "lm_head", "inv_freq")
-    _static = ("config", "dtype")
+    _static = ("config", "dtype", "attention")
 
     embed: jax.Array
     layers: tuple
@@ -339,6 +354,22 @@ class LlamaModel(Pytree):
     inv_freq: jax.Array
     config: LlamaConfig
     dtype: np.dtype = np.dtype(np.float32)
+    attention: str = "xla"
+
+    def __post_init__(self):
+        if self.attention not in ATTENTION:
+            raise ValueError(f"Expected attention one of {', '.join(map(repr, ATTENTION))}. Got {self.attention!r}.")
+
+    def with_attention(self, attention: str) -> LlamaModel:
+        """The same model with its decode steps' attention run by ``attention`` (:data:`ATTENTION`): ``"pallas"``
+        (:func:`blocksparse.ops.attention.decode_attention`, one launch per layer on a GPU, XLA elsewhere),
+        ``"cudnn"`` (cuDNN's fused attention, an NVIDIA GPU and half-precision compute) or ``"xla"`` (einsums and a
+        softmax, the default). Prefills (more than one token per step) always run on XLA."""
+        if attention not in ATTENTION:
+            raise ValueError(f"Expected attention one of {', '.join(map(repr, ATTENTION))}. Got {attention!r}.")
+        if attention == "cudnn" and self.dtype not in (np.dtype(jnp.bfloat16), np.dtype(np.float16)):
+            raise ValueError(f"Expected a bfloat16 or float16 model for cuDNN attention. Got {self.dtype}.")
+        return self._replace(attention=attention)
 
     def astype(self, dtype) -> LlamaModel:
         """Parameters and compute in ``dtype`` (float32, bfloat16 or float16); rotary frequencies stay float32."""
@@ -376,9 +407,10 @@ class LlamaModel(Pytree):
         j = jnp.arange(size, dtype=jnp.int32)
         key_mask = (j[None, None, :] <= slots[None, :, None]) & (j[None, None, :] >= pad[:, None, None])
         x = jnp.take(self.embed, tokens, axis=0).astype(self.dtype)
+        bounds = (pad, jnp.broadcast_to(slots[0], (b,))) if t == 1 else None
         ks, vs = [], []
         for layer, kc, vc in zip(self.layers, cache.k, cache.v, strict=True):
-            x, kc, vc = layer(x, cos, sin, kc, vc, start, key_mask)
+            x, kc, vc = layer(x, cos, sin, kc, vc, start, key_mask, self.attention, bounds)
             ks.append(kc)
             vs.append(vc)
         h = self.norm(x[:, -1:] if last else x)

@@ -1,0 +1,144 @@
+"""``blocksparse.ops.attention.decode_attention``: one query per head on a key/value cache.
+
+CPU (``make test``): the Pallas kernel in the interpreter against the XLA reference and a NumPy softmax, on random
+batches, grouped heads, cache sizes (whole chunks or not) and slot ranges (one slot, the whole cache); bad input.
+GPU (``-m gpu``): the real kernel on the decoder's shapes. The decoder's ``attention="pallas"`` generates what the
+XLA attention does.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import has_gpu
+from helpers import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from blocksparse.models import LlamaConfig, LlamaModel, generate
+from blocksparse.ops import _dispatch as dispatch
+from blocksparse.ops.attention import decode_attention, decode_attention_reference
+
+ON_GPU = has_gpu()
+TOL = {jnp.dtype(jnp.float32): 1e-5, jnp.dtype(jnp.bfloat16): 2e-2, jnp.dtype(jnp.float16): 4e-3}
+
+
+@pytest.fixture(autouse=True)
+def kernels():
+    """The real kernel on a GPU, the interpreter elsewhere."""
+    with dispatch.interpret(not ON_GPU):
+        yield
+
+
+def numpy_attention(q, k, v, lo, hi, scale):
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    b, nh, d = q.shape
+    nk = k.shape[2]
+    out = np.zeros((b, nh, d))
+    for i in range(b):
+        for h in range(nh):
+            kh = h // (nh // nk)
+            s = k[i, lo[i] : hi[i] + 1, kh] @ q[i, h] * scale
+            p = np.exp(s - s.max())
+            out[i, h] = p @ v[i, lo[i] : hi[i] + 1, kh] / p.sum()
+    return out
+
+
+@settings(max_examples=examples(16), deadline=None)
+@given(
+    batch=st.integers(1, 3),
+    kv_heads=st.sampled_from([1, 2]),
+    group=st.sampled_from([1, 3, 4, 16]),
+    head_dim=st.sampled_from([16, 32]),
+    size=st.sampled_from([1, 17, 64, 130]),
+    dtype=st.sampled_from([jnp.float32, jnp.bfloat16]),
+    data=st.data(),
+)
+def test_matches_numpy_and_the_reference(batch, kv_heads, group, head_dim, size, dtype, data):
+    lo = np.array([data.draw(st.integers(0, size - 1)) for _ in range(batch)])
+    hi = np.array([data.draw(st.integers(int(x), size - 1)) for x in lo])  # one slot up to the whole cache
+    keys = jax.random.split(jax.random.key(int(lo.sum() + 7 * hi.sum())), 3)
+    q = jax.random.normal(keys[0], (batch, kv_heads * group, head_dim)).astype(dtype)
+    k = jax.random.normal(keys[1], (batch, size, kv_heads, head_dim)).astype(dtype)
+    v = jax.random.normal(keys[2], (batch, size, kv_heads, head_dim)).astype(dtype)
+    got = np.asarray(decode_attention(q, k, v, lo, hi).astype(jnp.float32))
+    want = numpy_attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), lo, hi,
+                           head_dim**-0.5)  # fmt: skip
+    tol = TOL[jnp.dtype(dtype)]
+    np.testing.assert_allclose(got, want, atol=4 * tol, rtol=4 * tol)
+    ref = np.asarray(decode_attention_reference(q, k, v, lo, hi).astype(jnp.float32))
+    np.testing.assert_allclose(ref, want, atol=4 * tol, rtol=4 * tol)
+    assert got.shape == q.shape and decode_attention(q, k, v, lo, hi).dtype == dtype
+
+
+def test_slots_outside_the_range_are_never_read():
+    # NaN outside lo .. hi (in whole chunks beyond hi and in the chunk of lo): the output stays finite.
+    q = jnp.ones((1, 2, 16))
+    k = jnp.full((1, 200, 1, 16), jnp.nan).at[:, 70:75].set(0.5)
+    v = jnp.full((1, 200, 1, 16), jnp.nan).at[:, 70:75].set(2.0)
+    out = decode_attention(q, k, v, jnp.array([70]), jnp.array([74]))
+    np.testing.assert_allclose(out, 2.0, rtol=1e-6)
+
+
+def test_bad_input_names_expected_and_actual():
+    q, kv = jnp.ones((2, 4, 16)), jnp.ones((2, 8, 2, 16))
+    with pytest.raises(ValueError, match=r"Expected lo of shape \(2,\).*Got \(3,\)"):
+        decode_attention(q, kv, kv, jnp.zeros(3, jnp.int32), jnp.ones(2, jnp.int32))
+    with pytest.raises(ValueError, match="Expected heads divisible by kv_heads. Got 4 heads and 3 kv_heads"):
+        decode_attention(q, jnp.ones((2, 8, 3, 16)), jnp.ones((2, 8, 3, 16)), jnp.zeros(2), jnp.ones(2))
+    with pytest.raises(ValueError, match="head_dim=16"):
+        decode_attention(q, jnp.ones((2, 8, 2, 8)), jnp.ones((2, 8, 2, 8)), jnp.zeros(2), jnp.ones(2))
+
+
+TINY = LlamaConfig(vocab_size=64, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
+                   max_positions=64)  # fmt: skip
+
+
+def test_the_decoder_generates_the_same_tokens_with_pallas_attention():
+    model = LlamaModel.random(jax.random.key(0), TINY, scale=0.3)
+    prompts = [[1, 2, 3, 4, 5], [7, 8]]  # left-padded: the second sequence's slots start at 3
+    want = generate(model, prompts, 6)
+    fast = model.with_attention("pallas")
+    assert fast.attention == "pallas" and model.attention == "xla"
+    np.testing.assert_array_equal(generate(fast, prompts, 6), want)
+    assert jax.tree.structure(fast) != jax.tree.structure(model)  # a static field: its own compilation
+
+
+def test_attention_choices_are_checked():
+    model = LlamaModel.random(jax.random.key(0), TINY)
+    with pytest.raises(ValueError, match="Expected attention one of 'xla', 'cudnn', 'pallas'. Got 'flash'"):
+        model.with_attention("flash")
+    with pytest.raises(ValueError, match="Expected a bfloat16 or float16 model for cuDNN attention. Got float32"):
+        model.with_attention("cudnn")
+    assert model.astype(jnp.bfloat16).with_attention("cudnn").attention == "cudnn"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 8])
+def test_decoder_shapes_on_the_gpu(batch):
+    # The 1B decoder's attention (32 heads, 8 kv heads of 64) on a 256-slot cache, and a long cache of 1000 slots.
+    for nh, nk, d, size in ((32, 8, 64, 256), (16, 2, 128, 1000)):
+        keys = jax.random.split(jax.random.key(batch), 3)
+        q = jax.random.normal(keys[0], (batch, nh, d)).astype(jnp.bfloat16)
+        k = jax.random.normal(keys[1], (batch, size, nk, d)).astype(jnp.bfloat16)
+        v = jax.random.normal(keys[2], (batch, size, nk, d)).astype(jnp.bfloat16)
+        lo = jnp.arange(batch, dtype=jnp.int32) * 3
+        hi = jnp.full((batch,), size - 1, jnp.int32).at[0].set(lo[0])
+        got = jax.jit(decode_attention)(q, k, v, lo, hi).astype(jnp.float32)
+        want = decode_attention_reference(*(a.astype(jnp.float32) for a in (q, k, v)), lo, hi)
+        np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_cudnn_and_pallas_attention_decode_as_xla_on_the_gpu():
+    model = LlamaModel.random(jax.random.key(0), TINY, dtype=jnp.bfloat16, scale=0.3)
+    prompts = jax.random.randint(jax.random.key(1), (2, 8), 0, 64)
+    run = jax.jit(functools.partial(generate, max_new_tokens=8))
+    want = run(model, prompts)
+    for att in ("pallas", "cudnn"):
+        got = run(model.with_attention(att), prompts)
+        assert np.mean(np.asarray(got) == np.asarray(want)) >= 0.75, att  # bf16 near-ties may differ late
