@@ -114,7 +114,10 @@ def test_attention_choices_are_checked():
         model.with_attention("flash")
     with pytest.raises(ValueError, match="Expected a bfloat16 or float16 model for cuDNN attention. Got float32"):
         model.with_attention("cudnn")
-    assert model.astype(jnp.bfloat16).with_attention("cudnn").attention == "cudnn"
+    half = model.astype(jnp.bfloat16).with_attention("cudnn")
+    assert half.attention == "cudnn" and half.astype(jnp.float16).attention == "cudnn"
+    with pytest.raises(ValueError, match="Expected bfloat16 or float16 for a model with cuDNN attention. Got float32"):
+        half.astype(jnp.float32)
 
 
 @pytest.mark.gpu

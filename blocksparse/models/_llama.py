@@ -376,6 +376,9 @@ class LlamaModel(Pytree):
         dtype = np.dtype(dtype)
         if not jnp.issubdtype(dtype, jnp.floating):
             raise ValueError(f"Expected a floating dtype such as float32 or bfloat16. Got {dtype}.")
+        if self.attention == "cudnn" and dtype not in (np.dtype(jnp.bfloat16), np.dtype(np.float16)):
+            raise ValueError(f"Expected bfloat16 or float16 for a model with cuDNN attention. Got {dtype}; "
+                             f"with_attention('xla') or ('pallas') first.")  # fmt: skip
         inv = self.inv_freq
         cast = jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, self)
         return cast._replace(dtype=dtype, inv_freq=inv)
