@@ -108,6 +108,22 @@ def test_the_decoder_generates_the_same_tokens_with_pallas_attention():
     assert jax.tree.structure(fast) != jax.tree.structure(model)  # a static field: its own compilation
 
 
+def test_the_default_cache_is_whole_chunks_with_pallas_attention(monkeypatch):
+    from blocksparse.models import _llama
+    from blocksparse.ops.attention import CHUNK
+
+    sizes = []
+    real = _llama._generate
+    monkeypatch.setattr(_llama, "_generate", lambda *a, **kw: sizes.append(kw["cache_size"]) or real(*a, **kw))
+    model = LlamaModel.random(jax.random.key(0), TINY, scale=0.3)
+    prompts = [[1, 2, 3, 4, 5]]
+    want = generate(model, prompts, 6)
+    got = generate(model.with_attention("pallas"), prompts, 6)
+    generate(model.with_attention("pallas"), prompts, 6, cache_size=20)  # a given size is kept
+    assert sizes == [11, CHUNK, 20]
+    np.testing.assert_array_equal(got, want)
+
+
 def test_attention_choices_are_checked():
     model = LlamaModel.random(jax.random.key(0), TINY)
     with pytest.raises(ValueError, match="Expected attention one of 'xla', 'cudnn', 'pallas'. Got 'flash'"):
@@ -116,7 +132,7 @@ def test_attention_choices_are_checked():
         model.with_attention("cudnn")
     half = model.astype(jnp.bfloat16).with_attention("cudnn")
     assert half.attention == "cudnn" and half.astype(jnp.float16).attention == "cudnn"
-    with pytest.raises(ValueError, match="Expected bfloat16 or float16 for a model with cuDNN attention. Got float32"):
+    with pytest.raises(ValueError, match="Expected a bfloat16 or float16 model for cuDNN attention. Got float32"):
         half.astype(jnp.float32)
 
 

@@ -288,6 +288,19 @@ def _traced(run, model, prompts, timer: Timer, new_tokens: int, iters: int, pref
             f"{prefix}top_kernels_per_token": top}  # fmt: skip
 
 
+def _timed_variant(ctx: _Generation, run, model, prompts, batch: int, timer: Timer, iters: int, prefix: str,
+                   what: str) -> dict:  # fmt: skip
+    """A variant of a cell's model: its greedy tokens checked against its own logits, then its loop, tokens/s and
+    trace under ``prefix``."""
+    tokens = jax.block_until_ready(jax.jit(run)(model, prompts))[:, ::-1]
+    seq = jnp.concatenate([prompts, tokens], axis=1)
+    _check_greedy(jax.jit(_logits)(model, seq), ctx.prompt, tokens, ctx.dtype, what)
+    loop_ms = timer.loop(run, model, prompts, iters=iters)
+    out = {f"{prefix}loop_ms": loop_ms, f"{prefix}tokens_per_s": batch * ctx.new_tokens / (loop_ms * 1e-3)}
+    out.update(_traced(run, model, prompts, timer, ctx.new_tokens, iters, prefix))
+    return out
+
+
 def _generate(ctx: _Generation, batch: int, b, d, timer: Timer) -> dict:
     from ..models import block_density, densified
 
@@ -321,22 +334,11 @@ def _generate(ctx: _Generation, batch: int, b, d, timer: Timer) -> dict:
         from ..models import fuse_projections
 
         fused = fuse_projections(model)
-        fused_tokens = jax.block_until_ready(jax.jit(run)(fused, prompts))[:, ::-1]
-        fused_seq = jnp.concatenate([prompts, fused_tokens], axis=1)
-        _check_greedy(jax.jit(_logits)(fused, fused_seq), ctx.prompt, fused_tokens, ctx.dtype, "fused generation")
-        out["fused_loop_ms"] = timer.loop(run, fused, prompts, iters=iters)
+        out.update(_timed_variant(ctx, run, fused, prompts, batch, timer, iters, "fused_", "fused generation"))
         out["fused_calls_ms"] = timer.calls(run, fused, prompts, iters=iters)
-        out["fused_tokens_per_s"] = batch * ctx.new_tokens / (out["fused_loop_ms"] * 1e-3)
-        out.update(_traced(run, fused, prompts, timer, ctx.new_tokens, iters, "fused_"))
         # ... and its one-token steps' attention in one launch per layer (decode_attention; XLA off the GPU)
-        fast = fused.with_attention("pallas")
-        fast_tokens = jax.block_until_ready(jax.jit(run)(fast, prompts))[:, ::-1]
-        fast_seq = jnp.concatenate([prompts, fast_tokens], axis=1)
-        _check_greedy(jax.jit(_logits)(fused, fast_seq), ctx.prompt, fast_tokens, ctx.dtype, "fused generation, "
-                      "Pallas attention")  # fmt: skip
-        out["fused_attention_loop_ms"] = timer.loop(run, fast, prompts, iters=iters)
-        out["fused_attention_tokens_per_s"] = batch * ctx.new_tokens / (out["fused_attention_loop_ms"] * 1e-3)
-        out.update(_traced(run, fast, prompts, timer, ctx.new_tokens, iters, "fused_attention_"))
+        out.update(_timed_variant(ctx, run, fused.with_attention("pallas"), prompts, batch, timer, iters,
+                                  "fused_attention_", "fused generation, Pallas attention"))  # fmt: skip
     out["loop_ms"] = ctx.dense_loop_ms(batch, timer) if b is None else timer.loop(run, model, prompts, iters=iters)
     out["calls_ms"] = timer.calls(run, model, prompts, iters=iters)  # the checked program (compiled above)
     out["prefill_ms"] = timer.loop(_prefill, model, prompts, iters=iters)

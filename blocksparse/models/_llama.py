@@ -34,6 +34,7 @@ from .._pattern import check_block_size, check_density, num_blocks
 from .._safetensors import read_safetensors
 from .._safetensors import write as write_safetensors
 from .._util import Pytree
+from ..ops.attention import CHUNK as ATTENTION_CHUNK
 from ..ops.attention import decode_attention
 from ._bert import _apply, dense_projection, sparse_projection
 
@@ -303,7 +304,7 @@ class LlamaLayer(Pytree):
         v = v.reshape(b, t, nk, d)
         k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), start, axis=1)
         v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), start, axis=1)
-        if attention == "pallas" and t == 1 and bounds is not None:
+        if attention == "pallas" and bounds is not None:  # bounds: given for one-token steps
             ctx = decode_attention(q[:, 0], k_cache, v_cache, *bounds)[:, None]
         elif attention == "cudnn" and t == 1:
             # cuDNN's fused attention (one kernel) on the cache; a one-token step always attends to its own slot, so
@@ -357,18 +358,14 @@ class LlamaModel(Pytree):
     attention: str = "xla"
 
     def __post_init__(self):
-        if self.attention not in ATTENTION:
-            raise ValueError(f"Expected attention one of {', '.join(map(repr, ATTENTION))}. Got {self.attention!r}.")
+        _check_attention(self.attention, self.dtype)
 
     def with_attention(self, attention: str) -> LlamaModel:
         """The same model with its decode steps' attention run by ``attention`` (:data:`ATTENTION`): ``"pallas"``
         (:func:`blocksparse.ops.attention.decode_attention`, one launch per layer on a GPU, XLA elsewhere),
         ``"cudnn"`` (cuDNN's fused attention, an NVIDIA GPU and half-precision compute) or ``"xla"`` (einsums and a
         softmax, the default). Prefills (more than one token per step) always run on XLA."""
-        if attention not in ATTENTION:
-            raise ValueError(f"Expected attention one of {', '.join(map(repr, ATTENTION))}. Got {attention!r}.")
-        if attention == "cudnn" and self.dtype not in (np.dtype(jnp.bfloat16), np.dtype(np.float16)):
-            raise ValueError(f"Expected a bfloat16 or float16 model for cuDNN attention. Got {self.dtype}.")
+        _check_attention(attention, self.dtype)
         return self._replace(attention=attention)
 
     def astype(self, dtype) -> LlamaModel:
@@ -376,9 +373,7 @@ class LlamaModel(Pytree):
         dtype = np.dtype(dtype)
         if not jnp.issubdtype(dtype, jnp.floating):
             raise ValueError(f"Expected a floating dtype such as float32 or bfloat16. Got {dtype}.")
-        if self.attention == "cudnn" and dtype not in (np.dtype(jnp.bfloat16), np.dtype(np.float16)):
-            raise ValueError(f"Expected bfloat16 or float16 for a model with cuDNN attention. Got {dtype}; "
-                             f"with_attention('xla') or ('pallas') first.")  # fmt: skip
+        _check_attention(self.attention, dtype)
         inv = self.inv_freq
         cast = jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, self)
         return cast._replace(dtype=dtype, inv_freq=inv)
@@ -529,6 +524,14 @@ def _random_model(key, config: LlamaConfig, dtype, scale: float) -> LlamaModel:
     return LlamaModel(embed, layers, RMSNorm(ones, c.rms_norm_eps), head, inv, c, np.dtype(dtype))
 
 
+def _check_attention(attention: str, dtype) -> None:
+    """A known attention (:data:`ATTENTION`), and half-precision compute for cuDNN's."""
+    if attention not in ATTENTION:
+        raise ValueError(f"Expected attention one of {', '.join(map(repr, ATTENTION))}. Got {attention!r}.")
+    if attention == "cudnn" and np.dtype(dtype) not in (np.dtype(jnp.bfloat16), np.dtype(np.float16)):
+        raise ValueError(f"Expected a bfloat16 or float16 model for cuDNN attention. Got {np.dtype(dtype)}.")
+
+
 def _check_tokens(tokens) -> jax.Array:
     tokens = jnp.asarray(tokens)
     if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer) or 0 in tokens.shape:
@@ -624,9 +627,10 @@ def generate(model: LlamaModel, prompts, max_new_tokens: int, *, cache_size: int
         prompts: token ids ``(batch, length)``, or a list of sequences of different lengths (left-padded;
             padding is never attended to and positions count from each prompt's first token).
         max_new_tokens: tokens to generate per prompt (at least 1).
-        cache_size: slots of the KV cache (default: the prompt length plus ``max_new_tokens``). A prompt plus
-            ``max_new_tokens`` longer than the cache, or a cache longer than ``max_position_embeddings``,
-            raises before anything runs.
+        cache_size: slots of the KV cache (default: the prompt length plus ``max_new_tokens``, with
+            ``attention="pallas"`` rounded up to whole chunks of ``blocksparse.ops.attention.CHUNK`` slots). A
+            prompt plus ``max_new_tokens`` longer than the cache, or a cache longer than
+            ``max_position_embeddings``, raises before anything runs.
         temperature: ``0`` for greedy decoding (argmax); above ``0``, sampling from ``softmax(logits / T)``.
         top_k: with sampling, keep only the ``top_k`` largest logits (``None``: all).
         key: the ``jax.random`` key of sampling (required when ``temperature > 0``).
@@ -644,6 +648,8 @@ def generate(model: LlamaModel, prompts, max_new_tokens: int, *, cache_size: int
     if size > model.config.max_positions:
         raise ValueError(f"Expected cache_size <= max_position_embeddings ({model.config.max_positions}). Got "
                          f"{size} (prompt {length} + max_new_tokens {max_new_tokens}).")  # fmt: skip
+    if cache_size is None and model.attention == "pallas":  # whole chunks: decode_attention copies any other size
+        size = -(-size // ATTENTION_CHUNK) * ATTENTION_CHUNK  # (the slots beyond are never attended to)
     if not isinstance(temperature, int | float) or isinstance(temperature, bool) or temperature < 0:
         raise ValueError(f"Expected temperature a number >= 0 (0: greedy). Got {temperature!r}.")
     sample = temperature > 0

@@ -134,7 +134,9 @@ def decode_attention(q, k_cache, v_cache, lo, hi, *, scale: float | None = None)
         scale: the scores' scale (default ``1 / sqrt(head_dim)``).
 
     Returns ``(batch, heads, head_dim)`` in ``q``'s dtype. On a CUDA GPU (or under :func:`blocksparse.interpret`)
-    the one-launch Pallas kernel; elsewhere :func:`decode_attention_reference`. Forward only.
+    the one-launch Pallas kernel; elsewhere :func:`decode_attention_reference`. Forward only. A cache whose size is
+    not a multiple of :data:`CHUNK` is padded to one for the kernel, a copy on every call: a decoder allocates its
+    cache in whole chunks.
 
     >>> import jax, jax.numpy as jnp
     >>> q = jax.random.normal(jax.random.key(0), (2, 4, 16))
