@@ -25,8 +25,8 @@ Two kinds of cells:
   ``dense_half_rel_err`` plus 1e-2; ``tokens_equal``: the fraction of greedy tokens both pick). A pruned
   cell also times the model with its projections fused (:func:`blocksparse.models.fuse_projections`: q, k, v
   and gate, up one product each; ``fused_*``), its greedy tokens checked against its own logits, and that
-  fused model with its one-token steps' attention in one launch per layer
-  (:func:`blocksparse.ops.attention.decode_attention`, ``fused_attention_*``), checked the same way.
+  fused model with its one-token steps' rotary embedding, cache update and attention in one launch per layer
+  (:func:`blocksparse.ops.attention.decode_step_attention`, ``fused_attention_*``), checked the same way.
 
 Quick (CPU) sizes: a tiny decoder and small products, in seconds. Full sizes (GPU, bf16): the 1B-class
 config (hidden 2048, 16 layers, 32 heads and 8 KV heads, FFN 8192, vocabulary 32000) at batch 1, 8 and 32
@@ -336,7 +336,7 @@ def _generate(ctx: _Generation, batch: int, b, d, timer: Timer) -> dict:
         fused = fuse_projections(model)
         out.update(_timed_variant(ctx, run, fused, prompts, batch, timer, iters, "fused_", "fused generation"))
         out["fused_calls_ms"] = timer.calls(run, fused, prompts, iters=iters)
-        # ... and its one-token steps' attention in one launch per layer (decode_attention; XLA off the GPU)
+        # ... and its one-token steps' attention in one launch per layer (decode_step_attention; XLA off the GPU)
         out.update(_timed_variant(ctx, run, fused.with_attention("pallas"), prompts, batch, timer, iters,
                                   "fused_attention_", "fused generation, Pallas attention"))  # fmt: skip
     out["loop_ms"] = ctx.dense_loop_ms(batch, timer) if b is None else timer.loop(run, model, prompts, iters=iters)

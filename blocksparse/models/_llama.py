@@ -35,7 +35,7 @@ from .._safetensors import read_safetensors
 from .._safetensors import write as write_safetensors
 from .._util import Pytree
 from ..ops.attention import CHUNK as ATTENTION_CHUNK
-from ..ops.attention import decode_attention
+from ..ops.attention import decode_step_attention
 from ._bert import _apply, dense_projection, sparse_projection
 
 __all__ = [
@@ -295,6 +295,15 @@ class LlamaLayer(Pytree):
         b, t, _ = x.shape
         nh, nk, d = self.num_heads, self.num_kv_heads, self.head_dim
         h = self.input_norm(x)
+        if attention == "pallas" and bounds is not None:  # bounds: given for one-token steps
+            # One kernel: the rotary embedding of the new q and k, the cache updates, the attention.
+            if self.qkv is not None:
+                qkv = _apply(self.qkv, h)
+            else:
+                qkv = jnp.concatenate([_apply(self.q, h), _apply(self.k, h), _apply(self.v, h)], axis=-1)
+            ctx, k_cache, v_cache = decode_step_attention(qkv.reshape(b, nh + 2 * nk, d), cos[:, 0], sin[:, 0],
+                                                          k_cache, v_cache, *bounds)  # fmt: skip
+            return self._rest(x, ctx[:, None], k_cache, v_cache)
         if self.qkv is not None:  # fused: one product, split
             q, k, v = jnp.split(_apply(self.qkv, h), [nh * d, (nh + nk) * d], axis=-1)
         else:
@@ -304,9 +313,7 @@ class LlamaLayer(Pytree):
         v = v.reshape(b, t, nk, d)
         k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), start, axis=1)
         v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), start, axis=1)
-        if attention == "pallas" and bounds is not None:  # bounds: given for one-token steps
-            ctx = decode_attention(q[:, 0], k_cache, v_cache, *bounds)[:, None]
-        elif attention == "cudnn" and t == 1:
+        if attention == "cudnn" and t == 1:
             # cuDNN's fused attention (one kernel) on the cache; a one-token step always attends to its own slot, so
             # no row is wholly masked (a prefill's padding rows would be, and stay on XLA).
             ctx = jax.nn.dot_product_attention(q, k_cache, v_cache, mask=key_mask[:, None], implementation="cudnn")
@@ -316,7 +323,12 @@ class LlamaLayer(Pytree):
             scores = jnp.where(key_mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
             probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
             ctx = jnp.einsum("bkgts,bskd->btkgd", probs, v_cache, preferred_element_type=jnp.float32).astype(x.dtype)
-        x = x + _apply(self.o, ctx.reshape(b, t, nh * d))
+        return self._rest(x, ctx, k_cache, v_cache)
+
+    def _rest(self, x, ctx, k_cache, v_cache):
+        """The layer after its attention: the output projection and residual, the MLP and residual."""
+        b, t, _ = x.shape
+        x = x + _apply(self.o, ctx.reshape(b, t, self.num_heads * self.head_dim))
         h = self.post_norm(x)
         if self.gate_up is not None:  # fused: one product, then SiLU(gate) * up
             gate, up = jnp.split(_apply(self.gate_up, h), 2, axis=-1)
@@ -362,7 +374,8 @@ class LlamaModel(Pytree):
 
     def with_attention(self, attention: str) -> LlamaModel:
         """The same model with its decode steps' attention run by ``attention`` (:data:`ATTENTION`): ``"pallas"``
-        (:func:`blocksparse.ops.attention.decode_attention`, one launch per layer on a GPU, XLA elsewhere),
+        (:func:`blocksparse.ops.attention.decode_step_attention`: rotary embedding, cache update and attention in one
+        launch per layer on a GPU, XLA elsewhere),
         ``"cudnn"`` (cuDNN's fused attention, an NVIDIA GPU and half-precision compute) or ``"xla"`` (einsums and a
         softmax, the default). Prefills (more than one token per step) always run on XLA."""
         _check_attention(attention, self.dtype)
@@ -648,7 +661,7 @@ def generate(model: LlamaModel, prompts, max_new_tokens: int, *, cache_size: int
     if size > model.config.max_positions:
         raise ValueError(f"Expected cache_size <= max_position_embeddings ({model.config.max_positions}). Got "
                          f"{size} (prompt {length} + max_new_tokens {max_new_tokens}).")  # fmt: skip
-    if cache_size is None and model.attention == "pallas":  # whole chunks: decode_attention copies any other size
+    if cache_size is None and model.attention == "pallas":  # whole chunks: the kernel copies any other size
         size = -(-size // ATTENTION_CHUNK) * ATTENTION_CHUNK  # (the slots beyond are never attended to)
     if not isinstance(temperature, int | float) or isinstance(temperature, bool) or temperature < 0:
         raise ValueError(f"Expected temperature a number >= 0 (0: greedy). Got {temperature!r}.")
