@@ -190,30 +190,22 @@ TINY = LlamaConfig(vocab_size=64, hidden_size=128, num_layers=2, num_heads=4, nu
                    max_positions=64)  # fmt: skip
 
 
-def test_the_decoder_generates_the_same_tokens_with_pallas_attention():
+def test_the_decoder_generates_the_same_tokens_with_pallas_attention(monkeypatch):
+    from blocksparse.models import _llama
+    from blocksparse.ops.attention import CHUNK
+
+    sizes = []  # the cache sizes generate compiles for
+    real = _llama._generate
+    monkeypatch.setattr(_llama, "_generate", lambda *a, **kw: sizes.append(kw["cache_size"]) or real(*a, **kw))
     model = LlamaModel.random(jax.random.key(0), TINY, scale=0.3)
     prompts = [[1, 2, 3, 4, 5], [7, 8]]  # left-padded: the second sequence's slots start at 3
     want = generate(model, prompts, 6)
     fast = model.with_attention("pallas")
     assert fast.attention == "pallas" and model.attention == "xla"
-    np.testing.assert_array_equal(generate(fast, prompts, 6), want)
-    assert jax.tree.structure(fast) != jax.tree.structure(model)  # a static field: its own compilation
-
-
-def test_the_default_cache_is_whole_chunks_with_pallas_attention(monkeypatch):
-    from blocksparse.models import _llama
-    from blocksparse.ops.attention import CHUNK
-
-    sizes = []
-    real = _llama._generate
-    monkeypatch.setattr(_llama, "_generate", lambda *a, **kw: sizes.append(kw["cache_size"]) or real(*a, **kw))
-    model = LlamaModel.random(jax.random.key(0), TINY, scale=0.3)
-    prompts = [[1, 2, 3, 4, 5]]
-    want = generate(model, prompts, 6)
-    got = generate(model.with_attention("pallas"), prompts, 6)
-    generate(model.with_attention("pallas"), prompts, 6, cache_size=20)  # a given size is kept
+    np.testing.assert_array_equal(generate(fast, prompts, 6), want)  # the default cache: one whole chunk
+    np.testing.assert_array_equal(generate(fast, prompts, 6, cache_size=20), want)  # a given size is kept (padded)
     assert sizes == [11, CHUNK, 20]
-    np.testing.assert_array_equal(got, want)
+    assert jax.tree.structure(fast) != jax.tree.structure(model)  # a static field: its own compilation
 
 
 def test_attention_choices_are_checked():
