@@ -176,6 +176,102 @@ def plot_sharded_gnn(path: str, out: str) -> str:
     return dest
 
 
+def _products_panel(ax, rows, title: str) -> None:
+    """Speedup over dense (the GPU's busy time per product, both in the same cell) against density, per block."""
+    for b in sorted({r["params"]["block_size"] for r in rows}):
+        cell = sorted((r for r in rows if r["params"]["block_size"] == b), key=lambda r: -r["params"]["density"])
+        ds = [r["params"]["density"] for r in cell]
+        ax.plot(ds, [r["metrics"]["dense_busy_us"] / r["metrics"]["busy_us"] for r in cell], "o-", label=f"b={b}")
+    ds = sorted({r["params"]["density"] for r in rows}, reverse=True)
+    ax.plot(ds, [1 / d for d in ds], "k--", lw=0.8, label="ideal (1 / density)")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.invert_xaxis()
+    ax.set_xlabel("density")
+    ax.set_ylabel("speedup over dense (busy time)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+
+
+def plot_decode_products(paths, out: str) -> str:
+    """The few-token products at n = 1 (decode suite cells on the tuned defaults, a later file's cell replacing an
+    earlier one's)."""
+    cells = {}
+    for path in paths:
+        for r in json.load(open(path))["results"]:
+            if r.get("ok") and r["params"].get("kind") == "product" and r["params"]["n"] == 1:
+                q = r["params"]
+                cells[q["op"], q["K"], q["block_size"], q["density"]] = r
+    shapes = sorted({(op, k) for op, k, _, _ in cells})
+    fig, axes = plt.subplots(1, len(shapes), figsize=(4.2 * len(shapes), 3.8), squeeze=False)
+    for ax, (op, k) in zip(axes[0], shapes, strict=True):
+        rows = [r for (o, kk, _, _), r in cells.items() if (o, kk) == (op, k)]
+        n_out = rows[0]["params"]["N"]
+        title = f"x (1, {k}) @ W ({k}, {n_out})" if op == "x @ W" else f"W ({n_out}, {k}) @ x ({k}, 1)"
+        _products_panel(ax, rows, f"{title}, bf16, H200")
+    fig.tight_layout()
+    dest = os.path.join(out, "decode_products.png")
+    fig.savefig(dest, dpi=110)
+    return dest
+
+
+#: The generation bars: label -> {batch: (model, dense)}, each a (file, section, key) of a probe's JSON in
+#: benchmarks/results; tokens/s over the dense model's. The dense model is the same file's where it has one; the
+#: attention step's probe timed dense at batch 1 only, so its batch 8 bar is over the attention probe's dense.
+_ATT = "decode_attention_1b_h200.json"
+_STEP = "decode_step_attention_1b_h200.json"
+GENERATION_BARS = {
+    "pruned, fused, XLA attention": {1: ((_ATT, "attention_xla_vs_cudnn", "b1_fused_xla"),
+                                         (_ATT, "attention_xla_vs_cudnn", "b1_dense_xla")),
+                                     8: ((_ATT, "attention_xla_vs_cudnn", "b8_fused_xla"),
+                                         (_ATT, "attention_xla_vs_cudnn", "b8_dense_xla"))},
+    "cuDNN attention": {1: ((_ATT, "attention_xla_vs_cudnn", "b1_fused_cudnn"),
+                            (_ATT, "attention_xla_vs_cudnn", "b1_dense_xla")),
+                        8: ((_ATT, "attention_xla_vs_cudnn", "b8_fused_cudnn"),
+                            (_ATT, "attention_xla_vs_cudnn", "b8_dense_xla"))},
+    "Pallas attention alone": {1: ((_ATT, "attention_xla_vs_pallas", "b1_fused_pallas"),
+                                   (_ATT, "attention_xla_vs_pallas", "b1_dense_xla")),
+                               8: ((_ATT, "attention_xla_vs_pallas", "b8_fused_pallas"),
+                                   (_ATT, "attention_xla_vs_pallas", "b8_dense_xla"))},
+    "Pallas attention step": {1: ((_STEP, "run3_parts", "b1_pallasP4"), (_STEP, "run1_chunks", "b1_dense")),
+                              8: ((_STEP, "run3_parts", "b8_pallasP2"),
+                                  (_ATT, "attention_xla_vs_cudnn", "b8_dense_xla"))},
+}  # fmt: skip
+
+
+def plot_decode_generation(results: str, out: str) -> str:
+    """Generation tokens/s of the pruned 1B decoder (b = 64, d = 1/8) over dense JAX, per attention, batch 1 and 8."""
+    docs = {}
+
+    def tok_s(name, section, key):
+        if name not in docs:
+            with open(os.path.join(results, name)) as f:
+                docs[name] = json.load(f)
+        return docs[name][section][key]["tok_s"]
+
+    batches = (1, 8)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(GENERATION_BARS)
+    for i, (label, where) in enumerate(GENERATION_BARS.items()):
+        ratios = [tok_s(*where[b][0]) / tok_s(*where[b][1]) for b in batches]
+        xs = [j + (i - (len(GENERATION_BARS) - 1) / 2) * width for j in range(len(batches))]
+        ax.bar(xs, ratios, width, label=label)
+        for x, r in zip(xs, ratios, strict=True):
+            ax.annotate(f"{r:.2f}", (x, r), fontsize=7, ha="center", va="bottom")
+    for j, target in enumerate((3.0, 2.0)):
+        ax.hlines(target, j - 0.45, j + 0.45, colors="k", linestyles="--", lw=0.8)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
+    ax.set_ylabel("tokens/s over dense JAX (dashed: target)")
+    ax.set_title("1B-class decoder, random weights, pruned b=64 d=1/8, bf16, H200", fontsize=9)
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    dest = os.path.join(out, "decode_generation.png")
+    fig.savefig(dest, dpi=110)
+    return dest
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", nargs="+", default=None, help="`blocksparse bench --json` files, merged")
@@ -187,6 +283,11 @@ def main(argv=None):
         "--sdd",
         nargs="+",
         default=["benchmarks/results/mosaic_sdd_h200_run1.json", "benchmarks/results/mosaic_sdd_h200_run2.json"],
+    )
+    ap.add_argument(
+        "--decode",
+        nargs="+",
+        default=["benchmarks/results/decode_stream_products_h200.json"],  # d = 1/4, 1/16 (1/8: the table)
     )
     ap.add_argument("--out", default="docs/img")
     args = ap.parse_args(argv)
@@ -201,7 +302,8 @@ def main(argv=None):
     else:
         dests = [plot_matmul(args.matmul, args.out), plot_gnn(args.gnn, args.out),
                  plot_mosaic(args.mosaic, args.out), plot_sharded_gnn(args.sharded_gnn, args.out),
-                 plot_sdd(args.sdd, args.out)]  # fmt: skip
+                 plot_sdd(args.sdd, args.out), plot_decode_products(args.decode, args.out),
+                 plot_decode_generation("benchmarks/results", args.out)]  # fmt: skip
     for dest in dests:
         print(dest)
 
