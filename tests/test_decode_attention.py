@@ -169,6 +169,10 @@ def test_step_bad_input_names_expected_and_actual():
                               jnp.ones((2, 8, 2, 31)), lo, lo)  # fmt: skip
     with pytest.raises(ValueError, match=r"Expected hi of shape \(2,\)"):
         decode_step_attention(qkv, angles, angles, kv, kv, lo, jnp.zeros(3, jnp.int32))
+    with pytest.raises(ValueError, match=r"Expected 0 <= lo <= hi < size \(8\).*Got lo=0, hi=8 for sequence 1"):
+        decode_step_attention(qkv, angles, angles, kv, kv, lo, jnp.array([3, 8]))
+    with pytest.raises(ValueError, match=r"Got lo=3, hi=2 for sequence 0"):
+        decode_attention(qkv[:, :4], kv, kv, jnp.array([3, 0]), jnp.array([2, 0]))
     with pytest.raises(ValueError, match="Expected parts a positive int \\(or None\\). Got 0"):
         decode_step_attention(qkv, angles, angles, kv, kv, lo, lo, parts=0)
 

@@ -23,6 +23,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
@@ -55,6 +56,20 @@ def _check(q, k_cache, v_cache, lo, hi):
     for name, a in (("lo", lo), ("hi", hi)):
         if jnp.shape(a) != (b,):
             raise ValueError(f"Expected {name} of shape ({b},) (one slot per sequence). Got {jnp.shape(a)}.")
+    _check_range(lo, hi, k_cache.shape[1])
+
+
+def _check_range(lo, hi, size: int) -> None:
+    """``0 <= lo <= hi < size`` where the slots are concrete (under ``jit`` they are the caller's contract: a slot
+    outside the cache is never read, and the kernel's result for it is undefined)."""
+    if isinstance(lo, jax.core.Tracer) or isinstance(hi, jax.core.Tracer):
+        return
+    lo, hi = np.asarray(lo), np.asarray(hi)
+    bad = np.flatnonzero((lo < 0) | (lo > hi) | (hi >= size))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"Expected 0 <= lo <= hi < size ({size}) for every sequence. Got lo={int(lo[i])}, "
+                         f"hi={int(hi[i])} for sequence {i}.")  # fmt: skip
 
 
 def decode_attention_reference(q, k_cache, v_cache, lo, hi, *, scale: float | None = None) -> jax.Array:
