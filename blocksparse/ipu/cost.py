@@ -42,6 +42,7 @@ __all__ = [
     "dense_estimate",
     "reduction_cycles",
     "sparse_cost",
+    "sparse_cost_bound",
 ]
 
 PHASES = (
@@ -273,6 +274,94 @@ def sparse_cost(
     return cycles, nbytes, memory
 
 
+#: The machine constants :func:`sparse_cost_bound` relies on being non-negative (with positive MAC rates, every
+#: phase then grows with the statistics it bounds); :class:`IPUMachine` checks its other rates positive.
+_BOUND_CONSTANTS = (
+    "vertex_overhead_cycles", "row_overhead_cycles", "block_overhead_cycles", "amp_pipeline_cycles",
+    "elementwise_row_cycles", "elementwise_chunk_cycles", "elementwise_issue_overhead", "reduce_cycles_per_vector",
+    "reduce_cycles_per_partial", "exchange_sync_cycles", "exchange_broadcast_factor", "metadata_bytes_per_block",
+    "metadata_bytes_per_row",
+)  # fmt: skip
+
+
+def sparse_cost_bound(
+    machine: IPUMachine,
+    blocks,
+    rows,
+    cols,
+    span,
+    extra_pairs,
+    *,
+    shape: tuple[int, int],
+    block_size: tuple[int, int],
+    n: int,
+    n_split,
+    tiles_per_split,
+    dtype: str,
+    partials_dtype: str,
+    serial: int = 1,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Lower bounds of :func:`sparse_cost`'s total cycles and busiest tile's bytes, for many candidates at once.
+
+    Candidates run along the leading axis: ``n_split``, ``tiles_per_split`` and ``extra_pairs`` are ``int[C]``;
+    ``blocks``, ``rows``, ``cols`` and ``span`` are ``int[C, t]``, a few tiles per candidate. Each of these tiles
+    must be matched by a busy tile of the candidate's assignment with at least as many blocks, rows and columns
+    and a band of exactly ``span`` non-empty columns; ``extra_pairs`` must be at most the assignment's
+    (row, tile) pairs less its non-empty rows (``multi_partial_rows - multi_rows``): for instance its (row,
+    band) pairs less the non-empty rows. Every phase of :func:`sparse_cost` and every tile's bytes grow with
+    these statistics, and the tiles not described cost nothing here, so the results are true lower bounds (up
+    to float rounding: the caller keeps a margin). Rejecting a candidate on them cannot change the plan chosen.
+    Returns ``(cycles, bytes)``, each ``float[C]``; ``-inf`` (no bound) for a machine with a negative constant.
+    """
+    mc = machine
+    m, k = shape
+    bh, bw = block_size
+    n_split = np.asarray(n_split, np.int64)
+    rates = (*mc.amp_macs_per_cycle.values(), *mc.vector_lanes.values())
+    if any(float(getattr(mc, a)) < 0 for a in _BOUND_CONSTANTS) or not all(r > 0 for r in rates):
+        return np.full(n_split.shape, -np.inf), np.full(n_split.shape, -np.inf)
+    T = mc.num_tiles
+    dbytes = np.dtype(dtype).itemsize
+    pbytes = np.dtype(partials_dtype).itemsize
+    grain = mc.column_grain(dtype)
+    npc = np.array([n_piece(n, int(s), grain, serial) for s in n_split], np.int64)
+    tps = np.maximum(np.asarray(tiles_per_split, np.int64), 1)
+    extra = np.asarray(extra_pairs, np.int64)
+    w = npc[:, None]  # columns of each candidate's piece, against its tiles
+    blocks = np.asarray(blocks, np.float64)
+    rows = np.asarray(rows, np.float64)
+    cols = np.asarray(cols, np.float64)
+    span = np.maximum(np.asarray(span, np.float64), cols)
+    xbw, sync = mc.exchange_bytes_per_cycle, mc.exchange_sync_cycles
+
+    def xcycles(top):
+        return np.where(top > 0, top / xbw + sync, 0.0)
+
+    # Partials: with extra (row, tile) pairs some row has several holders, so there are reducers (at most tps):
+    # the busiest receives at least cdiv(extra * bh * npc, tps) partials and adds at least two partials into
+    # at least cdiv(bh * npc, tps) outputs.
+    red_inputs = np.where(extra > 0, cdiv(np.maximum(extra, 0) * bh * npc, tps), 0)
+    reduction = np.where(red_inputs > 0, reduction_cycles(mc, cdiv(bh * npc, tps), 2, partials_dtype), 0.0)
+    per_pass = (
+        xcycles((span * bw * w * dbytes / mc.exchange_broadcast_factor).max(axis=1))
+        + xcycles(np.where(n_split > 1, (blocks * bh * bw * dbytes).max(axis=1), 0.0))
+        + (rows * bh * w * pbytes).max(axis=1) / mc.store_bytes_per_cycle
+        + compute_cycles(mc, blocks, rows, w, block_size, dtype).max(axis=1)
+        + xcycles(red_inputs * pbytes)
+        + reduction
+    )
+    out_home = int(cdiv(m * n, T)) * dbytes
+    x_home = int(cdiv(k * n, T)) * dbytes
+    cycles = per_pass * serial + out_home / mc.output_bytes_per_cycle
+    # Memory, as in sparse_cost (every tile described is busy).
+    w_bytes = blocks * bh * bw * dbytes
+    meta = blocks * mc.metadata_bytes_per_block + rows * mc.metadata_bytes_per_row + 64
+    partials = rows * bh * w * pbytes
+    at_compute = x_home + w_bytes + meta + cols * bw * w * dbytes + partials
+    at_reduce = x_home + w_bytes + partials + (red_inputs * pbytes)[:, None] + out_home
+    return cycles, np.maximum(at_compute, at_reduce).max(axis=1)
+
+
 @dataclass(frozen=True)
 class DenseEstimate:
     """The modelled dense matmul of the same shape on the same machine (poplin-style 3-D split)."""
@@ -329,12 +418,13 @@ def dense_estimate(
     n_grains = int(cdiv(n, grain))
     serial_opts = np.array([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64])
     serial_opts = serial_opts[serial_opts <= n_grains]
-    pm, pk, pn, ser = np.meshgrid(
-        split_candidates(m), split_candidates(k), split_candidates(n_grains), serial_opts, indexing="ij"
-    )
-    pm, pk, pn, ser = pm.ravel(), pk.ravel(), pn.ravel(), ser.ravel()
+    pm, pk, pn = (a.ravel() for a in np.meshgrid(split_candidates(m), split_candidates(k),
+                                                 split_candidates(n_grains), indexing="ij"))  # fmt: skip
+    fit = pm * pk * pn <= T  # the splits that fit the tiles, before the serial passes multiply them
+    pm, pk, pn = (np.repeat(a[fit], serial_opts.size) for a in (pm, pk, pn))
+    ser = np.tile(serial_opts, int(fit.sum()))  # (the order of the full grid: pm, pk, pn, then serial)
     n_pass = cdiv(n_grains, ser)  # grains per pass
-    ok = (pm * pk * pn <= T) & (pn <= n_pass)
+    ok = pn <= n_pass
     pm, pk, pn, ser, n_pass = pm[ok], pk[ok], pn[ok], ser[ok], n_pass[ok]
     mt = cdiv(m, pm).astype(np.float64)
     kt = cdiv(k, pk).astype(np.float64)

@@ -85,6 +85,7 @@ Estimates (not published as such; each with its reasoning):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -180,7 +181,7 @@ class IPUMachine:
     # -- derived rates ----------------------------------------------------------------------------
     def check_dtype(self, dtype) -> str:
         """The dtype's name if the machine models it, else a ValueError naming the supported ones."""
-        name = np.dtype(dtype).name if not isinstance(dtype, str) else np.dtype(dtype).name
+        name = _dtype_name(dtype) if isinstance(dtype, str) else np.dtype(dtype).name
         if name not in self.amp_macs_per_cycle:
             raise ValueError(
                 f"Expected a dtype the IPU model supports ({', '.join(sorted(self.amp_macs_per_cycle))}). Got {name}."
@@ -227,6 +228,12 @@ class IPUMachine:
             f"IPUMachine({self.name!r}, {self.num_tiles} tiles x {self.tile_memory_bytes // 1024} KiB, "
             f"{self.clock_hz / 1e9:.3g} GHz, {self.exchange_bytes_per_cycle:g} B/cycle/tile exchange)"
         )
+
+
+@functools.lru_cache(maxsize=64)
+def _dtype_name(name: str) -> str:
+    """``np.dtype(name).name``, remembered: the cost model asks for it many times per planned candidate."""
+    return np.dtype(name).name
 
 
 #: Colossus Mk2 GC200 IPU (1.325 GHz).

@@ -96,17 +96,24 @@ def tiles_for_bands(nnz_per_band: np.ndarray, tiles: int, grain: int = 1) -> np.
 class _Bands:
     """Column bands of a pattern: counts at once (what screening reads), the band-major order of the blocks on
     first use (what exact scoring and the plan read): a stable sort of every block, skipped for the candidates
-    a screen or a probe rejects."""
+    a screen or a bound rejects."""
 
-    def __init__(self, pattern: BlockPattern, boundaries: np.ndarray, nnz: np.ndarray, of_block: np.ndarray | None,
-                 nonempty_rows: np.ndarray, nonempty_cols: np.ndarray):  # fmt: skip
+    def __init__(self, pattern: BlockPattern, boundaries: np.ndarray, nnz: np.ndarray, nonempty_rows: np.ndarray,
+                 nonempty_cols: np.ndarray):  # fmt: skip
         self.pattern = pattern
         self.boundaries = boundaries  # int[B + 1]
         self.nnz = nnz  # int[B] blocks per band
-        self.of_block = of_block  # band of each block in pattern order (None: one band)
         self.nonempty_rows = nonempty_rows  # int[B] block rows with a block in the band
         self.nonempty_cols = nonempty_cols  # int[B] block columns with a block in the band
-        self._members = {}  # band -> its blocks in pattern order (first_blocks before the order is needed)
+
+    @functools.cached_property
+    def of_block(self) -> np.ndarray | None:
+        """Band of each block in pattern order (None: one band)."""
+        nb = self.nnz.size
+        if nb == 1:
+            return None
+        lut = _small_int(np.repeat(np.arange(nb), np.diff(self.boundaries)), nb)  # band of each block column
+        return lut[self.pattern.cols]
 
     @functools.cached_property
     def order(self) -> np.ndarray:
@@ -129,14 +136,52 @@ class _Bands:
         """Position of each block within its band, in :attr:`order`."""
         return np.arange(self.pattern.nnz_blocks) - np.repeat(self.starts, self.nnz)
 
+    @functools.cached_property
+    def row_changes(self) -> np.ndarray:
+        """``int[nnz + 1]``: at ``x``, how many of the first ``x`` blocks in :attr:`order` start a (row, band) run
+        (their row or band differs from the previous block's). Runs are contiguous: band order is row-major."""
+        rows = self.pattern.rows[self.order]
+        change = np.ones(rows.size, bool)
+        change[1:] = rows[1:] != rows[:-1]
+        change[self.starts[self.nnz > 0]] = True
+        return np.concatenate([[0], np.cumsum(change)])
+
+    @functools.cached_property
+    def runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """The (row, band) runs: first and last position in :attr:`order`, whether the run is its row's only one,
+        and how many rows have several runs (they lie in several bands)."""
+        change = np.diff(self.row_changes).astype(bool)
+        first = np.flatnonzero(change)
+        last = np.append(first[1:], change.size) - 1
+        per_row = np.bincount(self.pattern.rows[self.order[first]], minlength=self.pattern.grid[0])
+        single = per_row[self.pattern.rows[self.order[first]]] == 1
+        return first, last, single, int(np.count_nonzero(per_row > 1))
+
+    def by_col(self, col_major: np.ndarray) -> np.ndarray:
+        """Positions in :attr:`order` of the blocks in column-major order (``col_major``, rows ascending in a
+        column): within a column, ascending (a column lies in one band, whose order is row-major)."""
+        if "_by_col" not in self.__dict__:
+            at = np.empty(self.pattern.nnz_blocks, np.int32)  # position in order of each block
+            at[self.order] = np.arange(at.size, dtype=np.int32)
+            self._by_col = at[col_major]
+        return self._by_col
+
     def first_blocks(self, j: int, count: int) -> np.ndarray:
         """The first ``count`` blocks of band ``j`` in :attr:`order` (pattern positions), without sorting."""
-        if "order" in self.__dict__ or self.of_block is None:
+        if "order" in self.__dict__ or self.nnz.size == 1:
             start = int(self.starts[j])
             return self.order[start : start + count]
-        if j not in self._members:
-            self._members[j] = np.flatnonzero(self.of_block == j)
-        return self._members[j][:count]
+        # They lie in a prefix of the pattern (row-major): scan about twice the prefix expected if the band's
+        # blocks were spread evenly, and grow it until enough are found (the whole pattern at worst).
+        cols, total = self.pattern.cols, self.pattern.nnz_blocks
+        lo, hi = int(self.boundaries[j]), int(self.boundaries[j + 1])
+        length = min(total, 2 * count * total // max(int(self.nnz[j]), 1) + 1024)
+        while True:
+            head = cols[:length]
+            hits = np.flatnonzero((head >= lo) & (head < hi))
+            if hits.size >= count or length == total:
+                return hits[:count]
+            length = min(total, 4 * length)
 
 
 def _tiles_per_split(machine: IPUMachine, n_split: int) -> int:
@@ -155,30 +200,60 @@ def _small_int(a: np.ndarray, limit: int) -> np.ndarray:
     return a.astype(np.int16) if limit < np.iinfo(np.int16).max else a
 
 
-#: Above this many (block row, band) cells, the rows of each band are counted by sorting instead of a bitmap.
-_BITMAP_CELLS = 1 << 24
+#: Above this many cells the (prev, e) histogram of :func:`_nonempty_rows` is skipped: each split is counted alone.
+_HIST_CELLS = 1 << 22
 
 
-def _bands(pattern: BlockPattern, bounds: np.ndarray, col_counts: np.ndarray) -> _Bands:
+def _nonempty_rows(pattern: BlockPattern, all_bounds: list[np.ndarray]) -> list[np.ndarray]:
+    """Block rows with a block in each band, for several splits into bands at once, in one pass over the blocks.
+
+    Together the splits' boundaries cut the block columns into ``E`` elementary intervals. Take the distinct
+    (row, interval) pairs of the blocks, in row-major order, each with ``prev``, the row's previous interval
+    (-1 for its first). A row has a block in the band of intervals ``[a, b)`` iff its first pair at or after
+    ``a`` comes before ``b``: iff it has a pair with ``prev < a <= e < b``. So a 2-D histogram of
+    ``(prev, e)`` over the pairs, summed into prefix sums, counts every band of every split in O(1).
+    """
+    if pattern.nnz_blocks == 0:
+        return [np.zeros(b.size - 1, np.int64) for b in all_bounds]
+    rows = pattern.rows
+    first_of_row = np.ones(rows.size, bool)
+    first_of_row[1:] = rows[1:] != rows[:-1]
+
+    def pairs(cuts):
+        """The interval (between ``cuts``) of each distinct (row, interval) pair, and whether it is its row's first."""
+        E = cuts.size - 1
+        e = _small_int(np.repeat(np.arange(E), np.diff(cuts)), E)[pattern.cols]
+        new = first_of_row.copy()
+        new[1:] |= e[1:] != e[:-1]
+        return e[new].astype(np.int64), first_of_row[new]
+
+    cuts = np.unique(np.concatenate(all_bounds))  # includes 0 and grid_k
+    E = cuts.size - 1
+    if (E + 1) * E > _HIST_CELLS:  # too many intervals for the histogram: one pass per split
+        return [np.bincount(pairs(b)[0], minlength=b.size - 1) for b in all_bounds]
+    pe, pfirst = pairs(cuts)
+    prev = np.empty_like(pe)
+    prev[0] = -1
+    prev[1:] = pe[:-1]
+    prev[pfirst] = -1
+    hist = np.bincount((prev + 1) * E + pe, minlength=(E + 1) * E).reshape(E + 1, E)
+    S = np.zeros((E + 2, E + 1), np.int64)  # S[p, q]: pairs with prev + 1 < p and e < q
+    S[1:, 1:] = hist.cumsum(axis=0).cumsum(axis=1)
+    out = []
+    for bounds in all_bounds:
+        a = np.searchsorted(cuts, bounds[:-1])  # the bands' first intervals
+        b = np.searchsorted(cuts, bounds[1:])
+        out.append(S[a + 1, b] - S[a + 1, a])
+    return out
+
+
+def _bands(pattern: BlockPattern, bounds: np.ndarray, col_counts: np.ndarray, nonempty_rows: np.ndarray) -> _Bands:
     """The :class:`_Bands` of the block columns split at ``bounds`` (:func:`_bounds`)."""
     nb = bounds.size - 1
     nnz = np.add.reduceat(col_counts, bounds[:-1]) if col_counts.size else np.zeros(nb, np.int64)
-    gm = pattern.grid[0]
     cum = np.concatenate([[0], np.cumsum(col_counts > 0)])
     nonempty_cols = cum[bounds[1:]] - cum[bounds[:-1]]
-    if nb == 1:
-        nonempty_rows = np.array([int((np.diff(pattern.indptr) > 0).sum())])
-        return _Bands(pattern, bounds, nnz, None, nonempty_rows, nonempty_cols)
-    lut = _small_int(np.repeat(np.arange(nb), np.diff(bounds)), nb)  # band of each block column
-    of_block = lut[pattern.cols]
-    if gm * nb <= _BITMAP_CELLS:  # distinct (row, band) pairs: a bitmap, no sort
-        seen = np.zeros((gm, nb), bool)
-        seen[pattern.rows, of_block] = True
-        nonempty_rows = seen.sum(axis=0)
-    else:
-        pairs = np.unique(pattern.rows.astype(np.int64) * nb + of_block)
-        nonempty_rows = np.bincount(pairs % nb, minlength=nb)
-    return _Bands(pattern, bounds, nnz, of_block, nonempty_rows, nonempty_cols)
+    return _Bands(pattern, bounds, nnz, nonempty_rows, nonempty_cols)
 
 
 def _tile_of_block(bands: _Bands, tiles_per_band: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -186,38 +261,45 @@ def _tile_of_block(bands: _Bands, tiles_per_band: np.ndarray) -> tuple[np.ndarra
     nnz = bands.nnz
     chunk = np.where(tiles_per_band > 0, cdiv(nnz, np.maximum(tiles_per_band, 1)), 1)
     used = np.where(nnz > 0, cdiv(nnz, chunk), 0)
-    first = np.concatenate([[0], np.cumsum(used)[:-1]])
-    tile = first[bands.band] + bands.pos // chunk[bands.band]
+    # Consecutive tiles take `chunk` blocks of their band each, the band's last tile the rest.
+    per_tile = np.repeat(chunk, used)
+    last = np.cumsum(used)[used > 0] - 1
+    per_tile[last] = nnz[used > 0] - (used[used > 0] - 1) * chunk[used > 0]
+    tile = np.repeat(np.arange(per_tile.size, dtype=np.int32), per_tile)
     return tile, chunk, used
 
 
 def _stats(
-    pattern: BlockPattern, bands: _Bands, tile: np.ndarray, tiles: int, col_major: np.ndarray
+    pattern: BlockPattern, bands: _Bands, tile: np.ndarray, tiles: int, col_major: np.ndarray, col_starts: np.ndarray
 ) -> _cost.TileStats:
-    """Exact per-tile statistics of one assignment, in linear time (the orders are prepared once)."""
+    """Exact per-tile statistics of one assignment. A tile holds a contiguous range of band order, so rows and
+    the partials are counted per tile and per run from prefix sums prepared once per split into bands; only the
+    distinct columns take a pass over the blocks."""
     if tile.size == 0:
         z = np.zeros(tiles, np.int64)
         return _cost.TileStats(z, z, z, 0, 0)
-    rows = pattern.rows[bands.order]
-    blocks = np.bincount(tile, minlength=tiles)
-    # Band order is sorted by (tile, row): a tile's distinct rows are the starts of runs.
-    new_row = np.ones(tile.size, bool)
-    new_row[1:] = (tile[1:] != tile[:-1]) | (rows[1:] != rows[:-1])
-    rows_per_tile = np.bincount(tile[new_row], minlength=tiles)
-    holders = np.bincount(rows[new_row], minlength=pattern.grid[0])
-    multi = holders >= 2
-    # In column-major order the tiles of one column are non-decreasing (a column lies in one band,
-    # whose tiles take its blocks in row order), so (tile, column) pairs are runs too.
-    tile_of = np.empty_like(tile)
-    tile_of[bands.order] = tile
-    tc = tile_of[col_major]
-    cc = pattern.cols[col_major]
-    new_col = np.ones(tc.size, bool)
-    new_col[1:] = (tc[1:] != tc[:-1]) | (cc[1:] != cc[:-1])
+    edges = np.searchsorted(tile, np.arange(tiles + 1, dtype=tile.dtype))  # tile t holds edges[t]:edges[t + 1]
+    start, stop = edges[:-1], edges[1:]
+    blocks = stop - start
+    busy = blocks > 0
+    # Distinct rows: the tile's first block, then each block starting a run (runs do not cross bands).
+    rc = bands.row_changes
+    rows_per_tile = np.where(busy, 1 + rc[stop] - rc[np.minimum(start + 1, stop)], 0)
+    # Rows held by several tiles: those in several bands, and those whose only run a tile boundary splits. Over
+    # them, the holders add up to all (row, tile) pairs less one per row held once.
+    first, last, single, multi_band = bands.runs
+    multi_rows = multi_band + int(np.count_nonzero(single & (tile[first] != tile[last])))
+    rows_nonempty = int(np.count_nonzero(np.diff(pattern.indptr)))
+    multi_partial_rows = int(rows_per_tile.sum()) - (rows_nonempty - multi_rows)
+    # Distinct columns: in column-major order a column's tiles are non-decreasing (its band's tiles take its
+    # blocks in row order), so (tile, column) pairs are runs.
+    tc = tile[bands.by_col(col_major)]
+    new_col = col_starts.copy()  # a column's first block starts a pair
+    new_col[1:] |= tc[1:] != tc[:-1]
     cols_per_tile = np.bincount(tc[new_col], minlength=tiles)
     span = np.zeros(tiles, np.int64)
-    span[tile] = bands.nonempty_cols[bands.band]
-    return _cost.TileStats(blocks, rows_per_tile, cols_per_tile, int(holders[multi].sum()), int(multi.sum()), span)
+    span[busy] = bands.nonempty_cols[bands.band[start[busy]]]
+    return _cost.TileStats(blocks, rows_per_tile, cols_per_tile, multi_partial_rows, multi_rows, span)
 
 
 def _estimate_stats(bands: _Bands, tiles_per_band: np.ndarray, rows_nonempty: int) -> _cost.TileStats:
@@ -323,9 +405,13 @@ def cache_info() -> dict:
 EXACT_LIMIT = 100_000
 EXACT_TOP = 4
 SERIAL_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
-# On large patterns, a candidate whose fullest tile alone exceeds the memory limit is not scored exactly
-# (it cannot fit); this keeps planning fast when a whole serial level fails. Plans are identical either way.
+# With PROBE, a candidate is not scored exactly when a lower bound of its cost (`_cost.sparse_cost_bound`, from
+# the exact footprint of its fullest tile and counts per band) shows that it cannot fit the memory limit or
+# cannot beat the best plan so far. This keeps planning fast; plans and error messages are identical either way.
 PROBE = True
+# A bound rejects only when it is beyond the limit or the best total by more than this relative margin, far
+# above the rounding error of the few float operations that separate it from the exact figure.
+_BOUND_SLACK = 1e-9
 
 
 def _search(pattern, n, machine, dt, pdt, amp, n_split_opt, num_bands_opt) -> Plan:
@@ -347,16 +433,20 @@ def _search(pattern, n, machine, dt, pdt, amp, n_split_opt, num_bands_opt) -> Pl
     col_counts = np.bincount(pattern.cols, minlength=gk)
     rows_nonempty = int((np.diff(pattern.indptr) > 0).sum())
     col_major = np.argsort(_small_int(pattern.cols, gk), kind="stable")  # rows stay ascending within a column
+    col_starts = np.ones(pattern.nnz_blocks, bool)  # whether each block in col_major starts its column
+    col_starts[1:] = np.diff(pattern.cols[col_major]) != 0
 
-    candidates = []  # (bands, n_split, tiles_per_split, tiles_per_band)
+    all_bounds = []
     seen = set()
     for nb in band_options:
         bounds = _bounds(col_counts, nb)
         bkey = tuple(bounds.tolist())
-        if bkey in seen:  # another band count gave the same bands
-            continue
-        seen.add(bkey)
-        bands = _bands(pattern, bounds, col_counts)
+        if bkey not in seen:  # another band count may give the same bands
+            seen.add(bkey)
+            all_bounds.append(bounds)
+    candidates = []  # (bands, n_split, tiles_per_split, tiles_per_band)
+    for bounds, nonempty_rows in zip(all_bounds, _nonempty_rows(pattern, all_bounds), strict=True):
+        bands = _bands(pattern, bounds, col_counts, nonempty_rows)
         for s in splits:
             tps = _tiles_per_split(machine, s)
             tpb = tiles_for_bands(bands.nnz, tps, _grain(machine))
@@ -371,7 +461,7 @@ def _search(pattern, n, machine, dt, pdt, amp, n_split_opt, num_bands_opt) -> Pl
         if key not in stats_cache:
             if exact:
                 tile, _, used = _tile_of_block(bands, tpb)
-                stats_cache[key] = (_stats(pattern, bands, tile, tps, col_major), tile, used)
+                stats_cache[key] = (_stats(pattern, bands, tile, tps, col_major, col_starts), tile, used)
             else:
                 stats_cache[key] = (_estimate_stats(bands, tpb, rows_nonempty), None, None)
         stats, tile, used = stats_cache[key]
@@ -384,63 +474,95 @@ def _search(pattern, n, machine, dt, pdt, amp, n_split_opt, num_bands_opt) -> Pl
         rank = (total, top, s, bands.boundaries.size - 1)
         return rank, (candidates[i], serial, tile, used, cycles, nbytes, memory)
 
-    def probe(i: int, serial: int) -> float:
-        """A lower bound of the busiest tile's bytes: the exact footprint of the band's first, fullest tile."""
-        bands, s, tps, tpb = candidates[i]
-        chunk = np.where(tpb > 0, cdiv(bands.nnz, np.maximum(tpb, 1)), 0)
-        j = int(np.argmax(chunk))
-        sel = bands.first_blocks(j, int(chunk[j]))
-        rows = pattern.rows[sel]  # ascending within a band
-        nrows = int((np.diff(rows) != 0).sum()) + 1 if rows.size else 0
-        ncols = int(np.unique(pattern.cols[sel]).size)
-        one = _cost.TileStats(np.array([sel.size]), np.array([nrows]), np.array([ncols]), 0, 0)
-        _, _, memory = _cost.sparse_cost(
-            machine, one, shape=pattern.shape, block_size=pattern.block_size, n=n, n_split=s,
-            tiles_per_split=tps, dtype=dt, partials_dtype=pdt, serial=serial,
-        )  # fmt: skip
-        return float(memory.max(initial=0.0))
+    bound_inputs = {}
 
-    best = None
-    skipped = []  # (candidate, serial) shown not to fit by `probe`, not scored exactly
-    smallest = None  # smallest footprint seen, for the error message
+    def bound_input(i: int) -> tuple[int, ...]:
+        """What the lower bound of candidate ``i`` reads (the same at every serial level): the exact blocks, rows
+        and columns of its fullest tile (the first of the band with the largest chunk) and that band's width;
+        the widest band's width; the (row, band) pairs beyond the non-empty rows (each is a partial to reduce)."""
+        if i not in bound_inputs:
+            bands, _, _, tpb = candidates[i]
+            chunk = np.where(tpb > 0, cdiv(bands.nnz, np.maximum(tpb, 1)), 0)
+            j = int(np.argmax(chunk))
+            sel = bands.first_blocks(j, int(chunk[j]))
+            rows = pattern.rows[sel]  # ascending within a band
+            nrows = int(np.count_nonzero(np.diff(rows))) + 1
+            ncols = int(np.count_nonzero(np.bincount(pattern.cols[sel] - bands.boundaries[j])))
+            widest = int(bands.nonempty_cols[bands.nnz > 0].max())
+            extra = int(bands.nonempty_rows.sum()) - rows_nonempty
+            bound_inputs[i] = (sel.size, nrows, ncols, int(bands.nonempty_cols[j]), widest, extra)
+        return bound_inputs[i]
+
+    def lower_bounds(order: list[int], serial: int) -> tuple[np.ndarray, np.ndarray]:
+        """Lower bounds of the total cycles and of the busiest tile's bytes of the candidates ``order``."""
+        b, r, c, span, widest, extra = np.array([bound_input(i) for i in order], np.int64).T
+        one = np.ones_like(b)  # the widest band has a busy tile of at least one block, row and column
+        s, tps = np.array([candidates[i][1:3] for i in order], np.int64).T
+        return _cost.sparse_cost_bound(
+            machine, np.stack([b, one], 1), np.stack([r, one], 1), np.stack([c, one], 1), np.stack([span, widest], 1),
+            extra, shape=pattern.shape, block_size=pattern.block_size, n=n, n_split=s, tiles_per_split=tps,
+            dtype=dt, partials_dtype=pdt, serial=serial,
+        )  # fmt: skip
+
+    large = pattern.nnz_blocks > EXACT_LIMIT
+    screen = PROBE and pattern.nnz_blocks > 0  # (the bounds need a busy tile)
+    best = None  # ((rank, position in its level's order), details)
+    levels = []  # (serial, candidates in order) of every level tried, for the error message
     for serial in SERIAL_CANDIDATES:
         if serial > 1 and (n_split_opt is not None or serial > max_split):
             break
         idx = [i for i, c in enumerate(candidates) if c[1] * serial <= max_split]
-        if pattern.nnz_blocks <= EXACT_LIMIT:
-            exact_order = idx
+        if not large:
+            order = idx
         else:
             est = {i: score(i, False, serial)[0] for i in idx}
             # Promising first: estimated to fit (with slack for the estimate), then by estimated cycles.
-            exact_order = sorted(idx, key=lambda i: (est[i][1] > 1.1 * limit, est[i]))
+            order = sorted(idx, key=lambda i: (est[i][1] > 1.1 * limit, est[i]))
+        levels.append((serial, order))
+        visit = range(len(order))
+        if screen and order:
+            lb_total, lb_top = lower_bounds(order, serial)
+            lb_total, cannot_fit = lb_total * (1 - _BOUND_SLACK), lb_top * (1 - _BOUND_SLACK) > limit
+            if not large:
+                # Every candidate would be scored: take the smallest bounds first, so that the best plan is found
+                # early and the rest are rejected by their bounds. Ties between equal ranks still go to the
+                # earlier candidate in `order` (the position is the rank's last key).
+                visit = np.argsort(lb_total, kind="stable")
         scored = 0
-        for i in exact_order:
-            if best is not None and pattern.nnz_blocks > EXACT_LIMIT and scored >= EXACT_TOP:
+        for p in visit:
+            if best is not None and large and scored >= EXACT_TOP:
                 break
-            if PROBE and pattern.nnz_blocks > EXACT_LIMIT and probe(i, serial) > limit:
-                # Its busiest tile is at least as large as the probed one: it cannot fit, so exact
-                # scoring cannot change the choice (only the error message's smallest footprint).
-                skipped.append((i, serial))
-                scored += 1
-                continue
-            rank, details = score(i, True, serial)
-            scored += 1
-            if smallest is None or rank[1] < smallest[0]:
-                smallest = (rank[1], candidates[i][1], candidates[i][0].boundaries.size - 1, serial)
-            if rank[1] <= limit and (best is None or rank < best[0]):
-                best = (rank, details)
+            scored += 1  # a candidate rejected by its bound counts as scored: the same ones are considered
+            if screen:
+                if cannot_fit[p]:
+                    continue
+                if best is not None and lb_total[p] > best[0][0][0]:
+                    if large:
+                        continue
+                    break  # bounds ascending: none of the rest can beat the best either
+            rank, details = score(order[p], True, serial)
+            if rank[1] <= limit and (best is None or (rank, p) < best[0]):
+                best = ((rank, p), details)
         if best is not None:
             break  # serialising costs every phase again: only when no single pass fits
+
     if best is None:
-        for i, serial in skipped:  # the error message names the smallest exact footprint
-            rank, _ = score(i, True, serial)
-            if smallest is None or rank[1] < smallest[0]:
-                smallest = (rank[1], candidates[i][1], candidates[i][0].boundaries.size - 1, serial)
+
+        def smallest():
+            """The smallest exact footprint over every candidate tried, first in order on ties."""
+            out = None  # (bytes, n_split, bands, serial)
+            for serial, order in levels:
+                for i in order:
+                    rank, _ = score(i, True, serial)
+                    if out is None or rank[1] < out[0]:
+                        out = (rank[1], candidates[i][1], candidates[i][0].boundaries.size - 1, serial)
+            return out
+
         raise _NoFit(smallest, len(candidates))
     (bands, s, tps, _), serial, tile, used, cycles, nbytes, memory = best[1]
     dense = _cost.dense_estimate(machine, pattern.shape[0], pattern.shape[1], n, dt, pdt, amp)
     return _build_plan(pattern, n, machine, dt, pdt, amp, s, tps, serial, bands, used, tile, cycles, nbytes, memory,
-                       dense, len(candidates))  # fmt: skip
+                       dense, len(candidates), col_major)  # fmt: skip
 
 
 class _NoFit(Exception):
@@ -448,7 +570,13 @@ class _NoFit(Exception):
 
     def __init__(self, smallest, scored):
         super().__init__("no partition fits")
-        self.smallest, self.scored = smallest, scored  # smallest: (bytes, n_split, bands, serial) or None
+        self._smallest, self.scored = smallest, scored
+
+    @functools.cached_property
+    def smallest(self):
+        """``(bytes, n_split, bands, serial)`` of the smallest footprint, or None: computed on first use only (the
+        advice's replanning only asks whether something fits)."""
+        return self._smallest()
 
 
 def _fits(pattern, n, machine, dt, pdt, amp, n_split, num_bands) -> bool:
@@ -491,40 +619,59 @@ def _no_plan_error(e: _NoFit, pattern, n, machine, dt, pdt, amp, n_split, num_ba
 
 def _pad_rows(values: np.ndarray, group: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray]:
     """Scatter ``values`` (sorted by ``group``) into a ``(groups, max_count)`` array padded with -1; also slots."""
-    counts = np.bincount(group, minlength=groups)
-    width = max(int(counts.max(initial=0)), 1)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    slot = np.arange(group.size) - starts[group]
-    out = np.full((groups, width), -1, np.int32)
-    out[group, slot] = values
-    return out, slot
+    pad = _Padding(group, groups)
+    return pad(values), pad.slot
+
+
+class _Padding:
+    """Where the values of sorted groups go in a ``(groups, max_count)`` array, worked out once for several arrays."""
+
+    def __init__(self, group: np.ndarray, groups: int):
+        counts = np.diff(np.searchsorted(group, np.arange(groups + 1, dtype=group.dtype)))  # group is sorted
+        self.shape = (groups, max(int(counts.max(initial=0)), 1))
+        starts = np.cumsum(counts) - counts
+        self.slot = np.arange(group.size) - np.repeat(starts, counts)  # rank within its group
+        self.flat = np.repeat(np.arange(groups) * self.shape[1], counts) + self.slot
+
+    def __call__(self, values: np.ndarray) -> np.ndarray:
+        out = np.full(self.shape, -1, np.int32)
+        out.reshape(-1)[self.flat] = values
+        return out
 
 
 def _build_plan(
-    pattern, n, machine, dt, pdt, amp, s, tps, serial, bands, used, tile, cycles, nbytes, memory, dense, scored
-):
-    gk = pattern.grid[1]
+    pattern, n, machine, dt, pdt, amp, s, tps, serial, bands, used, tile, cycles, nbytes, memory, dense, scored,
+    col_major,
+):  # fmt: skip
     order = bands.order
-    rows = pattern.rows.astype(np.int64)[order]
-    cols = pattern.cols.astype(np.int64)[order]
-    # Blocks, in row order within each tile (band order is tile-major).
-    tile_blocks, _ = _pad_rows(order, tile, tps)
+    rows = pattern.rows[order]
+    cols = pattern.cols[order]
+    # Blocks, in row order within each tile.
+    by_tile = _Padding(tile, tps)
+    tile_blocks = by_tile(order)
     # Distinct rows: band order is sorted by (tile, row).
     new_row = np.ones(tile.size, bool)
     new_row[1:] = (tile[1:] != tile[:-1]) | (rows[1:] != rows[:-1])
     tile_rows, _ = _pad_rows(rows[new_row], tile[new_row], tps)
     row_id = np.cumsum(new_row) - 1  # global index of each block's (tile, row) pair
-    first_pair = np.concatenate([[0], np.cumsum(np.bincount(tile[new_row], minlength=tps))[:-1]])
-    local_row = row_id - first_pair[tile] if tile.size else row_id
-    # Distinct columns, sorted per tile.
-    uniq, inv = np.unique(tile * gk + cols, return_inverse=True)
-    tile_cols, col_slot = _pad_rows(uniq % gk, uniq // gk, tps)
-    local_col = col_slot[inv] if tile.size else inv
-    tile_local_row, _ = _pad_rows(local_row, tile, tps)
-    tile_local_col, _ = _pad_rows(local_col, tile, tps)
-    # Band of each local tile.
+    rows_per_tile = np.bincount(tile[new_row], minlength=tps)
+    first_pair = np.cumsum(rows_per_tile) - rows_per_tile
+    local_row = row_id - first_pair[tile]
+    # Distinct columns, sorted per tile. In column-major order a column's tiles are non-decreasing (its band's
+    # tiles take its blocks in row order), so a stable sort by tile (a radix sort) orders blocks by (tile, column).
+    by_col = bands.by_col(col_major)
+    by_tc = by_col[np.argsort(_small_int(tile[by_col], tps), kind="stable")]
+    t_tc, c_tc = tile[by_tc], cols[by_tc]
+    new_pair = np.ones(tile.size, bool)
+    new_pair[1:] = (t_tc[1:] != t_tc[:-1]) | (c_tc[1:] != c_tc[:-1])
+    tile_cols, col_slot = _pad_rows(c_tc[new_pair], t_tc[new_pair], tps)
+    local_col = np.empty(tile.size, np.int64)
+    local_col[by_tc] = col_slot[np.cumsum(new_pair) - 1]
+    tile_local_row = by_tile(local_row)
+    tile_local_col = by_tile(local_col)
+    # Band of each local tile: the bands' tiles are consecutive.
     tile_band = np.full(tps, -1, np.int32)
-    tile_band[tile] = bands.band
+    tile_band[: int(used.sum())] = np.repeat(np.arange(used.size), used)
     grain = machine.column_grain(dt)
     return Plan(
         pattern=pattern,
