@@ -25,17 +25,23 @@ from blocksparse.bench import figures, require_matplotlib
 plt = require_matplotlib()  # ImportError naming `pip install 'blocksparse[bench]'` without it
 
 
-def _time_vs_density_axes(ax, ds, n: int) -> None:
-    """The ideal line (time = density x dense), dense itself, log axes, labels and legend."""
-    ax.plot(ds, ds, "k--", lw=0.8, label="ideal (= density)")
+def _density_axes(ax, ds, ideal, ideal_label: str, ylabel: str, title: str, **legend) -> None:
+    """The ideal line, dense itself (1), log axes against a decreasing density, labels and legend."""
+    ax.plot(ds, ideal, "k--", lw=0.8, label=ideal_label)
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
     ax.invert_xaxis()
     ax.set_xlabel("density")
-    ax.set_ylabel("time / dense jnp.dot time")
-    ax.set_title(f"8192 x 8192 @ 8192 x {n}, bf16, H200")
-    ax.legend(fontsize=7, ncol=2)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, **legend)
+
+
+def _time_vs_density_axes(ax, ds, n: int) -> None:
+    """Time over dense: the ideal is the density itself."""
+    _density_axes(ax, ds, ds, "ideal (= density)", "time / dense jnp.dot time", f"8192 x 8192 @ 8192 x {n}, bf16, H200",
+                  ncol=2)  # fmt: skip
 
 
 def plot_matmul(path: str, out: str) -> str:
@@ -183,15 +189,7 @@ def _products_panel(ax, rows, title: str) -> None:
         ds = [r["params"]["density"] for r in cell]
         ax.plot(ds, [r["metrics"]["dense_busy_us"] / r["metrics"]["busy_us"] for r in cell], "o-", label=f"b={b}")
     ds = sorted({r["params"]["density"] for r in rows}, reverse=True)
-    ax.plot(ds, [1 / d for d in ds], "k--", lw=0.8, label="ideal (1 / density)")
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log", base=2)
-    ax.invert_xaxis()
-    ax.set_xlabel("density")
-    ax.set_ylabel("speedup over dense (busy time)")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
+    _density_axes(ax, ds, [1 / d for d in ds], "ideal (1 / density)", "speedup over dense (busy time)", title)
 
 
 def plot_decode_products(paths, out: str) -> str:

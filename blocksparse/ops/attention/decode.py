@@ -27,6 +27,8 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
+from ... import hardware
+from ..._util import cdiv, check_positive_int, next_power_of_2
 from .. import _dispatch
 
 __all__ = [
@@ -75,6 +77,10 @@ def _check_range(lo, hi, size: int) -> None:
 def decode_attention_reference(q, k_cache, v_cache, lo, hi, *, scale: float | None = None) -> jax.Array:
     """:func:`decode_attention` in XLA: scores in float32, masked outside slots ``lo .. hi``, softmax, values."""
     _check(q, k_cache, v_cache, lo, hi)
+    return _attention_xla(q, k_cache, v_cache, lo, hi, scale)
+
+
+def _attention_xla(q, k_cache, v_cache, lo, hi, scale):
     b, nh, d = q.shape
     size, nk = k_cache.shape[1], k_cache.shape[2]
     scale = 1 / math.sqrt(d) if scale is None else scale
@@ -128,18 +134,26 @@ def _kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, o_ref, *, group, rows, chunk, s
     plgpu.store(o_ref.at[bi, pl.ds(kh * group, rows), :], out, mask=live)
 
 
+def _whole_chunks(k_cache, v_cache, chunk: int):
+    """The caches padded to whole chunks of slots (a copy; the pad is beyond every ``hi``, never attended to), or
+    ``None`` when they are whole already."""
+    size = k_cache.shape[1]
+    padded = cdiv(size, chunk) * chunk
+    if padded == size:
+        return None
+    pad = ((0, 0), (0, padded - size), (0, 0), (0, 0))
+    return jnp.pad(k_cache, pad), jnp.pad(v_cache, pad)
+
+
 @functools.partial(jax.jit, static_argnames=("scale",))
 def _pallas(q, k_cache, v_cache, lo, hi, *, scale):
     from jax.experimental.pallas import triton as plgpu
 
     b, nh, d = q.shape
-    size, nk = k_cache.shape[1], k_cache.shape[2]
+    nk = k_cache.shape[2]
     group = nh // nk
-    rows = max(16, 1 << (group - 1).bit_length())
-    padded = -(-size // CHUNK) * CHUNK
-    if padded != size:  # whole chunks (the pad is beyond hi, never attended to)
-        pad = ((0, 0), (0, padded - size), (0, 0), (0, 0))
-        k_cache, v_cache = jnp.pad(k_cache, pad), jnp.pad(v_cache, pad)
+    rows = next_power_of_2(group, 16)
+    k_cache, v_cache = _whole_chunks(k_cache, v_cache, CHUNK) or (k_cache, v_cache)
     # q padded so each program's ``rows``-row slice stays inside the array.
     qp = jnp.pad(q, ((0, 0), (0, (nk - 1) * group + rows - nh), (0, 0)))
     kernel = functools.partial(_kernel, group=group, rows=rows, chunk=CHUNK, scale=scale)
@@ -182,7 +196,7 @@ def decode_attention(q, k_cache, v_cache, lo, hi, *, scale: float | None = None)
     lo, hi = jnp.asarray(lo, jnp.int32), jnp.asarray(hi, jnp.int32)
     if _use_kernel(q.shape[-1], 16):
         return _pallas(q, k_cache, v_cache, lo, hi, scale=scale)
-    return decode_attention_reference(q, k_cache, v_cache, lo, hi, scale=scale)
+    return _attention_xla(q, k_cache, v_cache, lo, hi, scale)
 
 
 def _check_step(qkv, cos, sin, k_cache, v_cache, lo, hi):
@@ -216,6 +230,10 @@ def decode_step_attention_reference(qkv, cos, sin, k_cache, v_cache, lo, hi, *, 
     """:func:`decode_step_attention` in XLA: the rotary embedding, the cache updates, then
     :func:`decode_attention_reference`."""
     heads = _check_step(qkv, cos, sin, k_cache, v_cache, lo, hi)
+    return _step_xla(qkv, cos, sin, k_cache, v_cache, lo, hi, heads, scale)
+
+
+def _step_xla(qkv, cos, sin, k_cache, v_cache, lo, hi, heads, scale):
     nk = k_cache.shape[2]
     c, s = cos[:, None].astype(jnp.float32), sin[:, None].astype(jnp.float32)
     q = _rope(qkv[:, :heads], c, s)
@@ -224,7 +242,7 @@ def decode_step_attention_reference(qkv, cos, sin, k_cache, v_cache, lo, hi, *, 
     rows = jnp.arange(qkv.shape[0])
     hi = jnp.asarray(hi, jnp.int32)
     k_cache, v_cache = k_cache.at[rows, hi].set(k), v_cache.at[rows, hi].set(v)
-    return decode_attention_reference(q, k_cache, v_cache, lo, hi, scale=scale), k_cache, v_cache
+    return _attention_xla(q, k_cache, v_cache, lo, hi, scale), k_cache, v_cache
 
 
 def _step_kernel(lo_ref, hi_ref, qkv_ref, cos_ref, sin_ref, k_ref, v_ref, *refs, heads, group, rows, chunk, scale,
@@ -309,16 +327,13 @@ def _step_pallas(qkv, cos, sin, k_cache, v_cache, lo, hi, *, scale, chunk, parts
     size, nk = k_cache.shape[1], k_cache.shape[2]
     heads = qkv.shape[1] - 2 * nk
     group = heads // nk
-    rows = max(16, 1 << (group - 1).bit_length())
+    rows = next_power_of_2(group, 16)
     out_heads = max(heads, rows)
     if out_heads != heads:  # fewer heads than a tile (small models): the q rows padded, the output sliced
         qkv = jnp.concatenate([jnp.pad(qkv[:, :heads], ((0, 0), (0, rows - heads), (0, 0))), qkv[:, heads:]], 1)
-    padded = -(-size // chunk) * chunk
-    reads = ()  # the walk reads the cache itself (aliased to the output: updated in place) ...
-    if padded != size:  # ... or a copy in whole chunks (the pad is beyond hi, never attended to), on each call
-        pad = ((0, 0), (0, padded - size), (0, 0), (0, 0))
-        reads = (jnp.pad(k_cache, pad), jnp.pad(v_cache, pad))
-    parts = min(parts, padded // chunk)
+    # The walk reads the cache itself (aliased to the output: updated in place), or its copy in whole chunks.
+    reads = _whole_chunks(k_cache, v_cache, chunk) or ()
+    parts = min(parts, cdiv(size, chunk))
     if parts == 1:
         outs = (jax.ShapeDtypeStruct((b, out_heads, d), qkv.dtype),)
     else:  # each part's running maximum, total and weighted values, float32
@@ -349,10 +364,8 @@ def _step_pallas(qkv, cos, sin, k_cache, v_cache, lo, hi, *, scale, chunk, parts
 def default_parts(batch: int, kv_heads: int, size: int, chunk: int = CHUNK) -> int:
     """Parts per (sequence, kv head) that :func:`decode_step_attention` splits a walk into: enough programs for every
     multiprocessor of the GPU (one part off GPUs), at most one per chunk of the cache."""
-    from ...hardware import current
-
-    sms = current().num_sms
-    return max(1, min(-(-size // chunk), sms // max(batch * kv_heads, 1)))
+    sms = hardware.current().num_sms
+    return max(1, min(cdiv(size, chunk), sms // max(batch * kv_heads, 1)))
 
 
 def _use_kernel(head_dim: int, smallest: int) -> bool:
@@ -399,13 +412,13 @@ def decode_step_attention(qkv, cos, sin, k_cache, v_cache, lo, hi, *, scale: flo
     >>> out.shape, bool((v_cache[:, 9] == qkv[:, 6:]).all())
     ((2, 4, 32), True)
     """
-    _check_step(qkv, cos, sin, k_cache, v_cache, lo, hi)
+    heads = _check_step(qkv, cos, sin, k_cache, v_cache, lo, hi)
     scale = 1 / math.sqrt(qkv.shape[-1]) if scale is None else float(scale)
     lo, hi = jnp.asarray(lo, jnp.int32), jnp.asarray(hi, jnp.int32)
     if parts is None:
         parts = default_parts(qkv.shape[0], k_cache.shape[2], k_cache.shape[1])
-    elif isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
-        raise ValueError(f"Expected parts a positive int (or None). Got {parts!r}.")
+    else:
+        check_positive_int(parts, "parts", hint=" (or None)")
     if _use_kernel(qkv.shape[-1], 32):
         return _step_pallas(qkv, cos, sin, k_cache, v_cache, lo, hi, scale=scale, chunk=CHUNK, parts=parts)
-    return decode_step_attention_reference(qkv, cos, sin, k_cache, v_cache, lo, hi, scale=scale)
+    return _step_xla(qkv, cos, sin, k_cache, v_cache, lo, hi, heads, scale)
