@@ -218,6 +218,7 @@ def plot_decode_products(paths, out: str) -> str:
 #: benchmarks/results; tokens/s over the dense model's. The dense model is the same file's where it has one; the
 #: attention step's probe timed dense at batch 1 only, so its batch 8 bar is over the attention probe's dense.
 _ATT = "decode_attention_1b_h200.json"
+_GEN = "decode_gen_norms_h200.json"
 _STEP = "decode_step_attention_1b_h200.json"
 GENERATION_BARS = {
     "pruned, fused, XLA attention": {1: ((_ATT, "attention_xla_vs_cudnn", "b1_fused_xla"),
@@ -235,6 +236,11 @@ GENERATION_BARS = {
     "Pallas attention step": {1: ((_STEP, "run3_parts", "b1_pallasP4"), (_STEP, "run1_chunks", "b1_dense")),
                               8: ((_STEP, "run3_parts", "b8_pallasP2"),
                                   (_ATT, "attention_xla_vs_cudnn", "b8_dense_xla"))},
+    "Pallas steps (attention step and norms)": {
+        1: ((_GEN, "generate b=64 d=1/8 batch=1 [random weights]", "fused_attention_tokens_per_s"),
+            (_GEN, "generate dense batch=1 [random weights]", "tokens_per_s")),
+        8: ((_GEN, "generate b=64 d=1/8 batch=8 [random weights]", "fused_attention_tokens_per_s"),
+            (_GEN, "generate b=64 d=1/8 batch=8 [random weights]", "dense_tokens_per_s"))},  # its own run's dense
 }  # fmt: skip
 
 
@@ -243,10 +249,19 @@ def plot_decode_generation(results: str, out: str) -> str:
     docs = {}
 
     def tok_s(name, section, key):
+        """A probe's ``doc[section][key]["tok_s"]``, or a bench run's metric ``key`` of the cell labelled ``section``
+        (``dense_tokens_per_s``: from the cell's ``dense_loop_ms``, the dense model timed in the same process)."""
         if name not in docs:
             with open(os.path.join(results, name)) as f:
                 docs[name] = json.load(f)
-        return docs[name][section][key]["tok_s"]
+        doc = docs[name]
+        if "results" not in doc:
+            return doc[section][key]["tok_s"]
+        cell = next(c for c in doc["results"] if c["label"] == section)
+        if key == "dense_tokens_per_s":
+            p = cell["params"]
+            return p["batch"] * p["new_tokens"] / (cell["metrics"]["dense_loop_ms"] * 1e-3)
+        return cell["metrics"][key]
 
     batches = (1, 8)
     fig, ax = plt.subplots(figsize=(7, 4))

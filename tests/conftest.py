@@ -48,6 +48,16 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def kernels_here():
+    """The Pallas kernels for real on a GPU, in the interpreter elsewhere (``pytestmark =
+    pytest.mark.usefixtures("kernels_here")`` in a kernel's test module)."""
+    from blocksparse.ops import _dispatch
+
+    with _dispatch.interpret(not has_gpu()):
+        yield
+
+
+@pytest.fixture
 def getkey():
     """A fresh PRNG key per call, seeded per test."""
     state = {"key": jax.random.key(0)}

@@ -21,7 +21,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from blocksparse.models import LlamaConfig, LlamaModel, generate
-from blocksparse.ops import _dispatch as dispatch
 from blocksparse.ops.attention import (
     decode_attention,
     decode_attention_reference,
@@ -33,11 +32,7 @@ ON_GPU = has_gpu()
 TOL = {jnp.dtype(jnp.float32): 1e-5, jnp.dtype(jnp.bfloat16): 2e-2, jnp.dtype(jnp.float16): 4e-3}
 
 
-@pytest.fixture(autouse=True)
-def kernels():
-    """The real kernel on a GPU, the interpreter elsewhere."""
-    with dispatch.interpret(not ON_GPU):
-        yield
+pytestmark = pytest.mark.usefixtures("kernels_here")
 
 
 def numpy_attention(q, k, v, lo, hi, scale):

@@ -28,11 +28,7 @@ TOL = {jnp.dtype(jnp.float32): 2e-5, jnp.dtype(jnp.bfloat16): 2e-2, jnp.dtype(jn
 HIGHEST = jax.lax.Precision.HIGHEST
 
 
-@pytest.fixture(autouse=True)
-def kernels():
-    """The real kernels on a GPU, the interpreter elsewhere."""
-    with dispatch.interpret(not ON_GPU):
-        yield
+pytestmark = pytest.mark.usefixtures("kernels_here")
 
 
 def _pattern(kind: str, rng, grid, block, density):

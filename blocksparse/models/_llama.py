@@ -36,6 +36,7 @@ from .._safetensors import write as write_safetensors
 from .._util import Pytree
 from ..ops.attention import CHUNK as ATTENTION_CHUNK
 from ..ops.attention import decode_step_attention
+from ..ops.norm import rms_norm, rms_norm_reference
 from ._bert import _apply, dense_projection, sparse_projection
 
 __all__ = [
@@ -229,9 +230,14 @@ class RMSNorm(Pytree):
     eps: float = 1e-5
 
     def __call__(self, x) -> jax.Array:
-        x32 = x.astype(jnp.float32)
-        y = (x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), -1, keepdims=True) + self.eps)).astype(x.dtype)
-        return self.weight.astype(x.dtype) * y
+        return rms_norm_reference(x, self.weight, eps=self.eps)
+
+    def add(self, x, residual=None) -> tuple[jax.Array, jax.Array]:
+        """``(s, norm(s))`` with ``s = x + residual`` (``x`` when ``residual`` is ``None``), in one launch
+        (:func:`blocksparse.ops.norm.rms_norm`: a Pallas kernel on a GPU)."""
+        if residual is None:
+            return x, rms_norm(x, self.weight, eps=self.eps)
+        return rms_norm(x, self.weight, eps=self.eps, residual=residual)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,18 +298,12 @@ class LlamaLayer(Pytree):
         ``attention``: :data:`ATTENTION` (``"cudnn"`` and ``"pallas"`` serve one-token steps; longer ones stay on
         XLA); ``bounds``: ``(lo, hi)`` ``(b,)``, the first and last slot each sequence attends to (one-token steps).
         """
+        if attention == "pallas" and bounds is not None:  # bounds: given for one-token steps
+            x, delta, k_cache, v_cache = self.decode_step(x, None, cos, sin, k_cache, v_cache, bounds)
+            return x + delta, k_cache, v_cache
         b, t, _ = x.shape
         nh, nk, d = self.num_heads, self.num_kv_heads, self.head_dim
         h = self.input_norm(x)
-        if attention == "pallas" and bounds is not None:  # bounds: given for one-token steps
-            # One kernel: the rotary embedding of the new q and k, the cache updates, the attention.
-            if self.qkv is not None:
-                qkv = _apply(self.qkv, h)
-            else:
-                qkv = jnp.concatenate([_apply(self.q, h), _apply(self.k, h), _apply(self.v, h)], axis=-1)
-            ctx, k_cache, v_cache = decode_step_attention(qkv.reshape(b, nh + 2 * nk, d), cos[:, 0], sin[:, 0],
-                                                          k_cache, v_cache, *bounds)  # fmt: skip
-            return self._rest(x, ctx[:, None], k_cache, v_cache)
         if self.qkv is not None:  # fused: one product, split
             q, k, v = jnp.split(_apply(self.qkv, h), [nh * d, (nh + nk) * d], axis=-1)
         else:
@@ -325,17 +325,39 @@ class LlamaLayer(Pytree):
             ctx = jnp.einsum("bkgts,bskd->btkgd", probs, v_cache, preferred_element_type=jnp.float32).astype(x.dtype)
         return self._rest(x, ctx, k_cache, v_cache)
 
+    def decode_step(self, x, delta, cos, sin, k_cache, v_cache, bounds):
+        """A one-token step in Pallas kernels: ``x (b, 1, hidden)`` with ``delta``, the previous layer's last residual
+        term not yet added (``None``: none), at slots ``bounds = (lo, hi)`` ``(b,)``; returns ``(x, delta, k_cache,
+        v_cache)``, this layer's output being ``x + delta``.
+
+        Each residual add runs in the launch of the RMSNorm after it (:func:`blocksparse.ops.norm.rms_norm`), and the
+        rotary embedding, the cache update and the attention in one more
+        (:func:`blocksparse.ops.attention.decode_step_attention`): handing the last add to the next layer's norm is
+        what lets it join a launch.
+        """
+        b = x.shape[0]
+        nh, nk, d = self.num_heads, self.num_kv_heads, self.head_dim
+        x, h = self.input_norm.add(x, delta)
+        if self.qkv is not None:
+            qkv = _apply(self.qkv, h)
+        else:
+            qkv = jnp.concatenate([_apply(self.q, h), _apply(self.k, h), _apply(self.v, h)], axis=-1)
+        ctx, k_cache, v_cache = decode_step_attention(qkv.reshape(b, nh + 2 * nk, d), cos[:, 0], sin[:, 0], k_cache,
+                                                      v_cache, *bounds)  # fmt: skip
+        x, h = self.post_norm.add(x, _apply(self.o, ctx.reshape(b, 1, nh * d)))
+        return x, _apply(self.down, self._mlp(h)), k_cache, v_cache
+
     def _rest(self, x, ctx, k_cache, v_cache):
         """The layer after its attention: the output projection and residual, the MLP and residual."""
         b, t, _ = x.shape
         x = x + _apply(self.o, ctx.reshape(b, t, self.num_heads * self.head_dim))
-        h = self.post_norm(x)
+        return x + _apply(self.down, self._mlp(self.post_norm(x))), k_cache, v_cache
+
+    def _mlp(self, h):
         if self.gate_up is not None:  # fused: one product, then SiLU(gate) * up
             gate, up = jnp.split(_apply(self.gate_up, h), 2, axis=-1)
-            mlp = _silu(gate) * up
-        else:
-            mlp = _apply(self.gate, h) * _apply(self.up, h)  # the gate's SiLU is fused into its product
-        return x + _apply(self.down, mlp), k_cache, v_cache
+            return _silu(gate) * up
+        return _apply(self.gate, h) * _apply(self.up, h)  # the gate's SiLU is fused into its product
 
 
 @dataclasses.dataclass(frozen=True)
@@ -375,7 +397,8 @@ class LlamaModel(Pytree):
     def with_attention(self, attention: str) -> LlamaModel:
         """The same model with its decode steps' attention run by ``attention`` (:data:`ATTENTION`): ``"pallas"``
         (:func:`blocksparse.ops.attention.decode_step_attention`: rotary embedding, cache update and attention in one
-        launch per layer on a GPU, XLA elsewhere),
+        launch per layer on a GPU, XLA elsewhere; the RMSNorms of those steps then run with the residual add before
+        them in one launch each, :func:`blocksparse.ops.norm.rms_norm`),
         ``"cudnn"`` (cuDNN's fused attention, an NVIDIA GPU and half-precision compute) or ``"xla"`` (einsums and a
         softmax, the default). Prefills (more than one token per step) always run on XLA."""
         _check_attention(attention, self.dtype)
@@ -420,11 +443,19 @@ class LlamaModel(Pytree):
         x = jnp.take(self.embed, tokens, axis=0).astype(self.dtype)
         bounds = (pad, jnp.broadcast_to(slots[0], (b,))) if t == 1 else None
         ks, vs = [], []
-        for layer, kc, vc in zip(self.layers, cache.k, cache.v, strict=True):
-            x, kc, vc = layer(x, cos, sin, kc, vc, start, key_mask, self.attention, bounds)
-            ks.append(kc)
-            vs.append(vc)
-        h = self.norm(x[:, -1:] if last else x)
+        if self.attention == "pallas" and t == 1:  # each residual add joins the launch of the norm after it
+            delta = None
+            for layer, kc, vc in zip(self.layers, cache.k, cache.v, strict=True):
+                x, delta, kc, vc = layer.decode_step(x, delta, cos, sin, kc, vc, bounds)
+                ks.append(kc)
+                vs.append(vc)
+            h = self.norm.add(x, delta)[1]
+        else:
+            for layer, kc, vc in zip(self.layers, cache.k, cache.v, strict=True):
+                x, kc, vc = layer(x, cos, sin, kc, vc, start, key_mask, self.attention, bounds)
+                ks.append(kc)
+                vs.append(vc)
+            h = self.norm(x[:, -1:] if last else x)
         if self.lm_head is None:
             logits = jnp.einsum("bth,vh->btv", h, self.embed.astype(h.dtype), preferred_element_type=jnp.float32)
         else:
