@@ -24,8 +24,8 @@ QUICK_FRACTION = 8
 MIN_EXAMPLES = 2
 
 _HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large]
-# Tests without their own count: 5 examples in quick runs, 20 (the count of the suite before the split) in slow ones.
-settings.register_profile("ci", max_examples=5, deadline=None, suppress_health_check=_HEALTH)
+# Tests without their own count: 3 examples in quick runs, 20 (the count of the suite before the split) in slow ones.
+settings.register_profile("ci", max_examples=3, deadline=None, suppress_health_check=_HEALTH)
 settings.register_profile("slow", max_examples=20, deadline=None, suppress_health_check=_HEALTH)
 
 

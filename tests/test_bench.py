@@ -404,7 +404,7 @@ MOSAIC_TINY = dict(dtype="float16", variants=True, dsd=(128, (64,), (64,), (2,),
                    bands=((("dsd", 128, 128, 64),), (16,), (2,)))  # fmt: skip
 
 
-@sweep("kind", ["dsd", "dds", "sdd", "bands"], quick=1)  # the kernels themselves: their own interpreter tests
+@sweep("kind", ["dsd", "dds", "sdd", "bands"], quick=0)  # the kernels themselves: their own interpreter tests
 def test_mosaic_cells_run_every_kernel_and_a_forced_variant_in_the_interpreter(kind, monkeypatch):
     """On a faked H200 the cell runs dense, XLA, Triton, Mosaic and its config= variants, each checked."""
     variants = {

@@ -13,6 +13,7 @@ def bench():
     return bench_scripts.load("bench_gnn")
 
 
+@pytest.mark.slow
 def test_two_dtypes_the_suites_cells_and_the_peers_skipped(bench, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # torch missing: its cells are skipped, the JAX ones run
     out = tmp_path / "gnn.json"

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import examples
+from helpers import examples, sweep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -112,6 +112,7 @@ def test_packed_nan_inf_ties_and_isolated_nodes(interp):
         assert np.isnan(y[dst[5], 3])
 
 
+@pytest.mark.slow
 def test_packed_one_node_with_every_edge(interp):
     rng = np.random.default_rng(5)
     n, e = 9, 700
@@ -145,7 +146,7 @@ def test_packed_empty_graphs(interp):
         np.testing.assert_array_equal(dx, 0.0)
 
 
-@pytest.mark.parametrize("dtype, reduce", [(jnp.bfloat16, "max"), (jnp.float16, "min")])
+@sweep("dtype, reduce", [(jnp.bfloat16, "max"), (jnp.float16, "min")])
 def test_packed_half_precision(interp, dtype, reduce):
     rng = np.random.default_rng(8)
     dst = np.concatenate([rng.integers(0, 50, 300), np.full(200, 9)])  # node 9: 200+ in-edges, two chunks
@@ -187,6 +188,7 @@ def test_packed_dynamic_graph_under_jit(interp):
             np.testing.assert_allclose(dwant, O.extreme_grad(src, dst, n, x, ct, "max"), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_packed_vmap(interp):
     g = gnn.power_law(50, 400, seed=1)
     xb = jax.random.normal(jax.random.key(0), (3, 50, 8))
@@ -197,6 +199,7 @@ def test_packed_vmap(interp):
     np.testing.assert_array_equal(gb, ga)
 
 
+@pytest.mark.slow
 def test_length_order():
     g = gnn.power_law(300, 4000, seed=3, heavy_quantile=0.9)
     lens = g.schedule.main_end - g.indptr[:-1]

@@ -85,8 +85,7 @@ def _close(got, want, what):
 @sweep(
     "name,shape",
     [(name, shape) for shape in [(1, 128), (8, 16)] for name in VARIANTS],
-    quick=[(n, (1, 128)) for n in ("default", "flat", "groups+deferred+w2")]  # each layout once; the rest: slow
-    + [(n, (8, 16)) for n in ("default", "deferred")],
+    quick=[("groups+deferred+w2", (1, 128)), ("default", (8, 16))],  # the rest: slow
     ids=lambda v: f"H{v[0]}xD{v[1]}" if isinstance(v, tuple) else None,
 )
 def test_gatv2_variant_matches_reference(graph, name, shape):
@@ -174,7 +173,7 @@ def test_config_is_checked():
 
 # Quick: every layout eager and deferred (eight heads run groups as heads: heads + deferred), 8 to 64 edges per
 # step, 1 to 8 warps; make test-slow lowers the rest too.
-@sweep("name", list(VARIANTS), quick=["default", "previous", "groups+deferred+w2", "be8+w1", "be64+w8"])
+@sweep("name", list(VARIANTS), quick=["default", "groups+deferred+w2"])
 def test_every_variant_lowers_to_triton(name):
     from test_gnn_pallas import _lower_for_cuda, lowering_graph
 

@@ -167,6 +167,7 @@ def test_spmm_variants_match_reference(graph, interp, dtype, nodes):
         np.testing.assert_array_equal(_as32(got_wi)[n - 3 :], _as32(init)[n - 3 :])  # ... or init
 
 
+@pytest.mark.slow
 def test_spmm_pairs_two_feature_blocks_and_odd_features(graph, interp):
     g, n = graph, graph.num_nodes
     for f, nodes in ((130, None), (130, 4), (21, None), (21, 2)):  # two blocks (the second's pair columns offset)
@@ -218,6 +219,7 @@ def test_extreme_pairs_wide_and_odd_features(graph, interp):
         _check_extreme(graph, x, not is_max, nodes, V(pairs=True, tile_bytes=True), True, refs)
 
 
+@pytest.mark.slow
 def test_extreme_all_nan_and_all_inf_nodes(interp):
     # node 0's in-edges all carry NaN, node 1's all -inf, node 2's all +inf; node 3 is isolated
     src, dst = np.array([0, 1, 2, 0, 1, 2, 4, 4]), np.array([0, 0, 1, 1, 2, 2, 4, 4])
@@ -243,6 +245,7 @@ def _arg_grad(g, arg, dout):
     return dx
 
 
+@pytest.mark.slow
 @sweep("dtype", [jnp.bfloat16, jnp.float32], quick=[jnp.float32], ids=lambda d: jnp.dtype(d).name)
 def test_with_arg_sweep_rows_match_the_oracle(graph, interp, dtype):
     # the kernels of the gnn-variants suite's arg-max cells: values and the arg-max / arg-min positions (through
@@ -270,6 +273,7 @@ def test_with_arg_sweep_rows_match_the_oracle(graph, interp, dtype):
     assert len(seen) == (7 if jnp.dtype(dtype).itemsize == 2 else 4)  # the distinct kernels the GPU sweep times
 
 
+@pytest.mark.slow
 def test_with_arg_sweep_rows_lower_to_triton():
     # the GPU sweep's arg-max rows, bfloat16 (pairs and byte-sized tiles apply) and float32, lower for CUDA
     from test_gnn_pallas import _lower_for_cuda, lowering_graph

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import examples
+from helpers import examples, sweep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -55,6 +55,7 @@ def test_exported_from_bs_gnn():
     assert (g.num_nodes, g.num_edges) == (1422, 4637) and "synthetic" in g.name
 
 
+@pytest.mark.slow
 @given(name=st.sampled_from(sorted(PAPER_GRAPH_SPECS)), scale=st.floats(2e-3, 2e-2), seed=st.integers(0, 2**31))
 @settings(max_examples=examples(12), deadline=None)
 def test_scaled_sizes_exact_simple_and_symmetric(name, scale, seed):
@@ -81,7 +82,7 @@ def test_seeded():
     assert not np.array_equal(a[1], c[1])
 
 
-@pytest.mark.parametrize(("name", "max_in", "max_out"), [("ogbn-arxiv", 13_155, 500), ("twitch-views", 35_279, 35_279)])
+@sweep(("name", "max_in", "max_out"), [("ogbn-arxiv", 13_155, 500), ("twitch-views", 35_279, 35_279)])
 def test_full_size_degree_skew(name, max_in, max_out):
     src, dst, n = paper_graph_edges(name)
     spec = PAPER_GRAPH_SPECS[name]
@@ -121,6 +122,7 @@ def test_bad_input():
         paper_graph_edges("twitch-views", scale=1e-4)
 
 
+@pytest.mark.slow
 @given(g=graphs(max_nodes=16, max_edges=40), chunk=st.integers(1, 64), heads=st.sampled_from([1, 2]))
 @settings(max_examples=examples(6), deadline=None)  # each example compiles its own shapes
 def test_chunked_reference_matches_segment_ops(g, chunk, heads):

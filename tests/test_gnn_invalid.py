@@ -77,9 +77,9 @@ def _star(values, num_nodes=None):
     return g, x
 
 
-@pytest.mark.parametrize("values", [[np.nan, 50, 1], [np.nan, 1], [50, np.nan, 1], [1, 50, np.nan], [np.nan, np.nan]])
-@pytest.mark.parametrize("reduce", ["max", "min"])
-@pytest.mark.parametrize("impl", IMPLS)
+@sweep("values", [[np.nan, 50, 1], [np.nan, 1], [50, np.nan, 1], [1, 50, np.nan], [np.nan, np.nan]])
+@sweep("reduce", ["max", "min"], quick=2)
+@sweep("impl", IMPLS, quick=len(IMPLS))
 def test_max_min_propagate_nan(values, reduce, impl):
     g, x = _star(values)
     f = lambda i: jax.vjp(lambda x: gnn.aggregate(g, x, reduce, implementation=i), x)

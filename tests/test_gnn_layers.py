@@ -323,7 +323,7 @@ def transformer_dense(conv, x, ei):
     return b * xr + (1 - b) * out
 
 
-@pytest.mark.parametrize(("which", "kind"), [("gcn", "graph"), ("gat", "edge_index"), ("transformer", "dynamic")])
+@sweep(("which", "kind"), [("gcn", "graph"), ("gat", "edge_index"), ("transformer", "dynamic")])
 def test_gradients_match_dense(which, kind):
     ei = _graph(11)
     key = jax.random.key(2)

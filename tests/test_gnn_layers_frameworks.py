@@ -17,7 +17,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from helpers import examples
+from helpers import examples, sweep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -89,7 +89,7 @@ def _plain_value_and_grads(plain, x, ei, kw, num_edges, key=None):
 
 
 # ------------------------------------------------------------------------------------ equal to the plain layers
-@pytest.mark.parametrize("name", list(CONFIGS))
+@sweep("name", list(CONFIGS))
 @settings(max_examples=examples(3), deadline=None)
 @given(seed=st.integers(0, 2**16), e=st.integers(0, E_CAP), dropout_key=st.booleans())
 def test_flax_module_equals_the_plain_layer(name, seed, e, dropout_key):
@@ -112,7 +112,7 @@ def test_flax_module_equals_the_plain_layer(name, seed, e, dropout_key):
         np.testing.assert_allclose(g, getattr(want, n), **TOL, err_msg=n)
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
+@sweep("name", list(CONFIGS))
 @settings(max_examples=examples(3), deadline=None)
 @given(seed=st.integers(0, 2**16), e=st.integers(0, E_CAP), dropout_key=st.booleans())
 def test_equinox_module_equals_the_plain_layer(name, seed, e, dropout_key):

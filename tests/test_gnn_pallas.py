@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import examples
+from helpers import examples, sweep
 from hypothesis import given, settings
 
 import blocksparse as bs
@@ -100,6 +100,7 @@ def test_interpret_heavy_chunks_and_wide_features(interp):
         np.testing.assert_array_equal(v1, v2)
 
 
+@pytest.mark.slow
 def test_interpret_transpose_heavy_sources(interp):
     # one source with a huge out-degree: the backward's source pass splits it into chunks
     rng = np.random.default_rng(1)
@@ -110,6 +111,7 @@ def test_interpret_transpose_heavy_sources(interp):
     _compare(g, feat=8, heads=2, dim=8, key=jax.random.key(2), names=["spmm", "gatv2", "graph_attention"])
 
 
+@pytest.mark.slow
 def test_interpret_bf16(interp):
     g = gnn.power_law(40, 500, seed=5, heavy_quantile=0.5)
     x = _rand(jax.random.key(4), (40, 16), jnp.bfloat16)
@@ -247,7 +249,7 @@ def test_gpu_default_is_pallas():
     assert log == [("aggregate", "pallas"), ("gatv2", "pallas")]
 
 
-@pytest.mark.parametrize("dynamic", [False, True])
+@sweep("dynamic", [False, True])
 def test_spmm_into_adds_init_in_the_kernel(dynamic):
     """``init + A x`` (the sharded graphs' second part adds itself to the first's rows): equal to the sum of
     ``init`` and the plain product, with gradient ``ct`` for ``init``; heavy nodes' chunks folded on top."""

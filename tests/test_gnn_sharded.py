@@ -69,9 +69,10 @@ def _random_edges(n, e, seed):
     return np.stack([rng.integers(0, n, e), rng.integers(0, n, e)])
 
 
-@pytest.mark.parametrize(
+@sweep(
     "balance,sources",
     [("edges", "all_gather"), ("nodes", "exchange"), ("edges", "replicated")],
+    quick=[("nodes", "exchange")],
 )
 def test_matches_one_device(balance, sources):
     n, e = 37, 160  # 37 nodes: not a multiple of the 4 devices (the last one holds fewer rows)
@@ -97,7 +98,7 @@ def _adversarial(name):
     raise ValueError(name)
 
 
-@pytest.mark.parametrize("name", ["one_destination", "isolated_and_duplicates", "no_edges"])
+@sweep("name", ["one_destination", "isolated_and_duplicates", "no_edges"])
 def test_adversarial_graphs(name):
     ei, n = _adversarial(name)
     sg = shard_graph(ei, n, MESH, "d")
@@ -108,6 +109,7 @@ def test_adversarial_graphs(name):
     _check(ei, n, sg, norm="left", reduce="min")
 
 
+@pytest.mark.slow
 @settings(max_examples=3)
 @given(
     n=st.integers(1, 30),
@@ -124,6 +126,7 @@ def test_spmm_property(n, e, seed, sources, reduce):
     np.testing.assert_allclose(y, O.spmm(ei[0], ei[1], n, x, reduce=reduce), **TOL)
 
 
+@pytest.mark.slow
 def test_dense_gradients_and_layout():
     """Gradients against a dense adjacency; the output is sharded by rows like x; features (N, 2, 3)."""
     n, e = 40, 200
@@ -287,6 +290,7 @@ def test_pallas_on_gpus():
             np.testing.assert_allclose(gx, wx, rtol=1e-4, atol=1e-6 * float(np.abs(wx).max()) + 1e-4)
 
 
+@pytest.mark.slow
 @sweep("sources", [None, "all_gather", "exchange", "replicated"], quick=1)
 def test_one_device_mesh(sources):
     """A mesh of one device (the docs' "however many devices exist, one included"): the one-device result

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import examples
+from helpers import examples, sweep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -54,6 +54,7 @@ def test_packed_matches_reference_on_random_graphs(g, nodes, weighted, with_init
         _check(g, _normal((n, 5), 0), nodes, w, init)
 
 
+@pytest.mark.slow
 def test_packed_isolated_nodes_weights_init(interp):
     rng = np.random.default_rng(3)
     n = 23  # not a multiple of any group: the last program's missing slots are masked
@@ -66,6 +67,7 @@ def test_packed_isolated_nodes_weights_init(interp):
         np.testing.assert_allclose(_check(g, x, nodes, w, init)[n - 3 :], init[n - 3 :])  # ... or init
 
 
+@pytest.mark.slow
 def test_packed_one_node_with_every_edge(interp):
     rng = np.random.default_rng(5)
     n, e = 9, 700
@@ -89,7 +91,7 @@ def test_packed_empty_graph(interp):
     np.testing.assert_array_equal(K.csr_sum(d, None, jnp.ones((6, 3)), nodes_per_program=4), 0.0)
 
 
-@pytest.mark.parametrize("nodes", [None, 4])
+@sweep("nodes", [None, 4])
 def test_half_precision_heavy_node_is_rounded_once(interp, nodes):
     # A hub split into two chunks whose partial sums nearly cancel: the first sums to 99.25 and the second
     # to -99, exactly. Rounding the first to bfloat16 (spacing 0.5 at 99) before the second is added would
@@ -110,7 +112,7 @@ def test_half_precision_heavy_node_is_rounded_once(interp, nodes):
     np.testing.assert_array_equal(np.asarray(got, np.float32)[hub], 0.25)
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@sweep("dtype", [jnp.bfloat16, jnp.float16])
 def test_packed_half_precision(interp, dtype):
     rng = np.random.default_rng(8)
     dst = np.concatenate([rng.integers(0, 50, 300), np.full(200, 9)])  # node 9: 200+ in-edges, two chunks

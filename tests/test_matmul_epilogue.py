@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import examples
+from helpers import examples, sweep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -99,8 +99,8 @@ def test_bfloat16_casts_once_after_the_epilogue(getkey, impl):
         _check_both_orders(W, getkey(), jnp.bfloat16, "gelu", True, impl, n=32)
 
 
-@pytest.mark.parametrize("activation", [None, *ACTIVATIONS])
-@pytest.mark.parametrize("dynamic", [False, True])
+@sweep("activation", [None, *ACTIVATIONS])
+@sweep("dynamic", [False, True])
 def test_gradients_match_the_unfused_dense_expression(getkey, activation, dynamic):
     W = bs.random(getkey(), (32, 48), 16, 0.5)
     M = bs.DynamicBlockSparseMatrix.from_static(W, capacity=W.nnz_blocks + 2) if dynamic else W

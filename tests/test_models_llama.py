@@ -293,6 +293,7 @@ def test_pruned_model_equals_the_dense_model_of_its_weights(ckpt):
     assert _llama.block_density(g) == pytest.approx(0.25, abs=0.01)
 
 
+@pytest.mark.slow
 def test_fused_projections_give_the_same_model_with_fewer_products(ckpt, tmp_path):
     m = ckpt["model"]
     pruned = prune_decoder(m, 8, 0.5)

@@ -221,6 +221,7 @@ def test_shapes_dtypes_and_bad_input(tiny):
         model.astype(jnp.int32)
 
 
+@pytest.mark.slow
 def test_jit_and_grad_through_the_model(tiny):
     model, tok = tiny
     t = tok(SENTENCES)

@@ -166,6 +166,7 @@ def test_bands_epilogue_and_float32_output_interpret(getkey):
         pb.dds(pat, W.data, x, None, epilogue.Epilogue(None, True, 0), cols, interpret=True)
 
 
+@pytest.mark.slow
 def test_bands_long_band_interpret(getkey):
     """A band of 3 * CHUNK + 5 steps (one full column of W, plus scattered blocks): the metadata table is copied to
     shared memory chunk by chunk, three chunks in flight."""

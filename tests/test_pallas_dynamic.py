@@ -76,7 +76,7 @@ def test_dynamic_pallas_interpret(D, n, max_len, mode, seed):
 @sweep(
     "kind,mode",
     [(k, m) for m in ["scan", "worklist"] for k in ["one_row", "one_col", "empty", "all_padding"]],
-    quick=[("one_row", "scan"), ("one_col", "worklist"), ("empty", "scan"), ("all_padding", "worklist")],
+    quick=[("one_row", "scan"), ("all_padding", "worklist")],
 )
 def test_dynamic_pallas_adversarial_interpret(mode, kind, getkey):
     gm = gk = 4

@@ -273,7 +273,7 @@ def _epilogue_oracle(want, scale, bias, axis, activation):
     return y, 1.2 * (scale + np.abs(b))  # the activations' slopes are below 1.2
 
 
-@pytest.mark.parametrize("activation", [None, *epilogue.ACTIVATIONS])
+@sweep("activation", [None, *epilogue.ACTIVATIONS])
 def test_fused_epilogue_lowers_for_cuda(activation):
     """Every activation and both bias axes go through the Mosaic GPU lowering (layouts of the bias broadcast)."""
     pattern, data, x, _, _ = _problem("random", (64, 64), jnp.bfloat16, shape=(512, 512), n=300)
@@ -312,6 +312,7 @@ def test_fused_epilogue_checks_its_bias():
         backend.dsd(pattern, data, x, epi=epilogue.Epilogue("relu"), bias=jnp.zeros(8))
 
 
+@pytest.mark.slow
 def test_matmul_fused_runs_on_mosaic_with_gradients():
     """bs.matmul(bias=, activation=, implementation="mosaic"): the fused kernel forward (matrix and vector x).
     Under grad the forward is the plain product in float32 on the kernel, the epilogue in XLA; the float32

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import examples
+from helpers import examples, sweep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_pallas_mosaic import HALF, _epilogue_oracle, _hopper  # the dsd tests' helpers
@@ -281,7 +281,7 @@ def _lower(pattern, data, x, out_dtype=None, epi=None, bias=(), config=None) -> 
     return fn.trace(data, x, *bias).lower(lowering_platforms=("cuda",)).as_text()
 
 
-@pytest.mark.parametrize(
+@sweep(
     "block,dtype,tm,out_dtype,order",
     [((64, 64), jnp.bfloat16, None, None, "units"), ((128, 128), jnp.float16, None, None, "units"),
      ((64, 64), jnp.bfloat16, 256, None, "units"), ((128, 128), jnp.bfloat16, 64, jnp.float32, "tiles"),
@@ -312,7 +312,7 @@ def test_lowering_checks_the_shared_memory_budget_the_plan_uses():
         fn.trace(data, x).lower(lowering_platforms=("cuda",))
 
 
-@pytest.mark.parametrize("activation", [None, *epilogue.ACTIVATIONS])
+@sweep("activation", [None, *epilogue.ACTIVATIONS])
 def test_fused_epilogue_lowers_for_cuda(activation):
     """Every activation, both bias axes and no bias go through the lowering (the bias broadcast's layouts)."""
     block = (128, 128) if activation in ("gelu", "silu") else (64, 64)

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import examples
+from helpers import examples, sweep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_pallas_mosaic import HALF, _hopper  # the dsd tests' helpers
@@ -200,7 +200,7 @@ def test_no_launch_for_empty_operands():
 
 
 # ----------------------------------------------------------------------------- lowering for CUDA
-@pytest.mark.parametrize(
+@sweep(
     "block,dtype,layout,config",
     [((64, 64), jnp.bfloat16, "nn", None), ((128, 128), jnp.float16, "nt", None),
      ((128, 128), jnp.bfloat16, "tn", ps.SddConfig(tk=128, stages=3, splits=2)),

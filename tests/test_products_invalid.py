@@ -64,7 +64,7 @@ BAD = [([0, 5], [1, 1]), ([0, 1], [4, 0]), ([-1, 0], [0, 0]), ([0, 0], [-1, 2]),
 @sweep(
     "rows_cols,impl",
     [(rc, impl) for impl in IMPLS for rc in BAD],
-    quick=[(BAD[1], "xla"), (BAD[2], "xla"), (BAD[0], "pallas"), (BAD[3], "pallas")],
+    quick=[(BAD[1], "xla"), (BAD[3], "pallas")],
     ids=str,
 )
 def test_invalid_coordinates_poison_output_and_gradients(impl, rows_cols):
@@ -85,7 +85,7 @@ def test_invalid_coordinates_poison_output_and_gradients(impl, rows_cols):
         assert np.isnan(np.asarray(gx)).all(), "gradient w.r.t. the dense operand must be NaN"
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@sweep("impl", IMPLS)
 def test_invalid_coordinates_poison_sdd_and_its_gradients(impl):
     D = _dynamic([0, 7], [0, 0])
     a, b = jnp.ones((64, 8)), jnp.ones((8, 64))

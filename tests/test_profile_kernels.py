@@ -66,6 +66,7 @@ def test_kernel_constant_passes_traced_arrays_through():
     np.testing.assert_array_equal(np.asarray(got), [0, 1, 2])
 
 
+@pytest.mark.slow
 def test_the_products_still_match_the_dense_product_with_the_padded_constants():
     """The Triton kernels (interpreted here) read only their schedules' entries, not the trailing element."""
     W = bs.random(jax.random.key(0), (64, 96), 16, 0.5, jnp.float32)

@@ -44,8 +44,7 @@ def _loss(f):
 @sweep(
     "split,collective,kind",
     [(s, c, k) for s, c in SPLITS for k in ["random", "one_row", "one_col", "first_rows", "empty"]],
-    quick=[("cols", "psum", "random"), ("rows", None, "one_row"), (None, None, "one_col"),
-           ("cols", "psum_scatter", "first_rows")],
+    quick=[("rows", None, "one_row"), ("cols", "psum_scatter", "first_rows")],
 )  # fmt: skip
 def test_products_and_gradients_match_one_device(getkey, kind, split, collective):
     mesh = _mesh()
@@ -150,7 +149,7 @@ def test_any_number_of_devices(getkey):
             np.testing.assert_allclose(jax.jit(lambda Ws, x: Ws @ x)(Ws, x), W @ x, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("split,collective", SPLITS)
+@sweep("split,collective", SPLITS)
 def test_one_device_mesh(getkey, split, collective):
     """A mesh of one device: both products and their gradients are the one-device ones, with no
     collective in the program (one part holds every block; psum over one device is the identity)."""
@@ -229,8 +228,8 @@ def test_psum_scatter_needs_divisible_rows(getkey):
 # The forward of a rows split runs each device's own static work list (padded to one shape) on the
 # static-schedule kernels; gradients go through the dynamic path.
 @needs_4
-@pytest.mark.parametrize("kind", ["random", "one_row", "first_rows"])
-@pytest.mark.parametrize("balance", ["lines", "blocks"])
+@sweep("kind", ["random", "one_row", "first_rows"])
+@sweep("balance", ["lines", "blocks"])
 def test_rows_split_on_static_kernels(getkey, kind, balance):
     mesh = _mesh()
     W = _matrix(getkey(), kind, shape=(256, 96), block=(16, 16))

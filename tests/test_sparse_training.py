@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import sweep
 
 import blocksparse as bs
 
@@ -21,7 +22,7 @@ def _positions(D):
     return [(int(r), int(c)) for r, c in zip(np.asarray(D.rows), np.asarray(D.cols), strict=True)]
 
 
-@pytest.mark.parametrize("drop_fraction, num_candidates", [(0.25, None), (0.5, 9), (0.1, 20)])
+@sweep("drop_fraction, num_candidates", [(0.25, None), (0.5, 9), (0.1, 20)])
 def test_rigl_update_matches_numpy_oracle(drop_fraction, num_candidates):
     rng = np.random.default_rng(0)
     grid, cap, b = (6, 5), 10, 4

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import has_gpu
-from helpers import examples
+from helpers import examples, sweep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_gnn_pallas import _lower_for_cuda
@@ -88,7 +88,7 @@ def test_stream_matches_the_dense_product(kind, gm, gk, block, n, density, op, g
     assert _rel(got.astype(jnp.float32), want) <= TOL[jnp.dtype(dtype)]
 
 
-@pytest.mark.parametrize("op", ["x @ W", "W @ x"])
+@sweep("op", ["x @ W", "W @ x"])
 def test_fused_epilogue_and_gradients_match_dense(op):
     rng = np.random.default_rng(1)
     W = bs.random(jax.random.key(2), (128, 64) if op == "x @ W" else (64, 128), 32, 0.5)
