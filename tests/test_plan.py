@@ -5,7 +5,9 @@ import json
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import sweep
+from helpers import examples, sweep
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import blocksparse as bs
 from blocksparse.ipu import NoValidPlanError, Plan
@@ -361,6 +363,57 @@ def test_memory_probe_keeps_plans_identical(monkeypatch, shape, b, d, n, amp):
     a, c = plans
     assert (a.n_split, a.num_bands, a.serial) == (c.n_split, c.num_bands, c.serial)
     assert dict(a.cycles) == dict(c.cycles) and np.array_equal(a.tile_blocks, c.tile_blocks)
+
+
+def _adversarial(kind: str, rng, grid, b, d):
+    gm, gk = grid
+    if kind == "random":
+        return bs.BlockPattern.random(int(rng.integers(1 << 16)), (gm * b, gk * b), b, d)
+    if kind == "power_law":
+        return bs.BlockPattern.power_law(int(rng.integers(1 << 16)), (gm * b, gk * b), b, d)
+    mask = np.zeros(grid, bool)
+    if kind == "one_full_row":
+        mask[rng.integers(gm)] = True
+    elif kind == "one_full_col":
+        mask[:, rng.integers(gk)] = True
+    elif kind == "empty_rows":
+        mask[::3] = rng.random((len(range(0, gm, 3)), gk)) < max(d, 1 / gk)
+    else:  # one block
+        mask[rng.integers(gm), rng.integers(gk)] = True
+    return bs.BlockPattern.from_mask(mask, b)
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(
+    kind=st.sampled_from(["random", "power_law", "one_full_row", "one_full_col", "empty_rows", "single"]),
+    gm=st.integers(1, 48),
+    gk=st.integers(1, 48),
+    b=st.sampled_from([1, 2, 4, 8, 16]),
+    d=st.sampled_from([1 / 64, 1 / 8, 1 / 2, 1.0]),
+    n=st.sampled_from([1, 16, 100, 1024, 4096]),
+    machine=st.sampled_from([TINY, SMALL, bs.ipu.BOW]),
+    dtypes=st.sampled_from([("float16", "float32"), ("float16", "float16"), ("float32", "float32")]),
+    amp=st.sampled_from([0.05, 0.3, 0.6]),
+    seed=st.integers(0, 2**16),
+)
+def test_screening_bounds_never_exceed_the_exact_cost(kind, gm, gk, b, d, n, machine, dtypes, amp, seed):
+    # The screening rejects a candidate on lower bounds of its cycles and busiest tile's bytes: for every candidate
+    # at every serial level, each bound must be at most the exact figure (else it could reject the best plan).
+    from blocksparse.ipu import partition
+
+    pattern = _adversarial(kind, np.random.default_rng(seed), (gm, gk), b, d)
+    if pattern.nnz_blocks == 0:
+        return
+    audit = []
+    try:
+        partition._search(pattern, n, machine, *dtypes, amp, None, None, audit=audit)
+    except partition._NoFit:
+        pass  # every level tried is audited
+    assert audit
+    for s, nb, serial, bound_total, bound_top, total, top in audit:
+        where = f"n_split={s}, bands={nb}, serial={serial}"
+        assert bound_total <= total * (1 + 1e-9), f"{where}: cycles bound {bound_total} > exact {total}"
+        assert bound_top <= top * (1 + 1e-9), f"{where}: bytes bound {bound_top} > exact {top}"
 
 
 @pytest.mark.slow

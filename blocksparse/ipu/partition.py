@@ -414,7 +414,10 @@ PROBE = True
 _BOUND_SLACK = 1e-9
 
 
-def _search(pattern, n, machine, dt, pdt, amp, n_split_opt, num_bands_opt) -> Plan:
+def _search(pattern, n, machine, dt, pdt, amp, n_split_opt, num_bands_opt, audit: list | None = None) -> Plan:
+    """The cheapest plan that fits (or :class:`_NoFit`). ``audit``: a list that receives, for every candidate at
+    every serial level tried, ``(n_split, bands, serial, bound_total, bound_top, total, top)``: its lower bounds
+    and its exact cycles and busiest tile's bytes, every one scored exactly (the screening's check)."""
     T = machine.num_tiles
     grain = machine.column_grain(dt)
     max_split = cdiv(n, grain)
@@ -520,6 +523,10 @@ def _search(pattern, n, machine, dt, pdt, amp, n_split_opt, num_bands_opt) -> Pl
             order = sorted(idx, key=lambda i: (est[i][1] > 1.1 * limit, est[i]))
         levels.append((serial, order))
         visit = range(len(order))
+        if audit is not None and screen and order:
+            for i, bt, bm in zip(order, *lower_bounds(order, serial), strict=True):
+                (total, top, s, nb), _ = score(i, True, serial)
+                audit.append((s, nb, serial, float(bt), float(bm), total, top))
         if screen and order:
             lb_total, lb_top = lower_bounds(order, serial)
             lb_total, cannot_fit = lb_total * (1 - _BOUND_SLACK), lb_top * (1 - _BOUND_SLACK) > limit
