@@ -43,7 +43,7 @@ demo: $(STAMP)
 # the 15 slowest tests at the end.
 test: $(STAMP)
 	@echo "make test: the CPU suite on 2 workers (about 15 minutes on 2 cores); make test-docs runs the docs' code blocks, make test-slow the larger sweeps"
-	$(PYTEST) -q -n 2 -m "not slow and not docs" -o console_output_style=count --durations=15 tests
+	$(PYTEST) -q -n 2 --dist worksteal -m "not slow and not docs" -o console_output_style=count --durations=15 tests
 
 # The code blocks of docs/*.md and the README, each page run as written (CI runs it after `make test`).
 test-docs: $(STAMP)
@@ -53,7 +53,7 @@ test-docs: $(STAMP)
 # The `slow` tests and every hypothesis test at its full sweep (the `slow` profile of tests/helpers.py).
 test-slow: $(STAMP)
 	@echo "make test-slow: the slow tests and the full hypothesis sweeps on 2 workers (about 20 minutes on 2 cores)"
-	HYPOTHESIS_PROFILE=slow $(PYTEST) -q -n 2 -m "slow or hypothesis" -o console_output_style=count --durations=15 tests
+	HYPOTHESIS_PROFILE=slow $(PYTEST) -q -n 2 --dist worksteal -m "slow or hypothesis" -o console_output_style=count --durations=15 tests
 
 # On a GPU machine: the tests that need a CUDA GPU.
 test-gpu: $(STAMP)
