@@ -134,6 +134,7 @@ def test_bands_interpret_against_the_oracle(W, m, tiles, seed):
     assert_close(z, w @ _np(xt), np.abs(w) @ np.abs(_np(xt)), W.dtype, "W @ x")
 
 
+@pytest.mark.slow  # the bands kernel's interpreter check against the oracle stays in make test
 def test_bands_epilogue_and_float32_output_interpret(getkey):
     """The fused bias (along x @ W's columns, W @ x's rows) and GELU on the float32 accumulator, float32 output; a
     band width that does not divide the columns (its bias padded)."""

@@ -151,7 +151,7 @@ def test_lowering_checks_the_shared_memory_budget_the_plan_uses():
 
 
 # ----------------------------------------------------------------------------- GPU interpreter
-@pytest.mark.parametrize("kind", ["random", "full_row", "full_col", "single", "empty"])
+@sweep("kind", ["random", "full_row", "full_col", "single", "empty"], quick=["full_row", "empty"])
 def test_interpreter_matches_oracle(kind):
     """The kernel itself (TMA copies, barriers, the pipeline, partial slots) in Pallas' GPU interpreter."""
     block, dtype = ((64, 64), jnp.bfloat16) if kind != "full_col" else ((128, 64), jnp.float16)
@@ -164,7 +164,7 @@ def test_interpreter_matches_oracle(kind):
         assert backend.dsd_plan(pattern, 200, config=cfg).sched.num_partials == 2
 
 
-@pytest.mark.parametrize("order", mdsd.GRID_ORDERS)
+@sweep("order", mdsd.GRID_ORDERS)
 def test_interpreter_both_grid_orders(order):
     """Either launch order (units or column tiles fastest) computes the same product: split rows, several
     column tiles, both stores."""
@@ -182,8 +182,8 @@ def test_interpreter_both_grid_orders(order):
         mdsd.MosaicConfig(grid_order="rows")
 
 
-@pytest.mark.parametrize("kind,order,programs", [("full_row", "units", 3), ("random", "tiles", None),
-                                                 ("single", "units", 1), ("full_col", "tiles", 2)])  # fmt: skip
+@sweep("kind,order,programs", [("full_row", "units", 3), ("random", "tiles", None), ("single", "units", 1),
+                               ("full_col", "tiles", 2)], quick=2)  # fmt: skip
 def test_interpreter_persistent_kernel(kind, order, programs):
     """The persistent kernel (one pipeline across a program's items; split rows, several column tiles, items
     of one or no block) matches the oracle, and its schedule holds every (unit, tile) item and block once."""
@@ -289,7 +289,7 @@ def test_fused_epilogue_lowers_for_cuda(activation):
     assert "_epi" in fn.trace(data, x).lower(lowering_platforms=("cuda",)).as_text()  # no bias operand
 
 
-@pytest.mark.parametrize(
+@sweep(
     "kind,block,dtype,out_dtype,activation,axis",
     [("full_row", (64, 64), jnp.bfloat16, jnp.bfloat16, "gelu", 1),  # split rows: the epilogue after the sum
      ("random", (128, 64), jnp.float16, jnp.float32, "silu", 0), ("empty", (64, 64), jnp.bfloat16, None, "sigmoid", 1)],

@@ -326,7 +326,7 @@ def test_fused_epilogue_lowers_for_cuda(activation):
 
 
 # ----------------------------------------------------------------------------- GPU interpreter
-@pytest.mark.parametrize(
+@sweep(
     "kind,block,dtype,max_len",
     [("empty_cols", (64, 64), jnp.bfloat16, None), ("full_col", (128, 128), jnp.float16, 1),
      ("full_row", (64, 64), jnp.float16, None),
@@ -344,9 +344,9 @@ def test_interpreter_matches_oracle(kind, block, dtype, max_len):
     assert_close(y, want, scale, dtype)
 
 
-@pytest.mark.parametrize("kind,block,order,programs,max_len", [
+@sweep("kind,block,order,programs,max_len", [
     ("full_col", (64, 64), "units", 3, 2), ("empty_cols", (128, 64), "tiles", None, None),
-    ("single", (64, 128), "units", 1, None), ("random", (128, 128), "tiles", 5, 1)])  # fmt: skip
+    ("single", (64, 128), "units", 1, None), ("random", (128, 128), "tiles", 5, 1)], quick=2)  # fmt: skip
 def test_interpreter_persistent_kernel(kind, block, order, programs, max_len):
     """The persistent kernel for x @ W (one pipeline across a program's (block column, row tile) items: split
     columns into partials, empty columns, one program, several) against the float64 oracle, in float32
@@ -383,7 +383,7 @@ def test_interpreter_wide_tiles_two_stages_and_float32_output():
     assert_close(y, want, scale, jnp.bfloat16)
 
 
-@pytest.mark.parametrize(
+@sweep(
     "kind,block,dtype,out_dtype,activation,axis,max_len",
     [("full_col", (64, 64), jnp.bfloat16, None, "gelu", 1, 2),  # split columns: the epilogue after the sum
      ("empty_cols", (128, 128), jnp.float16, jnp.float32, "silu", 1, None),  # empty columns: act(bias)
