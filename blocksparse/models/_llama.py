@@ -443,19 +443,16 @@ class LlamaModel(Pytree):
         x = jnp.take(self.embed, tokens, axis=0).astype(self.dtype)
         bounds = (pad, jnp.broadcast_to(slots[0], (b,))) if t == 1 else None
         ks, vs = [], []
-        if self.attention == "pallas" and t == 1:  # each residual add joins the launch of the norm after it
-            delta = None
-            for layer, kc, vc in zip(self.layers, cache.k, cache.v, strict=True):
+        kernels = self.attention == "pallas" and t == 1  # each residual add joins the launch of the norm after it
+        delta = None  # (kernels) the last layer's residual term, added by the next norm
+        for layer, kc, vc in zip(self.layers, cache.k, cache.v, strict=True):
+            if kernels:
                 x, delta, kc, vc = layer.decode_step(x, delta, cos, sin, kc, vc, bounds)
-                ks.append(kc)
-                vs.append(vc)
-            h = self.norm.add(x, delta)[1]
-        else:
-            for layer, kc, vc in zip(self.layers, cache.k, cache.v, strict=True):
+            else:
                 x, kc, vc = layer(x, cos, sin, kc, vc, start, key_mask, self.attention, bounds)
-                ks.append(kc)
-                vs.append(vc)
-            h = self.norm(x[:, -1:] if last else x)
+            ks.append(kc)
+            vs.append(vc)
+        h = self.norm.add(x, delta)[1] if kernels else self.norm(x[:, -1:] if last else x)
         if self.lm_head is None:
             logits = jnp.einsum("bth,vh->btv", h, self.embed.astype(h.dtype), preferred_element_type=jnp.float32)
         else:

@@ -34,6 +34,7 @@ __all__ = [
     "interpret",
     "interpreting",
     "pallas_mode",
+    "pallas_takes_width",
     "record",
     "resolve",
     "run",
@@ -101,6 +102,18 @@ def pallas_mode() -> bool:
             "blocksparse.interpret() to run the Pallas kernels in the interpreter"
         )
     return False
+
+
+def pallas_takes_width(width: int, smallest: int = 16) -> bool:
+    """Whether a Pallas kernel whose tiles span ``width`` runs here: ``width`` a power of two (Triton's tiles) of at
+    least ``smallest``, on a CUDA GPU or under :func:`interpret`. Ops with one kernel and an XLA fallback ask this."""
+    if width < smallest or width & (width - 1):
+        return False
+    try:
+        pallas_mode()
+    except NotImplementedError:
+        return False
+    return True
 
 
 @contextlib.contextmanager

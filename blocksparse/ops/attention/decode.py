@@ -194,7 +194,7 @@ def decode_attention(q, k_cache, v_cache, lo, hi, *, scale: float | None = None)
     _check(q, k_cache, v_cache, lo, hi)
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     lo, hi = jnp.asarray(lo, jnp.int32), jnp.asarray(hi, jnp.int32)
-    if _use_kernel(q.shape[-1], 16):
+    if _dispatch.pallas_takes_width(q.shape[-1], 16):
         return _pallas(q, k_cache, v_cache, lo, hi, scale=scale)
     return _attention_xla(q, k_cache, v_cache, lo, hi, scale)
 
@@ -368,14 +368,6 @@ def default_parts(batch: int, kv_heads: int, size: int, chunk: int = CHUNK) -> i
     return max(1, min(cdiv(size, chunk), sms // max(batch * kv_heads, 1)))
 
 
-def _use_kernel(head_dim: int, smallest: int) -> bool:
-    """The Pallas kernels run under :func:`blocksparse.interpret` or on a CUDA GPU, for a power-of-two head
-    dimension whose dot operands are at least ``smallest`` wide; elsewhere the XLA reference."""
-    if head_dim < smallest or head_dim & (head_dim - 1):
-        return False
-    return _dispatch.interpreting() or jax.default_backend() == "gpu"
-
-
 def decode_step_attention(qkv, cos, sin, k_cache, v_cache, lo, hi, *, scale: float | None = None,
                           parts: int | None = None):  # fmt: skip
     """A decoder layer's attention step for one new token per sequence, in one launch: rotary embedding, cache
@@ -419,6 +411,6 @@ def decode_step_attention(qkv, cos, sin, k_cache, v_cache, lo, hi, *, scale: flo
         parts = default_parts(qkv.shape[0], k_cache.shape[2], k_cache.shape[1])
     else:
         check_positive_int(parts, "parts", hint=" (or None)")
-    if _use_kernel(qkv.shape[-1], 32):
+    if _dispatch.pallas_takes_width(qkv.shape[-1], 32):
         return _step_pallas(qkv, cos, sin, k_cache, v_cache, lo, hi, scale=scale, chunk=CHUNK, parts=parts)
     return _step_xla(qkv, cos, sin, k_cache, v_cache, lo, hi, heads, scale)

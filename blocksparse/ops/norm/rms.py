@@ -44,6 +44,10 @@ def _normalise(s, weight, eps):
 def rms_norm_reference(x, weight, *, eps: float = 1e-5, residual=None):
     """:func:`rms_norm` in XLA."""
     _check(x, weight, residual, eps)
+    return _xla(x, weight, eps, residual)
+
+
+def _xla(x, weight, eps, residual):
     if residual is None:
         return _normalise(x, weight, eps)
     s = x + residual.astype(x.dtype)
@@ -70,7 +74,7 @@ def _pallas(x, weight, residual, *, eps, rows):
     n = x2.shape[0]
     row = pl.BlockSpec((rows, h), lambda i: (i, 0))
     ins = (x2,) if residual is None else (x2, residual.astype(x.dtype).reshape(-1, h))
-    outs = (jax.ShapeDtypeStruct(x2.shape, x.dtype),) * (len(ins))
+    outs = (jax.ShapeDtypeStruct(x2.shape, x.dtype),) * len(ins)
     res = pl.pallas_call(
         functools.partial(_kernel, eps=eps, residual=residual is not None),
         grid=(pl.cdiv(n, rows),),
@@ -88,16 +92,6 @@ def _pallas(x, weight, residual, *, eps, rows):
 #: Elements of the rows one program normalises (a whole number of rows, at least one): one row of a 2048-wide
 #: model (two rows or more a program measured slower on an H200, benchmarks/results/decode_norm_warps_h200.json).
 _TILE = 2048
-
-
-def _use_kernel(h: int) -> bool:
-    if h < 16 or h & (h - 1):  # Triton tiles are powers of two
-        return False
-    try:
-        _dispatch.pallas_mode()
-    except NotImplementedError:
-        return False
-    return True
 
 
 def rms_norm(x, weight, *, eps: float = 1e-5, residual=None):
@@ -128,7 +122,7 @@ def rms_norm(x, weight, *, eps: float = 1e-5, residual=None):
     x = jnp.asarray(x)
     _check(x, weight, residual, eps)
     h = x.shape[-1]
-    if x.size == 0 or not _use_kernel(h):
-        return rms_norm_reference(x, weight, eps=eps, residual=residual)
+    if x.size == 0 or not _dispatch.pallas_takes_width(h):
+        return _xla(x, weight, eps, residual)
     rows = max(1, min(_TILE // h, 1 << (max(x.size // h, 1).bit_length() - 1)))
     return _pallas(x, jnp.asarray(weight), residual, eps=float(eps), rows=rows)
