@@ -523,12 +523,11 @@ def _search(pattern, n, machine, dt, pdt, amp, n_split_opt, num_bands_opt, audit
             order = sorted(idx, key=lambda i: (est[i][1] > 1.1 * limit, est[i]))
         levels.append((serial, order))
         visit = range(len(order))
-        if audit is not None and screen and order:
-            for i, bt, bm in zip(order, *lower_bounds(order, serial), strict=True):
-                (total, top, s, nb), _ = score(i, True, serial)
-                audit.append((s, nb, serial, float(bt), float(bm), total, top))
         if screen and order:
             lb_total, lb_top = lower_bounds(order, serial)
+            for i, bt, bm in zip(order, lb_total, lb_top, strict=True) if audit is not None else ():
+                (total, top, split, nb), _ = score(i, True, serial)
+                audit.append((split, nb, serial, float(bt), float(bm), total, top))
             lb_total, cannot_fit = lb_total * (1 - _BOUND_SLACK), lb_top * (1 - _BOUND_SLACK) > limit
             if not large:
                 # Every candidate would be scored: take the smallest bounds first, so that the best plan is found
