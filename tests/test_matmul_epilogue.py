@@ -174,6 +174,93 @@ def test_gpu_kernels_with_epilogue(getkey, b, dtype):
     _check_both_orders(W, getkey(), dtype, "silu", True, "pallas", n=64, config=TritonConfig(max_len=1))
 
 
+def _gated_oracle(z, activation):
+    a, b = np.split(z, 2, axis=-1)
+    return ORACLE[activation](a) * b
+
+
+@settings(max_examples=examples(8), deadline=None)
+@given(
+    bst.block_sparse_matrices(block_size=st.sampled_from([(16, 16), (32, 16), (16, 32)]), max_blocks=4),
+    ACTS,
+    st.booleans(),
+    st.sampled_from(["xla", "pallas", "pallas-stream"]),
+    st.sampled_from(["x @ W", "W @ v", "W @ X", "dynamic x @ W"]),
+    st.integers(0, 2**16),
+)
+def test_gated_matches_oracle(W, activation, with_bias, impl, form, seed):
+    # glu=True: activation(a) * b of the result's halves along its last dimension, the bias added first. The few-token
+    # kernel gates in its store where the halves meet at a block boundary; every other path gates after the product.
+    rng = np.random.default_rng(seed)
+    m, k = W.shape
+    width = k if "x @ W" in form else m if form == "W @ v" else 6
+    assume_even = width % 2 == 0
+    if "dynamic" in form:
+        W = bs.DynamicBlockSparseMatrix.from_static(W, capacity=W.nnz_blocks + 1)
+    shape = {"x @ W": (5, m), "dynamic x @ W": (5, m), "W @ v": (k,), "W @ X": (2, k, 6)}[form]
+    x = jnp.asarray(rng.standard_normal(shape), jnp.float32)
+    bias = jnp.asarray(rng.standard_normal(width), jnp.float32) if with_bias else None
+    config = TritonConfig(stream=True) if impl == "pallas-stream" else None
+    impl = impl.removesuffix("-stream")
+    kw = dict(activation=activation, glu=True, implementation=impl, config=config)
+
+    def product(W, x, b):
+        return bs.matmul(x, W, bias=b, **kw) if "x @ W" in form else bs.matmul(W, x, bias=b, **kw)
+
+    if not assume_even:
+        with pytest.raises(ValueError, match=f"even last dimension of the result for glu=True.*Got {width}"):
+            product(W, x, bias)
+        return
+    with bs.interpret(not ON_GPU):
+        got = jax.jit(product)(W, x, bias)
+    w, xs = to_dense64(W), _np(x)
+    z = xs @ w if "x @ W" in form else w @ xs
+    scale = np.abs(xs) @ np.abs(w) if "x @ W" in form else np.abs(w) @ np.abs(xs)
+    if bias is not None:
+        z, scale = z + _np(bias), scale + np.abs(_np(bias))
+    half = lambda a: np.split(a, 2, axis=-1)  # noqa: E731
+    # |f(a) b - f(a') b'| <= 1.1 |a - a'| |b| + |f(a)| |b - b'|: the product's bound carried through the gate.
+    sa, sb = half(scale)
+    za, zb = half(z)
+    bound = 1.1 * sa * (np.abs(zb) + sb) + (np.abs(ORACLE[activation](za)) + sa) * sb
+    assert_close(got, _gated_oracle(z, activation), bound, jnp.float32, f"glu {form}")
+
+
+@sweep("activation", ["silu", None])
+@sweep("form", ["static", "dynamic"])
+def test_gated_gradients_match_the_dense_expression(getkey, activation, form):
+    W = bs.random(getkey(), (32, 64), 16, 0.5)
+    M = bs.DynamicBlockSparseMatrix.from_static(W, capacity=W.nnz_blocks + 2) if form == "dynamic" else W
+    x = jax.random.normal(getkey(), (7, 32))
+    b = jax.random.normal(getkey(), (64,))
+    act = (lambda y: y) if activation is None else ACTIVATIONS[activation]
+
+    def ours(d, x, b):
+        return jnp.sum(jnp.sin(bs.matmul(x, M.with_data(d), bias=b, activation=activation, glu=True)))
+
+    def dense(w, x, b):
+        g, u = jnp.split(x @ w + b, 2, axis=-1)
+        return jnp.sum(jnp.sin(act(g) * u))
+
+    with jax.default_matmul_precision("highest"):
+        gd, gx, gb = jax.jit(jax.grad(ours, (0, 1, 2)))(M.data, x, b)
+        wd, wx, wb = jax.grad(dense, (0, 1, 2))(W.to_dense(), x, b)
+    # gradients of a product of two products: entries up to ~100, so the tolerance scales with the largest
+    for got, want in ((gx, wx), (gb, wb), (M.with_data(gd).to_dense(), np.where(W.to_dense() != 0, wd, 0))):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))
+
+
+def test_gated_bad_arguments(getkey):
+    W = bs.random(getkey(), (32, 48), 16, 0.5)
+    with pytest.raises(TypeError, match="Expected glu a bool. Got 'yes'"):
+        bs.matmul(jnp.ones((4, 32)), W, glu="yes")
+    with pytest.raises(ValueError, match=r"bias of shape \(48,\).*Got \(24,\)"):  # the bias is W's width
+        bs.matmul(jnp.ones((4, 32)), W, bias=jnp.ones(24), glu=True)
+    with pytest.raises(ValueError, match="even last dimension.*Got 5"):
+        bs.matmul(W.T, jnp.ones((32, 5)), glu=True)
+    assert bs.matmul(jnp.ones((0, 32)), W, activation="silu", glu=True).shape == (0, 24)
+
+
 @pytest.mark.parametrize("activation", ["sigmoid", "silu"])
 def test_saturating_activations_have_finite_gradients(getkey, activation):
     # 1 / (1 + exp(-y)) overflows below y = -88: its gradient would be inf / inf.

@@ -7,6 +7,8 @@ patterns, with the fused epilogue and gradients. GPU (``-m gpu``): the real kern
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +23,7 @@ import blocksparse as bs
 from blocksparse import hardware
 from blocksparse.ops import _dispatch as dispatch
 from blocksparse.ops.matmul import tuned
+from blocksparse.ops.matmul.epilogue import Epilogue
 from blocksparse.ops.matmul.triton import TritonConfig, stream
 
 ON_GPU = has_gpu()
@@ -114,6 +117,59 @@ def test_fused_epilogue_and_gradients_match_dense(op):
     assert _rel(gx, rx) <= 1e-5
     assert _rel(gW.to_dense(), rW * (dense != 0)) <= 1e-5
     assert any("pallas" in str(e) for e in log)
+
+
+def _gated_dense(z, activation):
+    a, b = np.split(np.asarray(z, np.float64), 2, axis=-1)
+    return np.asarray(jax.nn.silu(a) if activation == "silu" else a, np.float64) * b
+
+
+@sweep(("op", "split"), [("x @ W", None), ("W @ v", 3), ("x @ W", 3), ("W @ v", None)], quick=2)
+def test_gated_store_matches_dense(op, split):
+    # glu=True in the kernel's store: output block u walks block columns (rows) u and u + half; split walks publish
+    # both partials. Patterns with an empty block column (row) in one half, and a full one.
+    rng = np.random.default_rng(7)
+    mask = rng.random((4, 6)) < 0.4
+    mask[:, 1] = False  # an empty gate column
+    mask[:, 5] = True  # a full value column
+    W = bs.BlockSparseMatrix.from_mask(mask if op == "x @ W" else mask.T, rng.standard_normal((64, 96)) if op ==
+                                       "x @ W" else rng.standard_normal((96, 64)), 16)  # fmt: skip
+    cfg = TritonConfig(stream=True, stream_split=split)
+    bias = jnp.asarray(rng.standard_normal(96), jnp.float32)
+    dense = np.asarray(W.to_dense(), np.float64)
+    if op == "x @ W":
+        x = jnp.asarray(rng.standard_normal((3, 64)), jnp.float32)
+        got = bs.matmul(x, W, bias=bias, activation="silu", glu=True, precision=HIGHEST, config=cfg)
+        want = _gated_dense(np.asarray(x, np.float64) @ dense + np.asarray(bias), "silu")
+    else:
+        x = jnp.asarray(rng.standard_normal(64), jnp.float32)
+        got = bs.matmul(W, x, bias=bias, activation="silu", glu=True, precision=HIGHEST, config=cfg)
+        want = _gated_dense(dense @ np.asarray(x, np.float64) + np.asarray(bias), "silu")
+    assert _rel(got, want) <= TOL[jnp.dtype(jnp.float32)]
+
+
+@pytest.mark.skipif(ON_GPU, reason="the GPU runs the kernels for real")
+def test_gated_product_is_one_launch_and_odd_halves_gate_after(monkeypatch):
+    # The gate and up projections of a decode step: one launch, the gate in its store (no multiply after it).
+    monkeypatch.setattr(dispatch, "pallas_mode", lambda: False)  # lowered as on a GPU
+    W = bs.random(jax.random.key(0), (1024, 512), 32, 1 / 4, dtype=jnp.bfloat16)
+    cfg = TritonConfig(stream=True)
+    txt = _lower_for_cuda(lambda W, x: bs.matmul(x, W, activation="silu", glu=True, config=cfg), W,
+                          jnp.ones((1, 1024), jnp.bfloat16))  # fmt: skip
+    assert txt.count("__gpu$xla.gpu.triton") == 1 and re.search(r"bs_dds_stream_\w*_glu", txt)
+    assert "stablehlo.multiply" not in txt and "stablehlo.slice" not in txt
+    # halves that do not meet at a block boundary (3 block columns of 32): the kernel's product, then the gate
+    W3 = bs.random(jax.random.key(1), (64, 96), 32, 1.0)
+    x = jax.random.normal(jax.random.key(2), (2, 64))
+    assert not stream.gates("dds", W3.pattern) and stream.gates("dsd", W3.pattern.T) is False
+    txt = _lower_for_cuda(lambda W, x: bs.matmul(x, W, activation="silu", glu=True, config=cfg), W3, x)
+    assert not re.search(r"bs_dds_stream_\w*_glu", txt) and "stablehlo.multiply" in txt
+    monkeypatch.undo()
+    with bs.interpret():
+        got = bs.matmul(x, W3, activation="silu", glu=True, config=cfg, precision=HIGHEST)
+    assert _rel(got, _gated_dense(np.asarray(x, np.float64) @ np.asarray(W3.to_dense(), np.float64), "silu")) <= 2e-5
+    with pytest.raises(ValueError, match="even number of output blocks to gate.*Got 3"):
+        stream.dds(x, W3.pattern, W3.data, jnp.float32, epi=Epilogue("silu", glu=True))
 
 
 def test_plan_spreads_the_decode_shapes_over_every_sm():
@@ -214,6 +270,23 @@ def test_split_walks_on_the_gpu(op, split):
     runs = [np.asarray(f(x).astype(jnp.float32)) for _ in range(20)]
     assert _rel(runs[0], want) <= TOL[jnp.dtype(jnp.bfloat16)]
     assert all((r == runs[0]).all() for r in runs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 8, 32])
+def test_gated_decode_shapes_on_the_gpu(n):
+    # The 1B-class decoder's fused gate and up projections (2048 x 16384, b = 64, d = 1/8) gated in the store,
+    # against the float32 product gated after; the split plan and 1 to 32 tokens.
+    W = bs.random(jax.random.key(n), (2048, 16384), 64, 1 / 8, dtype=jnp.bfloat16)
+    x = jax.random.normal(jax.random.key(1), (n, 2048)).astype(jnp.bfloat16)
+    bias = jax.random.normal(jax.random.key(2), (16384,)).astype(jnp.bfloat16)
+    z = x.astype(jnp.float32) @ W.to_dense().astype(jnp.float32) + bias.astype(jnp.float32)
+    want = _gated_dense(z, "silu")
+    for cfg in (None, TritonConfig(stream=True, stream_split=3)):
+        with bs.dispatch_log() as log:
+            got = jax.jit(lambda x, cfg=cfg: bs.matmul(x, W, bias=bias, activation="silu", glu=True, config=cfg))(x)
+        assert log == [("dds+epilogue", "pallas")]
+        assert _rel(got.astype(jnp.float32), want) <= TOL[jnp.dtype(jnp.bfloat16)]
 
 
 @pytest.mark.gpu

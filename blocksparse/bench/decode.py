@@ -13,7 +13,10 @@ Two kinds of cells:
   few-token kernel's variants of ``variants`` (``TritonConfig`` fields: sub-tile, blocks per step, warps,
   stages) as ``{name}_*``. On a GPU, ``kernel_us`` / ``busy_us`` (and ``dense_*``, ``{variant}_*``) come from a
   profiler trace of the Timer's loop (:func:`~blocksparse.bench._trace.kernel_us`): the loop's own work is
-  most of an iteration of a few microseconds;
+  most of an iteration of a few microseconds. ``x @ W glu`` cells are the gate and up projections of a SwiGLU
+  MLP side by side in one ``W (K, 2 F)`` (SwiGLU shapes of the 1B and 8B configs), ``silu(gate) * up`` gated in the
+  product's store (``bs.matmul(..., activation="silu", glu=True)``), against dense ``jnp.dot`` and the gate in
+  XLA after it, and the same sparse product with the gate after it (``gate_after_*``);
 - ``generate``: :func:`blocksparse.models.generate` of a Llama decoder with **random weights** (said in
   every row's label): a prompt then greedy decoding as one jitted program, ``tokens_per_s`` = batch x new
   tokens / the program's time (prefill included; ``prefill_ms`` alone beside it). Dense, and pruned by
@@ -76,17 +79,19 @@ STREAM_VARIANTS = {
 }
 #: Named sizes: ``tiny`` for tests, ``quick`` for the CPU default, ``full`` for the GPU figures.
 SIZES = {
-    "tiny": dict(products=((128, 256),), ns=(4,), blocks=(32,), densities=(1 / 4,), ops=("x @ W",),
+    "tiny": dict(products=((128, 256),), ns=(4,), blocks=(32,), densities=(1 / 4,), ops=("x @ W",), gated=(),
                  variants={"group1": dict(stream_group=1)}, tune=None,
                  model=dict(LLAMA_TINY, vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=32),
                  batches=(2,), prompt=4, new_tokens=4, gen_blocks=(16,),
                  gen_densities=(1 / 4,), dtype="float32"),
     "quick": dict(products=((256, 512), (512, 256)), ns=(1, 16), blocks=(32,), densities=(1 / 4,),
                   ops=("x @ W", "W @ x"), variants={"group1": dict(stream_group=1)}, tune=None,
-                  model=LLAMA_TINY,
+                  gated=(dict(K=256, N=512, n=1, block_size=32, density=1 / 4),), model=LLAMA_TINY,
                   batches=(1, 4), prompt=8, new_tokens=8, gen_blocks=(16,), gen_densities=(1 / 4,), dtype="float32"),
     "full": dict(products=((4096, 14336), (14336, 4096)), ns=(1, 16, 64), blocks=(16, 32, 64, 128),
                  densities=(1 / 4, 1 / 8, 1 / 16), ops=("x @ W", "W @ x"), variants=STREAM_VARIANTS, tune=(1, 1 / 8),
+                 gated=tuple(dict(K=k, N=f, n=n, block_size=b, density=d) for k, f in ((2048, 16384), (4096, 28672))
+                             for n in (1, 8, 32) for b in (32, 64) for d in (1 / 4, 1 / 8)),
                  model=LLAMA_1B, batches=(1, 8, 32), prompt=128, new_tokens=128,
                  gen_blocks=(32, 64), gen_densities=(1 / 4, 1 / 8), dtype="bfloat16"),
 }  # fmt: skip
@@ -118,9 +123,10 @@ def cells(*, full: bool) -> list[Cell]:
     return suite(**SIZES["full" if full else "quick"])
 
 
-def suite(*, products, ns, blocks, densities, ops, variants, tune, model, batches, prompt, new_tokens, gen_blocks,
-          gen_densities, dtype) -> list[Cell]:  # fmt: skip
-    """The cells of one size: every product, then generation at every batch (dense, then each pruning)."""
+def suite(*, products, ns, blocks, densities, ops, variants, tune, gated, model, batches, prompt, new_tokens,
+          gen_blocks, gen_densities, dtype) -> list[Cell]:  # fmt: skip
+    """The cells of one size: every product, the gated ones, then generation at every batch (dense, then each
+    pruning)."""
     out = []
     for op in ops:
         for k, n_out in products:
@@ -135,6 +141,11 @@ def suite(*, products, ns, blocks, densities, ops, variants, tune, model, batche
                         else:
                             label = f"W ({n_out}, {k}) @ x ({k}, {n}) b={b} d={density_label(d)}"
                         out.append(Cell("decode", label, params, functools.partial(_product, params)))
+    for g in gated:
+        params = dict(kind="product", op="x @ W glu", dtype=dtype, **g)
+        label = (f"silu glu x ({g['n']}, {g['K']}) @ W ({g['K']}, {g['N']}) b={g['block_size']} "
+                 f"d={density_label(g['density'])}")  # fmt: skip
+        out.append(Cell("decode", label, params, functools.partial(_product, params)))
     ctx = _Generation(model, prompt, new_tokens, dtype)
     for batch in batches:
         for b, d in [(None, None)] + [(b, d) for b in gen_blocks for d in gen_densities]:
@@ -159,15 +170,36 @@ def _dense(a, b):
     return jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype)
 
 
+def _gated(x, W, config=None):
+    return bs.matmul(x, W, activation="silu", glu=True, config=config)
+
+
+def _gate(y):
+    gate, up = jnp.split(y.astype(jnp.float32), 2, axis=-1)
+    return (jax.nn.silu(gate) * up).astype(y.dtype)
+
+
+def _gate_after(x, W):
+    """The gate and up projections as the fused model ran them before the gated epilogue: one product, the gate in
+    XLA."""
+    return _gate(bs.matmul(x, W))
+
+
+def _dense_gated(x, w):
+    return _gate(_dense(x, w))
+
+
 def _product(p: dict, timer: Timer) -> dict:
     from ..ops.matmul.triton import TritonConfig
 
     dtype = jnp.dtype(p["dtype"])
     k, n_out, n, b, d = p["K"], p["N"], p["n"], p["block_size"], p["density"]
-    if p.get("op", "x @ W") == "x @ W":
+    op = p.get("op", "x @ W")
+    dense_fn = _dense_gated if op == "x @ W glu" else _dense
+    if op in ("x @ W", "x @ W glu"):
         W = bs.random(jax.random.key(0), (k, n_out), b, d, dtype=dtype)
         x = jax.random.normal(jax.random.key(1), (n, k), jnp.float32).astype(dtype)
-        fn, args, dense_args = _sparse_last, (x, W), lambda w: (x, w)
+        fn, args, dense_args = (_gated if op == "x @ W glu" else _sparse_last), (x, W), lambda w: (x, w)
     else:
         W = bs.random(jax.random.key(0), (n_out, k), b, d, dtype=dtype)
         x = jax.random.normal(jax.random.key(1), (k, n), jnp.float32).astype(dtype)
@@ -175,17 +207,23 @@ def _product(p: dict, timer: Timer) -> dict:
     dense_w = W.to_dense()
     a32, b32 = (t.astype(jnp.float32) for t in dense_args(dense_w))
     want = jnp.dot(a32, b32, precision=jax.lax.Precision.HIGHEST)
+    if op == "x @ W glu":
+        want = _gate(want)
     tol = None if dtype == jnp.float32 else 2 * tolerance(dtype)
     with bs.dispatch_log() as log:
         got = jax.block_until_ready(jax.jit(fn)(*args))
-    rel_err = check_close(got, want, dtype=dtype, tol=tol, what=f"{p.get('op', 'x @ W')} vs the float32 dense product")
+    rel_err = check_close(got, want, dtype=dtype, tol=tol, what=f"{op} vs the float32 dense product")
     loop_ms, calls_ms = timer.loop(fn, *args), timer.calls(fn, *args)
     out = dict(loop_ms=loop_ms, calls_ms=calls_ms, rel_err=rel_err, implementation=implementation(log))
-    out.update(variant(timer, "dense", _dense, *dense_args(dense_w), want=want, dtype=dtype, tol=tol,
+    out.update(variant(timer, "dense", dense_fn, *dense_args(dense_w), want=want, dtype=dtype, tol=tol,
                        what="dense jnp.dot"))  # fmt: skip
+    if op == "x @ W glu":
+        out.update(variant(timer, "gate_after", _gate_after, *args, want=want, dtype=dtype, tol=tol,
+                           what="the product, then the gate in XLA"))  # fmt: skip
+        ratio(out, "gate_after_loop_ms", "loop_ms", "gate_after_time_ratio")  # > 1: gating in the store is faster
     if missing("gpu") is None:  # the kernels' own time: the loop's own work is most of a few-microsecond product
         out.update(kernel_us(timer, fn, *args))
-        out.update({f"dense_{k}": v for k, v in kernel_us(timer, _dense, *dense_args(dense_w)).items()})
+        out.update({f"dense_{k}": v for k, v in kernel_us(timer, dense_fn, *dense_args(dense_w)).items()})
         ratio(out, "dense_kernel_us", "kernel_us", "kernel_speedup_vs_dense")
     configs = {"worklist": dict(stream=False), **p.get("variants", {})}
     for name, fields in configs.items():
@@ -197,7 +235,7 @@ def _product(p: dict, timer: Timer) -> dict:
         out.update(got)
         ratio(out, f"{name}_kernel_us", "kernel_us", f"{name}_time_ratio")  # > 1: the default is faster
     item = dtype.itemsize
-    io = (n * k + n * n_out) * item
+    io = (n * k + n * n_out // (2 if op == "x @ W glu" else 1)) * item
     kept = W.nnz_blocks * b * b * item + W.nnz_blocks * 4 + (W.shape[0] // b + 1) * 4 + io  # blocks, indices
     out.update(kept_gbs=kept / (loop_ms * 1e-3) / 1e9, dense_gbs=(k * n_out * item + io) / (out["dense_loop_ms"] * 1e-3)
                / 1e9, speedup_vs_dense=out["dense_loop_ms"] / loop_ms, calls_vs_dense=out["dense_calls_ms"] / calls_ms,

@@ -36,6 +36,8 @@ from .._safetensors import write as write_safetensors
 from .._util import Pytree
 from ..ops.attention import CHUNK as ATTENTION_CHUNK
 from ..ops.attention import decode_step_attention
+from ..ops.matmul import epilogue as _epilogue
+from ..ops.matmul import matmul as bs_matmul
 from ..ops.norm import rms_norm, rms_norm_reference
 from ._bert import _apply, dense_projection, sparse_projection
 
@@ -257,9 +259,21 @@ class KVCache(Pytree):
         return self.k[0].shape[1]
 
 
-def _silu(y):
-    """SiLU as the products' epilogue computes it (in float32), cast back."""
-    return _nn.ACTIVATIONS["silu"](y.astype(jnp.float32)).astype(y.dtype)
+def _gated(layer, h):
+    """SwiGLU on a fused ``gate_up`` layer ``(hidden, 2 * ffn)``: ``silu(gate) * up`` of its two halves, gated in
+    the product's epilogue for a block-sparse weight (:func:`blocksparse.matmul`'s ``glu``: the few-token kernel
+    stores only the ``ffn`` outputs), after a float32 product for a dense one."""
+    h2 = h.reshape(-1, h.shape[-1])
+    if isinstance(layer, _nn.SparseLinear):
+        y = bs_matmul(h2, layer.weight, bias=layer.bias, activation="silu", glu=True,
+                      implementation=layer.implementation)  # fmt: skip
+    else:
+        out = jnp.result_type(h2, layer.weight)
+        z = jnp.matmul(
+            h2.astype(out), layer.weight.astype(out), preferred_element_type=jnp.promote_types(out, jnp.float32)
+        )
+        y = _epilogue.gated(_epilogue.apply(z, layer.bias, None), "silu").astype(out)
+    return y.reshape(*h.shape[:-1], y.shape[-1])
 
 
 def _rotate(x, cos, sin):
@@ -354,9 +368,8 @@ class LlamaLayer(Pytree):
         return x + _apply(self.down, self._mlp(self.post_norm(x))), k_cache, v_cache
 
     def _mlp(self, h):
-        if self.gate_up is not None:  # fused: one product, then SiLU(gate) * up
-            gate, up = jnp.split(_apply(self.gate_up, h), 2, axis=-1)
-            return _silu(gate) * up
+        if self.gate_up is not None:  # fused: one product, SiLU(gate) * up in its epilogue
+            return _gated(self.gate_up, h)
         return _apply(self.gate, h) * _apply(self.up, h)  # the gate's SiLU is fused into its product
 
 

@@ -191,6 +191,7 @@ def matmul(
     *,
     bias=None,
     activation=None,
+    glu: bool = False,
     implementation=None,
     precision=None,
     preferred_element_type=None,
@@ -211,6 +212,11 @@ def matmul(
             (``jax.nn.relu``, ``jax.nn.gelu``, ...: :func:`.epilogue.check_activation`). Bias, activation
             and the cast to the output dtype run on the float32 accumulator inside the kernel (one store
             of the output, no extra pass over it); the gradients are those of the unfused expression.
+        glu: gated (a GLU): the result's last dimension, the bias added, is split in two halves ``a, b``
+            (as ``jax.nn.glu`` splits it) and the result is ``activation(a) * b``, half as wide: SwiGLU's
+            ``silu(x @ W_gate) * (x @ W_up)`` is ``matmul(x, concatenate([W_gate, W_up], axis=1),
+            activation="silu", glu=True)`` (:func:`blocksparse.concatenate`). ``x @ W`` and ``W @ v`` (a vector)
+            gate in the kernel's store where it can (the few-token kernel), the others after the product.
         implementation: ``None`` (fastest available, falling back to pure JAX: :func:`.order.of_product`),
             ``"pallas"`` (Triton), ``"mosaic"`` (the Hopper kernels; first by default on a Hopper GPU where they
             measured faster), ``"xla"``, or a sequence tried in order.
@@ -237,7 +243,9 @@ def matmul(
     """
     activation = _epilogue.check_activation(activation)
     config = _check_config(config, MATMUL_CONFIGS)
-    fused = bias is not None or activation is not None
+    if not isinstance(glu, bool | np.bool_):
+        raise TypeError(f"Expected glu a bool. Got {glu!r}.")
+    fused = bias is not None or activation is not None or glu
     for operand in (a, b):  # operands that run the product themselves (a matrix sharded by bs.shard)
         if (own := getattr(type(operand), "_bs_matmul", None)) is not None:
             if not fused:
@@ -248,6 +256,9 @@ def matmul(
             b1 = _bias(bias, (out.shape[0],) if out.ndim == 1 else out.shape[-1:])
             y = own(a, b, implementation=implementation, precision=precision,
                     preferred_element_type=acc_dtype(out.dtype))  # fmt: skip
+            if glu:
+                _even_features(y.shape)
+                return _epilogue.gated(_epilogue.apply(y, b1, None), activation).astype(out.dtype)
             return _epilogue.apply(y, b1, activation).astype(out.dtype)
     impls = _impls(implementation, config, lambda: _default_order(a, b, fused))
     prec = canonical_precision(precision)
@@ -267,8 +278,15 @@ def matmul(
             return apply_2d(W.shape, x, lambda x2: _sparse_dense(W, x2, s), sparse_first=True)
         if x.ndim == 1:  # (m,) output: the bias runs along the rows of the (m, 1) product
             b1 = _bias(bias, (W.shape[0],))
-            s = s.but(epilogue=_epilogue.Epilogue(activation, b1 is not None, 0))
+            if glu:
+                _even_features((W.shape[0],))
+            s = s.but(epilogue=_epilogue.Epilogue(activation, b1 is not None, 0, glu))
             return apply_2d(W.shape, x, lambda x2: _sparse_dense(W, x2, s, b1), sparse_first=True)
+        if glu:  # the halves of each batch element's columns: the gate after the product
+            _even_features(x.shape)
+            y = matmul(W, x, bias=bias, implementation=implementation, precision=precision,
+                       preferred_element_type=acc_dtype(s.out_dtype), config=config)  # fmt: skip
+            return _epilogue.gated(y, activation).astype(s.out_dtype)
         b1 = _bias(bias, x.shape[-1:])
         s = s.but(epilogue=_epilogue.Epilogue(activation, b1 is not None, 1))
         # Batch dimensions are folded into the columns: the bias repeats once per batch element.
@@ -280,8 +298,19 @@ def matmul(
     if not fused:
         return apply_2d(W.shape, x, lambda x2: _dense_sparse(x2, W, s), sparse_first=False)
     b1 = _bias(bias, (W.shape[1],))
-    s = s.but(epilogue=_epilogue.Epilogue(activation, b1 is not None, 1))
-    return apply_2d(W.shape, x, lambda x2: _dense_sparse(x2, W, s, b1), sparse_first=False)
+    if glu:
+        _even_features(W.shape)
+    width = W.shape[1] // 2 if glu else W.shape[1]
+    s = s.but(epilogue=_epilogue.Epilogue(activation, b1 is not None, 1, glu))
+    return apply_2d(W.shape, x, lambda x2: _dense_sparse(x2, W, s, b1), sparse_first=False, width=width)
+
+
+def _even_features(shape: tuple[int, ...]) -> None:
+    """A ``ValueError`` unless the result's last dimension ``shape[-1]`` has two halves (a GLU's gate and value)."""
+    if shape[-1] % 2:
+        raise ValueError(
+            f"Expected an even last dimension of the result for glu=True (two halves, gate and value). Got {shape[-1]}."
+        )
 
 
 def _bias(bias, shape: tuple[int, ...]):
@@ -293,12 +322,13 @@ def _bias(bias, shape: tuple[int, ...]):
     return bias
 
 
-def apply_2d(shape: tuple[int, int], x, product, *, sparse_first: bool):
+def apply_2d(shape: tuple[int, int], x, product, *, sparse_first: bool, width: int | None = None):
     """Check ``x`` against a sparse operand of ``shape`` and run ``product`` on its 2-D form.
 
     ``sparse_first``: ``W (m, k) @ x`` with ``x`` of shape ``(k,)`` or ``(..., k, n)``, batch
     dimensions folded into the columns: ``product`` gets ``(k, B * n)`` and returns ``(m, B * n)``.
-    Else ``x @ W`` with ``x`` of shape ``(..., m)``: ``product`` gets ``(B, m)``, returns ``(B, k)``.
+    Else ``x @ W`` with ``x`` of shape ``(..., m)``: ``product`` gets ``(B, m)``, returns ``(B, width)`` (``width``:
+    ``k`` unless given, as for a gated epilogue).
     Shared by every kind of sparse operand (static, dynamic, sharded over a mesh).
     """
     m, k = shape
@@ -307,7 +337,7 @@ def apply_2d(shape: tuple[int, int], x, product, *, sparse_first: bool):
             raise ValueError(
                 f"Expected the dense operand's last dimension to be {m} (W is {shape}). Got shape {x.shape}."
             )
-        return product(x.reshape(math.prod(x.shape[:-1]), m)).reshape(*x.shape[:-1], k)
+        return product(x.reshape(math.prod(x.shape[:-1]), m)).reshape(*x.shape[:-1], k if width is None else width)
     if x.ndim == 0:
         raise ValueError("Expected a dense operand with at least 1 dimension. Got a scalar.")
     kx = x.shape[0] if x.ndim == 1 else x.shape[-2]

@@ -1,4 +1,5 @@
-"""The fused epilogue of a product: ``activation(product + bias)``, then the cast to the output dtype.
+"""The fused epilogue of a product: ``activation(product + bias)``, then the cast to the output dtype; or, gated
+(``glu``), ``activation(a) * b`` of the two halves ``a, b`` of ``product + bias`` along its features.
 
 A linear layer's product is followed by a bias, an activation and a cast; run as separate XLA ops
 after a kernel, they read and write the whole output again (for a 32768 x 1536 FFN activation in
@@ -18,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["ACTIVATIONS", "Epilogue", "apply", "check_activation"]
+__all__ = ["ACTIVATIONS", "Epilogue", "apply", "check_activation", "gate_after", "gated"]
 
 _SQRT_HALF = 1.0 / math.sqrt(2.0)
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -110,12 +111,15 @@ class Epilogue:
         activation: ``None`` or a name in :data:`ACTIVATIONS`.
         bias: whether a bias is added (an array operand of the op).
         bias_axis: the axis of the kernel's 2-D output the bias runs along (``1``: one value per
-            column, the usual ``x @ W + b``; ``0``: per row, for products computed transposed).
+            column, the usual ``x @ W + b``; ``0``: per row, for products computed transposed): the features.
+        glu: gated: the product's features (along ``bias_axis``) are two halves ``a, b`` and the output is
+            ``activation(a) * b`` (:func:`gated`), half as wide (SwiGLU with ``"silu"``, GeGLU with ``"gelu"``).
     """
 
     activation: str | None = None
     bias: bool = False
     bias_axis: int = 1
+    glu: bool = False
 
 
 def apply(y, bias, activation: str | None):
@@ -128,10 +132,28 @@ def apply(y, bias, activation: str | None):
     return y if activation is None else ACTIVATIONS[activation](y)
 
 
+def gated(y, activation: str | None, axis: int = -1):
+    """``activation(a) * b`` in float32 (or ``y``'s wider dtype), ``a, b`` the two halves of ``y`` along ``axis``
+    (``jax.nn.glu``'s split; ``activation=None``: the bilinear ``a * b``)."""
+    a, b = jnp.split(y, 2, axis=axis)
+    return apply(a, None, activation) * b.astype(jnp.promote_types(b.dtype, jnp.float32))
+
+
 def reference(y, bias, epi: Epilogue | None, out_dtype) -> jax.Array:
     """The epilogue on a whole 2-D product in its accumulation dtype (the XLA path); ``None``: the cast."""
     if epi is None:
         return y.astype(out_dtype)
     if bias is not None and epi.bias_axis == 0:
         bias = bias[:, None]
+    if epi.glu:
+        return gated(apply(y, bias, None), epi.activation, epi.bias_axis).astype(out_dtype)
     return apply(y, bias, epi.activation).astype(out_dtype)
+
+
+def gate_after(fused, s, *args):
+    """A gated epilogue (``s.epilogue.glu``) outside the kernel: ``fused(static, *args)``, a backend's fused product,
+    with only the bias fused and a float32 (or wider) output, then :func:`gated` and the cast in XLA."""
+    epi = s.epilogue
+    acc = jnp.promote_types(s.out_dtype, jnp.float32)
+    z = fused(s.but(out_dtype=acc, epilogue=Epilogue(None, epi.bias, epi.bias_axis)), *args)
+    return gated(z, epi.activation, epi.bias_axis).astype(s.out_dtype)

@@ -163,7 +163,8 @@ nan_grad.defvjp(_nan_grad_fwd, _nan_grad_bwd)
 
 
 # --------------------------------------------------------------------------------------------
-# Fused epilogue: ``activation(product + bias)`` in float32, then the cast, in the kernel's store.
+# Fused epilogue: ``activation(product + bias)`` in float32 (or gated: ``activation(a) * b`` of its two halves),
+# then the cast, in the kernel's store.
 # Backends implement ``<kind>_fused(static, *ints, *floats, bias)``. Under differentiation the
 # forward runs the plain product (with its own VJP) in float32 and the epilogue in XLA, keeping
 # the pre-activation for the backward, as dense code does; only the primal uses the fused kernel.
@@ -181,14 +182,18 @@ def _plain(kind: str, s, ints, floats):
 
 def _fused_table(kind: str):
     def table(name: str):
-        fn = getattr(get_backend(name), f"{kind}_fused", None)
+        backend = get_backend(name)
+        fn = getattr(backend, f"{kind}_fused", None)
         if fn is None:  # a registered backend without the fused ops: the next implementation runs
 
             def refuse(*_):
                 raise NotImplementedError(f"the backend has no {kind}_fused method (no fused epilogue)")
 
             return refuse
-        return fn
+        # A gated epilogue runs where the backend has a ``<kind>_glu`` method; elsewhere its fused op adds the bias,
+        # and the gate follows in XLA.
+        glu = getattr(backend, f"{kind}_glu", None) or functools.partial(_epilogue.gate_after, fn)
+        return lambda s, *args: (glu if s.epilogue.glu else fn)(s, *args)
 
     return table
 

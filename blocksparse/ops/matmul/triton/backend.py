@@ -1,9 +1,10 @@
 """The Pallas (Triton lowering) backend (``implementation="pallas"``): which kernel variant runs.
 
 Every product runs its kernel of :mod:`.kernels`, except the static ``x @ W`` and ``W @ x`` with few tokens,
-which run the one-launch kernel of :mod:`.stream` (:func:`.stream.takes`). A :class:`~.common.TritonConfig` given
-through ``bs.matmul(..., config=)`` (``OpStatic.config``) sets the tiles and variants (split or not, the dynamic
-design, stream or not), the defaults of :mod:`.common` and the tuned table otherwise.
+which run the one-launch kernel of :mod:`.stream` (:func:`.stream.takes`), a gated epilogue (GLU) in its store.
+A :class:`~.common.TritonConfig` given through ``bs.matmul(..., config=)`` (``OpStatic.config``) sets the tiles
+and variants (split or not, the dynamic design, stream or not), the defaults of :mod:`.common` and the tuned
+table otherwise.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from .. import epilogue as _epilogue
 from ..reference import poison
 from . import stream
 from .common import TritonConfig, check
@@ -62,6 +64,18 @@ class PallasBackend:
         run = stream.dds if stream.takes("dds", x.shape[0], s.pattern, cfg) else dds
         return run(x.astype(dt), s.pattern, data.astype(dt), s.out_dtype, exact=_exact(s), config=cfg, epi=s.epilogue,
                    bias=bias)  # fmt: skip
+
+    # Gated epilogue (``s.epilogue.glu``): in the few-token kernel's store where it runs and its halves meet at a
+    # block boundary, else the work-list kernel with the bias fused and the gate after it.
+    def dsd_glu(self, s, data, x, bias):
+        if stream.takes("dsd", x.shape[1], s.pattern, _cfg(s)) and stream.gates("dsd", s.pattern):
+            return self.dsd_fused(s, data, x, bias)
+        return _epilogue.gate_after(self.dsd_fused, s, data, x, bias)
+
+    def dds_glu(self, s, x, data, bias):
+        if stream.takes("dds", x.shape[0], s.pattern, _cfg(s)) and stream.gates("dds", s.pattern):
+            return self.dds_fused(s, x, data, bias)
+        return _epilogue.gate_after(self.dds_fused, s, x, data, bias)
 
     def dyn_dsd_fused(self, s, rows, cols, keep, valid, data, x, bias):
         dt = check(data.shape[1:], data.dtype, x.dtype)

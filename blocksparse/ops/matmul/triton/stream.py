@@ -26,6 +26,10 @@ launch, still deterministic (the same sum whichever part finishes last).
 - ``W @ x`` (:func:`dsd`): ``W``'s block rows in storage order; acc ``(tile, nr) += W_block[sub-tile, :] @
   x[slab, :]``. The sub-tile is ``tile`` contiguous rows of the block: one contiguous read.
 
+Gated (a GLU epilogue, :func:`gates`): the output block ``u`` of the first half walks block column (row) ``u`` of
+``W`` for the gate and ``u + units / 2`` for the value, one accumulator each, and stores ``activation(gate) *
+value``: SwiGLU's gate and up projections in one launch, their product never in memory.
+
 Which products take it is :func:`takes` (the tuned tables ``TRITON_STREAM_DDS_SPEEDUP`` / ``_DSD_SPEEDUP``:
 where it measured at least as fast as the work list, whose kernel alone is faster on long rows of few output
 blocks: one program per SM then walks 30 to 110 blocks one after another) unless ``TritonConfig(stream=)``
@@ -51,7 +55,7 @@ from .. import tuned
 from ..schedule import kernel_constant
 from .common import TritonConfig, _bias_operand, _dot, _finish, _interpret, _pallas_call, _params, _split_refs
 
-__all__ = ["StreamPlan", "dds", "dsd", "plan", "takes"]
+__all__ = ["StreamPlan", "dds", "dsd", "gates", "plan", "takes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +66,8 @@ class StreamPlan:
         tile: the sub-tile: columns (``x @ W``) or rows (``W @ x``) of an output block per program.
         group: blocks read per loop step.
         rows: the tokens padded to a power of two >= 16 (the accumulator's short side; held in registers).
-        programs: output blocks times sub-tiles (the launch has ``programs * split``).
+        programs: output blocks times sub-tiles (the launch has ``programs * split``; gated, the output has half
+            the blocks, each two walks).
         split: parts each sub-tile's walk is cut into (``1``: none).
         num_warps, num_stages: Triton launch parameters.
     """
@@ -92,14 +97,21 @@ def takes(op: str, n: int, pattern: BlockPattern, config: TritonConfig | None) -
     return tuned.nearest_cell(table, bh, k, pattern.density) >= 1.0
 
 
+def gates(op: str, pattern: BlockPattern) -> bool:
+    """Whether the kernel can gate ``op``'s output (a GLU): an even number of output blocks (block columns of ``W``
+    for ``x @ W``, block rows for ``W @ x``), so that the halves meet at a block boundary."""
+    return (pattern.grid[1] if op == "dds" else pattern.grid[0]) % 2 == 0
+
+
 #: The share of a CTA's shared memory the pipelined loads may take (Triton keeps a buffer per stage of every load
 #: feeding a dot; the epilogue's layout conversion needs some of the rest).
 SMEM_SHARE = 3 / 4
 
 
-def plan(op: str, pattern: BlockPattern, n: int, config: TritonConfig | None = None, itemsize: int = 2) -> StreamPlan:
+def plan(op: str, pattern: BlockPattern, n: int, config: TritonConfig | None = None, itemsize: int = 2,
+         glu: bool = False) -> StreamPlan:  # fmt: skip
     """The stream kernel's plan for ``op`` (``"dds"``: ``x @ W``, ``"dsd"``: ``W @ x``) with ``n`` tokens of
-    ``itemsize`` bytes.
+    ``itemsize`` bytes (``glu``: gated, half the output blocks, each two walks).
 
     The sub-tile is the widest (at most the block) that still gives every SM :data:`~..tuned`
     ``TRITON_STREAM_PROGRAMS_PER_SM`` programs, and never below ``TRITON_STREAM_MIN_TILE``; the config's
@@ -112,7 +124,7 @@ def plan(op: str, pattern: BlockPattern, n: int, config: TritonConfig | None = N
     cfg = config or TritonConfig()
     bh, bw = pattern.block_size
     side = bw if op == "dds" else bh
-    units = pattern.grid[1] if op == "dds" else pattern.grid[0]
+    units = (pattern.grid[1] if op == "dds" else pattern.grid[0]) // (2 if glu else 1)
     forced = cfg.tn if op == "dds" else cfg.tb
     want = t.TRITON_STREAM_PROGRAMS_PER_SM * hardware.gpu().num_sms
     if forced is not None:
@@ -160,9 +172,11 @@ def _walk(pattern: BlockPattern, op: str) -> tuple[np.ndarray, np.ndarray, np.nd
     return np.asarray(pattern.indptr, np.int32), np.asarray(pattern.cols, np.int32), ids
 
 
-def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, rows, n, group, split, exact, epi):
+def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, rows, n, group, split, exact, epi,
+            half):  # fmt: skip
     """Program ``p``: part ``p // Q`` of sub-tile ``p % Q`` (``Q`` sub-tiles), which is sub-tile ``q % sub`` of
-    output block ``q // sub`` (see the module docstring)."""
+    output block ``q // sub`` (see the module docstring); gated (``half``: the output blocks, half of ``W``'s),
+    also of output block ``q // sub + half`` for the value."""
     from jax.experimental.pallas import triton as plgpu
 
     if split > 1:
@@ -177,12 +191,6 @@ def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, ro
     q, part = p % nq, p // nq
     u = q // sub
     t0 = pl.multiple_of((q % sub) * tile, tile)
-    start = start_ref[u]
-    length = start_ref[u + 1] - start
-    if split > 1:  # this part's share of the walk
-        chunk = (length + split - 1) // split
-        start = start + jnp.minimum(part * chunk, length)
-        length = jnp.minimum(chunk, start_ref[u + 1] - start)
     if op == "dds":  # acc (rows, tile): tokens x output columns
         live = lax.broadcasted_iota(jnp.int32, (rows, bh), 0) < n
 
@@ -204,68 +212,87 @@ def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, ro
 
         shape = (tile, rows)
 
-    def grouped(i, acc):
-        j = start + i * group
-        for g in range(group):
-            acc = step(j + g, acc)
-        return acc
+    def walk(u):  # this part of output block u's walk, summed
+        start = start_ref[u]
+        length = start_ref[u + 1] - start
+        if split > 1:  # this part's share of the walk
+            chunk = (length + split - 1) // split
+            start = start + jnp.minimum(part * chunk, length)
+            length = jnp.minimum(chunk, start_ref[u + 1] - start)
 
-    full = length // group
-    acc = lax.fori_loop(0, full, grouped, jnp.zeros(shape, jnp.float32))
-    acc = lax.fori_loop(start + full * group, start + length, step, acc)
+        def grouped(i, acc):
+            j = start + i * group
+            for g in range(group):
+                acc = step(j + g, acc)
+            return acc
 
-    def store(acc):
+        full = length // group
+        acc = lax.fori_loop(0, full, grouped, jnp.zeros(shape, jnp.float32))
+        return lax.fori_loop(start + full * group, start + length, step, acc)
+
+    # The accumulators: the output block's, and gated the value's (output block u + half of W).
+    accs = (walk(u),) if half is None else (walk(u), walk(u + half))
+
+    def store(accs):
         if op == "dds":
-            c0 = u * bw + t0
-            out = _finish(acc, epi, bias_ref, 0, c0, shape)
+            at = lambda v: (0, (u + v) * bw + t0)  # noqa: E731
+            y = y_ref.at[pl.ds(0, rows), pl.ds(u * bw + t0, tile)]
             keep = lax.broadcasted_iota(jnp.int32, shape, 0) < n
-            plgpu.store(y_ref.at[pl.ds(0, rows), pl.ds(c0, tile)], out.astype(y_ref.dtype), mask=keep)
         else:
-            r0 = u * bh + t0
-            out = _finish(acc, epi, bias_ref, r0, 0, shape)
+            at = lambda v: ((u + v) * bh + t0, 0)  # noqa: E731
+            y = y_ref.at[pl.ds(u * bh + t0, tile), pl.ds(0, rows)]
             keep = lax.broadcasted_iota(jnp.int32, shape, 1) < n
-            plgpu.store(y_ref.at[pl.ds(r0, tile), pl.ds(0, rows)], out.astype(y_ref.dtype), mask=keep)
+        out = _finish(accs[0], epi, bias_ref, *at(0), shape)
+        if half is not None:  # gated: activation(gate + bias) * (value + its bias)
+            out = out * _finish(accs[1], _epilogue.Epilogue(None, epi.bias, epi.bias_axis), bias_ref, *at(half), shape)
+        plgpu.store(y, out.astype(y_ref.dtype), mask=keep)
 
     if split == 1:
-        store(acc)
+        store(accs)
         return
-    # Split: publish the partial, count the parts done; the last one sums all parts in part order (the same
+    # Split: publish the partials, count the parts done; the last one sums all parts in part order (the same
     # sum whichever part finishes last) and stores. The barrier orders every thread's partial before the
     # counter's release; the counter's acquire and the volatile loads order the sum after the other parts'.
-    height = shape[0]
-    part_ref[pl.ds((part * nq + q) * height, height), :] = acc
+    height, na = shape[0], len(accs)
+    for a, acc in enumerate(accs):
+        part_ref[pl.ds(((part * nq + q) * na + a) * height, height), :] = acc
     if not _interpret():
         plgpu.debug_barrier()
     done = plgpu.atomic_add(count_ref, (q,), jnp.int32(1))
 
     @pl.when(done == split - 1)
     def _():
-        total = jnp.zeros(shape, jnp.float32)
-        for k in range(split):
-            view = part_ref.at[pl.ds((k * nq + q) * height, height), :]
-            total = total + (view[...] if _interpret() else plgpu.load(view, volatile=True))
-        store(total)
+        totals = []
+        for a in range(na):
+            total = jnp.zeros(shape, jnp.float32)
+            for k in range(split):
+                view = part_ref.at[pl.ds(((k * nq + q) * na + a) * height, height), :]
+                total = total + (view[...] if _interpret() else plgpu.load(view, volatile=True))
+            totals.append(total)
+        store(totals)
 
 
 def _call(op, pattern, data, x, out_dtype, n, out_shape, *, exact, config, epi, bias):
     bh, bw = pattern.block_size
-    if pattern.nnz_blocks == 0:
-        return _epilogue.reference(jnp.zeros(out_shape, jnp.float32), bias, epi, out_dtype)
-    pl_ = plan(op, pattern, n, config, jnp.dtype(x.dtype).itemsize)
+    if pattern.nnz_blocks == 0:  # the epilogue of a zero product (W's whole width: gated, halved again)
+        full = (n, pattern.shape[1]) if op == "dds" else (pattern.shape[0], n)
+        return _epilogue.reference(jnp.zeros(full, jnp.float32), bias, epi, out_dtype)
+    glu = epi is not None and epi.glu
+    pl_ = plan(op, pattern, n, config, jnp.dtype(x.dtype).itemsize, glu=glu)
     start, kb, ids = _walk(pattern, op)
+    units = pattern.grid[1] if op == "dds" else pattern.grid[0]
     kernel = functools.partial(_kernel, op=op, bh=bh, bw=bw, tile=pl_.tile, rows=pl_.rows, n=n, group=pl_.group,
-                               split=pl_.split, exact=exact, epi=epi)  # fmt: skip
-    length = out_shape[1] if op == "dds" else out_shape[0]
-    b1 = _bias_operand(bias, epi, length)
+                               split=pl_.split, exact=exact, epi=epi, half=units // 2 if glu else None)  # fmt: skip
+    b1 = _bias_operand(bias, epi, pattern.shape[1] if op == "dds" else pattern.shape[0])
     name = f"bs_{op}_stream_{bh}x{bw}_t{pl_.tile}_g{pl_.group}" + (f"_s{pl_.split}" if pl_.split > 1 else "")
-    name += "_epi" if epi is not None else ""
+    name += ("_glu" if glu else "_epi") if epi is not None else ""
     args = (kernel_constant(start), kernel_constant(kb), kernel_constant(ids), data.reshape(-1, bw), x, *b1)
     y = jax.ShapeDtypeStruct(out_shape, out_dtype)
     if pl_.split == 1:
         out_shapes, aliases = y, {}
     else:
         rows, cols = (pl_.rows, pl_.tile) if op == "dds" else (pl_.tile, pl_.rows)
-        out_shapes = (y, jax.ShapeDtypeStruct((pl_.split * pl_.programs * rows, cols), jnp.float32),
+        out_shapes = (y, jax.ShapeDtypeStruct(((1 + glu) * pl_.split * pl_.programs * rows, cols), jnp.float32),
                       jax.ShapeDtypeStruct((pl_.programs,), jnp.int32))  # fmt: skip
         args, aliases = args + (jnp.zeros((pl_.programs,), jnp.int32),), {len(args): 2}
     out = _pallas_call(
@@ -280,21 +307,33 @@ def _call(op, pattern, data, x, out_dtype, n, out_shape, *, exact, config, epi, 
     return out if pl_.split == 1 else out[0]
 
 
+def _gated(op: str, pattern: BlockPattern, epi) -> int:
+    """The output's features: ``W``'s (``x @ W``: columns, ``W @ x``: rows), half where ``epi`` is gated (then a
+    ``ValueError`` unless :func:`gates`)."""
+    features = pattern.shape[1] if op == "dds" else pattern.shape[0]
+    if epi is None or not epi.glu:
+        return features
+    if not gates(op, pattern):
+        units = pattern.grid[1] if op == "dds" else pattern.grid[0]
+        raise ValueError(f"Expected an even number of output blocks to gate (a GLU). Got {units}.")
+    return features // 2
+
+
 def dds(x, pattern: BlockPattern, data, out_dtype, *, exact: bool = False, config: TritonConfig | None = None,
         epi=None, bias=None):  # fmt: skip
     """``x @ W`` (``x``: ``(n, K)``, few rows) in one launch; ``data`` and ``x`` of one supported dtype."""
-    n = x.shape[0]
+    n, features = x.shape[0], _gated("dds", pattern, epi)
     if n == 0:
-        return jnp.zeros((0, pattern.shape[1]), out_dtype)
-    return _call("dds", pattern, data, x, out_dtype, n, (n, pattern.shape[1]), exact=exact, config=config, epi=epi,
+        return jnp.zeros((0, features), out_dtype)
+    return _call("dds", pattern, data, x, out_dtype, n, (n, features), exact=exact, config=config, epi=epi,
                  bias=bias)  # fmt: skip
 
 
 def dsd(pattern: BlockPattern, data, x, out_dtype, *, exact: bool = False, config: TritonConfig | None = None,
         epi=None, bias=None):  # fmt: skip
     """``W @ x`` (``x``: ``(K, n)``, few columns) in one launch; ``data`` and ``x`` of one supported dtype."""
-    n = x.shape[1]
+    n, features = x.shape[1], _gated("dsd", pattern, epi)
     if n == 0:
-        return jnp.zeros((pattern.shape[0], 0), out_dtype)
-    return _call("dsd", pattern, data, x, out_dtype, n, (pattern.shape[0], n), exact=exact, config=config, epi=epi,
+        return jnp.zeros((features, 0), out_dtype)
+    return _call("dsd", pattern, data, x, out_dtype, n, (features, n), exact=exact, config=config, epi=epi,
                  bias=bias)  # fmt: skip
