@@ -77,6 +77,8 @@ STREAM_VARIANTS = {
     "tile16": dict(tn=16, tb=16),
     "tile64": dict(tn=64, tb=64),
 }
+#: The variants a gated cell times at the tuning density (its two walks per program change the sub-tile's trade).
+GATED_VARIANTS = ("group2", "group8", "tile16", "tile64", "warps8")
 #: Named sizes: ``tiny`` for tests, ``quick`` for the CPU default, ``full`` for the GPU figures.
 SIZES = {
     "tiny": dict(products=((128, 256),), ns=(4,), blocks=(32,), densities=(1 / 4,), ops=("x @ W",), gated=(),
@@ -143,6 +145,8 @@ def suite(*, products, ns, blocks, densities, ops, variants, tune, gated, model,
                         out.append(Cell("decode", label, params, functools.partial(_product, params)))
     for g in gated:
         params = dict(kind="product", op="x @ W glu", dtype=dtype, **g)
+        if tune is None or (g["n"], g["density"]) == tune:  # the launch shape's variants that a gated walk changes
+            params["variants"] = {k: v for k, v in variants.items() if k in GATED_VARIANTS}
         label = (f"silu glu x ({g['n']}, {g['K']}) @ W ({g['K']}, {g['N']}) b={g['block_size']} "
                  f"d={density_label(g['density'])}")  # fmt: skip
         out.append(Cell("decode", label, params, functools.partial(_product, params)))

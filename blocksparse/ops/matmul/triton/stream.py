@@ -27,8 +27,9 @@ launch, still deterministic (the same sum whichever part finishes last).
   x[slab, :]``. The sub-tile is ``tile`` contiguous rows of the block: one contiguous read.
 
 Gated (a GLU epilogue, :func:`gates`): the output block ``u`` of the first half walks block column (row) ``u`` of
-``W`` for the gate and ``u + units / 2`` for the value, one accumulator each, and stores ``activation(gate) *
-value``: SwiGLU's gate and up projections in one launch, their product never in memory.
+``W`` for the gate and ``u + units / 2`` for the value side by side (a block of each per step, the shorter
+walk's steps past its end masked), one accumulator each, and stores ``activation(gate) * value``: SwiGLU's gate
+and up projections in one launch, their product never in memory.
 
 Which products take it is :func:`takes` (the tuned tables ``TRITON_STREAM_DDS_SPEEDUP`` / ``_DSD_SPEEDUP``:
 where it measured at least as fast as the work list, whose kernel alone is faster on long rows of few output
@@ -212,13 +213,17 @@ def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, ro
 
         shape = (tile, rows)
 
-    def walk(u):  # this part of output block u's walk, summed
+    def bounds(u):  # this part of output block u's walk: its first block and length
         start = start_ref[u]
         length = start_ref[u + 1] - start
         if split > 1:  # this part's share of the walk
             chunk = (length + split - 1) // split
             start = start + jnp.minimum(part * chunk, length)
             length = jnp.minimum(chunk, start_ref[u + 1] - start)
+        return start, length
+
+    def walk(u):  # output block u's walk (this part of it), summed
+        start, length = bounds(u)
 
         def grouped(i, acc):
             j = start + i * group
@@ -230,8 +235,30 @@ def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, ro
         acc = lax.fori_loop(0, full, grouped, jnp.zeros(shape, jnp.float32))
         return lax.fori_loop(start + full * group, start + length, step, acc)
 
+    def walks(u, v):  # gated: the walks of output blocks u and v side by side, a block of each per step
+        (su, lu), (sv, lv) = bounds(u), bounds(v)
+        last = id_ref.shape[0] - 1
+
+        def one(start, length, i, acc):  # block i of a walk; past its end a block in range, its product dropped
+            part = step(jnp.minimum(start + i, last), jnp.zeros(shape, jnp.float32))
+            return acc + jnp.where(i < length, part, 0.0)
+
+        def both(i, accs):
+            return one(su, lu, i, accs[0]), one(sv, lv, i, accs[1])
+
+        def grouped(i, accs):
+            for g in range(group):
+                accs = both(i * group + g, accs)
+            return accs
+
+        longest = jnp.maximum(lu, lv)
+        full = longest // group
+        zero = jnp.zeros(shape, jnp.float32)
+        accs = lax.fori_loop(0, full, grouped, (zero, zero))
+        return lax.fori_loop(full * group, longest, both, accs)
+
     # The accumulators: the output block's, and gated the value's (output block u + half of W).
-    accs = (walk(u),) if half is None else (walk(u), walk(u + half))
+    accs = (walk(u),) if half is None else walks(u, u + half)
 
     def store(accs):
         if op == "dds":
