@@ -22,6 +22,7 @@ from test_gnn_pallas import _lower_for_cuda
 from blocksparse import hardware
 from blocksparse.models import LlamaConfig, LlamaModel, fuse_projections, prune_decoder
 from blocksparse.ops import _dispatch as dispatch
+from blocksparse.ops.matmul import tuned
 from blocksparse.ops.norm import rms_norm, rms_norm_reference
 
 ON_GPU = has_gpu()
@@ -124,9 +125,9 @@ def test_decoder_steps_run_one_norm_launch_per_norm():
                                atol=1e-5, rtol=1e-5)  # fmt: skip
 
 
-def test_pruned_decoder_steps_gate_the_mlp_in_the_product():
-    # Fused and pruned, a one-token step's gate and up projections are one gated product a layer: the few-token
-    # kernel stores silu(gate) * up (on a faked H200, where the kernel takes these products).
+def test_pruned_decoder_steps_gate_the_mlp_by_the_tuned_rule():
+    # Fused and pruned, a one-token step's gate and up projections are one gated product a layer (on a faked H200,
+    # where the few-token kernel takes these products).
     cfg = LlamaConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
                       head_dim=32, max_positions=64)  # fmt: skip
     model = fuse_projections(prune_decoder(LlamaModel.random(jax.random.key(0), cfg), 16, 0.5))
@@ -136,7 +137,8 @@ def test_pruned_decoder_steps_gate_the_mlp_in_the_product():
     with hardware.fake(hardware.H200):
         step = jax.make_jaxpr(lambda t, c: model.step(t, c, 5))(tokens, cache)
         logits = jax.jit(lambda m, t, c: m.step(t, c, 5)[0])(model, tokens, cache)
-    assert _launches(step.jaxpr, "_glu") == cfg.num_layers
+    # in the store where the device's tuned table measured it faster (on the H200 it did not: the gate follows)
+    assert _launches(step.jaxpr, "_glu") == (cfg.num_layers if tuned.H200.TRITON_STREAM_GATES else 0)
     want = jax.jit(lambda m, t, c: m.step(t, c, 5)[0])(model.with_attention("xla"), tokens, cache)
     np.testing.assert_allclose(logits, want, atol=1e-5, rtol=1e-5)
 

@@ -281,6 +281,13 @@ H200 = Table(
             f"slower than 1 by busy time in both cells (the counters' memset and the last part's sum cost more than "
             f"the extra programs gain): no split by default ({_R}decode_split_k14336_h200.json)",
         ),
+        "TRITON_STREAM_GATES": Entry(
+            False,
+            f"{_DECODE}: silu glu x (1, 2048) @ W (2048, 16384) b=64 d=1/8: gated in the few-token kernel's store 6.3 "
+            f"to 8.8 us by the variants, the product then the gate in XLA 4.1 us; in the pruned decoder's steps "
+            f"1,594 tok/s against 1,645 ({_R}decode_glu_walks_h200.json, {_R}decode_gen_glu_h200.json): the gate "
+            f"after the product unless TritonConfig(stream=True) asks for the kernel",
+        ),
         "TRITON_STREAM_GROUP": Entry(
             4,
             f"{_DECODE}: 2 and 8 blocks per step within the noise of 4 at n=1 d=1/8 ({_R}decode_stream_tune_h200.json)",

@@ -65,15 +65,15 @@ class PallasBackend:
         return run(x.astype(dt), s.pattern, data.astype(dt), s.out_dtype, exact=_exact(s), config=cfg, epi=s.epilogue,
                    bias=bias)  # fmt: skip
 
-    # Gated epilogue (``s.epilogue.glu``): in the few-token kernel's store where it runs and its halves meet at a
-    # block boundary, else the work-list kernel with the bias fused and the gate after it.
+    # Gated epilogue (``s.epilogue.glu``): in the few-token kernel's store where :func:`.stream.gates_in_store`, else
+    # the product with the bias fused and the gate after it.
     def dsd_glu(self, s, data, x, bias):
-        if stream.takes("dsd", x.shape[1], s.pattern, _cfg(s)) and stream.gates("dsd", s.pattern):
+        if stream.gates_in_store("dsd", x.shape[1], s.pattern, _cfg(s)):
             return self.dsd_fused(s, data, x, bias)
         return _epilogue.gate_after(self.dsd_fused, s, data, x, bias)
 
     def dds_glu(self, s, x, data, bias):
-        if stream.takes("dds", x.shape[0], s.pattern, _cfg(s)) and stream.gates("dds", s.pattern):
+        if stream.gates_in_store("dds", x.shape[0], s.pattern, _cfg(s)):
             return self.dds_fused(s, x, data, bias)
         return _epilogue.gate_after(self.dds_fused, s, x, data, bias)
 

@@ -29,7 +29,8 @@ launch, still deterministic (the same sum whichever part finishes last).
 Gated (a GLU epilogue, :func:`gates`): the output block ``u`` of the first half walks block column (row) ``u`` of
 ``W`` for the gate and ``u + units / 2`` for the value side by side (a block of each per step, the shorter
 walk's steps past its end masked), one accumulator each, and stores ``activation(gate) * value``: SwiGLU's gate
-and up projections in one launch, their product never in memory.
+and up projections in one launch, their product never in memory. Where the tuned table measured it slower than
+the product followed by the gate in XLA (the H200), it runs only when asked (:func:`gates_in_store`).
 
 Which products take it is :func:`takes` (the tuned tables ``TRITON_STREAM_DDS_SPEEDUP`` / ``_DSD_SPEEDUP``:
 where it measured at least as fast as the work list, whose kernel alone is faster on long rows of few output
@@ -56,7 +57,7 @@ from .. import tuned
 from ..schedule import kernel_constant
 from .common import TritonConfig, _bias_operand, _dot, _finish, _interpret, _pallas_call, _params, _split_refs
 
-__all__ = ["StreamPlan", "dds", "dsd", "gates", "plan", "takes"]
+__all__ = ["StreamPlan", "dds", "dsd", "gates", "gates_in_store", "plan", "takes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +103,15 @@ def gates(op: str, pattern: BlockPattern) -> bool:
     """Whether the kernel can gate ``op``'s output (a GLU): an even number of output blocks (block columns of ``W``
     for ``x @ W``, block rows for ``W @ x``), so that the halves meet at a block boundary."""
     return (pattern.grid[1] if op == "dds" else pattern.grid[0]) % 2 == 0
+
+
+def gates_in_store(op: str, n: int, pattern: BlockPattern, config: TritonConfig | None) -> bool:
+    """Whether a gated ``op`` with ``n`` tokens gates in this kernel's store: it :func:`takes` the product, the halves
+    meet at a block boundary (:func:`gates`), and ``config.stream`` asks for the kernel or the tuned
+    ``TRITON_STREAM_GATES`` says the store is faster than the product followed by the gate."""
+    if not (takes(op, n, pattern, config) and gates(op, pattern)):
+        return False
+    return (config is not None and config.stream is True) or bool(tuned.current().TRITON_STREAM_GATES)
 
 
 #: The share of a CTA's shared memory the pipelined loads may take (Triton keeps a buffer per stage of every load
