@@ -854,8 +854,8 @@ def fuse_projections(model: LlamaModel) -> LlamaModel:
     as ``gate_up`` (:data:`FUSED_PROJECTIONS`), the same model with fewer launches per layer.
 
     A group is fused where its members are all dense or all block-sparse of one block size (and one
-    implementation): the weights side by side (:func:`blocksparse.concatenate` for block-sparse ones), the
-    product's output split again, the gate's SiLU applied after the product instead of in its epilogue (the
+    implementation): the weights side by side (:func:`blocksparse.concatenate` for block-sparse ones); ``qkv``'s
+    output is split again, ``gate_up`` is one gated product, ``silu(gate) * up`` (``bs.matmul``'s ``glu``; the
     rest of the computation is the same, so in float32 the logits agree to rounding). A group of mixed members
     stays as it is. Prune first (:func:`prune_decoder` refuses a fused model), then fuse; ``state_dict`` writes
     the members under their own names again.
