@@ -99,10 +99,15 @@ def takes(op: str, n: int, pattern: BlockPattern, config: TritonConfig | None) -
     return tuned.nearest_cell(table, bh, k, pattern.density) >= 1.0
 
 
+def _units(op: str, pattern: BlockPattern) -> int:
+    """The output blocks of ``op``: ``W``'s block columns for ``x @ W``, its block rows for ``W @ x``."""
+    return pattern.grid[1] if op == "dds" else pattern.grid[0]
+
+
 def gates(op: str, pattern: BlockPattern) -> bool:
     """Whether the kernel can gate ``op``'s output (a GLU): an even number of output blocks (block columns of ``W``
     for ``x @ W``, block rows for ``W @ x``), so that the halves meet at a block boundary."""
-    return (pattern.grid[1] if op == "dds" else pattern.grid[0]) % 2 == 0
+    return _units(op, pattern) % 2 == 0
 
 
 def gates_in_store(op: str, n: int, pattern: BlockPattern, config: TritonConfig | None) -> bool:
@@ -135,7 +140,7 @@ def plan(op: str, pattern: BlockPattern, n: int, config: TritonConfig | None = N
     cfg = config or TritonConfig()
     bh, bw = pattern.block_size
     side = bw if op == "dds" else bh
-    units = (pattern.grid[1] if op == "dds" else pattern.grid[0]) // (2 if glu else 1)
+    units = _units(op, pattern) // (2 if glu else 1)
     forced = cfg.tn if op == "dds" else cfg.tb
     want = t.TRITON_STREAM_PROGRAMS_PER_SM * hardware.gpu().num_sms
     if forced is not None:
@@ -317,7 +322,7 @@ def _call(op, pattern, data, x, out_dtype, n, out_shape, *, exact, config, epi, 
     glu = epi is not None and epi.glu
     pl_ = plan(op, pattern, n, config, jnp.dtype(x.dtype).itemsize, glu=glu)
     start, kb, ids = _walk(pattern, op)
-    units = pattern.grid[1] if op == "dds" else pattern.grid[0]
+    units = _units(op, pattern)
     kernel = functools.partial(_kernel, op=op, bh=bh, bw=bw, tile=pl_.tile, rows=pl_.rows, n=n, group=pl_.group,
                                split=pl_.split, exact=exact, epi=epi, half=units // 2 if glu else None)  # fmt: skip
     b1 = _bias_operand(bias, epi, pattern.shape[1] if op == "dds" else pattern.shape[0])
@@ -351,8 +356,7 @@ def _gated(op: str, pattern: BlockPattern, epi) -> int:
     if epi is None or not epi.glu:
         return features
     if not gates(op, pattern):
-        units = pattern.grid[1] if op == "dds" else pattern.grid[0]
-        raise ValueError(f"Expected an even number of output blocks to gate (a GLU). Got {units}.")
+        raise ValueError(f"Expected an even number of output blocks to gate (a GLU). Got {_units(op, pattern)}.")
     return features // 2
 
 
