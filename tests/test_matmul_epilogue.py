@@ -311,3 +311,61 @@ def test_sharded_operand_rounds_once_like_the_unsharded_product(getkey):
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(want, np.float32))
     with pytest.raises(ValueError, match=r"bias of shape \(64,\).*Got \(3,\)"):
         bs.matmul(Ws, x, bias=jnp.ones(3), activation="gelu")
+
+
+@sweep("form", ["static x @ W", "static W @ X", "dynamic x @ W", "glu out"], quick=("static x @ W", "dynamic x @ W"))
+def test_gated_input_gradients_match_the_dense_expression(getkey, form):
+    # input_glu: the product of silu(a) * b, x's halves along its contracted dimension; gradients w.r.t. x, the
+    # values and the bias are the unfused expression's, for a static matrix (its own op) and a dynamic one (the
+    # gate in XLA, then the product), with an epilogue and with a gated output too; and under vmap.
+    W = bs.random(getkey(), (32, 64), 16, 0.5)
+    M = bs.DynamicBlockSparseMatrix.from_static(W, capacity=W.nnz_blocks + 2) if "dynamic" in form else W
+    b = jax.random.normal(getkey(), (64,))
+    sparse_first = "W @ X" in form
+    x = jax.random.normal(getkey(), (3, 64, 5) if sparse_first else (7, 64))
+    glu = form == "glu out"
+
+    def gate(x, axis):
+        a, v = jnp.split(x, 2, axis=axis)
+        return jax.nn.silu(a) * v
+
+    def ours(d, x, b):
+        if sparse_first:
+            return jnp.sum(jnp.sin(bs.matmul(M.with_data(d).T, x, input_glu="silu") + b[:5]))
+        y = bs.matmul(x, M.with_data(d), bias=b, activation="tanh" if not glu else "silu", glu=glu, input_glu="silu")
+        return jnp.sum(jnp.sin(y))
+
+    def dense(w, x, b):
+        if sparse_first:
+            return jnp.sum(jnp.sin(w.T @ gate(x, -2) + b[:5]))
+        z = gate(x, -1) @ w + b
+        if glu:
+            g, u = jnp.split(z, 2, axis=-1)
+            return jnp.sum(jnp.sin(jax.nn.silu(g) * u))
+        return jnp.sum(jnp.sin(jnp.tanh(z)))
+
+    with jax.default_matmul_precision("highest"):
+        got = jax.jit(jax.grad(ours, (0, 1, 2)))(M.data, x, b)
+        want = jax.grad(dense, (0, 1, 2))(W.to_dense(), x, b)
+        np.testing.assert_allclose(ours(M.data, x, b), dense(W.to_dense(), x, b), rtol=1e-5)
+    (gd, gx, gb), (wd, wx, wb) = got, want
+    for g, w in ((gx, wx), (gb, wb), (M.with_data(gd).to_dense(), np.where(W.to_dense() != 0, wd, 0))):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5 * float(np.abs(w).max() or 1.0))
+    if not sparse_first:  # vmap over examples: the same as the batched product
+        rows = jax.vmap(lambda r: bs.matmul(r, M, input_glu="silu"))(x)
+        np.testing.assert_allclose(rows, bs.matmul(x, M, input_glu="silu"), rtol=1e-5, atol=1e-5)
+
+
+def test_gated_input_bad_arguments(getkey):
+    W = bs.random(getkey(), (32, 48), 16, 0.5)
+    with pytest.raises(ValueError, match=r"contracted dimension to be 64 for input_glu.*W's 32.*Got 32"):
+        bs.matmul(jnp.ones((4, 32)), W, input_glu="silu")
+    with pytest.raises(ValueError, match=r"contracted dimension to be 96 for input_glu.*Got 48"):
+        bs.matmul(W, jnp.ones((48, 2)), input_glu="silu")
+    with pytest.raises(ValueError, match="Expected input_glu None, True.*Got 'swish'"):
+        bs.matmul(jnp.ones((4, 64)), W, input_glu="swish")
+    with pytest.raises(TypeError, match="Expected exactly one block-sparse operand"):
+        bs.matmul(jnp.ones((4, 64)), jnp.ones((32, 48)), input_glu="silu")
+    assert bs.matmul(jnp.ones((0, 64)), W, input_glu=True).shape == (0, 48)
+    x = jnp.ones((2, 64))  # input_glu=False is no gate
+    np.testing.assert_array_equal(bs.matmul(x[:, :32], W, input_glu=False), bs.matmul(x[:, :32], W))

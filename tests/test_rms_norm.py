@@ -126,8 +126,8 @@ def test_decoder_steps_run_one_norm_launch_per_norm():
 
 
 def test_pruned_decoder_steps_gate_the_mlp_by_the_tuned_rule():
-    # Fused and pruned, a one-token step's gate and up projections are one gated product a layer (on a faked H200,
-    # where the few-token kernel takes these products).
+    # Fused and pruned, a one-token step's gate and up projections are one product a layer, and the down product gates
+    # its halves as it loads them (on a faked H200, where the few-token kernel takes these products).
     cfg = LlamaConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
                       head_dim=32, max_positions=64)  # fmt: skip
     model = fuse_projections(prune_decoder(LlamaModel.random(jax.random.key(0), cfg), 16, 0.5))
@@ -137,8 +137,10 @@ def test_pruned_decoder_steps_gate_the_mlp_by_the_tuned_rule():
     with hardware.fake(hardware.H200):
         step = jax.make_jaxpr(lambda t, c: model.step(t, c, 5))(tokens, cache)
         logits = jax.jit(lambda m, t, c: m.step(t, c, 5)[0])(model, tokens, cache)
-    # in the store where the device's tuned table measured it faster (on the H200 it did not: the gate follows)
-    assert _launches(step.jaxpr, "_glu") == (cfg.num_layers if tuned.H200.TRITON_STREAM_GATES else 0)
+    # in the down product's load where the device's tuned table measured it faster, else in XLA before it; never
+    # in the gate/up product's store (the model asks the down product to gate)
+    assert _launches(step.jaxpr, "_gated_x") == (cfg.num_layers if tuned.H200.TRITON_STREAM_GATES_INPUT else 0)
+    assert _launches(step.jaxpr, "_glu") == 0
     want = jax.jit(lambda m, t, c: m.step(t, c, 5)[0])(model.with_attention("xla"), tokens, cache)
     np.testing.assert_allclose(logits, want, atol=1e-5, rtol=1e-5)
 

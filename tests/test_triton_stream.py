@@ -23,7 +23,7 @@ import blocksparse as bs
 from blocksparse import hardware
 from blocksparse.ops import _dispatch as dispatch
 from blocksparse.ops.matmul import tuned
-from blocksparse.ops.matmul.epilogue import Epilogue
+from blocksparse.ops.matmul.epilogue import Epilogue, InputGate
 from blocksparse.ops.matmul.triton import TritonConfig, stream
 
 ON_GPU = has_gpu()
@@ -172,6 +172,72 @@ def test_gated_product_is_one_launch_and_odd_halves_gate_after(monkeypatch):
         stream.dds(x, W3.pattern, W3.data, jnp.float32, epi=Epilogue("silu", glu=True))
 
 
+def _glu_dense(x, axis, activation):
+    """``activation(a) * b`` of ``x``'s halves along ``axis``, rounded to ``x``'s dtype as a separate gate stores it."""
+    a, b = jnp.split(jnp.asarray(x, jnp.float32), 2, axis=axis)
+    act = {"silu": jax.nn.silu, "gelu_tanh": jax.nn.gelu, None: lambda v: v}[activation]
+    return np.asarray((act(a) * b).astype(x.dtype).astype(jnp.float32), np.float64)
+
+
+@settings(max_examples=examples(16), deadline=None)
+@given(
+    kind=st.sampled_from(["random", "one_full_row", "one_full_col", "empty_rows", "single"]),
+    gm=st.integers(1, 4),
+    gk=st.integers(1, 4),
+    block=st.sampled_from([16, 32]),
+    n=st.sampled_from([1, 3, 17]),
+    density=st.sampled_from([0.0, 0.4, 1.0]),
+    op=st.sampled_from(["x @ W", "W @ x", "W @ v"]),
+    activation=st.sampled_from(["silu", "gelu_tanh", None]),
+    fused=st.booleans(),
+    split=st.sampled_from([None, 2]),
+    dtype=st.sampled_from([jnp.float32, jnp.bfloat16]),
+    seed=st.integers(0, 2**16),
+)
+def test_gated_input_matches_dense(kind, gm, gk, block, n, density, op, activation, fused, split, dtype, seed):
+    # input_glu: x's contracted dimension holds (gate, value); each step gates the slab it loads. With and without
+    # the fused epilogue, split walks, empty and full patterns, against the dense product of the gated operand.
+    rng = np.random.default_rng(seed)
+    p = _pattern(kind, rng, (gm, gk), block, density)
+    W = bs.BlockSparseMatrix(p, jnp.asarray(rng.standard_normal((p.nnz_blocks, block, block)), dtype))
+    dense = np.asarray(W.to_dense().astype(jnp.float32), np.float64)
+    cfg = TritonConfig(stream=True, stream_split=split)
+    width = p.shape[1] if op == "x @ W" else p.shape[0]
+    bias = jnp.asarray(rng.standard_normal(n if op == "W @ x" else width), jnp.float32) if fused else None
+    kw = dict(input_glu=True if activation is None else activation, bias=bias, activation="relu" if fused else None,
+              precision=HIGHEST, config=cfg)  # fmt: skip
+    if op == "x @ W":
+        x = jnp.asarray(rng.standard_normal((n, 2 * p.shape[0])), dtype)
+        got, want = bs.matmul(x, W, **kw), _glu_dense(x, 1, activation) @ dense
+    elif op == "W @ x":
+        x = jnp.asarray(rng.standard_normal((2 * p.shape[1], n)), dtype)
+        got, want = bs.matmul(W, x, **kw), dense @ _glu_dense(x, 0, activation)
+    else:
+        x = jnp.asarray(rng.standard_normal(2 * p.shape[1]), dtype)
+        got, want = bs.matmul(W, x, **kw), dense @ _glu_dense(x, 0, activation)
+    if fused:
+        want = np.maximum(want + np.asarray(bias, np.float64), 0.0)
+    assert got.dtype == jnp.dtype(dtype)
+    assert _rel(got.astype(jnp.float32), want) <= TOL[jnp.dtype(dtype)]
+
+
+@pytest.mark.skipif(ON_GPU, reason="the GPU runs the kernels for real")
+def test_gated_input_is_one_launch(monkeypatch):
+    # SwiGLU's down projection of a decode step reads the gate/up product's output: one launch, no gate before it.
+    monkeypatch.setattr(dispatch, "pallas_mode", lambda: False)  # lowered as on a GPU
+    W = bs.random(jax.random.key(0), (1024, 512), 32, 1 / 4, dtype=jnp.bfloat16)
+    txt = _lower_for_cuda(lambda W, y: bs.matmul(y, W, input_glu="silu", config=TritonConfig(stream=True)), W,
+                          jnp.ones((1, 2048), jnp.bfloat16))  # fmt: skip
+    assert txt.count("__gpu$xla.gpu.triton") == 1 and re.search(r"bs_dds_stream_\w*_gated_x", txt)
+    assert "stablehlo.multiply" not in txt and "stablehlo.slice" not in txt
+    # Where the kernel does not gate (more tokens than it takes), the gate runs in XLA before the product.
+    txt = _lower_for_cuda(lambda W, y: bs.matmul(y, W, input_glu="silu"), W, jnp.ones((256, 2048), jnp.bfloat16))
+    assert "_gated_x" not in txt and "stablehlo.multiply" in txt
+    with pytest.raises(ValueError, match=r"x's contracted dimension 2048 .*gated input.*Got 1024"):
+        stream.dds(jnp.ones((1, 1024), jnp.bfloat16), W.pattern, W.data, jnp.bfloat16,
+                   gate=InputGate("silu"))  # fmt: skip
+
+
 def test_plan_spreads_the_decode_shapes_over_every_sm():
     with hardware.fake(hardware.H200):
         t = tuned.current()
@@ -286,6 +352,21 @@ def test_gated_decode_shapes_on_the_gpu(n):
         with bs.dispatch_log() as log:
             got = jax.jit(lambda x, cfg=cfg: bs.matmul(x, W, bias=bias, activation="silu", glu=True, config=cfg))(x)
         assert log == [("dds+epilogue", "pallas")]
+        assert _rel(got.astype(jnp.float32), want) <= TOL[jnp.dtype(jnp.bfloat16)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 8, 32])
+def test_gated_input_decode_shapes_on_the_gpu(n):
+    # The 1B-class decoder's down projection (8192 x 2048, b = 64, d = 1/8) on the gate/up product's output, gated
+    # as it loads it, against the float32 product of the gated operand; the split plan and 1 to 32 tokens.
+    W = bs.random(jax.random.key(n), (8192, 2048), 64, 1 / 8, dtype=jnp.bfloat16)
+    y = jax.random.normal(jax.random.key(1), (n, 16384)).astype(jnp.bfloat16)
+    want = _glu_dense(y, 1, "silu") @ np.asarray(W.to_dense().astype(jnp.float32), np.float64)
+    for cfg in (None, TritonConfig(stream=True, stream_split=3)):
+        with bs.dispatch_log() as log:
+            got = jax.jit(lambda y, cfg=cfg: bs.matmul(y, W, input_glu="silu", config=cfg))(y)
+        assert log == [("dds+input_glu", "pallas")]
         assert _rel(got.astype(jnp.float32), want) <= TOL[jnp.dtype(jnp.bfloat16)]
 
 

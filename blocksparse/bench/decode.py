@@ -16,7 +16,10 @@ Two kinds of cells:
   most of an iteration of a few microseconds. ``x @ W glu`` cells are the gate and up projections of a SwiGLU
   MLP side by side in one ``W (K, 2 F)`` (SwiGLU shapes of the 1B and 8B configs), ``silu(gate) * up`` gated in the
   product's store (``bs.matmul(..., activation="silu", glu=True)``), against dense ``jnp.dot`` and the gate in
-  XLA after it, and the same sparse product with the gate after it (``gate_after_*``);
+  XLA after it, and the same sparse product with the gate after it (``gate_after_*``). ``glu x @ W`` cells are a
+  SwiGLU's down projection on the gate/up product's output ``x (n, 2 K)``: ``(silu(gate) * up) @ W (K, N)``, the gate
+  where the kernel loads ``x`` (``bs.matmul(x, W, input_glu="silu")``), against dense ``jnp.dot`` after the gate in
+  XLA, and the same sparse product after the gate in XLA (``gate_first_*``);
 - ``generate``: :func:`blocksparse.models.generate` of a Llama decoder with **random weights** (said in
   every row's label): a prompt then greedy decoding as one jitted program, ``tokens_per_s`` = batch x new
   tokens / the program's time (prefill included; ``prefill_ms`` alone beside it). Dense, and pruned by
@@ -72,28 +75,39 @@ STREAM_VARIANTS = {
     "group8": dict(stream_group=8),
     "warps2": dict(num_warps=2),
     "warps8": dict(num_warps=8),
+    "stages1": dict(num_stages=1),
     "stages2": dict(num_stages=2),
+    "stages3": dict(num_stages=3),
+    "group1": dict(stream_group=1),
     "stages5": dict(num_stages=5),
     "tile16": dict(tn=16, tb=16),
     "tile64": dict(tn=64, tb=64),
 }
 #: The variants a gated cell times at the tuning density (its two walks per program change the sub-tile's trade).
 GATED_VARIANTS = ("group2", "group8", "tile16", "tile64", "warps8")
+#: The variants a gated-input cell times at the tuning density (its gate between the loads of x and the dot changes
+#: what Triton's pipeliner can overlap).
+GATED_INPUT_VARIANTS = ("stages1", "stages2", "stages3", "group1", "group2", "warps2", "warps8", "tile64")
 #: Named sizes: ``tiny`` for tests, ``quick`` for the CPU default, ``full`` for the GPU figures.
 SIZES = {
     "tiny": dict(products=((128, 256),), ns=(4,), blocks=(32,), densities=(1 / 4,), ops=("x @ W",), gated=(),
+                 gated_input=(),
                  variants={"group1": dict(stream_group=1)}, tune=None,
                  model=dict(LLAMA_TINY, vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=32),
                  batches=(2,), prompt=4, new_tokens=4, gen_blocks=(16,),
                  gen_densities=(1 / 4,), dtype="float32"),
     "quick": dict(products=((256, 512), (512, 256)), ns=(1, 16), blocks=(32,), densities=(1 / 4,),
                   ops=("x @ W", "W @ x"), variants={"group1": dict(stream_group=1)}, tune=None,
-                  gated=(dict(K=256, N=512, n=1, block_size=32, density=1 / 4),), model=LLAMA_TINY,
+                  gated=(dict(K=256, N=512, n=1, block_size=32, density=1 / 4),),
+                  gated_input=(dict(K=256, N=128, n=1, block_size=32, density=1 / 4),), model=LLAMA_TINY,
                   batches=(1, 4), prompt=8, new_tokens=8, gen_blocks=(16,), gen_densities=(1 / 4,), dtype="float32"),
     "full": dict(products=((4096, 14336), (14336, 4096)), ns=(1, 16, 64), blocks=(16, 32, 64, 128),
                  densities=(1 / 4, 1 / 8, 1 / 16), ops=("x @ W", "W @ x"), variants=STREAM_VARIANTS, tune=(1, 1 / 8),
                  gated=tuple(dict(K=k, N=f, n=n, block_size=b, density=d) for k, f in ((2048, 16384), (4096, 28672))
                              for n in (1, 8, 32) for b in (32, 64) for d in (1 / 4, 1 / 8)),
+                 gated_input=tuple(dict(K=f, N=h, n=n, block_size=b, density=d)
+                                   for f, h in ((8192, 2048), (14336, 4096))
+                                   for n in (1, 8, 32) for b in (32, 64) for d in (1 / 4, 1 / 8)),
                  model=LLAMA_1B, batches=(1, 8, 32), prompt=128, new_tokens=128,
                  gen_blocks=(32, 64), gen_densities=(1 / 4, 1 / 8), dtype="bfloat16"),
 }  # fmt: skip
@@ -125,10 +139,10 @@ def cells(*, full: bool) -> list[Cell]:
     return suite(**SIZES["full" if full else "quick"])
 
 
-def suite(*, products, ns, blocks, densities, ops, variants, tune, gated, model, batches, prompt, new_tokens,
-          gen_blocks, gen_densities, dtype) -> list[Cell]:  # fmt: skip
-    """The cells of one size: every product, the gated ones, then generation at every batch (dense, then each
-    pruning)."""
+def suite(*, products, ns, blocks, densities, ops, variants, tune, gated, gated_input, model, batches, prompt,
+          new_tokens, gen_blocks, gen_densities, dtype) -> list[Cell]:  # fmt: skip
+    """The cells of one size: every product, the gated ones (output, then input), then generation at every batch
+    (dense, then each pruning)."""
     out = []
     for op in ops:
         for k, n_out in products:
@@ -148,6 +162,13 @@ def suite(*, products, ns, blocks, densities, ops, variants, tune, gated, model,
         if tune is None or (g["n"], g["density"]) == tune:  # the launch shape's variants that a gated walk changes
             params["variants"] = {k: v for k, v in variants.items() if k in GATED_VARIANTS}
         label = (f"silu glu x ({g['n']}, {g['K']}) @ W ({g['K']}, {g['N']}) b={g['block_size']} "
+                 f"d={density_label(g['density'])}")  # fmt: skip
+        out.append(Cell("decode", label, params, functools.partial(_product, params)))
+    for g in gated_input:
+        params = dict(kind="product", op="glu x @ W", dtype=dtype, **g)
+        if tune is None or (g["n"], g["density"]) == tune:
+            params["variants"] = {k: v for k, v in variants.items() if k in GATED_INPUT_VARIANTS}
+        label = (f"silu-gated x ({g['n']}, {2 * g['K']}) @ W ({g['K']}, {g['N']}) b={g['block_size']} "
                  f"d={density_label(g['density'])}")  # fmt: skip
         out.append(Cell("decode", label, params, functools.partial(_product, params)))
     ctx = _Generation(model, prompt, new_tokens, dtype)
@@ -193,23 +214,40 @@ def _dense_gated(x, w):
     return _gate(_dense(x, w))
 
 
+def _input_gated(x, W, config=None):
+    return bs.matmul(x, W, input_glu="silu", config=config)
+
+
+def _gate_first(x, W):
+    """A SwiGLU's down projection as the fused model ran it before the gated input: the gate in XLA, then the
+    product."""
+    return bs.matmul(_gate(x), W)
+
+
+def _dense_input_gated(x, w):
+    return _dense(_gate(x), w)
+
+
 def _product(p: dict, timer: Timer) -> dict:
     from ..ops.matmul.triton import TritonConfig
 
     dtype = jnp.dtype(p["dtype"])
     k, n_out, n, b, d = p["K"], p["N"], p["n"], p["block_size"], p["density"]
     op = p.get("op", "x @ W")
-    dense_fn = _dense_gated if op == "x @ W glu" else _dense
-    if op in ("x @ W", "x @ W glu"):
+    dense_fn = {"x @ W glu": _dense_gated, "glu x @ W": _dense_input_gated}.get(op, _dense)
+    if op in ("x @ W", "x @ W glu", "glu x @ W"):
         W = bs.random(jax.random.key(0), (k, n_out), b, d, dtype=dtype)
-        x = jax.random.normal(jax.random.key(1), (n, k), jnp.float32).astype(dtype)
-        fn, args, dense_args = (_gated if op == "x @ W glu" else _sparse_last), (x, W), lambda w: (x, w)
+        x = jax.random.normal(jax.random.key(1), (n, 2 * k if op == "glu x @ W" else k), jnp.float32).astype(dtype)
+        fn = {"x @ W glu": _gated, "glu x @ W": _input_gated}.get(op, _sparse_last)
+        args, dense_args = (x, W), lambda w: (x, w)
     else:
         W = bs.random(jax.random.key(0), (n_out, k), b, d, dtype=dtype)
         x = jax.random.normal(jax.random.key(1), (k, n), jnp.float32).astype(dtype)
         fn, args, dense_args = _sparse_first, (W, x), lambda w: (w, x)
     dense_w = W.to_dense()
     a32, b32 = (t.astype(jnp.float32) for t in dense_args(dense_w))
+    if op == "glu x @ W":  # the product of the gated operand
+        a32 = _gate(x).astype(jnp.float32)
     want = jnp.dot(a32, b32, precision=jax.lax.Precision.HIGHEST)
     if op == "x @ W glu":
         want = _gate(want)
@@ -225,10 +263,17 @@ def _product(p: dict, timer: Timer) -> dict:
         out.update(variant(timer, "gate_after", _gate_after, *args, want=want, dtype=dtype, tol=tol,
                            what="the product, then the gate in XLA"))  # fmt: skip
         ratio(out, "gate_after_loop_ms", "loop_ms", "gate_after_time_ratio")  # > 1: gating in the store is faster
+    if op == "glu x @ W":
+        out.update(variant(timer, "gate_first", _gate_first, *args, want=want, dtype=dtype, tol=tol,
+                           what="the gate in XLA, then the product"))  # fmt: skip
+        ratio(out, "gate_first_loop_ms", "loop_ms", "gate_first_time_ratio")  # > 1: gating in the load is faster
     if missing("gpu") is None:  # the kernels' own time: the loop's own work is most of a few-microsecond product
         out.update(kernel_us(timer, fn, *args))
         out.update({f"dense_{k}": v for k, v in kernel_us(timer, dense_fn, *dense_args(dense_w)).items()})
         ratio(out, "dense_kernel_us", "kernel_us", "kernel_speedup_vs_dense")
+        if op == "glu x @ W":  # the gate's own launch counts in the busy time
+            out.update({f"gate_first_{k}": v for k, v in kernel_us(timer, _gate_first, *args).items()})
+            ratio(out, "gate_first_busy_us", "busy_us", "gate_first_busy_ratio")
     configs = {"worklist": dict(stream=False), **p.get("variants", {})}
     for name, fields in configs.items():
         fields = fields if name == "worklist" else dict(stream=True, **fields)
@@ -239,7 +284,7 @@ def _product(p: dict, timer: Timer) -> dict:
         out.update(got)
         ratio(out, f"{name}_kernel_us", "kernel_us", f"{name}_time_ratio")  # > 1: the default is faster
     item = dtype.itemsize
-    io = (n * k + n * n_out // (2 if op == "x @ W glu" else 1)) * item
+    io = (n * k * (2 if op == "glu x @ W" else 1) + n * n_out // (2 if op == "x @ W glu" else 1)) * item
     kept = W.nnz_blocks * b * b * item + W.nnz_blocks * 4 + (W.shape[0] // b + 1) * 4 + io  # blocks, indices
     out.update(kept_gbs=kept / (loop_ms * 1e-3) / 1e9, dense_gbs=(k * n_out * item + io) / (out["dense_loop_ms"] * 1e-3)
                / 1e9, speedup_vs_dense=out["dense_loop_ms"] / loop_ms, calls_vs_dense=out["dense_calls_ms"] / calls_ms,

@@ -359,13 +359,25 @@ class LlamaLayer(Pytree):
         ctx, k_cache, v_cache = decode_step_attention(qkv.reshape(b, nh + 2 * nk, d), cos[:, 0], sin[:, 0], k_cache,
                                                       v_cache, *bounds)  # fmt: skip
         x, h = self.post_norm.add(x, _apply(self.o, ctx.reshape(b, 1, nh * d)))
-        return x, _apply(self.down, self._mlp(h)), k_cache, v_cache
+        return x, self._ffn(h), k_cache, v_cache
 
     def _rest(self, x, ctx, k_cache, v_cache):
         """The layer after its attention: the output projection and residual, the MLP and residual."""
         b, t, _ = x.shape
         x = x + _apply(self.o, ctx.reshape(b, t, self.num_heads * self.head_dim))
-        return x + _apply(self.down, self._mlp(self.post_norm(x))), k_cache, v_cache
+        return x + self._ffn(self.post_norm(x)), k_cache, v_cache
+
+    def _ffn(self, h):
+        """SwiGLU: ``down(silu(gate(h)) * up(h))``. Fused and block-sparse, ``gate_up``'s product is ungated and the
+        down product gates its two halves as it loads them (``bs.matmul``'s ``input_glu``: no gated copy, one launch
+        fewer where the few-token kernel runs)."""
+        if self.gate_up is not None and all(isinstance(p, _nn.SparseLinear) for p in (self.gate_up, self.down)):
+            y = _apply(self.gate_up, h)
+            y2 = y.reshape(-1, y.shape[-1])
+            out = bs_matmul(y2, self.down.weight, bias=self.down.bias, activation=self.down.activation,
+                            input_glu="silu", implementation=self.down.implementation)  # fmt: skip
+            return out.reshape(*y.shape[:-1], out.shape[-1])
+        return _apply(self.down, self._mlp(h))
 
     def _mlp(self, h):
         if self.gate_up is not None:  # fused: one product, SiLU(gate) * up in its epilogue
@@ -855,8 +867,9 @@ def fuse_projections(model: LlamaModel) -> LlamaModel:
 
     A group is fused where its members are all dense or all block-sparse of one block size (and one
     implementation): the weights side by side (:func:`blocksparse.concatenate` for block-sparse ones); ``qkv``'s
-    output is split again, ``gate_up`` is one gated product, ``silu(gate) * up`` (``bs.matmul``'s ``glu``; the
-    rest of the computation is the same, so in float32 the logits agree to rounding). A group of mixed members
+    output is split again; ``gate_up``'s two halves are gated, ``silu(gate) * up``, where the down product loads
+    them when both are block-sparse (``bs.matmul``'s ``input_glu``), else in ``gate_up``'s epilogue (``glu``). The
+    rest of the computation is the same, so in float32 the logits agree to rounding. A group of mixed members
     stays as it is. Prune first (:func:`prune_decoder` refuses a fused model), then fuse; ``state_dict`` writes
     the members under their own names again.
 

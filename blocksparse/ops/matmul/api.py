@@ -62,6 +62,7 @@ class OpStatic:
             transposed (``x @ D`` and gradients run on ``D``'s own data, with no transposed copy).
         block_size: the blocks of a dynamic ``dyn_sdd``.
         epilogue: the fused bias / activation of a ``*_fused`` op (see :mod:`.epilogue`).
+        input_gate: the GLU on the dense operand of a ``*_input_glu`` op (:class:`.epilogue.InputGate`), or ``None``.
         auto: ``implementation=None``: the weight gradient's sdd takes its own default order rather than the
             product's, and the products of an sdd's backward theirs.
         config: one backend's config (hashable), applied by the backends that take its type for the op; the
@@ -76,6 +77,7 @@ class OpStatic:
     transposed: bool = False
     block_size: tuple[int, int] | None = None
     epilogue: _epilogue.Epilogue | None = None
+    input_gate: _epilogue.InputGate | None = None
     auto: bool = False
     config: object = None
 
@@ -192,6 +194,7 @@ def matmul(
     bias=None,
     activation=None,
     glu: bool = False,
+    input_glu=None,
     implementation=None,
     precision=None,
     preferred_element_type=None,
@@ -217,6 +220,13 @@ def matmul(
             ``silu(x @ W_gate) * (x @ W_up)`` is ``matmul(x, concatenate([W_gate, W_up], axis=1),
             activation="silu", glu=True)`` (:func:`blocksparse.concatenate`). ``x @ W`` and ``W @ v`` (a vector)
             gate in the kernel's store where it can (the few-token kernel), the others after the product.
+        input_glu: ``None``, or a GLU on the dense operand before the product: its contracted dimension (the last of
+            ``x`` in ``x @ W``, the first of ``x``'s matrix dimensions in ``W @ x``) is twice ``W``'s and holds two
+            halves ``a, b``, and the product runs on ``activation(a) * b`` (computed in float32, rounded to the
+            operand's dtype). Give the activation (a name or JAX function as for ``activation``; ``"silu"`` for
+            SwiGLU's ``down(silu(gate) * up)``) or ``True`` for the bilinear ``a * b``. The few-token kernel gates
+            where it loads the operand (no gated copy in memory); other paths gate in XLA first. Gradients are the
+            unfused expression's.
         implementation: ``None`` (fastest available, falling back to pure JAX: :func:`.order.of_product`),
             ``"pallas"`` (Triton), ``"mosaic"`` (the Hopper kernels; first by default on a Hopper GPU where they
             measured faster), ``"xla"``, or a sequence tried in order.
@@ -245,6 +255,15 @@ def matmul(
     config = _check_config(config, MATMUL_CONFIGS)
     if not isinstance(glu, bool | np.bool_):
         raise TypeError(f"Expected glu a bool. Got {glu!r}.")
+    kw = dict(bias=bias, activation=activation, glu=bool(glu), implementation=implementation, precision=precision,
+              preferred_element_type=preferred_element_type, config=config)  # fmt: skip
+    if input_glu is not None and input_glu is not False:
+        return _gated_input(a, b, _input_gate(input_glu), **kw)
+    return _matmul(a, b, **kw)
+
+
+def _matmul(a, b, *, bias, activation, glu, implementation, precision, preferred_element_type, config, gate=None):
+    """:func:`matmul` on checked arguments; ``gate``: an input gate (``input_glu``) of a static matrix's product."""
     fused = bias is not None or activation is not None or glu
     for operand in (a, b):  # operands that run the product themselves (a matrix sharded by bs.shard)
         if (own := getattr(type(operand), "_bs_matmul", None)) is not None:
@@ -274,35 +293,71 @@ def matmul(
         W, x = a, _dense(b, "dense operand")
         s = OpStatic(impls, result_dtype(preferred_element_type, W.dtype, x.dtype), prec, auto=implementation is None,
                      config=config)  # fmt: skip
+        s = s.but(input_gate=gate)
+        shape = W.shape if gate is None else (W.shape[0], 2 * W.shape[1])  # a gated x holds two halves
         if not fused:
-            return apply_2d(W.shape, x, lambda x2: _sparse_dense(W, x2, s), sparse_first=True)
+            return apply_2d(shape, x, lambda x2: _sparse_dense(W, x2, s), sparse_first=True)
         if x.ndim == 1:  # (m,) output: the bias runs along the rows of the (m, 1) product
             b1 = _bias(bias, (W.shape[0],))
             if glu:
                 _even_features((W.shape[0],))
             s = s.but(epilogue=_epilogue.Epilogue(activation, b1 is not None, 0, glu))
-            return apply_2d(W.shape, x, lambda x2: _sparse_dense(W, x2, s, b1), sparse_first=True)
+            return apply_2d(shape, x, lambda x2: _sparse_dense(W, x2, s, b1), sparse_first=True)
         if glu:  # the halves of each batch element's columns: the gate after the product
             _even_features(x.shape)
-            y = matmul(W, x, bias=bias, implementation=implementation, precision=precision,
-                       preferred_element_type=acc_dtype(s.out_dtype), config=config)  # fmt: skip
+            y = _matmul(W, x, bias=bias, activation=None, glu=False, implementation=implementation, precision=precision,
+                        preferred_element_type=acc_dtype(s.out_dtype), config=config, gate=gate)  # fmt: skip
             return _epilogue.gated(y, activation).astype(s.out_dtype)
         b1 = _bias(bias, x.shape[-1:])
         s = s.but(epilogue=_epilogue.Epilogue(activation, b1 is not None, 1))
         # Batch dimensions are folded into the columns: the bias repeats once per batch element.
         tile = lambda x2: None if b1 is None else jnp.tile(b1, math.prod(x.shape[:-2]))  # noqa: E731
-        return apply_2d(W.shape, x, lambda x2: _sparse_dense(W, x2, s, tile(x2)), sparse_first=True)
+        return apply_2d(shape, x, lambda x2: _sparse_dense(W, x2, s, tile(x2)), sparse_first=True)
     x, W = _dense(a, "dense operand"), b
     s = OpStatic(impls, result_dtype(preferred_element_type, W.dtype, x.dtype), prec, auto=implementation is None,
-                 config=config)  # fmt: skip
+                 config=config, input_gate=gate)  # fmt: skip
+    shape = W.shape if gate is None else (2 * W.shape[0], W.shape[1])  # a gated x holds two halves
     if not fused:
-        return apply_2d(W.shape, x, lambda x2: _dense_sparse(x2, W, s), sparse_first=False)
+        return apply_2d(shape, x, lambda x2: _dense_sparse(x2, W, s), sparse_first=False)
     b1 = _bias(bias, (W.shape[1],))
     if glu:
         _even_features(W.shape)
     width = W.shape[1] // 2 if glu else W.shape[1]
     s = s.but(epilogue=_epilogue.Epilogue(activation, b1 is not None, 1, glu))
-    return apply_2d(W.shape, x, lambda x2: _dense_sparse(x2, W, s, b1), sparse_first=False, width=width)
+    return apply_2d(shape, x, lambda x2: _dense_sparse(x2, W, s, b1), sparse_first=False, width=width)
+
+
+def _input_gate(input_glu) -> _epilogue.InputGate:
+    """``matmul``'s ``input_glu`` (``True`` or an activation) as an :class:`~.epilogue.InputGate`."""
+    if input_glu is True or isinstance(input_glu, np.bool_) and input_glu:
+        return _epilogue.InputGate(None)
+    try:
+        return _epilogue.InputGate(_epilogue.check_activation(input_glu))
+    except ValueError as e:
+        raise ValueError(f"Expected input_glu None, True (a bilinear gate) or an activation. {e}") from None
+
+
+def _gated_input(a, b, gate: _epilogue.InputGate, **kw) -> jax.Array:
+    """``matmul(a, b, **kw)`` with its dense operand gated first (``input_glu``): through the gated-input op for a
+    static matrix (the kernel gates where it loads the operand), else the gate in XLA, then the product."""
+    a_sparse, b_sparse = isinstance(a, _SPARSE) or hasattr(type(a), "_bs_matmul"), isinstance(b, _SPARSE)
+    b_sparse = b_sparse or hasattr(type(b), "_bs_matmul")
+    if a_sparse == b_sparse:
+        return _matmul(a, b, **kw)  # its error for two dense or two sparse operands
+    W, x = (a, _dense(b, "dense operand")) if a_sparse else (b, _dense(a, "dense operand"))
+    k = W.shape[1] if a_sparse else W.shape[0]  # W's contracted dimension
+    axis = (0 if x.ndim == 1 else x.ndim - 2) if a_sparse else x.ndim - 1
+    if x.ndim == 0 or x.shape[axis] != 2 * k:
+        got = "a scalar" if x.ndim == 0 else f"{x.shape[axis]} (shape {x.shape})"
+        raise ValueError(
+            f"Expected the dense operand's contracted dimension to be {2 * k} for input_glu (two halves, gate and "
+            f"value, of W's {k}; W is {W.shape}). Got {got}."
+        )
+    if not isinstance(W, BlockSparseMatrix) or inside_sparsify():
+        h = _epilogue.gate_input(x, gate, axis)
+        return _matmul(W, h, **kw) if a_sparse else _matmul(h, W, **kw)
+    # A static matrix: matmul's own path to its 2-D product, whose op gates x (twice W's contracted dimension).
+    return _matmul(a, b, gate=gate, **kw)
 
 
 def _even_features(shape: tuple[int, ...]) -> None:
@@ -353,6 +408,8 @@ def apply_2d(shape: tuple[int, int], x, product, *, sparse_first: bool, width: i
 
 def _sparse_dense(W, x, s: OpStatic, bias=None):
     if isinstance(W, BlockSparseMatrix):
+        if s.input_gate is not None:
+            return vjp.gated_input("dsd", s.but(pattern=W.pattern), (W.data, x), bias)
         if s.epilogue is not None:
             return vjp.fused("dsd", s.but(pattern=W.pattern), (), (W.data, x), bias)
         return vjp.dsd(s.but(pattern=W.pattern), W.data, x)
@@ -361,6 +418,8 @@ def _sparse_dense(W, x, s: OpStatic, bias=None):
 
 def _dense_sparse(x, W, s: OpStatic, bias=None):
     if isinstance(W, BlockSparseMatrix):
+        if s.input_gate is not None:
+            return vjp.gated_input("dds", s.but(pattern=W.pattern), (x, W.data), bias)
         if s.epilogue is not None:
             return vjp.fused("dds", s.but(pattern=W.pattern), (), (x, W.data), bias)
         return vjp.dds(s.but(pattern=W.pattern), x, W.data)

@@ -1,5 +1,7 @@
 """The fused epilogue of a product: ``activation(product + bias)``, then the cast to the output dtype; or, gated
-(``glu``), ``activation(a) * b`` of the two halves ``a, b`` of ``product + bias`` along its features.
+(``glu``), ``activation(a) * b`` of the two halves ``a, b`` of ``product + bias`` along its features. And its one
+prologue, a gate on the dense operand (:class:`InputGate`): the product runs on ``activation(a) * b`` of the
+operand's two halves along the contracted dimension, computed where the kernel loads the operand.
 
 A linear layer's product is followed by a bias, an activation and a cast; run as separate XLA ops
 after a kernel, they read and write the whole output again (for a 32768 x 1536 FFN activation in
@@ -19,7 +21,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["ACTIVATIONS", "Epilogue", "apply", "check_activation", "gate_after", "gated"]
+__all__ = ["ACTIVATIONS", "Epilogue", "InputGate", "apply", "check_activation", "gate_after", "gate_first",
+           "gate_input", "gated", "gated_pair"]  # fmt: skip
 
 _SQRT_HALF = 1.0 / math.sqrt(2.0)
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -122,6 +125,25 @@ class Epilogue:
     glu: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
+class InputGate:
+    """A GLU on the dense operand before the product (static): the operand's contracted dimension holds two halves
+    ``a, b`` (gate and value) and the product runs on :func:`gate_input`'s ``activation(a) * b``, computed in float32
+    and rounded to the operand's dtype (as a separate gate would store it), half as long.
+
+    Attributes:
+        activation: ``None`` (the bilinear ``a * b``) or a name in :data:`ACTIVATIONS`.
+    """
+
+    activation: str | None = None
+
+
+def gate_input(x, gate: InputGate, axis: int = -1):
+    """``x``'s gated half: ``activation(a) * b`` of its two halves ``a, b`` along ``axis``, in float32, then rounded to
+    ``x``'s dtype: the operand a product with :class:`InputGate` multiplies."""
+    return gated(x, gate.activation, axis).astype(x.dtype)
+
+
 def apply(y, bias, activation: str | None):
     """``activation(y + bias)`` in float32, or in ``y``'s dtype where it is wider (``bias``
     broadcast against ``y``, or ``None``)."""
@@ -132,11 +154,14 @@ def apply(y, bias, activation: str | None):
     return y if activation is None else ACTIVATIONS[activation](y)
 
 
-def gated(y, activation: str | None, axis: int = -1):
-    """``activation(a) * b`` in float32 (or ``y``'s wider dtype), ``a, b`` the two halves of ``y`` along ``axis``
-    (``jax.nn.glu``'s split; ``activation=None``: the bilinear ``a * b``)."""
-    a, b = jnp.split(y, 2, axis=axis)
+def gated_pair(a, b, activation: str | None):
+    """``activation(a) * b`` in float32 (or the inputs' wider dtype; ``activation=None``: the bilinear ``a * b``)."""
     return apply(a, None, activation) * b.astype(jnp.promote_types(b.dtype, jnp.float32))
+
+
+def gated(y, activation: str | None, axis: int = -1):
+    """:func:`gated_pair` of the two halves ``a, b`` of ``y`` along ``axis`` (``jax.nn.glu``'s split)."""
+    return gated_pair(*jnp.split(y, 2, axis=axis), activation)
 
 
 def reference(y, bias, epi: Epilogue | None, out_dtype) -> jax.Array:
@@ -148,6 +173,14 @@ def reference(y, bias, epi: Epilogue | None, out_dtype) -> jax.Array:
     if epi.glu:
         return gated(apply(y, bias, None), epi.activation, epi.bias_axis).astype(out_dtype)
     return apply(y, bias, epi.activation).astype(out_dtype)
+
+
+def gate_first(product, s, i: int, axis: int, *args):
+    """An input gate (``s.input_gate``) outside the kernel: ``args[i]``, the dense operand, gated in XLA along its
+    contracted ``axis`` (:func:`gate_input`), then ``product(static without the gate, *args)``."""
+    args = list(args)
+    args[i] = gate_input(args[i], s.input_gate, axis)
+    return product(s.but(input_gate=None), *args)
 
 
 def gate_after(fused, s, *args):

@@ -288,6 +288,13 @@ H200 = Table(
             f"1,594 tok/s against 1,645 ({_R}decode_glu_walks_h200.json, {_R}decode_gen_glu_h200.json): the gate "
             f"after the product unless TritonConfig(stream=True) asks for the kernel",
         ),
+        "TRITON_STREAM_GATES_INPUT": Entry(
+            False,
+            f"{_DECODE}: silu-gated x (n, 2K) @ W (K, N) at the 1B and 8B down projections (K x N = 8192 x 2048, "
+            f"14336 x 4096), n=1,8, b=32,64, d=1/4,1/8: the gate where the few-token kernel loads x 32 to 122 us, the "
+            f"gate in XLA then the product 8.9 to 19.2 us busy, in all 12 cells ({_R}decode_gated_input_h200.json): "
+            f"the gate in XLA first unless TritonConfig(stream=True) asks for the kernel",
+        ),
         "TRITON_STREAM_GROUP": Entry(
             4,
             f"{_DECODE}: 2 and 8 blocks per step within the noise of 4 at n=1 d=1/8 ({_R}decode_stream_tune_h200.json)",

@@ -15,7 +15,8 @@ to the forward product only: the backward's products take their defaults.
 Dynamic matrices have the twins :data:`dyn_dsd` and :data:`dyn_sdd` (``dds`` is ``dsd`` on the swapped
 coordinates): the Pallas backend builds its work list inside ``jit`` with :func:`.schedule.redistribute`, so
 the transposed product needs no cached transpose. :func:`nan_grad` makes the gradients of an invalid dynamic
-matrix NaN, :data:`fused` is the fused-epilogue op.
+matrix NaN, :data:`fused` is the fused-epilogue op and :func:`gated_input` the op whose dense operand is gated first
+(an :class:`~.epilogue.InputGate`).
 
 Every op takes an ``OpStatic`` (:class:`.api.OpStatic`) first; backends receive it too.
 """
@@ -33,7 +34,7 @@ from . import order
 from .reference import acc_dtype, transposed
 from .registry import get_backend
 
-__all__ = ["dds", "dsd", "dyn_dsd", "dyn_sdd", "fused", "nan_grad", "sdd"]
+__all__ = ["dds", "dsd", "dyn_dsd", "dyn_sdd", "fused", "gated_input", "nan_grad", "sdd"]
 
 
 def _table(op: str):
@@ -222,3 +223,59 @@ def _fused_bwd(kind, s, res, g):
 
 
 fused.defvjp(_fused_fwd, _fused_bwd)
+
+
+# --------------------------------------------------------------------------------------------
+# Gated input: ``x``'s contracted dimension holds a GLU's two halves and the product runs on
+# ``activation(a) * b`` (``s.input_gate``), with or without an epilogue. Backends implement
+# ``<kind>_input_glu(static, *floats, bias)`` to gate where their kernel loads ``x``; elsewhere the gate runs in
+# XLA first and the backend's product follows. Under differentiation the forward is that unfused expression
+# (the gate's VJP, then the product's), as for the fused epilogue.
+# --------------------------------------------------------------------------------------------
+_DENSE = {"dsd": (1, 0), "dds": (0, 1)}  # kind -> (x's index among the floats, its contracted axis)
+
+
+def _input_glu_table(kind: str):
+    i, axis = _DENSE[kind]
+
+    def table(name: str):
+        backend = get_backend(name)
+        own = getattr(backend, f"{kind}_input_glu", None)
+        if own is not None:  # own(static, *floats, bias)
+            return own
+
+        def product(s, *args):  # this backend's product of the gated operand (args: floats, bias)
+            if s.epilogue is None:
+                return getattr(backend, kind)(s, *args[:-1])
+            return _fused_table(kind)(name)(s, *args)
+
+        return lambda s, *args: _epilogue.gate_first(product, s, i, axis, *args)
+
+    return table
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def gated_input(kind: str, s, floats, bias):
+    """``kind`` (``"dsd"``: ``W @ x``, ``"dds"``: ``x @ W``) on ``floats`` with ``x`` gated by ``s.input_gate``, then
+    ``s.epilogue`` where set (``bias``: its bias or ``None``)."""
+    return run(f"{kind}+input_glu", s.impls, _input_glu_table(kind), s, *floats, bias)
+
+
+def _gated_input_fwd(kind, s, floats, bias):
+    i, axis = _DENSE[kind]
+
+    def product(s, *args):  # the differentiable product of the gated operand, plain or fused
+        *floats, bias = args
+        if s.epilogue is not None:
+            return fused(kind, s, (), tuple(floats), bias)
+        return (dsd if kind == "dsd" else dds)(s, *floats)
+
+    # The gate in XLA, then the product: both differentiated.
+    return jax.vjp(lambda floats, bias: _epilogue.gate_first(product, s, i, axis, *floats, bias), floats, bias)
+
+
+def _gated_input_bwd(kind, s, back, g):
+    return back(g)
+
+
+gated_input.defvjp(_gated_input_fwd, _gated_input_bwd)

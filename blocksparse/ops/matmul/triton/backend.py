@@ -1,7 +1,9 @@
 """The Pallas (Triton lowering) backend (``implementation="pallas"``): which kernel variant runs.
 
 Every product runs its kernel of :mod:`.kernels`, except the static ``x @ W`` and ``W @ x`` with few tokens,
-which run the one-launch kernel of :mod:`.stream` (:func:`.stream.takes`), a gated epilogue (GLU) in its store.
+which run the one-launch kernel of :mod:`.stream` (:func:`.stream.takes`), a gated epilogue (GLU) in its store and
+a gated input (``input_glu``) where it loads ``x`` (:func:`.stream.gates_input`; elsewhere the gate runs in XLA
+first).
 A :class:`~.common.TritonConfig` given through ``bs.matmul(..., config=)`` (``OpStatic.config``) sets the tiles
 and variants (split or not, the dynamic design, stream or not), the defaults of :mod:`.common` and the tuned
 table otherwise.
@@ -50,10 +52,16 @@ class PallasBackend:
         return dsd_dynamic(rows, cols, keep, valid, data.astype(dt), x.astype(dt), s.grid[0], s.out_dtype,
                            transposed=s.transposed, exact=_exact(s), config=_cfg(s))  # fmt: skip
 
-    # Fused epilogue (``s.epilogue``): bias, activation and the cast in the kernels' store.
+    # Fused epilogue (``s.epilogue``): bias, activation and the cast in the kernels' store; a gated input
+    # (``s.input_gate``) where the stream kernel loads x, else in XLA first.
     def dsd_fused(self, s, data, x, bias):
         dt = check(s.pattern.block_size, data.dtype, x.dtype)
         cfg = _cfg(s)
+        if s.input_gate is not None:
+            if not stream.gates_input("dsd", x.shape[1], s.pattern, cfg):
+                return _epilogue.gate_first(self.dsd_fused, s, 1, 0, data, x, bias)
+            return stream.dsd(s.pattern, data.astype(dt), x.astype(dt), s.out_dtype, exact=_exact(s), config=cfg,
+                              epi=s.epilogue, bias=bias, gate=s.input_gate)  # fmt: skip
         run = stream.dsd if stream.takes("dsd", x.shape[1], s.pattern, cfg) else dsd
         return run(s.pattern, data.astype(dt), x.astype(dt), s.out_dtype, exact=_exact(s), config=cfg, epi=s.epilogue,
                    bias=bias)  # fmt: skip
@@ -61,9 +69,24 @@ class PallasBackend:
     def dds_fused(self, s, x, data, bias):
         dt = check(s.pattern.block_size, data.dtype, x.dtype)
         cfg = _cfg(s)
+        if s.input_gate is not None:
+            if not stream.gates_input("dds", x.shape[0], s.pattern, cfg):
+                return _epilogue.gate_first(self.dds_fused, s, 0, 1, x, data, bias)
+            return stream.dds(x.astype(dt), s.pattern, data.astype(dt), s.out_dtype, exact=_exact(s), config=cfg,
+                              epi=s.epilogue, bias=bias, gate=s.input_gate)  # fmt: skip
         run = stream.dds if stream.takes("dds", x.shape[0], s.pattern, cfg) else dds
         return run(x.astype(dt), s.pattern, data.astype(dt), s.out_dtype, exact=_exact(s), config=cfg, epi=s.epilogue,
                    bias=bias)  # fmt: skip
+
+    # Gated input (``s.input_gate``), with the epilogue where there is one: :meth:`dsd_fused` / :meth:`dds_fused` (a
+    # gated epilogue: their ``_glu`` twins) gate x where the stream kernel loads it, else in XLA first.
+    def dsd_input_glu(self, s, data, x, bias):
+        glu = s.epilogue is not None and s.epilogue.glu
+        return (self.dsd_glu if glu else self.dsd_fused)(s, data, x, bias)
+
+    def dds_input_glu(self, s, x, data, bias):
+        glu = s.epilogue is not None and s.epilogue.glu
+        return (self.dds_glu if glu else self.dds_fused)(s, x, data, bias)
 
     # Gated epilogue (``s.epilogue.glu``): in the few-token kernel's store where :func:`.stream.gates_in_store`, else
     # the product with the bias fused and the gate after it.

@@ -32,6 +32,10 @@ walk's steps past its end masked), one accumulator each, and stores ``activation
 and up projections in one launch, their product never in memory. Where the tuned table measured it slower than
 the product followed by the gate in XLA (the H200), it runs only when asked (:func:`gates_in_store`).
 
+Gated input (``input_glu``, :func:`gates_input`): ``x``'s contracted dimension holds a GLU's two halves; each step
+loads a slab of both and multiplies ``activation(gate) * value`` (float32, rounded to ``x``'s dtype), so SwiGLU's
+down projection reads the gate/up product's output directly and no gated copy is written.
+
 Which products take it is :func:`takes` (the tuned tables ``TRITON_STREAM_DDS_SPEEDUP`` / ``_DSD_SPEEDUP``:
 where it measured at least as fast as the work list, whose kernel alone is faster on long rows of few output
 blocks: one program per SM then walks 30 to 110 blocks one after another) unless ``TritonConfig(stream=)``
@@ -57,7 +61,7 @@ from .. import tuned
 from ..schedule import kernel_constant
 from .common import TritonConfig, _bias_operand, _dot, _finish, _interpret, _pallas_call, _params, _split_refs
 
-__all__ = ["StreamPlan", "dds", "dsd", "gates", "gates_in_store", "plan", "takes"]
+__all__ = ["StreamPlan", "dds", "dsd", "gates", "gates_in_store", "gates_input", "plan", "takes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +121,15 @@ def gates_in_store(op: str, n: int, pattern: BlockPattern, config: TritonConfig 
     if not (takes(op, n, pattern, config) and gates(op, pattern)):
         return False
     return (config is not None and config.stream is True) or bool(tuned.current().TRITON_STREAM_GATES)
+
+
+def gates_input(op: str, n: int, pattern: BlockPattern, config: TritonConfig | None) -> bool:
+    """Whether ``op`` with ``n`` tokens and an input gate (``input_glu``) gates where this kernel loads ``x``: it
+    :func:`takes` the product, and ``config.stream`` asks for the kernel or the tuned ``TRITON_STREAM_GATES_INPUT``
+    says the load's gate is faster than the gate in XLA before the product."""
+    if not takes(op, n, pattern, config):
+        return False
+    return (config is not None and config.stream is True) or bool(tuned.current().TRITON_STREAM_GATES_INPUT)
 
 
 #: The share of a CTA's shared memory the pipelined loads may take (Triton keeps a buffer per stage of every load
@@ -189,10 +202,11 @@ def _walk(pattern: BlockPattern, op: str) -> tuple[np.ndarray, np.ndarray, np.nd
 
 
 def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, rows, n, group, split, exact, epi,
-            half):  # fmt: skip
+            half, gate, k):  # fmt: skip
     """Program ``p``: part ``p // Q`` of sub-tile ``p % Q`` (``Q`` sub-tiles), which is sub-tile ``q % sub`` of
     output block ``q // sub`` (see the module docstring); gated (``half``: the output blocks, half of ``W``'s),
-    also of output block ``q // sub + half`` for the value."""
+    also of output block ``q // sub + half`` for the value. ``gate``: an input gate (``x``'s contracted dimension is
+    ``2 k``: each slab is gated with its value slab ``k`` further on as it is loaded)."""
     from jax.experimental.pallas import triton as plgpu
 
     if split > 1:
@@ -207,13 +221,22 @@ def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, ro
     q, part = p % nq, p // nq
     u = q // sub
     t0 = pl.multiple_of((q % sub) * tile, tile)
+
+    def slab(view, start, size):  # x's slab at `start` (`size` along the contracted axis), gated where asked
+        first = pl.ds(pl.multiple_of(start, size), size)
+        load = lambda at: plgpu.load(view(at), mask=live, other=0)  # noqa: E731
+        if gate is None:
+            return load(first)
+        value = load(pl.ds(pl.multiple_of(start + k, size), size))
+        return _epilogue.gated_pair(load(first), value, gate.activation).astype(x_ref.dtype)
+
     if op == "dds":  # acc (rows, tile): tokens x output columns
         live = lax.broadcasted_iota(jnp.int32, (rows, bh), 0) < n
 
         def step(j, acc):
             r, d = kb_ref[j], id_ref[j]
             w = w_ref[pl.ds(pl.multiple_of(d * bh, bh), bh), pl.ds(t0, tile)]  # (bh, tile)
-            xs = plgpu.load(x_ref.at[pl.ds(0, rows), pl.ds(pl.multiple_of(r * bh, bh), bh)], mask=live, other=0)
+            xs = slab(lambda at: x_ref.at[pl.ds(0, rows), at], r * bh, bh)
             return acc + _dot(xs, w, exact=exact)
 
         shape = (rows, tile)
@@ -223,7 +246,7 @@ def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, ro
         def step(j, acc):
             c, d = kb_ref[j], id_ref[j]
             w = w_ref[pl.ds(pl.multiple_of(d * bh + t0, tile), tile), :]  # (tile, bw)
-            xs = plgpu.load(x_ref.at[pl.ds(pl.multiple_of(c * bw, bw), bw), pl.ds(0, rows)], mask=live, other=0)
+            xs = slab(lambda at: x_ref.at[at, pl.ds(0, rows)], c * bw, bw)
             return acc + _dot(w, xs, exact=exact)
 
         shape = (tile, rows)
@@ -314,7 +337,7 @@ def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, ro
         store(totals)
 
 
-def _call(op, pattern, data, x, out_dtype, n, out_shape, *, exact, config, epi, bias):
+def _call(op, pattern, data, x, out_dtype, n, out_shape, *, exact, config, epi, bias, gate):
     bh, bw = pattern.block_size
     if pattern.nnz_blocks == 0:  # the epilogue of a zero product (W's whole width: gated, halved again)
         full = (n, pattern.shape[1]) if op == "dds" else (pattern.shape[0], n)
@@ -324,10 +347,12 @@ def _call(op, pattern, data, x, out_dtype, n, out_shape, *, exact, config, epi, 
     start, kb, ids = _walk(pattern, op)
     units = _units(op, pattern)
     kernel = functools.partial(_kernel, op=op, bh=bh, bw=bw, tile=pl_.tile, rows=pl_.rows, n=n, group=pl_.group,
-                               split=pl_.split, exact=exact, epi=epi, half=units // 2 if glu else None)  # fmt: skip
+                               split=pl_.split, exact=exact, epi=epi, half=units // 2 if glu else None, gate=gate,
+                               k=pattern.shape[0] if op == "dds" else pattern.shape[1])  # fmt: skip
     b1 = _bias_operand(bias, epi, pattern.shape[1] if op == "dds" else pattern.shape[0])
     name = f"bs_{op}_stream_{bh}x{bw}_t{pl_.tile}_g{pl_.group}" + (f"_s{pl_.split}" if pl_.split > 1 else "")
     name += ("_glu" if glu else "_epi") if epi is not None else ""
+    name += "_gated_x" if gate is not None else ""
     args = (kernel_constant(start), kernel_constant(kb), kernel_constant(ids), data.reshape(-1, bw), x, *b1)
     y = jax.ShapeDtypeStruct(out_shape, out_dtype)
     if pl_.split == 1:
@@ -360,21 +385,35 @@ def _gated(op: str, pattern: BlockPattern, epi) -> int:
     return features // 2
 
 
+def _contracted(op: str, pattern: BlockPattern, x, gate) -> None:
+    """A ``ValueError`` unless ``x``'s contracted dimension is ``W``'s (twice it with an input ``gate``: two halves)."""
+    k = pattern.shape[0] if op == "dds" else pattern.shape[1]
+    got = x.shape[1] if op == "dds" else x.shape[0]
+    want = k if gate is None else 2 * k
+    if got != want:
+        raise ValueError(f"Expected x's contracted dimension {want} (W is {pattern.shape}"
+                         f"{', gated input' if gate is not None else ''}). Got {got} (x {x.shape}).")  # fmt: skip
+
+
 def dds(x, pattern: BlockPattern, data, out_dtype, *, exact: bool = False, config: TritonConfig | None = None,
-        epi=None, bias=None):  # fmt: skip
-    """``x @ W`` (``x``: ``(n, K)``, few rows) in one launch; ``data`` and ``x`` of one supported dtype."""
+        epi=None, bias=None, gate=None):  # fmt: skip
+    """``x @ W`` (``x``: ``(n, K)``, few rows) in one launch; ``data`` and ``x`` of one supported dtype. ``gate``: an
+    :class:`~..epilogue.InputGate`, ``x`` then ``(n, 2 K)``, gated as each slab is loaded."""
+    _contracted("dds", pattern, x, gate)
     n, features = x.shape[0], _gated("dds", pattern, epi)
     if n == 0:
         return jnp.zeros((0, features), out_dtype)
     return _call("dds", pattern, data, x, out_dtype, n, (n, features), exact=exact, config=config, epi=epi,
-                 bias=bias)  # fmt: skip
+                 bias=bias, gate=gate)  # fmt: skip
 
 
 def dsd(pattern: BlockPattern, data, x, out_dtype, *, exact: bool = False, config: TritonConfig | None = None,
-        epi=None, bias=None):  # fmt: skip
-    """``W @ x`` (``x``: ``(K, n)``, few columns) in one launch; ``data`` and ``x`` of one supported dtype."""
+        epi=None, bias=None, gate=None):  # fmt: skip
+    """``W @ x`` (``x``: ``(K, n)``, few columns) in one launch; ``data`` and ``x`` of one supported dtype. ``gate``: an
+    :class:`~..epilogue.InputGate`, ``x`` then ``(2 K, n)``, gated as each slab is loaded."""
+    _contracted("dsd", pattern, x, gate)
     n, features = x.shape[1], _gated("dsd", pattern, epi)
     if n == 0:
         return jnp.zeros((features, 0), out_dtype)
     return _call("dsd", pattern, data, x, out_dtype, n, (features, n), exact=exact, config=config, epi=epi,
-                 bias=bias)  # fmt: skip
+                 bias=bias, gate=gate)  # fmt: skip
