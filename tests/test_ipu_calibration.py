@@ -19,8 +19,8 @@ SLOW = 20.0  # seconds: points whose sweep plans multi-million-block patterns ta
 # statement that no poplibs term does.
 MISSES: dict[tuple, tuple[float, str]] = {
     ("static", 16, 2048, 1 / 16): (40.3, "the published dip: no term of poplibs' static partitioner explains it"),
-    ("dynamic", 16, 256, 1 / 16): (1.1, "poplibs' free propagation would close it and open the m >= 1024 points"),
-    ("dynamic", 16, 512, 1 / 16): (3.7, "poplibs' free propagation would close it and open the m >= 1024 points"),
+    ("dynamic", 16, 256, 1 / 16): (1.1, "poplibs' free propagation closes it but puts m >= 1024 outside"),
+    ("dynamic", 16, 512, 1 / 16): (3.7, "poplibs' free propagation closes it but puts m >= 1024 outside"),
     ("dynamic", 16, 8192, 1 / 16): (45.0, "the published drop: no term of poplibs' dynamic planner explains it"),
 }
 # Static b = 1 at d >= 1/8 plans 2-4 million blocks for every n of the sweep.
