@@ -244,7 +244,7 @@ def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, ro
         live = lax.broadcasted_iota(jnp.int32, (bw, rows), 1) < n
 
         def step(j, acc):
-            c, d = kb_ref[j], id_ref[j]
+            c, d = kb_ref[j], j  # W's blocks in storage order: block j of the walk is data[j] (no index to load)
             w = w_ref[pl.ds(pl.multiple_of(d * bh + t0, tile), tile), :]  # (tile, bw)
             xs = slab(lambda at: x_ref.at[at, pl.ds(0, rows)], c * bw, bw)
             return acc + _dot(w, xs, exact=exact)
