@@ -21,7 +21,6 @@ from test_gnn_pallas import _lower_for_cuda
 
 from blocksparse import hardware
 from blocksparse.models import LlamaConfig, LlamaModel, fuse_projections, prune_decoder
-from blocksparse.ops import _dispatch as dispatch
 from blocksparse.ops.matmul import tuned
 from blocksparse.ops.norm import rms_norm, rms_norm_reference
 
@@ -92,8 +91,7 @@ def test_bad_input_names_expected_and_actual():
 
 
 @pytest.mark.skipif(ON_GPU, reason="the GPU runs the kernel for real")
-def test_one_launch_with_the_residual(monkeypatch):
-    monkeypatch.setattr(dispatch, "pallas_mode", lambda: False)  # lowered as on a GPU
+def test_one_launch_with_the_residual():
     x = jnp.ones((8, 1, 2048), jnp.bfloat16)
     txt = _lower_for_cuda(lambda x, r, w: rms_norm(x, w, residual=r), x, x, jnp.ones(2048, jnp.bfloat16))
     assert txt.count("__gpu$xla.gpu.triton") == 1 and "bs_rms_norm" in txt

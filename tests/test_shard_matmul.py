@@ -11,6 +11,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import blocksparse as bs
+from blocksparse import hardware
 
 needs_4 = pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 devices")
 SPLITS = [("rows", None), ("cols", "psum"), ("cols", "psum_scatter"), (None, None)]
@@ -246,13 +247,11 @@ def test_rows_split_on_static_kernels(getkey, kind, balance):
 @needs_4
 @pytest.mark.parametrize("kind", ["random", "one_row"])
 def test_static_kernel_forward_with_dynamic_gradients(getkey, kind, monkeypatch):
-    # The kernel's contract on the CPU: its plain-JAX twin (execute_dsd) runs the stacked work lists;
-    # the gradient path (implementation "xla") must match dense gradients.
+    # The kernel's contract on the CPU: on a faked H200 the rows split takes the static kernels' path, whose
+    # kernel its plain-JAX twin (execute_dsd) stands in for on the stacked work lists; the gradient path
+    # (implementation "xla") must match dense gradients.
     from blocksparse.ops.matmul import schedule
     from blocksparse.ops.matmul import triton as pt
-    from blocksparse.sharding import matrix as sharding
-
-    monkeypatch.setattr(sharding, "_static_kernels_apply", lambda Ws, x2, kwargs: Ws.plan.split == "rows")
 
     def run_schedule(sched, m, data, x, out_dtype, tn, exact=False):
         return schedule.execute_dsd(sched, data, x, out_dtype)
@@ -266,8 +265,11 @@ def test_static_kernel_forward_with_dynamic_gradients(getkey, kind, monkeypatch)
     def loss(d, x):
         return jnp.sum(jnp.sin(bs.matmul(Ws.with_data(d), x, implementation="xla")))
 
-    np.testing.assert_allclose(jax.jit(lambda Ws, x: Ws @ x)(Ws, x), W.to_dense() @ x, rtol=1e-4, atol=1e-4)
-    gd, gx = jax.jit(jax.grad(loss, (0, 1)))(Ws.data, x)
+    with hardware.fake(hardware.H200), bs.dispatch_log() as log:
+        y = jax.jit(lambda Ws, x: Ws @ x)(Ws, x)
+        gd, gx = jax.jit(jax.grad(loss, (0, 1)))(Ws.data, x)
+    assert ("sharded_dsd", "pallas") in log
+    np.testing.assert_allclose(y, W.to_dense() @ x, rtol=1e-4, atol=1e-4)
     wd, wx = jax.grad(lambda w, x: jnp.sum(jnp.sin(w @ x)), (0, 1))(W.to_dense(), x)
     np.testing.assert_allclose(gx, wx, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(Ws.with_data(gd).to_dense(), np.where(W.to_dense() != 0, wd, 0), rtol=1e-4, atol=1e-4)

@@ -21,7 +21,6 @@ from test_gnn_pallas import _lower_for_cuda
 
 import blocksparse as bs
 from blocksparse import hardware
-from blocksparse.ops import _dispatch as dispatch
 from blocksparse.ops.matmul import tuned
 from blocksparse.ops.matmul.epilogue import Epilogue, InputGate
 from blocksparse.ops.matmul.triton import TritonConfig, stream
@@ -149,9 +148,8 @@ def test_gated_store_matches_dense(op, split):
 
 
 @pytest.mark.skipif(ON_GPU, reason="the GPU runs the kernels for real")
-def test_gated_product_is_one_launch_and_odd_halves_gate_after(monkeypatch):
+def test_gated_product_is_one_launch_and_odd_halves_gate_after():
     # The gate and up projections of a decode step: one launch, the gate in its store (no multiply after it).
-    monkeypatch.setattr(dispatch, "pallas_mode", lambda: False)  # lowered as on a GPU
     W = bs.random(jax.random.key(0), (1024, 512), 32, 1 / 4, dtype=jnp.bfloat16)
     cfg = TritonConfig(stream=True)
     txt = _lower_for_cuda(lambda W, x: bs.matmul(x, W, activation="silu", glu=True, config=cfg), W,
@@ -164,7 +162,6 @@ def test_gated_product_is_one_launch_and_odd_halves_gate_after(monkeypatch):
     assert not stream.gates("dds", W3.pattern) and stream.gates("dsd", W3.pattern.T) is False
     txt = _lower_for_cuda(lambda W, x: bs.matmul(x, W, activation="silu", glu=True, config=cfg), W3, x)
     assert not re.search(r"bs_dds_stream_\w*_glu", txt) and "stablehlo.multiply" in txt
-    monkeypatch.undo()
     with bs.interpret():
         got = bs.matmul(x, W3, activation="silu", glu=True, config=cfg, precision=HIGHEST)
     assert _rel(got, _gated_dense(np.asarray(x, np.float64) @ np.asarray(W3.to_dense(), np.float64), "silu")) <= 2e-5
@@ -222,9 +219,8 @@ def test_gated_input_matches_dense(kind, gm, gk, block, n, density, op, activati
 
 
 @pytest.mark.skipif(ON_GPU, reason="the GPU runs the kernels for real")
-def test_gated_input_is_one_launch(monkeypatch):
+def test_gated_input_is_one_launch():
     # SwiGLU's down projection of a decode step reads the gate/up product's output: one launch, no gate before it.
-    monkeypatch.setattr(dispatch, "pallas_mode", lambda: False)  # lowered as on a GPU
     W = bs.random(jax.random.key(0), (1024, 512), 32, 1 / 4, dtype=jnp.bfloat16)
     txt = _lower_for_cuda(lambda W, y: bs.matmul(y, W, input_glu="silu", config=TritonConfig(stream=True)), W,
                           jnp.ones((1, 2048), jnp.bfloat16))  # fmt: skip
@@ -303,9 +299,8 @@ def test_takes_few_tokens_where_it_measured_faster_unless_the_config_says():
 @pytest.mark.skipif(ON_GPU, reason="the GPU runs the kernels for real")
 @pytest.mark.parametrize("split", [None, 4])
 @pytest.mark.parametrize("op", ["x @ W", "W @ x"])
-def test_one_launch_per_product(op, split, monkeypatch):
+def test_one_launch_per_product(op, split):
     # The decode product is the stream kernel alone: no pad of x, no combine kernel, no slice; split or not.
-    monkeypatch.setattr(dispatch, "pallas_mode", lambda: False)  # lowered as on a GPU
     W = bs.random(jax.random.key(0), (1024, 512), 32, 1 / 4, dtype=jnp.bfloat16)
     cfg = TritonConfig(stream=True, stream_split=split)
 

@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import jax
 
+from .. import hardware
+
 __all__ = [
     "check_choice",
     "cotangent_like",
@@ -89,16 +91,15 @@ def interpreting() -> bool:
 
 
 def pallas_mode() -> bool:
-    """The ``interpret`` argument for ``pallas_call``; raises ``NotImplementedError`` without a GPU."""
+    """The ``interpret`` argument for ``pallas_call``: ``True`` inside :func:`interpret`, ``False`` on a GPU
+    (:func:`blocksparse.hardware.current`, so a test lowers the real kernels on a CPU under
+    ``hardware.fake(hardware.H200)``); raises ``NotImplementedError`` else."""
     if interpreting():
         return True
-    try:
-        backend = jax.default_backend()
-    except RuntimeError:  # no backend initialised
-        backend = "none"
-    if backend != "gpu":
+    dev = hardware.current()
+    if not dev.is_gpu:
         raise NotImplementedError(
-            f"no GPU (default backend is {backend!r}); set BLOCKSPARSE_PALLAS_INTERPRET=1 or use "
+            f"no GPU (default backend is {dev.platform!r}); set BLOCKSPARSE_PALLAS_INTERPRET=1 or use "
             "blocksparse.interpret() to run the Pallas kernels in the interpreter"
         )
     return False
