@@ -30,6 +30,7 @@ from jax.experimental import pallas as pl
 from ... import hardware
 from ..._util import cdiv, check_positive_int, next_power_of_2
 from .. import _dispatch
+from . import tuned
 
 __all__ = [
     "CHUNK",
@@ -161,7 +162,9 @@ def _pallas(q, k_cache, v_cache, lo, hi, *, scale):
         kernel,
         grid=(b, nk),
         out_shape=jax.ShapeDtypeStruct(qp.shape, q.dtype),
-        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
+        compiler_params=plgpu.CompilerParams(
+            num_warps=tuned.get("DECODE_ATTENTION_WARPS"), num_stages=tuned.get("DECODE_ATTENTION_STAGES")
+        ),
         interpret=_dispatch.interpreting(),
         name="bs_decode_attention",
     )(lo, hi, qp, k_cache, v_cache)
@@ -348,7 +351,9 @@ def _step_pallas(qkv, cos, sin, k_cache, v_cache, lo, hi, *, scale, chunk, parts
         grid=(b, nk, parts),
         out_shape=outs + caches,
         input_output_aliases={first: len(outs), first + 1: len(outs) + 1},
-        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
+        compiler_params=plgpu.CompilerParams(
+            num_warps=tuned.get("DECODE_STEP_WARPS"), num_stages=tuned.get("DECODE_STEP_STAGES")
+        ),
         interpret=_dispatch.interpreting(),
         name="bs_decode_step_attention",
     )(lo, hi, qkv, cos.astype(jnp.float32), sin.astype(jnp.float32), *reads, k_cache, v_cache)

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from .. import _dispatch
+from . import tuned
 
 __all__ = ["rms_norm", "rms_norm_reference"]
 
@@ -65,6 +66,11 @@ def _kernel(*refs, eps, residual):
     o_ref[...] = _normalise(s, w_ref[...], eps)
 
 
+def _warps(h: int) -> int:
+    """Warps a program of rows ``h`` wide: the tuned entry ``RMS_NORM_WARPS``."""
+    return next(warps for widest, warps in tuned.get("RMS_NORM_WARPS") if h <= widest)
+
+
 @functools.partial(jax.jit, static_argnames=("eps", "rows"))
 def _pallas(x, weight, residual, *, eps, rows):
     from jax.experimental.pallas import triton as plgpu
@@ -81,17 +87,12 @@ def _pallas(x, weight, residual, *, eps, rows):
         in_specs=[row] * len(ins) + [pl.BlockSpec((1, h), lambda i: (0, 0))],
         out_specs=[row] * len(outs),
         out_shape=outs,
-        compiler_params=plgpu.CompilerParams(num_warps=4 if h <= 4096 else 8, num_stages=1),
+        compiler_params=plgpu.CompilerParams(num_warps=_warps(h), num_stages=1),
         interpret=_dispatch.interpreting(),
         name="bs_rms_norm",
     )(*ins, weight.reshape(1, h))
     res = tuple(r.reshape(shape) for r in res)
     return res[0] if residual is None else res
-
-
-#: Elements of the rows one program normalises (a whole number of rows, at least one): one row of a 2048-wide
-#: model (two rows or more a program measured slower on an H200, benchmarks/results/decode_norm_warps_h200.json).
-_TILE = 2048
 
 
 def rms_norm(x, weight, *, eps: float = 1e-5, residual=None):
@@ -124,5 +125,6 @@ def rms_norm(x, weight, *, eps: float = 1e-5, residual=None):
     h = x.shape[-1]
     if x.size == 0 or not _dispatch.pallas_takes_width(h):
         return _xla(x, weight, eps, residual)
-    rows = max(1, min(_TILE // h, 1 << (max(x.size // h, 1).bit_length() - 1)))
+    # rows a program: a whole number of rows within the tuned tile (entry RMS_NORM_TILE), at least one
+    rows = max(1, min(tuned.get("RMS_NORM_TILE") // h, 1 << (max(x.size // h, 1).bit_length() - 1)))
     return _pallas(x, jnp.asarray(weight), residual, eps=float(eps), rows=rows)
