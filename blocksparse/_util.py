@@ -23,8 +23,8 @@ __all__ = [
 ]
 
 # Whether ops on dynamic (traced) inputs add checkify checks. Off by default: a check is a JAX
-# effect, and a jitted function with effects leaves jax's fast C++ dispatch path (measured on the
-# H200: 0.3-0.5 ms per call instead of 0.05 ms). Invalid input gives NaN either way. Part of the jit
+# effect, and a jitted function with effects leaves jax's fast C++ dispatch path (slower per call, measured in
+# docs/benchmarks.md, section "Dynamic sparsity"). Invalid input gives NaN either way. Part of the jit
 # cache key (a JAX user context), local to the thread.
 _RUNTIME_CHECKS = jax.make_user_context(False)
 

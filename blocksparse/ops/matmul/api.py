@@ -434,8 +434,8 @@ def _dynamic_product(W: DynamicBlockSparseMatrix, x, s: OpStatic, transposed: bo
     """``W @ x`` (or ``W^T @ x``) for a dynamic ``W``: NaN, with NaN gradients, if ``W`` is invalid.
 
     The default order is Pallas first at every size: the scan kernel needs no plan built on the
-    device, and measured at 1.06-1.19x the static kernel's time at n = 256 and 4096 on the H200,
-    below dense ``jnp.dot`` (docs/benchmarks.md).
+    device, and measured close to the static kernel's time and below dense ``jnp.dot`` (docs/benchmarks.md,
+    section "Dynamic sparsity").
     """
     keep, valid = _keep_and_validity(W)
     data, x = vjp.nan_grad(valid, W.data), vjp.nan_grad(valid, x)

@@ -360,9 +360,11 @@ def contraction_splits(blocks: int, steps: int, split_below: int, programs: int,
 
     Example::
 
-        >>> contraction_splits(4096, 64, 132, 264, 8), contraction_splits(36, 512, 132, 264, 8)
+        >>> from blocksparse import hardware
+        >>> sms = hardware.H200.num_sms
+        >>> contraction_splits(4096, 64, sms, 2 * sms, 8), contraction_splits(36, 512, sms, 2 * sms, 8)
         (1, 8)
-        >>> contraction_splits(36, 20, 132, 264, 8)  # 8 steps a split at least
+        >>> contraction_splits(36, 20, sms, 2 * sms, 8)  # 8 steps a split at least
         2
     """
     if blocks >= split_below:
@@ -375,8 +377,8 @@ def kernel_constant(a) -> jax.Array:
 
     XLA's simplifier rewrites a constant whose elements are all equal into a broadcast, and a rank-1
     ``0, s, 2s, ...`` (any two elements starting at 0 are one) into an iota; either then runs as a kernel of its
-    own on every call (measured on an H200: 0.7-2.5 us and one more launch per product, next to a 4-9 us kernel at
-    ``n = 256``). A host :class:`numpy.ndarray` gets two trailing elements that break both patterns; the kernels
+    own on every call, one more launch per product (measured: docs/benchmarks.md, section "Hardware counters and
+    the timed loop"). A host :class:`numpy.ndarray` gets two trailing elements that break both patterns; the kernels
     never read them (they index these arrays only through the schedule's counts). A traced array is returned as
     it is.
 

@@ -66,11 +66,11 @@ from .. import tuned
 from ..schedule import kernel_constant
 from .common import (
     MAX_ACC,
-    SMEM_BYTES,
     apply_epilogue,
     check_operands,
     operand_dtypes,
     pipeline_stages,
+    smem_bytes,
     with_bias_buffer,
 )
 
@@ -241,7 +241,7 @@ def plan(pattern: BlockPattern, m: int, itemsize: int = 2, config: BandConfig | 
     sched = bands(pattern, group, transposed)
     per_stage = (tm * b + group * b * b) * itemsize
     out_smem = tm * width * (out_itemsize or itemsize)
-    fit = (SMEM_BYTES - extra_smem - out_smem) // per_stage
+    fit = (smem_bytes() - extra_smem - out_smem) // per_stage
     stages = pipeline_stages(
         cfg.stages or min(tuned.current().BANDS_DEFAULT_STAGES, fit), per_stage, extra_smem + out_smem
     )

@@ -15,14 +15,15 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from .... import hardware
 from ...._pattern import BlockPattern
 from .. import epilogue as _epilogue
 
 __all__ = [
+    "BARRIER_BYTES",
     "DTYPES",
     "MAX_ACC",
     "OUT_DTYPES",
-    "SMEM_BYTES",
     "SUPPORTED_BLOCKS",
     "SWIZZLE",
     "apply_epilogue",
@@ -32,6 +33,7 @@ __all__ = [
     "operand_transforms",
     "pipeline_stages",
     "pipelined_wgmma",
+    "smem_bytes",
     "store_tile",
     "with_bias_buffer",
 ]
@@ -41,21 +43,29 @@ SUPPORTED_BLOCKS = (64, 128)
 #: Operand dtypes (both of one dtype: a mix promotes to float32, which no kernel takes).
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 OUT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
-#: Shared memory one CTA may use on Hopper (227 KiB), less a little for the barriers.
-SMEM_BYTES = 227 * 1024 - 1024
+#: Shared memory a kernel keeps back from its CTA's budget (:func:`smem_bytes`) for the barriers.
+BARRIER_BYTES = 1024
 #: Floats of one warpgroup's wgmma accumulator (128 registers per thread).
 MAX_ACC = 128 * 128
 SWIZZLE = 128  # bytes: every operand row here is >= 128 bytes wide (>= 64 two-byte elements)
 
 
+def smem_bytes() -> int:
+    """Shared memory one CTA of these kernels may use: the GPU's per-CTA budget (``smem_per_block`` of
+    :func:`blocksparse.hardware.gpu`, the planning default's off a GPU or where a device does not say), less
+    :data:`BARRIER_BYTES`."""
+    return (hardware.gpu().smem_per_block or hardware.PLANNING_DEFAULT.smem_per_block) - BARRIER_BYTES
+
+
 def pipeline_stages(forced: int | None, per_stage: int, extra_smem: int) -> int:
     """The pipeline depth: ``forced``, or 3 where 3 fit in shared memory next to ``extra_smem`` bytes, else 2;
     ``NotImplementedError`` where it does not fit."""
-    fit = (SMEM_BYTES - extra_smem) // per_stage
+    budget = smem_bytes() - extra_smem
+    fit = budget // per_stage
     stages = forced or min(3, fit)
     if stages > fit or stages < 2:
         raise NotImplementedError(
-            f"requires stages * {per_stage} bytes <= {SMEM_BYTES - extra_smem} of shared memory (got stages={stages})"
+            f"requires stages * {per_stage} bytes <= {budget} of shared memory (got stages={stages})"
         )
     return stages
 

@@ -303,8 +303,8 @@ def plan(
     tiles = cdiv(n, tn * c * cfg.cluster) * cfg.cluster
     max_len = cfg.max_len
     if cfg.persistent and max_len is None:  # split only rows longer than a program's share of the steps
-        # The share of one program per SM, even where two fit: a finer cap would split more rows (b = 64:
-        # 0.164 ms at d = 1/16 with splits summed by XLA, 0.134-0.142 without, H200).
+        # The share of one program per SM, even where two fit: a finer cap would split more rows, measured
+        # slower (docs/benchmarks.md, section "Hopper kernels (Mosaic GPU)": the persistent kernel).
         slots = cfg.programs or hardware.gpu().num_sms
         max_len = pp.share(pattern.nnz_blocks, tiles, slots)
     sched = lower(pattern, GpuLowering(op="dsd", tiles=tiles, max_len=max_len))

@@ -58,7 +58,7 @@ from ...._util import cdiv
 from ... import _dispatch
 from .. import tuned
 from ..schedule import contraction_splits, kernel_constant
-from .common import SMEM_BYTES, SUPPORTED_BLOCKS, operand_dtypes, pipelined_wgmma, store_tile
+from .common import SUPPORTED_BLOCKS, operand_dtypes, pipelined_wgmma, smem_bytes, store_tile
 
 __all__ = ["SddConfig", "SddPlan", "TILES_K", "default_splits", "plan", "sdd"]
 
@@ -141,11 +141,12 @@ def plan(pattern: BlockPattern, k: int, itemsize: int = 2, config: SddConfig | N
     tk = cfg.tk or t.SDD_DEFAULT_TK
     steps = max(cdiv(k, tk), 1)
     per_stage = (bh + bw) * tk * itemsize
-    fit = SMEM_BYTES // per_stage
+    budget = smem_bytes()
+    fit = budget // per_stage
     stages = cfg.stages or min(t.SDD_DEFAULT_STAGES, fit)
     if stages > fit:
         raise NotImplementedError(
-            f"requires stages * {per_stage} bytes <= {SMEM_BYTES} of shared memory (got stages={stages})"
+            f"requires stages * {per_stage} bytes <= {budget} of shared memory (got stages={stages})"
         )
     splits = min(cfg.splits or default_splits(pattern.nnz_blocks, steps), steps)
     per_split = cdiv(steps, splits)
