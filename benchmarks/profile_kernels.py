@@ -43,7 +43,7 @@ import subprocess
 import sys
 import time
 
-from blocksparse.bench._trace import trace_loop
+from blocksparse.bench import trace_loop
 
 DEFAULT_CASES = [
     "dense:128:4:4096", "mosaic:128:4:4096", "mosaic:64:4:4096", "pallas:64:4:4096", "mosaic:64:16:4096",

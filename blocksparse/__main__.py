@@ -74,7 +74,7 @@ def _proportion(text: str) -> float:
 
 
 def _suites(text: str) -> list[str]:
-    from blocksparse.bench._cli import parse_suites
+    from blocksparse.bench import parse_suites
 
     try:
         return parse_suites(text)
@@ -185,15 +185,15 @@ def _bench(args) -> int:
         if not os.path.isdir(parent):
             raise _Error(f"expected --plot to name a folder in an existing one; got {args.plot!r} (no {parent!r})")
         try:
-            from blocksparse.bench._report import require_matplotlib
+            from blocksparse.bench import require_matplotlib
 
             require_matplotlib()
         except ImportError as e:
             raise _Error(str(e)) from None
-    from blocksparse.bench import _cli
+    from blocksparse import bench
 
-    suites = [s for group in (args.suite or [list(_cli.DEFAULT_SUITES)]) for s in group]
-    return _cli.run(
+    suites = [s for group in (args.suite or [list(bench.DEFAULT_SUITES)]) for s in group]
+    return bench.run(
         list(dict.fromkeys(suites)), full=args.full, json_path=args.json, plot_dir=args.plot,
         iters=args.iters, trials=args.trials, progress=not args.no_progress, filters=args.filter,
     )  # fmt: skip

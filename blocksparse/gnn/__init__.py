@@ -17,7 +17,7 @@ reordering.
 import importlib
 
 from ..graph import DynamicGraph, Graph, batch, readout
-from ..ops._dispatch import interpret
+from ..ops import interpret
 from ..ops.gnn import AttentionConfig, GatherConfig, GatherVariant
 from ..ops.gnn.aggregate import aggregate
 from ..ops.gnn.attention import gatv2, graph_attention

@@ -26,7 +26,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from .._matrix import BlockSparseMatrix
-from ..ops._dispatch import varying_axes
+from ..ops import varying_axes
 from ..ops.matmul import epilogue as _epilogue
 from ..ops.matmul.api import matmul, sdd
 from ..ops.matmul.reference import acc_dtype as _acc_dtype

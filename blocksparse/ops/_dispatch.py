@@ -40,6 +40,7 @@ __all__ = [
     "record",
     "resolve",
     "run",
+    "varying_axes",
     "NoImplementationError",
 ]
 
@@ -142,6 +143,7 @@ def dispatch_log():
 
 
 def record(op: str, name: str) -> None:
+    """Record that implementation ``name`` ran ``op``, in every :func:`dispatch_log` open in this thread."""
     for log in _LOGS.get():
         log.append((op, name))
 

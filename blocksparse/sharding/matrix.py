@@ -40,7 +40,7 @@ from jax.sharding import PartitionSpec as P
 from .._matrix import BlockSparseMatrix, DynamicBlockSparseMatrix, NoImplicitDense
 from .._pattern import BlockPattern
 from .._util import Pytree
-from ..ops import _dispatch
+from ..ops import record, resolve
 from ..ops.matmul import order
 from ..ops.matmul.api import apply_2d, canonical_precision, result_dtype
 from ..ops.matmul.api import matmul as _matmul
@@ -411,7 +411,7 @@ def _static_forward(ctx, data, x2):
         sched = TracedSchedule(*(f[0] for f in fields), num_rows, L)
         return pt.run_schedule(sched, num_rows * bh, data[0].astype(dt), xl.astype(dt), out_dtype, tn, exact=exact)
 
-    _dispatch.record("sharded_dsd", "pallas")
+    record("sharded_dsd", "pallas")
     spec = P(axis)
     # No collective inside, so no axis types to check (and Pallas' interpreter, which tests run on the
     # CPU, trips over them: it mixes varying and replicated operands in its own slicing).
@@ -457,7 +457,7 @@ def _static_kernels_apply(Ws: ShardedBlockSparseMatrix, x2, kwargs) -> bool:
     pt = _triton()
     if Ws.plan.split != "rows" or 0 in x2.shape:  # nothing to compute: the dynamic path returns zeros
         return False
-    impls = _dispatch.resolve(kwargs["implementation"], order.DEFAULT)
+    impls = resolve(kwargs["implementation"], order.DEFAULT)
     return impls[0] == "pallas" and pt.kernels_accept(Ws.block_size, Ws.dtype, x2.dtype)
 
 
