@@ -43,6 +43,7 @@ from .._util import Pytree, cdiv
 from ..graph import DynamicGraph, Graph, default_chunk
 from ..ops.gnn.aggregate import aggregate as _aggregate
 from ..ops.gnn.spmm.api import accumulate as _spmm_into
+from ..ops.gnn.spmm.api import inverse_degree_power
 from . import _cuts, tuned
 
 __all__ = ["GraphShardCandidate", "GraphShardPlan", "ShardedGraph", "aggregate", "plan_graph", "shard_graph", "spmm"]
@@ -493,10 +494,6 @@ def _materialise(src, dst, n, mesh, axis, plan: GraphShardPlan, chunk) -> Sharde
 
 
 # ---------------------------------------------------------------------------------- the ops
-def _inv_pow(deg, p):
-    return jnp.asarray(deg, jnp.float32).clip(1.0) ** (-p)
-
-
 def _take(a, idx):
     """``a[idx]`` with rows for ``idx >= len(a)`` zero (one fused gather, no padded copy of ``a``)."""
     n = a.shape[0]
@@ -640,7 +637,7 @@ def spmm(
     shape, x2 = _features(sg, x)
     weights = (None, None) if edge_weight is None else _edge_weights(sg, edge_weight)
     if norm in ("left", "both"):
-        x2 = (x2 * _inv_pow(sg.out_degree, 1.0 if norm == "left" else 0.5)[:, None]).astype(x2.dtype)
+        x2 = (x2 * inverse_degree_power(sg.out_degree, 1.0 if norm == "left" else 0.5)[:, None]).astype(x2.dtype)
     band = sg.plan.band
 
     def op(gl, xl, wl, gr, xr, wr):
@@ -653,7 +650,7 @@ def spmm(
     out = _run(sg, x2, op, weights, skip_collectives=_skip_collectives)
     post = {"both": 0.5, "right": 1.0}.get(norm, 1.0 if reduce == "mean" else None)
     if post is not None:
-        out = (out * _inv_pow(sg.in_degree, post)[:, None]).astype(x2.dtype)
+        out = (out * inverse_degree_power(sg.in_degree, post)[:, None]).astype(x2.dtype)
     return _output(sg, out, shape)
 
 

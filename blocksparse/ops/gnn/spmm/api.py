@@ -18,7 +18,7 @@ from ... import _dispatch
 from .. import order, registry
 from ..config import SPMM_NODES_PER_PROGRAM, GatherConfig
 
-__all__ = ["SpmmStatic", "accumulate", "spmm"]
+__all__ = ["SpmmStatic", "accumulate", "inverse_degree_power", "spmm"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +105,8 @@ def _checked_weight(g, edge_weight) -> jax.Array:
     return edge_weight
 
 
-def _inv_pow(deg, p):
+def inverse_degree_power(deg, p):
+    """``max(deg, 1) ** -p`` in float32: the diagonal scaling of a normalised ``spmm`` (a degree of 0 scales by 1)."""
     return jnp.asarray(deg, jnp.float32).clip(1.0) ** (-p)
 
 
@@ -180,12 +181,12 @@ def spmm(
     shape = x.shape
     x2 = x.reshape(shape[0], math.prod(shape[1:]))
     if norm in ("left", "both"):
-        x2 = (x2 * _inv_pow(g.out_degree, 1.0 if norm == "left" else 0.5)[:, None]).astype(x.dtype)
+        x2 = (x2 * inverse_degree_power(g.out_degree, 1.0 if norm == "left" else 0.5)[:, None]).astype(x.dtype)
     if g.edge_capacity == 0 or g.num_nodes == 0 or x2.shape[1] == 0:
         out = jnp.zeros_like(x2)
     else:
         out = _spmm(s, g, x2, *weights)
     post = {"both": 0.5, "right": 1.0}.get(norm, 1.0 if reduce == "mean" else None)
     if post is not None:
-        out = (out * _inv_pow(g.in_degree, post)[:, None]).astype(x.dtype)
+        out = (out * inverse_degree_power(g.in_degree, post)[:, None]).astype(x.dtype)
     return nan_unless(valid, out.reshape(shape))
