@@ -362,10 +362,28 @@ def test_gated_input_bad_arguments(getkey):
         bs.matmul(jnp.ones((4, 32)), W, input_glu="silu")
     with pytest.raises(ValueError, match=r"contracted dimension to be 96 for input_glu.*Got 48"):
         bs.matmul(W, jnp.ones((48, 2)), input_glu="silu")
-    with pytest.raises(ValueError, match="Expected input_glu None, True.*Got 'swish'"):
+    with pytest.raises(ValueError, match=r"Expected input_glu None or False \(no gate\), True.*Got 'swish'"):
         bs.matmul(jnp.ones((4, 64)), W, input_glu="swish")
+    with pytest.raises(ValueError, match=r"Expected input_glu .*Got 3"):
+        bs.matmul(jnp.ones((4, 64)), W, input_glu=3)
     with pytest.raises(TypeError, match="Expected exactly one block-sparse operand"):
         bs.matmul(jnp.ones((4, 64)), jnp.ones((32, 48)), input_glu="silu")
     assert bs.matmul(jnp.ones((0, 64)), W, input_glu=True).shape == (0, 48)
-    x = jnp.ones((2, 64))  # input_glu=False is no gate
-    np.testing.assert_array_equal(bs.matmul(x[:, :32], W, input_glu=False), bs.matmul(x[:, :32], W))
+    x = jax.random.normal(getkey(), (2, 64))  # False (NumPy's too) is no gate; NumPy's True the bilinear gate
+    for no in (False, np.False_):
+        np.testing.assert_array_equal(bs.matmul(x[:, :32], W, input_glu=no), bs.matmul(x[:, :32], W))
+    np.testing.assert_array_equal(bs.matmul(x, W, input_glu=np.True_), bs.matmul(x[:, :32] * x[:, 32:], W))
+
+
+def test_gated_input_mixed_dtypes_round_the_gate_to_the_operand(getkey):
+    # A bfloat16 operand of a float32 matrix: the gate is rounded to bfloat16 (as a separate gate would store it), then
+    # promoted for the product, on every backend (the kernel's interpreter included).
+    W = bs.random(getkey(), (64, 32), 16, 0.5)
+    x = jax.random.normal(getkey(), (3, 128)).astype(jnp.bfloat16)
+    g, v = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    want = (jax.nn.silu(g) * v).astype(jnp.bfloat16).astype(jnp.float32) @ W.to_dense()
+    for impl, config in (("xla", None), ("pallas", TritonConfig(stream=True))):
+        with bs.interpret(not ON_GPU), bs.dispatch_log() as log:
+            got = bs.matmul(x, W, input_glu="silu", implementation=impl, config=config, precision="highest")
+        assert got.dtype == jnp.float32 and log == [("dds+input_glu", impl)]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -414,6 +414,10 @@ def test_decode_suite_lists_its_cells_and_runs_a_product_checked():
     json.dumps([c.params for c in full])
     m = _run_checked(cells[0])
     assert m["rel_err"] < 1e-4 and m["dense_loop_ms"] > 0 and m["speedup_vs_dense"] > 0 and m["kept_gbs"] > 0
+    # SwiGLU's down projection on the gate/up output: input_glu against dense and the gate in XLA first
+    (gated,) = [c for c in cells if c.params.get("op") == "glu x @ W"]
+    m = _run_checked(gated)
+    assert m["rel_err"] < 1e-4 and m["gate_first_rel_err"] < 1e-4 and m["gate_first_loop_ms"] > 0
 
 
 @pytest.mark.slow  # about eight compilations (generation checked twice, timed three ways): `make test-slow`

@@ -186,23 +186,27 @@ def _glu_dense(x, axis, activation):
     density=st.sampled_from([0.0, 0.4, 1.0]),
     op=st.sampled_from(["x @ W", "W @ x", "W @ v"]),
     activation=st.sampled_from(["silu", "gelu_tanh", None]),
-    fused=st.booleans(),
+    epilogue=st.sampled_from([None, "relu", "glu"]),
     split=st.sampled_from([None, 2]),
     dtype=st.sampled_from([jnp.float32, jnp.bfloat16]),
     seed=st.integers(0, 2**16),
 )
-def test_gated_input_matches_dense(kind, gm, gk, block, n, density, op, activation, fused, split, dtype, seed):
+def test_gated_input_matches_dense(kind, gm, gk, block, n, density, op, activation, epilogue, split, dtype, seed):
     # input_glu: x's contracted dimension holds (gate, value); each step gates the slab it loads. With and without
-    # the fused epilogue, split walks, empty and full patterns, against the dense product of the gated operand.
+    # the fused epilogue (a bias and relu, or a gated output: two walks a program, both gating their input), split
+    # walks, empty and full patterns, against the dense product of the gated operand.
     rng = np.random.default_rng(seed)
-    p = _pattern(kind, rng, (gm, gk), block, density)
+    if epilogue == "glu" and op == "W @ x":
+        op = "W @ v"  # W @ X gates its output after the product, per batch element: W @ v gates in the store
+    grid = (gm, 2 * gk) if epilogue == "glu" and op == "x @ W" else (2 * gm, gk) if epilogue == "glu" else (gm, gk)
+    p = _pattern(kind, rng, grid, block, density)
     W = bs.BlockSparseMatrix(p, jnp.asarray(rng.standard_normal((p.nnz_blocks, block, block)), dtype))
     dense = np.asarray(W.to_dense().astype(jnp.float32), np.float64)
     cfg = TritonConfig(stream=True, stream_split=split)
     width = p.shape[1] if op == "x @ W" else p.shape[0]
-    bias = jnp.asarray(rng.standard_normal(n if op == "W @ x" else width), jnp.float32) if fused else None
-    kw = dict(input_glu=True if activation is None else activation, bias=bias, activation="relu" if fused else None,
-              precision=HIGHEST, config=cfg)  # fmt: skip
+    bias = jnp.asarray(rng.standard_normal(n if op == "W @ x" else width), jnp.float32) if epilogue else None
+    kw = dict(input_glu=True if activation is None else activation, bias=bias, precision=HIGHEST, config=cfg,
+              activation={"relu": "relu", "glu": "silu"}.get(epilogue), glu=epilogue == "glu")  # fmt: skip
     if op == "x @ W":
         x = jnp.asarray(rng.standard_normal((n, 2 * p.shape[0])), dtype)
         got, want = bs.matmul(x, W, **kw), _glu_dense(x, 1, activation) @ dense
@@ -212,8 +216,10 @@ def test_gated_input_matches_dense(kind, gm, gk, block, n, density, op, activati
     else:
         x = jnp.asarray(rng.standard_normal(2 * p.shape[1]), dtype)
         got, want = bs.matmul(W, x, **kw), dense @ _glu_dense(x, 0, activation)
-    if fused:
+    if epilogue == "relu":
         want = np.maximum(want + np.asarray(bias, np.float64), 0.0)
+    elif epilogue == "glu":
+        want = _gated_dense(want + np.asarray(bias, np.float64), "silu")
     assert got.dtype == jnp.dtype(dtype)
     assert _rel(got.astype(jnp.float32), want) <= TOL[jnp.dtype(dtype)]
 

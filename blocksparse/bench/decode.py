@@ -75,10 +75,7 @@ STREAM_VARIANTS = {
     "group8": dict(stream_group=8),
     "warps2": dict(num_warps=2),
     "warps8": dict(num_warps=8),
-    "stages1": dict(num_stages=1),
     "stages2": dict(num_stages=2),
-    "stages3": dict(num_stages=3),
-    "group1": dict(stream_group=1),
     "stages5": dict(num_stages=5),
     "tile16": dict(tn=16, tb=16),
     "tile64": dict(tn=64, tb=64),
@@ -86,12 +83,17 @@ STREAM_VARIANTS = {
 #: The variants a gated cell times at the tuning density (its two walks per program change the sub-tile's trade).
 GATED_VARIANTS = ("group2", "group8", "tile16", "tile64", "warps8")
 #: The variants a gated-input cell times at the tuning density (its gate between the loads of x and the dot changes
-#: what Triton's pipeliner can overlap).
-GATED_INPUT_VARIANTS = ("stages1", "stages2", "stages3", "group1", "group2", "warps2", "warps8", "tile64")
+#: what Triton's pipeliner can overlap): its own stages and groups, and the plain cells' other variants.
+GATED_INPUT_VARIANTS = {
+    "stages1": dict(num_stages=1),
+    "stages3": dict(num_stages=3),
+    "group1": dict(stream_group=1),
+    **{k: STREAM_VARIANTS[k] for k in ("stages2", "group2", "warps2", "warps8", "tile64")},
+}
 #: Named sizes: ``tiny`` for tests, ``quick`` for the CPU default, ``full`` for the GPU figures.
 SIZES = {
     "tiny": dict(products=((128, 256),), ns=(4,), blocks=(32,), densities=(1 / 4,), ops=("x @ W",), gated=(),
-                 gated_input=(),
+                 gated_input=(dict(K=128, N=64, n=2, block_size=32, density=1 / 4),),
                  variants={"group1": dict(stream_group=1)}, tune=None,
                  model=dict(LLAMA_TINY, vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=32),
                  batches=(2,), prompt=4, new_tokens=4, gen_blocks=(16,),
@@ -166,8 +168,8 @@ def suite(*, products, ns, blocks, densities, ops, variants, tune, gated, gated_
         out.append(Cell("decode", label, params, functools.partial(_product, params)))
     for g in gated_input:
         params = dict(kind="product", op="glu x @ W", dtype=dtype, **g)
-        if tune is None or (g["n"], g["density"]) == tune:
-            params["variants"] = {k: v for k, v in variants.items() if k in GATED_INPUT_VARIANTS}
+        if tune is None or (g["n"], g["density"]) == tune:  # the full size's variants: the gated input's own
+            params["variants"] = GATED_INPUT_VARIANTS if variants is STREAM_VARIANTS else variants
         label = (f"silu-gated x ({g['n']}, {2 * g['K']}) @ W ({g['K']}, {g['N']}) b={g['block_size']} "
                  f"d={density_label(g['density'])}")  # fmt: skip
         out.append(Cell("decode", label, params, functools.partial(_product, params)))

@@ -368,9 +368,10 @@ class LlamaLayer(Pytree):
         return x + self._ffn(self.post_norm(x)), k_cache, v_cache
 
     def _ffn(self, h):
-        """SwiGLU: ``down(silu(gate(h)) * up(h))``. Fused and block-sparse, ``gate_up``'s product is ungated and the
-        down product gates its two halves as it loads them (``bs.matmul``'s ``input_glu``: no gated copy, one launch
-        fewer where the few-token kernel runs)."""
+        """SwiGLU: ``down(silu(gate(h)) * up(h))``. Fused and block-sparse, ``gate_up``'s product is ungated (its two
+        halves rounded to the model's dtype, as Hugging Face's model rounds them) and the down product is asked to gate
+        them (``bs.matmul``'s ``input_glu``: where its kernel loads them if the device's tuned table says that is
+        faster, else in XLA first)."""
         if self.gate_up is not None and all(isinstance(p, _nn.SparseLinear) for p in (self.gate_up, self.down)):
             y = _apply(self.gate_up, h)
             y2 = y.reshape(-1, y.shape[-1])
@@ -867,8 +868,8 @@ def fuse_projections(model: LlamaModel) -> LlamaModel:
 
     A group is fused where its members are all dense or all block-sparse of one block size (and one
     implementation): the weights side by side (:func:`blocksparse.concatenate` for block-sparse ones); ``qkv``'s
-    output is split again; ``gate_up``'s two halves are gated, ``silu(gate) * up``, where the down product loads
-    them when both are block-sparse (``bs.matmul``'s ``input_glu``), else in ``gate_up``'s epilogue (``glu``). The
+    output is split again; ``gate_up``'s two halves are gated, ``silu(gate) * up``, by the down product when both are
+    block-sparse (``bs.matmul``'s ``input_glu``), else in ``gate_up``'s epilogue (``glu``). The
     rest of the computation is the same, so in float32 the logits agree to rounding. A group of mixed members
     stays as it is. Prune first (:func:`prune_decoder` refuses a fused model), then fuse; ``state_dict`` writes
     the members under their own names again.

@@ -224,9 +224,10 @@ def matmul(
             ``x`` in ``x @ W``, the first of ``x``'s matrix dimensions in ``W @ x``) is twice ``W``'s and holds two
             halves ``a, b``, and the product runs on ``activation(a) * b`` (computed in float32, rounded to the
             operand's dtype). Give the activation (a name or JAX function as for ``activation``; ``"silu"`` for
-            SwiGLU's ``down(silu(gate) * up)``) or ``True`` for the bilinear ``a * b``. The few-token kernel gates
-            where it loads the operand (no gated copy in memory); other paths gate in XLA first. Gradients are the
-            unfused expression's.
+            SwiGLU's ``down(silu(gate) * up)``) or ``True`` for the bilinear ``a * b``; ``None`` or ``False``: no gate.
+            The few-token kernel can gate where it loads the operand (no gated copy in memory) where the tuned
+            ``TRITON_STREAM_GATES_INPUT`` says it is faster or ``TritonConfig(stream=True)`` asks; elsewhere the gate
+            runs in XLA first. Gradients are the unfused expression's.
         implementation: ``None`` (fastest available, falling back to pure JAX: :func:`.order.of_product`),
             ``"pallas"`` (Triton), ``"mosaic"`` (the Hopper kernels; first by default on a Hopper GPU where they
             measured faster), ``"xla"``, or a sequence tried in order.
@@ -257,13 +258,16 @@ def matmul(
         raise TypeError(f"Expected glu a bool. Got {glu!r}.")
     kw = dict(bias=bias, activation=activation, glu=bool(glu), implementation=implementation, precision=precision,
               preferred_element_type=preferred_element_type, config=config)  # fmt: skip
-    if input_glu is not None and input_glu is not False:
-        return _gated_input(a, b, _input_gate(input_glu), **kw)
-    return _matmul(a, b, **kw)
+    if input_glu is None or (isinstance(input_glu, bool | np.bool_) and not input_glu):
+        return _matmul(a, b, **kw)
+    return _gated_input(a, b, _input_gate(input_glu), **kw)
 
 
 def _matmul(a, b, *, bias, activation, glu, implementation, precision, preferred_element_type, config, gate=None):
-    """:func:`matmul` on checked arguments; ``gate``: an input gate (``input_glu``) of a static matrix's product."""
+    """:func:`matmul` on checked arguments; ``gate``: an input gate (``input_glu``) of a static matrix's product (the
+    other operands are gated in XLA before they get here: :func:`_gated_input`)."""
+    if gate is not None and not any(isinstance(o, BlockSparseMatrix) for o in (a, b)):
+        raise AssertionError("an input gate reaches the product only with a static matrix")
     fused = bias is not None or activation is not None or glu
     for operand in (a, b):  # operands that run the product themselves (a matrix sharded by bs.shard)
         if (own := getattr(type(operand), "_bs_matmul", None)) is not None:
@@ -329,17 +333,24 @@ def _matmul(a, b, *, bias, activation, glu, implementation, precision, preferred
 
 def _input_gate(input_glu) -> _epilogue.InputGate:
     """``matmul``'s ``input_glu`` (``True`` or an activation) as an :class:`~.epilogue.InputGate`."""
-    if input_glu is True or isinstance(input_glu, np.bool_) and input_glu:
+    if isinstance(input_glu, bool | np.bool_):  # True: the bilinear gate (False never gets here)
         return _epilogue.InputGate(None)
-    try:
-        return _epilogue.InputGate(_epilogue.check_activation(input_glu))
-    except ValueError as e:
-        raise ValueError(f"Expected input_glu None, True (a bilinear gate) or an activation. {e}") from None
+    if isinstance(input_glu, str) and input_glu in _epilogue.ACTIVATIONS or callable(input_glu):
+        try:
+            return _epilogue.InputGate(_epilogue.check_activation(input_glu))
+        except ValueError:
+            pass
+    raise ValueError(
+        f"Expected input_glu None or False (no gate), True (the bilinear a * b) or an activation: one of "
+        f"{sorted(_epilogue.ACTIVATIONS)} or JAX's [jax.nn.relu, jax.nn.gelu, jax.nn.silu, jax.nn.sigmoid, jnp.tanh]. "
+        f"Got {input_glu!r}."
+    )
 
 
 def _gated_input(a, b, gate: _epilogue.InputGate, **kw) -> jax.Array:
     """``matmul(a, b, **kw)`` with its dense operand gated first (``input_glu``): through the gated-input op for a
-    static matrix (the kernel gates where it loads the operand), else the gate in XLA, then the product."""
+    static matrix (whose backend gates where its kernel loads the operand, or in XLA first), else the gate in XLA,
+    then the product."""
     a_sparse, b_sparse = isinstance(a, _SPARSE) or hasattr(type(a), "_bs_matmul"), isinstance(b, _SPARSE)
     b_sparse = b_sparse or hasattr(type(b), "_bs_matmul")
     if a_sparse == b_sparse:
@@ -409,7 +420,7 @@ def apply_2d(shape: tuple[int, int], x, product, *, sparse_first: bool, width: i
 def _sparse_dense(W, x, s: OpStatic, bias=None):
     if isinstance(W, BlockSparseMatrix):
         if s.input_gate is not None:
-            return vjp.gated_input("dsd", s.but(pattern=W.pattern), (W.data, x), bias)
+            return vjp.input_glu("dsd", s.but(pattern=W.pattern), (W.data, x), bias)
         if s.epilogue is not None:
             return vjp.fused("dsd", s.but(pattern=W.pattern), (), (W.data, x), bias)
         return vjp.dsd(s.but(pattern=W.pattern), W.data, x)
@@ -419,7 +430,7 @@ def _sparse_dense(W, x, s: OpStatic, bias=None):
 def _dense_sparse(x, W, s: OpStatic, bias=None):
     if isinstance(W, BlockSparseMatrix):
         if s.input_gate is not None:
-            return vjp.gated_input("dds", s.but(pattern=W.pattern), (x, W.data), bias)
+            return vjp.input_glu("dds", s.but(pattern=W.pattern), (x, W.data), bias)
         if s.epilogue is not None:
             return vjp.fused("dds", s.but(pattern=W.pattern), (), (x, W.data), bias)
         return vjp.dds(s.but(pattern=W.pattern), x, W.data)

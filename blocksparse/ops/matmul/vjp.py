@@ -15,7 +15,7 @@ to the forward product only: the backward's products take their defaults.
 Dynamic matrices have the twins :data:`dyn_dsd` and :data:`dyn_sdd` (``dds`` is ``dsd`` on the swapped
 coordinates): the Pallas backend builds its work list inside ``jit`` with :func:`.schedule.redistribute`, so
 the transposed product needs no cached transpose. :func:`nan_grad` makes the gradients of an invalid dynamic
-matrix NaN, :data:`fused` is the fused-epilogue op and :func:`gated_input` the op whose dense operand is gated first
+matrix NaN, :data:`fused` is the fused-epilogue op and :func:`input_glu` the op whose dense operand is gated first
 (an :class:`~.epilogue.InputGate`).
 
 Every op takes an ``OpStatic`` (:class:`.api.OpStatic`) first; backends receive it too.
@@ -34,7 +34,7 @@ from . import order
 from .reference import acc_dtype, transposed
 from .registry import get_backend
 
-__all__ = ["dds", "dsd", "dyn_dsd", "dyn_sdd", "fused", "gated_input", "nan_grad", "sdd"]
+__all__ = ["dds", "dsd", "dyn_dsd", "dyn_sdd", "fused", "input_glu", "nan_grad", "sdd"]
 
 
 def _table(op: str):
@@ -255,13 +255,13 @@ def _input_glu_table(kind: str):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def gated_input(kind: str, s, floats, bias):
+def input_glu(kind: str, s, floats, bias):
     """``kind`` (``"dsd"``: ``W @ x``, ``"dds"``: ``x @ W``) on ``floats`` with ``x`` gated by ``s.input_gate``, then
     ``s.epilogue`` where set (``bias``: its bias or ``None``)."""
     return run(f"{kind}+input_glu", s.impls, _input_glu_table(kind), s, *floats, bias)
 
 
-def _gated_input_fwd(kind, s, floats, bias):
+def _input_glu_fwd(kind, s, floats, bias):
     i, axis = _DENSE[kind]
 
     def product(s, *args):  # the differentiable product of the gated operand, plain or fused
@@ -274,8 +274,8 @@ def _gated_input_fwd(kind, s, floats, bias):
     return jax.vjp(lambda floats, bias: _epilogue.gate_first(product, s, i, axis, *floats, bias), floats, bias)
 
 
-def _gated_input_bwd(kind, s, back, g):
+def _input_glu_bwd(kind, s, back, g):
     return back(g)
 
 
-gated_input.defvjp(_gated_input_fwd, _gated_input_bwd)
+input_glu.defvjp(_input_glu_fwd, _input_glu_bwd)

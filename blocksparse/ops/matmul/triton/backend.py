@@ -2,7 +2,7 @@
 
 Every product runs its kernel of :mod:`.kernels`, except the static ``x @ W`` and ``W @ x`` with few tokens,
 which run the one-launch kernel of :mod:`.stream` (:func:`.stream.takes`), a gated epilogue (GLU) in its store and
-a gated input (``input_glu``) where it loads ``x`` (:func:`.stream.gates_input`; elsewhere the gate runs in XLA
+a gated input (``input_glu``) where it loads ``x`` (:func:`.stream.gates_in_load`; elsewhere the gate runs in XLA
 first).
 A :class:`~.common.TritonConfig` given through ``bs.matmul(..., config=)`` (``OpStatic.config``) sets the tiles
 and variants (split or not, the dynamic design, stream or not), the defaults of :mod:`.common` and the tuned
@@ -32,6 +32,13 @@ def _exact(s) -> bool:
     return s.precision == lax.Precision.HIGHEST
 
 
+def _gates_in_load(op: str, s, x, dt) -> bool:
+    """Whether the stream kernel gates ``op``'s input where it loads it (:func:`.stream.gates_in_load`), for ``x``
+    already of the product's dtype ``dt`` (else the gate, rounded to ``x``'s own dtype, runs in XLA first)."""
+    n = x.shape[0] if op == "dds" else x.shape[1]
+    return x.dtype == dt and stream.gates_in_load(op, n, s.pattern, _cfg(s))
+
+
 class PallasBackend:
     """Backend object for :mod:`blocksparse.ops.matmul.api` (``implementation="pallas"``; see the module docstring)."""
 
@@ -58,10 +65,10 @@ class PallasBackend:
         dt = check(s.pattern.block_size, data.dtype, x.dtype)
         cfg = _cfg(s)
         if s.input_gate is not None:
-            if not stream.gates_input("dsd", x.shape[1], s.pattern, cfg):
+            if not _gates_in_load("dsd", s, x, dt):
                 return _epilogue.gate_first(self.dsd_fused, s, 1, 0, data, x, bias)
-            return stream.dsd(s.pattern, data.astype(dt), x.astype(dt), s.out_dtype, exact=_exact(s), config=cfg,
-                              epi=s.epilogue, bias=bias, gate=s.input_gate)  # fmt: skip
+            return stream.dsd(s.pattern, data.astype(dt), x, s.out_dtype, exact=_exact(s), config=cfg, epi=s.epilogue,
+                              bias=bias, gate=s.input_gate)  # fmt: skip
         run = stream.dsd if stream.takes("dsd", x.shape[1], s.pattern, cfg) else dsd
         return run(s.pattern, data.astype(dt), x.astype(dt), s.out_dtype, exact=_exact(s), config=cfg, epi=s.epilogue,
                    bias=bias)  # fmt: skip
@@ -70,10 +77,10 @@ class PallasBackend:
         dt = check(s.pattern.block_size, data.dtype, x.dtype)
         cfg = _cfg(s)
         if s.input_gate is not None:
-            if not stream.gates_input("dds", x.shape[0], s.pattern, cfg):
+            if not _gates_in_load("dds", s, x, dt):
                 return _epilogue.gate_first(self.dds_fused, s, 0, 1, x, data, bias)
-            return stream.dds(x.astype(dt), s.pattern, data.astype(dt), s.out_dtype, exact=_exact(s), config=cfg,
-                              epi=s.epilogue, bias=bias, gate=s.input_gate)  # fmt: skip
+            return stream.dds(x, s.pattern, data.astype(dt), s.out_dtype, exact=_exact(s), config=cfg, epi=s.epilogue,
+                              bias=bias, gate=s.input_gate)  # fmt: skip
         run = stream.dds if stream.takes("dds", x.shape[0], s.pattern, cfg) else dds
         return run(x.astype(dt), s.pattern, data.astype(dt), s.out_dtype, exact=_exact(s), config=cfg, epi=s.epilogue,
                    bias=bias)  # fmt: skip

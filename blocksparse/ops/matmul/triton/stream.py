@@ -32,7 +32,7 @@ walk's steps past its end masked), one accumulator each, and stores ``activation
 and up projections in one launch, their product never in memory. Where the tuned table measured it slower than
 the product followed by the gate in XLA (the H200), it runs only when asked (:func:`gates_in_store`).
 
-Gated input (``input_glu``, :func:`gates_input`): ``x``'s contracted dimension holds a GLU's two halves; each step
+Gated input (``input_glu``, :func:`gates_in_load`): ``x``'s contracted dimension holds a GLU's two halves; each step
 loads a slab of both and multiplies ``activation(gate) * value`` (float32, rounded to ``x``'s dtype), so SwiGLU's
 down projection reads the gate/up product's output directly and no gated copy is written.
 
@@ -61,7 +61,7 @@ from .. import tuned
 from ..schedule import kernel_constant
 from .common import TritonConfig, _bias_operand, _dot, _finish, _interpret, _pallas_call, _params, _split_refs
 
-__all__ = ["StreamPlan", "dds", "dsd", "gates", "gates_in_store", "gates_input", "plan", "takes"]
+__all__ = ["StreamPlan", "dds", "dsd", "gates", "gates_in_store", "gates_in_load", "plan", "takes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +123,7 @@ def gates_in_store(op: str, n: int, pattern: BlockPattern, config: TritonConfig 
     return (config is not None and config.stream is True) or bool(tuned.current().TRITON_STREAM_GATES)
 
 
-def gates_input(op: str, n: int, pattern: BlockPattern, config: TritonConfig | None) -> bool:
+def gates_in_load(op: str, n: int, pattern: BlockPattern, config: TritonConfig | None) -> bool:
     """Whether ``op`` with ``n`` tokens and an input gate (``input_glu``) gates where this kernel loads ``x``: it
     :func:`takes` the product, and ``config.stream`` asks for the kernel or the tuned ``TRITON_STREAM_GATES_INPUT``
     says the load's gate is faster than the gate in XLA before the product."""
@@ -138,9 +138,10 @@ SMEM_SHARE = 3 / 4
 
 
 def plan(op: str, pattern: BlockPattern, n: int, config: TritonConfig | None = None, itemsize: int = 2,
-         glu: bool = False) -> StreamPlan:  # fmt: skip
+         glu: bool = False, gated_input: bool = False) -> StreamPlan:  # fmt: skip
     """The stream kernel's plan for ``op`` (``"dds"``: ``x @ W``, ``"dsd"``: ``W @ x``) with ``n`` tokens of
-    ``itemsize`` bytes (``glu``: gated, half the output blocks, each two walks).
+    ``itemsize`` bytes (``glu``: gated, half the output blocks, each two walks; ``gated_input``: two slabs of ``x``
+    a block, gate and value).
 
     The sub-tile is the widest (at most the block) that still gives every SM :data:`~..tuned`
     ``TRITON_STREAM_PROGRAMS_PER_SM`` programs, and never below ``TRITON_STREAM_MIN_TILE``; the config's
@@ -171,7 +172,8 @@ def plan(op: str, pattern: BlockPattern, n: int, config: TritonConfig | None = N
     group = cfg.stream_group or t.TRITON_STREAM_GROUP
     stages = cfg.num_stages or t.TRITON_STREAM_STAGES[min(bh, bw)]
     contracted = bh if op == "dds" else bw
-    step = (tile * contracted + rows * contracted) * itemsize  # one block's slice and its slab of x
+    slabs = 2 if gated_input else 1
+    step = (tile * contracted + slabs * rows * contracted) * itemsize  # one block's slice and its slab(s) of x
     budget = SMEM_SHARE * (hardware.gpu().smem_per_block or hardware.PLANNING_DEFAULT.smem_per_block)
     while group * stages * step > budget and (group > 1 or stages > 2):
         if group > 1:
@@ -201,12 +203,13 @@ def _walk(pattern: BlockPattern, op: str) -> tuple[np.ndarray, np.ndarray, np.nd
     return np.asarray(pattern.indptr, np.int32), np.asarray(pattern.cols, np.int32), ids
 
 
-def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, rows, n, group, split, exact, epi,
-            half, gate, k):  # fmt: skip
+def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, rows, n, nnz, group, split, exact, epi,
+            half, gate, value_offset):  # fmt: skip
     """Program ``p``: part ``p // Q`` of sub-tile ``p % Q`` (``Q`` sub-tiles), which is sub-tile ``q % sub`` of
     output block ``q // sub`` (see the module docstring); gated (``half``: the output blocks, half of ``W``'s),
     also of output block ``q // sub + half`` for the value. ``gate``: an input gate (``x``'s contracted dimension is
-    ``2 k``: each slab is gated with its value slab ``k`` further on as it is loaded)."""
+    twice ``W``'s: each slab is gated with its value slab ``value_offset`` further on as it is loaded). ``nnz``: the
+    blocks (the index arrays hold two unread trailing elements past them)."""
     from jax.experimental.pallas import triton as plgpu
 
     if split > 1:
@@ -227,7 +230,7 @@ def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, ro
         load = lambda at: plgpu.load(view(at), mask=live, other=0)  # noqa: E731
         if gate is None:
             return load(first)
-        value = load(pl.ds(pl.multiple_of(start + k, size), size))
+        value = load(pl.ds(pl.multiple_of(start + value_offset, size), size))
         return _epilogue.gated_pair(load(first), value, gate.activation).astype(x_ref.dtype)
 
     if op == "dds":  # acc (rows, tile): tokens x output columns
@@ -275,7 +278,7 @@ def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, ro
 
     def walks(u, v):  # gated: the walks of output blocks u and v side by side, a block of each per step
         (su, lu), (sv, lv) = bounds(u), bounds(v)
-        last = id_ref.shape[0] - 1
+        last = nnz - 1  # the last block: a step past a walk's end reads a real block (its product dropped)
 
         def one(start, length, i, acc):  # block i of a walk; past its end a block in range, its product dropped
             part = step(jnp.minimum(start + i, last), jnp.zeros(shape, jnp.float32))
@@ -343,12 +346,13 @@ def _call(op, pattern, data, x, out_dtype, n, out_shape, *, exact, config, epi, 
         full = (n, pattern.shape[1]) if op == "dds" else (pattern.shape[0], n)
         return _epilogue.reference(jnp.zeros(full, jnp.float32), bias, epi, out_dtype)
     glu = epi is not None and epi.glu
-    pl_ = plan(op, pattern, n, config, jnp.dtype(x.dtype).itemsize, glu=glu)
+    pl_ = plan(op, pattern, n, config, jnp.dtype(x.dtype).itemsize, glu=glu, gated_input=gate is not None)
     start, kb, ids = _walk(pattern, op)
     units = _units(op, pattern)
     kernel = functools.partial(_kernel, op=op, bh=bh, bw=bw, tile=pl_.tile, rows=pl_.rows, n=n, group=pl_.group,
                                split=pl_.split, exact=exact, epi=epi, half=units // 2 if glu else None, gate=gate,
-                               k=pattern.shape[0] if op == "dds" else pattern.shape[1])  # fmt: skip
+                               value_offset=pattern.shape[0] if op == "dds" else pattern.shape[1],
+                               nnz=pattern.nnz_blocks)  # fmt: skip
     b1 = _bias_operand(bias, epi, pattern.shape[1] if op == "dds" else pattern.shape[0])
     name = f"bs_{op}_stream_{bh}x{bw}_t{pl_.tile}_g{pl_.group}" + (f"_s{pl_.split}" if pl_.split > 1 else "")
     name += ("_glu" if glu else "_epi") if epi is not None else ""
