@@ -25,7 +25,7 @@ The quick mode runs on a CPU in about a minute: two layers, 32 held-out sentence
 The full mode is the model study: six layers, 200 held-out sentences, every block size x density x
 scope, per-layer magnitude, reconstruction and speed also with ``balance="cols"`` patterns (every block
 column of a projection keeps as many blocks: the ``x @ W`` kernels' work units are its block columns),
-reconstruction on 128 calibration sentences, 300-step recoveries at block size 32 (per-layer pruning), and
+reconstruction on 512 calibration sentences, 300-step recoveries at block size 32 (per-layer pruning), and
 bf16 speed at 256 sentences x 128 tokens.
 
 Weights: the directory named by the environment variable ``BLOCKSPARSE_MINILM_WEIGHTS``, else the
@@ -113,7 +113,7 @@ SIZES = {
                   recover_densities=None, recover_scopes=("layer",), steps=300,
                   batch_size=32, learning_rate=1e-3, speed_block_sizes=(16, 32, 64), speed_batch=256,
                   speed_length=128, speed_dtype="bfloat16", ffn_rows=32768, balances=(None, "cols"),
-                  reconstruct=(16, 32, 64), calibration_sentences=128),
+                  reconstruct=(16, 32, 64), calibration_sentences=512),
 }  # fmt: skip
 
 

@@ -496,7 +496,11 @@ def prune_encoder_reconstruct(model: BertEncoder, calibration: Mapping, block_si
         calibration: tokens of calibration sentences: ``input_ids`` and ``attention_mask`` (and
             optionally ``token_type_ids``), ``(sentences, length)``, as the tokenizer returns them.
             Their real tokens are the rows of every projection's calibration inputs; fewer rows than
-            a projection's input features are fine with ``damp > 0``.
+            a projection's input features are fine with ``damp > 0``, but the re-fit then matches
+            the calibration tokens more than unseen ones: give several times as many real tokens as
+            the widest projection has inputs (all-MiniLM-L6-v2, b = 32: 128 sentences, about 1,800
+            tokens for ``ffn_out``'s 1,536 inputs, reach Spearman 0.838 at density 1/2 and 0.574 at
+            1/4 on held-out sentences; 512 sentences 0.871 and 0.609; 2,000 sentences 0.874 at 1/2).
         block_size: ``b`` or ``(b_in, b_out)`` dividing every target weight ``(in, out)``.
         density: fraction of each projection's blocks kept, in ``(0, 1]``.
         targets: which projections to prune (names of :data:`PROJECTIONS`); the others stay dense.
