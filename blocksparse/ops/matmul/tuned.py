@@ -28,21 +28,12 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Any
 
 from ... import hardware
+from ..tuning import Entry
 
 __all__ = ["CONSERVATIVE", "TABLES", "Entry", "Table", "current", "nearest", "nearest_cell"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Entry:
-    """A measured number (or table) and what produced it."""
-
-    value: Any
-    source: str
 
 
 class Table:

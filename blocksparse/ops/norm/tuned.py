@@ -1,14 +1,8 @@
 """Measured launch shapes of the RMSNorm kernel, as data keyed by device kind: the one place they live.
 
-Key layout: ``TABLES[device_kind][entry_name] -> Entry``. ``device_kind`` is ``blocksparse.hardware.Device.kind``
-of :func:`blocksparse.hardware.gpu` (``"NVIDIA H200"``): the GPU the kernel runs on, or, off a GPU (Pallas'
-interpreter on a CPU), the planning default, so a CPU runs the kernel as that GPU would. A device without a table
-takes :data:`DEFAULT`. Each :class:`Entry` names what measured it: the results JSON in ``benchmarks/results/`` and
-its cells, or "not measured: the default". Code reads entries through :func:`get`; docstrings cite an entry by its
-name, never its value.
-
-:data:`DEFAULT`, for a GPU nobody measured: the H200's launch shapes (a launch shape changes the speed, never the
-result).
+The lookup by device kind (and the default for a device nobody measured: the H200's values) is
+:class:`blocksparse.ops.tuning.Tuned`'s; each :class:`~blocksparse.ops.tuning.Entry` names what measured it: the
+results JSON in ``benchmarks/results/`` and its cells, or "not measured: the default".
 
 Example::
 
@@ -19,21 +13,12 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Any
 
 from ... import hardware
+from ..tuning import Entry, Tuned
 
 __all__ = ["DEFAULT", "TABLES", "Entry", "entry", "get"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Entry:
-    """One measured choice: its value and what produced it."""
-
-    value: Any
-    source: str
 
 
 _PROBE = (
@@ -55,22 +40,7 @@ H200 = {
     ),
 }
 
-#: A GPU without a table: the H200's launch shapes (see the module docstring).
-DEFAULT = {name: Entry(e.value, f"not measured on this device: the H200's ({e.source})") for name, e in H200.items()}
-
-#: Device kind -> entries.
-TABLES = {hardware.H200.kind: H200}
-
-
-def entry(name: str, kind: str | None = None) -> Entry:
-    """Entry ``name`` for device ``kind`` (default: :func:`blocksparse.hardware.gpu`'s); :data:`DEFAULT` else."""
-    kind = hardware.gpu().kind if kind is None else kind
-    table = TABLES.get(kind, DEFAULT)
-    if name not in table:
-        raise KeyError(f"Expected a tuned RMSNorm entry in {sorted(DEFAULT)}. Got {name!r}.")
-    return table[name]
-
-
-def get(name: str, kind: str | None = None):
-    """The value of :func:`entry` ``name``."""
-    return entry(name, kind).value
+_TUNED = Tuned("RMSNorm", {hardware.H200.kind: H200})
+#: Device kind -> entries; :data:`DEFAULT` for a GPU without a table (the H200's values, marked unmeasured).
+TABLES, DEFAULT = _TUNED.tables, _TUNED.default
+entry, get = _TUNED.entry, _TUNED.get
