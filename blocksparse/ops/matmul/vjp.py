@@ -266,9 +266,7 @@ def _input_glu_fwd(kind, s, floats, bias):
 
     def product(s, *args):  # the differentiable product of the gated operand, plain or fused
         *floats, bias = args
-        if s.epilogue is not None:
-            return fused(kind, s, (), tuple(floats), bias)
-        return (dsd if kind == "dsd" else dds)(s, *floats)
+        return _plain(kind, s, (), floats) if s.epilogue is None else fused(kind, s, (), tuple(floats), bias)
 
     # The gate in XLA, then the product: both differentiated.
     return jax.vjp(lambda floats, bias: _epilogue.gate_first(product, s, i, axis, *floats, bias), floats, bias)
