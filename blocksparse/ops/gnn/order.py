@@ -2,11 +2,13 @@
 
 :func:`implementations` orders the backends of an op (Pallas first, XLA's segment ops where a kernel cannot
 run) from the tuned entries ``spmm.order`` / ``spmm.order_half`` / ``aggregate.order`` / ``attention.order``,
-and applies a ``config=`` (only its backend with ``implementation=None``). The other functions give the
-defaults the kernels take when a config leaves a field ``None``: which gather variant and how many light nodes
-per program (by dtype and mean in-degree), how many edges per step, and the attention layout. Each reads
-:mod:`blocksparse.ops.gnn.tuned` for the device (:func:`blocksparse.hardware.gpu`), so a test fakes a device
-with :func:`blocksparse.hardware.fake` and asks these functions.
+and applies a ``config=`` (only its backend with ``implementation=None``). Given the graph, :func:`choice` puts
+XLA first where the tuned data (:data:`blocksparse.ops.gnn.tuned.CHOICES`) measured it faster on a graph like
+it: by the statistics the host knows (nodes, mean and maximum in-degree, features, dtype) and the pass. The other
+functions give the defaults the kernels take when a config leaves a field ``None``: which gather variant and how
+many light nodes per program (by dtype and mean in-degree), how many edges per step, and the attention layout.
+Each reads :mod:`blocksparse.ops.gnn.tuned` for the device (:func:`blocksparse.hardware.gpu`), so a test fakes a
+device with :func:`blocksparse.hardware.fake` and asks these functions.
 
 Example::
 
@@ -18,6 +20,9 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import jax.numpy as jnp
 
 from .. import _dispatch
@@ -25,13 +30,20 @@ from . import registry, tuned
 from .config import AttentionConfig, GatherConfig, GatherVariant
 
 __all__ = [
+    "COVERAGE",
+    "FAMILIES",
     "OPS",
+    "PASSES",
+    "Choice",
+    "GraphStats",
     "aggregate_nodes_per_program",
     "aggregate_one_node_edges",
     "aggregate_variant",
     "attention_edges_per_step",
     "attention_layout",
+    "choice",
     "config_type",
+    "graph_stats",
     "implementations",
     "spmm_edges_per_step",
     "spmm_variant",
@@ -64,16 +76,29 @@ def _default(op: str, dtype) -> tuple[str, ...]:
     return tuned.get("aggregate.order" if op == "aggregate" else "attention.order")
 
 
-def implementations(op: str, implementation=None, dtype=None, config=None) -> tuple[str, ...]:
+def implementations(
+    op: str,
+    implementation=None,
+    dtype=None,
+    config=None,
+    *,
+    graph=None,
+    feat: int | None = None,
+    pass_: str = "fwd",
+    transpose: bool = False,
+) -> tuple[str, ...]:
     """The backends ``op`` tries, in order: ``implementation`` resolved against the registry.
 
     Arguments:
         op: ``"spmm"``, ``"aggregate"``, ``"gatv2"`` or ``"graph_attention"``.
-        implementation: ``None`` (the measured order for ``dtype`` on this device), a name (``"pallas"``,
-            ``"xla"``) or a sequence of names.
+        implementation: ``None`` (the measured order for ``dtype`` on this device; with ``graph`` and ``feat``,
+            :func:`choice`'s for that graph), a name (``"pallas"``, ``"xla"``) or a sequence of names.
         dtype: the features' dtype (SpMM orders 2-byte features by their own entry).
         config: ``None`` or the op's config (:func:`config_type`). With ``implementation=None`` only the
             config's backend runs (no silent fallback); an explicit ``implementation`` must include it.
+        graph, feat, pass_: the graph, the features per node and the pass (``"fwd"``, ``"fwd+bwd"``) the order
+            is for (:func:`choice`); ``graph=None``: the default order. ``transpose``: for the op on ``graph.T``
+            (its in-degrees are ``graph``'s out-degrees).
 
     Raises:
         TypeError: a config of another type. ValueError: an unknown name, or a config whose backend is not
@@ -83,6 +108,8 @@ def implementations(op: str, implementation=None, dtype=None, config=None) -> tu
     known = tuple(registry.IMPLEMENTATIONS)
     if config is not None and implementation is None:
         return (config.backend,)
+    if implementation is None and graph is not None and feat is not None:
+        return choice(op, graph_stats(graph, transpose=transpose), feat, dtype, pass_).impls
     impls = _dispatch.resolve(implementation, _default(op, dtype), known)
     if config is not None and config.backend not in impls:
         raise ValueError(
@@ -90,6 +117,111 @@ def implementations(op: str, implementation=None, dtype=None, config=None) -> tu
             f"Got implementation={implementation!r}."
         )
     return impls
+
+
+# ------------------------------------------------------------------ which backend, by the graph
+#: Op name -> the family of :data:`blocksparse.ops.gnn.tuned.CHOICES` (one kernel each).
+FAMILIES = {"spmm": "spmm", "aggregate": "aggregate", "gatv2": "gatv2", "graph_attention": "graph_attention"}
+#: The passes a choice is made for: the forward alone, and the forward a gradient follows with its backward.
+PASSES = ("fwd", "fwd+bwd")
+#: How far a measured graph speaks for another: within this factor in every statistic of :class:`GraphStats` and
+#: in the features per node. A rule, not a measurement: farther graphs take the default order.
+COVERAGE = 4.0
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphStats:
+    """What the host knows of a graph that decides the backend: nodes, edges and the largest in-degree.
+
+    ``mean_in_degree`` is ``edges / nodes``; ``skew`` is ``max_in_degree / mean_in_degree``."""
+
+    nodes: int
+    edges: int
+    max_in_degree: int
+
+    def __post_init__(self):
+        for name in ("nodes", "edges", "max_in_degree"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"Expected GraphStats.{name} a non-negative int. Got {v!r}.")
+        if self.max_in_degree > self.edges:
+            raise ValueError(
+                f"Expected max_in_degree <= edges. Got max_in_degree={self.max_in_degree}, edges={self.edges}."
+            )
+
+    @property
+    def mean_in_degree(self) -> float:
+        return self.edges / max(self.nodes, 1)
+
+    @property
+    def skew(self) -> float:
+        return self.max_in_degree / max(self.mean_in_degree, 1e-30)
+
+
+def graph_stats(g, transpose: bool = False) -> GraphStats | None:
+    """:class:`GraphStats` of a :class:`~blocksparse.gnn.Graph` (host data), or of its transpose ``g.T`` (without
+    building it: its in-degrees are ``g``'s out-degrees); ``None`` for a graph whose degrees the host does not
+    know (a :class:`~blocksparse.gnn.DynamicGraph`, traced)."""
+    from ...graph import Graph  # the graph types live below the ops
+
+    if not isinstance(g, Graph):
+        return None
+    top = int(g.out_degree.max(initial=0)) if transpose else int(g.max_in_degree)
+    return GraphStats(int(g.num_nodes), int(g.num_edges), top)
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The backends to try, in order, and why: ``measured`` the graph of the tuned data it follows (``None``:
+    not measured, the default order)."""
+
+    impls: tuple[str, ...]
+    reason: str
+    measured: tuned.Measured | None = None
+
+
+def _log_ratio(a: float, b: float) -> float:
+    return abs(math.log(max(a, 1e-30) / max(b, 1e-30)))
+
+
+def distance(stats: GraphStats, feat: int, m: tuned.Measured) -> float:
+    """The largest factor, as ``log``, between ``stats`` / ``feat`` and measured graph ``m`` in nodes, mean
+    in-degree, maximum in-degree (each at least 1) and features per node."""
+    pairs = ((stats.nodes, m.nodes), (stats.mean_in_degree, m.mean_in_degree),
+             (max(stats.max_in_degree, 1), max(m.max_in_degree, 1)), (feat, m.feat))  # fmt: skip
+    return max(_log_ratio(a, b) for a, b in pairs)
+
+
+def choice(op: str, stats: GraphStats | None, feat: int, dtype, pass_: str = "fwd", kind: str | None = None) -> Choice:
+    """The backends ``op`` tries on a graph of ``stats`` with ``feat`` features per node of ``dtype``, for
+    ``pass_`` (``"fwd"``, ``"fwd+bwd"``), on device ``kind`` (default :func:`blocksparse.hardware.gpu`'s).
+
+    The nearest graph of :func:`blocksparse.ops.gnn.tuned.measured` ``(family, dtype, pass_)`` within
+    :data:`COVERAGE` in every statistic (:func:`distance`) decides: XLA first where XLA was faster there, else the
+    default order. No such graph (none measured for this key or device, or none near enough; ``stats`` ``None``:
+    a traced graph) is "not measured": the default order.
+    """
+    if op not in FAMILIES:
+        raise ValueError(f"Expected a GNN op in {sorted(FAMILIES)}. Got {op!r}.")
+    if pass_ not in PASSES:
+        raise ValueError(f"Expected pass_ in {list(PASSES)}. Got {pass_!r}.")
+    if isinstance(feat, bool) or not isinstance(feat, int) or feat < 1:
+        raise ValueError(f"Expected feat a positive int. Got {feat!r}.")
+    name = jnp.dtype(dtype).name
+    default = _default(op, dtype)
+    if stats is None:
+        return Choice(default, "not measured: the default (the graph's degrees are traced, unknown on the host)")
+    points = tuned.measured(FAMILIES[op], name, pass_, kind)
+    key = f"{FAMILIES[op]}/{name}/{pass_}"
+    if not points:
+        return Choice(default, f"not measured: the default (no graph measured for {key} on this device)")
+    best = min(points, key=lambda m: distance(stats, feat, m))  # the first of equals: the table's order
+    if distance(stats, feat, best) > math.log(COVERAGE):
+        return Choice(default, f"not measured: the default (no graph measured for {key} within a factor "
+                               f"{COVERAGE:g} of {stats} and {feat} features; nearest: {best.graph})")  # fmt: skip
+    impls = ("xla", *(i for i in default if i != "xla")) if best.faster == "xla" else default
+    return Choice(impls, f"measured for {key}: {best.faster} faster on {best.graph} ({best.results}: {best.cell})",
+                  best)  # fmt: skip
 
 
 # ------------------------------------------------------------------ the gather kernels' defaults

@@ -17,6 +17,15 @@ run) and the same structural rules (edges per step and per program), but each ke
 H200 chose an opt-in variant (fewer warps per program, int32 key reductions, the ``flat`` attention view,
 16-edge attention steps). Those variants won on the H200 by trading occupancy against latency on its SMs;
 the plain kernels are the ones every test checks, and the settings the H200 measured its variants against.
+
+:data:`CHOICES` holds the other kind of measured fact: on which graphs XLA's segment ops were faster than the
+Pallas kernels. Key layout: ``CHOICES[device_kind][(family, dtype, pass)] -> tuple[Measured, ...]``, ``family``
+one of ``spmm`` (every ``reduce`` / ``norm``: one product kernel), ``aggregate`` (max and min: one kernel),
+``gatv2``, ``graph_attention``; ``dtype`` ``float32`` or ``bfloat16``; ``pass`` ``fwd`` or ``fwd+bwd``. Each
+:class:`Measured` is one graph of one run: its statistics (what the host knows of a graph) and the backend that
+was faster there, naming the results JSON and its cell. :func:`blocksparse.ops.gnn.order.choice` reads them; a
+key without measurements, a device without a table (every GPU but the H200) and a graph far from every measured
+one take the default order (Pallas first).
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ import dataclasses
 from ... import hardware
 from .config import GatherVariant
 
-__all__ = ["DEFAULT", "TABLES", "Entry", "entry", "get"]
+__all__ = ["CHOICES", "DEFAULT", "TABLES", "Entry", "Measured", "entry", "get", "measured"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +171,110 @@ DEFAULT = {
 TABLES = {"NVIDIA H200": H200}
 
 
+# ------------------------------------------------------------------ which backend, by the graph
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """One graph on which the Pallas kernel and XLA's segment ops ran in one process, and which was faster.
+
+    Attributes:
+        graph: the graph's name (a stand-in of :func:`blocksparse.gnn.paper_graph`, or ``power-law``:
+            ``bs.gnn.power_law(262144, 8388608)``).
+        nodes, edges, max_in_degree: its statistics (the JSON's ``graphs`` or ``graph`` record).
+        feat: features per node (``H x D`` for attention).
+        faster: ``"pallas"`` or ``"xla"``.
+        results: the results JSON under ``benchmarks/results/``.
+        cell: the rows compared (``op/dtype/...: ours vs xla``), as the JSON names them.
+        note: what the XLA side was, where it is not the ``xla`` backend itself.
+    """
+
+    graph: str
+    nodes: int
+    edges: int
+    max_in_degree: int
+    feat: int
+    faster: str
+    results: str
+    cell: str
+    note: str = ""
+
+    @property
+    def mean_in_degree(self) -> float:
+        return self.edges / self.nodes
+
+
+# The graphs measured (statistics from the JSONs' graph records).
+_ROADS = dict(graph="city-roads-L", nodes=142_257, edges=463_710, max_in_degree=4, feat=128)
+_ARXIV = dict(graph="ogbn-arxiv", nodes=169_343, edges=1_166_243, max_in_degree=13_185, feat=128)
+_TWITCH = dict(graph="twitch-views", nodes=168_114, edges=13_595_114, max_in_degree=35_802, feat=128)
+_PRODUCTS = dict(graph="ogbn-products", nodes=2_449_029, edges=123_718_280, max_in_degree=17_443, feat=128)
+_POKEC = dict(graph="pokec", nodes=1_632_803, edges=30_622_564, max_in_degree=13_665, feat=128)
+_POWER_LAW = dict(graph="power-law", nodes=262_144, edges=8_388_608, max_in_degree=149_288, feat=128)
+_GRAPHS_RUN = "gnn_graphs_h200.json"  # city-roads-L, ogbn-arxiv, twitch-views: one run
+_SEGMENT = "XLA's side: the suite's sorted segment op in the features' dtype (jax-segment), as the xla backend runs it"
+
+
+def _paper(stats, faster, results, op, dtype="float32", note=_SEGMENT):
+    return Measured(**stats, faster=faster, results=results,
+                    cell=f"{stats['graph']}/{dtype}/as generated/{op}: ours vs jax-segment", note=note)  # fmt: skip
+
+
+_GAT_SEGMENT = ("XLA's side: JAX's autodiff of the suite's segment GATv2 (jax-segment); the xla backend runs the same "
+                "segment ops and recomputes the forward in its backward")  # fmt: skip
+
+H200_CHOICES = {
+    ("spmm", "float32", "fwd"): (
+        _paper(_ROADS, "xla", _GRAPHS_RUN, "spmm_sum"),
+        _paper(_ARXIV, "xla", _GRAPHS_RUN, "spmm_sum"),
+        _paper(_TWITCH, "pallas", _GRAPHS_RUN, "spmm_sum"),
+        _paper(_PRODUCTS, "pallas", "gnn_graphs_products_h200.json", "spmm_sum"),
+        _paper(_POKEC, "pallas", "gnn_graphs_pokec_h200.json", "spmm_sum"),
+        Measured(**_POWER_LAW, faster="pallas", results="gather_defaults_h200.json",
+                 cell="spmm/float32/default vs spmm/float32/xla"),
+    ),
+    ("spmm", "bfloat16", "fwd"): (
+        Measured(**_POWER_LAW, faster="pallas", results="gather_defaults_h200.json",
+                 cell="spmm/bfloat16/default vs spmm/bfloat16/xla"),
+        Measured(**_ARXIV, faster="xla", results="spmm_packed_h200.json",
+                 cell="arxiv-like/bfloat16/pallas (every nodes_per_program) vs arxiv-like/bfloat16/xla",
+                 note="the Pallas side had four warps per program, before the one-warp default (spmm.variant)"),
+    ),
+    ("aggregate", "float32", "fwd"): (
+        _paper(_ROADS, "xla", _GRAPHS_RUN, "max"),
+        _paper(_ARXIV, "xla", _GRAPHS_RUN, "max"),
+        _paper(_TWITCH, "xla", _GRAPHS_RUN, "max"),
+        _paper(_PRODUCTS, "xla", "gnn_graphs_products_h200.json", "max"),
+        _paper(_POKEC, "pallas", "gnn_graphs_pokec_h200.json", "max"),
+        Measured(**_POWER_LAW, faster="pallas", results="gather_defaults_h200.json",
+                 cell="max/float32/default vs max/float32/xla"),
+    ),
+    ("aggregate", "bfloat16", "fwd"): (
+        _paper(_POKEC, "pallas", "gnn_graphs_pokec_h200.json", "max", "bfloat16"),
+        Measured(**_POWER_LAW, faster="pallas", results="gather_defaults_h200.json",
+                 cell="max/bfloat16/default vs max/bfloat16/xla"),
+    ),
+    # with the arg-max: the forward that jax.grad runs (the backward is one scatter on either backend)
+    ("aggregate", "float32", "fwd+bwd"): (
+        Measured(**_POWER_LAW, faster="pallas", results="gather_with_arg_h200.json",
+                 cell="max/float32/w1 vs max/float32/xla (--with-arg)"),
+    ),
+    ("aggregate", "bfloat16", "fwd+bwd"): (
+        Measured(**_POWER_LAW, faster="pallas", results="gather_with_arg_h200.json",
+                 cell="max/bfloat16/w1 vs max/bfloat16/xla (--with-arg)"),
+    ),
+    ("gatv2", "float32", "fwd+bwd"): (
+        _paper(_ROADS, "xla", _GRAPHS_RUN, "gatv2", note=_GAT_SEGMENT),
+        _paper(_ARXIV, "pallas", _GRAPHS_RUN, "gatv2", note=_GAT_SEGMENT),
+        _paper(_TWITCH, "pallas", _GRAPHS_RUN, "gatv2", note=_GAT_SEGMENT),
+        _paper(_POKEC, "pallas", "gnn_graphs_pokec_h200.json", "gatv2", note=_GAT_SEGMENT),
+        _paper(_PRODUCTS, "pallas", "gnn_graphs_products_h200.json", "gatv2",
+               note="XLA's side (jax-segment) ran out of device memory: the kernels were the only ones to run"),
+    ),
+}  # fmt: skip
+
+#: Device kind -> ``(family, dtype, pass)`` -> the graphs measured there (see the module docstring).
+CHOICES = {"NVIDIA H200": H200_CHOICES}
+
+
 def entry(name: str, kind: str | None = None) -> Entry:
     """Entry ``name`` for device ``kind`` (default: :func:`blocksparse.hardware.gpu`'s); :data:`DEFAULT` else."""
     kind = hardware.gpu().kind if kind is None else kind
@@ -174,3 +287,10 @@ def entry(name: str, kind: str | None = None) -> Entry:
 def get(name: str, kind: str | None = None):
     """The value of :func:`entry` ``name``."""
     return entry(name, kind).value
+
+
+def measured(family: str, dtype: str, pass_: str, kind: str | None = None) -> tuple[Measured, ...]:
+    """The graphs of :data:`CHOICES` for ``(family, dtype, pass_)`` on device ``kind`` (default:
+    :func:`blocksparse.hardware.gpu`'s); ``()`` where none was measured."""
+    kind = hardware.gpu().kind if kind is None else kind
+    return CHOICES.get(kind, {}).get((family, dtype, pass_), ())

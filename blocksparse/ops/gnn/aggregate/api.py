@@ -27,11 +27,13 @@ class AggregateStatic:
         impls: implementation names, tried in order.
         is_max: max (True) or min (False).
         config: the Pallas kernel's :class:`~..config.GatherConfig` (``None``: its defaults; XLA ignores it).
+        grad_impls: the forward's under ``jax.grad`` (with the arg-max / arg-min); ``None``: ``impls``.
     """
 
     impls: tuple[str, ...]
     is_max: bool
     config: GatherConfig | None = None
+    grad_impls: tuple[str, ...] | None = None
 
 
 def _kernel(name: str, with_arg: bool):
@@ -56,7 +58,7 @@ def _values_and_args(name: str):
 
 
 def _forward(s: AggregateStatic, g, x):
-    return _dispatch.run("aggregate", s.impls, _values_and_args, s, g, x)
+    return _dispatch.run("aggregate", s.grad_impls or s.impls, _values_and_args, s, g, x)
 
 
 def _backward(s: AggregateStatic, arrays, arg, dout):
@@ -90,7 +92,9 @@ def aggregate(
         x: node features ``(N, ...)``.
         reduce: ``"max"`` or ``"min"``.
         implementation: ``None`` (the order of :func:`blocksparse.ops.gnn.order.implementations`: Pallas on
-            a GPU, else XLA), ``"pallas"``, ``"xla"`` or a sequence tried in order.
+            a GPU, except on graphs like those where the tuned data measured XLA faster,
+            :func:`blocksparse.ops.gnn.order.choice`, for the forward alone and for the forward under ``jax.grad``
+            each; else XLA), ``"pallas"``, ``"xla"`` or a sequence tried in order.
         config: ``None`` or a :class:`~blocksparse.gnn.GatherConfig` for the Pallas kernel: how many light
             nodes one program reduces together (a power of two up to 32; ``1`` is one node per program;
             ``None``: :func:`blocksparse.ops.gnn.order.aggregate_nodes_per_program` of the graph's mean
@@ -126,9 +130,12 @@ def aggregate(
         return own(g, x, reduce, implementation=implementation)
     check_graph(g)
     _dispatch.check_choice("reduce", reduce, ("max", "min"))
-    impls = order.implementations("aggregate", implementation, getattr(x, "dtype", None), strict)
-    s = AggregateStatic(impls, reduce == "max", config)
+    order.implementations("aggregate", implementation, getattr(x, "dtype", None), strict)  # checks the names
     x = g.check_features(x, "features", ndim=tuple(range(1, 8)))
+    feat = max(math.prod(x.shape[1:]), 1)
+    impls, grad = (order.implementations("aggregate", implementation, x.dtype, strict, graph=g, feat=feat, pass_=p)
+                   for p in order.PASSES)  # fmt: skip
+    s = AggregateStatic(impls, reduce == "max", config, None if grad == impls else grad)
     valid = g.validity() if isinstance(g, DynamicGraph) else None  # NaN out (and NaN gradients) if invalid
     x = poison(valid, x)
     shape = x.shape

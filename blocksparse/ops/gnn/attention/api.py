@@ -35,6 +35,7 @@ class AttentionStatic:
         slope: the leaky ReLU's negative slope (``"gat"``).
         scale: the logits' scale (``"dot"``).
         config: the Pallas kernels' :class:`AttentionConfig` (tiling only; the XLA path ignores it).
+        grad_impls: the forward's and the backward's under ``jax.grad``; ``None``: ``impls``.
     """
 
     impls: tuple[str, ...]
@@ -42,6 +43,7 @@ class AttentionStatic:
     slope: float = 0.0
     scale: float = 1.0
     config: AttentionConfig = AttentionConfig()
+    grad_impls: tuple[str, ...] | None = None
 
     @property
     def name(self) -> str:
@@ -72,6 +74,17 @@ def _configs(op: str, implementation, config, kernel_config) -> tuple[tuple[str,
     return impls, AttentionConfig() if config is None else config
 
 
+def _by_graph(op: str, impls, implementation, config, g, x) -> tuple[tuple[str, ...], ...]:
+    """``(impls, grad_impls)``: with the default order (``implementation`` and ``config`` ``None``),
+    :func:`blocksparse.ops.gnn.order.choice`'s for graph ``g`` and features ``x`` ``(N, H, D)``, for the forward
+    alone and under ``jax.grad``; else ``(impls, None)``."""
+    if implementation is not None or config is not None:
+        return impls, None
+    feat = max(x.shape[1] * x.shape[2], 1)
+    fwd, grad = (order.implementations(op, None, x.dtype, graph=g, feat=feat, pass_=p) for p in order.PASSES)
+    return fwd, None if grad == fwd else grad
+
+
 def _primal(name: str):
     fn = _module(name).attention_forward
     return lambda s, g, a, b, c: fn(s, g, a, b, c)[0]
@@ -79,13 +92,14 @@ def _primal(name: str):
 
 def _forward(s: AttentionStatic, g, a, b, c):
     """The output, and what the backward recomputes the weights from: the output and log-sum-exp."""
-    out, lse = _dispatch.run(s.name, s.impls, lambda name: _module(name).attention_forward, s, g, a, b, c)
+    impls = s.grad_impls or s.impls
+    out, lse = _dispatch.run(s.name, impls, lambda name: _module(name).attention_forward, s, g, a, b, c)
     return out, (out, lse)
 
 
 def _backward(s: AttentionStatic, arrays, extra, dout):
     table = lambda name: _module(name).attention_backward
-    return None, *_dispatch.run(s.name + "_bwd", s.impls, table, s, *arrays, *extra, dout)
+    return None, *_dispatch.run(s.name + "_bwd", s.grad_impls or s.impls, table, s, *arrays, *extra, dout)
 
 
 # (static, graph, a, b, c) -> (N, H, D); the forward saves only the output and the log-sum-exp per (node, head)
@@ -137,6 +151,7 @@ def gatv2(
         ``att``; the backward recomputes the weights from the saved log-sum-exp.
     """
     check_graph(g)
+    strict_config = config
     impls, config = _configs("gatv2", implementation, config, kernel_config)
     xs, xd = _check_nhd(g, x_src, "x_src"), _check_nhd(g, x_dst, "x_dst")
     if xd.shape != xs.shape:
@@ -150,7 +165,8 @@ def gatv2(
     xs, xd, att = (poison(valid, t) for t in (xs, xd, att))
     if g.edge_capacity == 0 or xs.size == 0:
         return nan_unless(valid, jnp.zeros_like(xs))
-    static = AttentionStatic(impls, "gat", slope=float(negative_slope), config=config)
+    impls, grad = _by_graph("gatv2", impls, implementation, strict_config, g, xs)
+    static = AttentionStatic(impls, "gat", slope=float(negative_slope), config=config, grad_impls=grad)
     return nan_unless(valid, _gat(static, g, xs, xd, att))
 
 
@@ -182,6 +198,7 @@ def graph_attention(
         ``(N, H, D)``; nodes without in-edges get 0. Differentiable w.r.t. ``q``, ``k`` and ``v``.
     """
     check_graph(g)
+    strict_config = config
     impls, config = _configs("graph_attention", implementation, config, kernel_config)
     q, k, v = _check_nhd(g, q, "q"), _check_nhd(g, k, "k"), _check_nhd(g, v, "v")
     if k.shape != q.shape or v.shape != q.shape:
@@ -192,4 +209,6 @@ def graph_attention(
     q, k, v = (poison(valid, t) for t in (q, k, v))
     if g.edge_capacity == 0 or q.size == 0:
         return nan_unless(valid, jnp.zeros_like(v))
-    return nan_unless(valid, _dot(AttentionStatic(impls, "dot", scale=float(scale), config=config), g, k, q, v))
+    impls, grad = _by_graph("graph_attention", impls, implementation, strict_config, g, v)
+    static = AttentionStatic(impls, "dot", scale=float(scale), config=config, grad_impls=grad)
+    return nan_unless(valid, _dot(static, g, k, q, v))

@@ -29,6 +29,7 @@ class SpmmStatic:
         impls: implementation names, tried in order.
         accumulate: the arrays are ``(g, x, init, *w)`` and the result ``init + A x``.
         config: the Pallas kernel's :class:`~..config.GatherConfig` (``None``: its defaults; XLA ignores it).
+        bwd_impls: the backward's (the product over ``g.T``); ``None``: ``impls``.
 
     The graph is the op's first array argument: a :class:`Graph` (a pytree without leaves, so
     static) or a :class:`DynamicGraph` (traced index arrays).
@@ -37,6 +38,7 @@ class SpmmStatic:
     impls: tuple[str, ...]
     accumulate: bool = False
     config: GatherConfig | None = None
+    bwd_impls: tuple[str, ...] | None = None
 
 
 def _table(name: str):
@@ -56,7 +58,8 @@ def _table(name: str):
 def _backward(s: SpmmStatic, arrays, _, dout):
     g, x, *rest = arrays
     init, w = ((rest[0],), rest[1:]) if s.accumulate else ((), rest)
-    dx = _spmm(SpmmStatic(s.impls), g.T, dout, *w)  # edge ids are shared by g and g.T; the defaults' kernel
+    # edge ids are shared by g and g.T; the defaults' kernel, on the backward's backends
+    dx = _spmm(SpmmStatic(s.bwd_impls or s.impls), g.T, dout, *w)
     d_init = tuple(dout.astype(i.dtype) for i in init)
     if not w:
         return None, dx, *d_init
@@ -137,7 +140,9 @@ def spmm(
             :meth:`Graph.from_edges` (a :class:`DynamicGraph`'s: ``(max_edges,)`` in the order of
             ``edge_index``, padding entries ignored).
         implementation: ``None`` (the order of :func:`blocksparse.ops.gnn.order.implementations`: on a GPU
-            Pallas, for every feature dtype; elsewhere XLA), ``"pallas"``, ``"xla"`` or a sequence tried in order.
+            Pallas, for every feature dtype, except on graphs like those where the tuned data measured XLA faster,
+            :func:`blocksparse.ops.gnn.order.choice`; elsewhere XLA), ``"pallas"``, ``"xla"`` or a sequence tried
+            in order. The backward's product over ``g.T`` is chosen alike by ``g.T``'s degrees.
         config: ``None`` or a :class:`~blocksparse.gnn.GatherConfig` for the Pallas kernel (light nodes per
             program, a gather variant); with ``implementation=None`` only the Pallas backend then runs. It
             applies to the forward product; the backward's SpMM over ``g.T`` takes the defaults.
@@ -171,7 +176,12 @@ def spmm(
             "use reduce='sum' with a norm instead."
         )
     x = g.check_features(x, "features", ndim=tuple(range(1, 8)))
-    s = SpmmStatic(order.implementations("spmm", implementation, x.dtype, config), config=config)
+    feat = max(math.prod(x.shape[1:]), 1)
+    impls = order.implementations("spmm", implementation, x.dtype, config, graph=g, feat=feat)
+    # the backward is a product over g.T: chosen by its own degrees where the choice is the default's
+    auto = implementation is None and config is None
+    bwd = order.implementations("spmm", None, x.dtype, graph=g, feat=feat, transpose=True) if auto else impls
+    s = SpmmStatic(impls, config=config, bwd_impls=None if bwd == impls else bwd)
     weights = ()
     if edge_weight is not None:
         weights = (_checked_weight(g, edge_weight),)
