@@ -290,6 +290,39 @@ def _check_calibration(w, x) -> jax.Array:
     return x
 
 
+def _check_targets(w, x, y) -> jax.Array | None:
+    """``y`` on the device, checked like ``x``: ``(rows of x, out)``, floating, finite; ``None`` stays ``None``."""
+    if y is None:
+        return None
+    y = jnp.asarray(y)
+    want = (x.shape[0], w.shape[1])
+    if y.shape != want:
+        raise ValueError(
+            f"Expected target outputs y_calib of shape {want} (one row per calibration row, one column per output of "
+            f"the (in, out) = {tuple(w.shape)} weight). Got shape {tuple(y.shape)}."
+        )
+    if not jnp.issubdtype(y.dtype, jnp.floating):
+        raise TypeError(f"Expected floating-point target outputs y_calib. Got dtype {y.dtype}.")
+    if not bool(jnp.isfinite(y).all()):
+        bad = ~np.isfinite(np.asarray(y))
+        r, c = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(
+            f"Expected finite target outputs y_calib. Got {np.asarray(y[r, c])} at row {r}, column {c} "
+            f"({int(bad.sum())} of {y.size} values are NaN or inf)."
+        )
+    return y
+
+
+@jax.jit
+def _target_weight(w, x, y, h, damp) -> jax.Array:
+    """``w* = H^-1 (X^T Y + lambda w)``, so that ``(W' - w*)^T H (W' - w*)`` is ``||X W' - Y||^2 + lambda ||W' - w||^2``
+    up to a constant (``H = X^T X + lambda I`` from :func:`_hessian`)."""
+    x = x.astype(jnp.float32)
+    lam = damp * jnp.mean(jnp.sum(x * x, axis=0))
+    rhs = _dot(x.T, y.astype(jnp.float32)) + lam * w
+    return jax.scipy.linalg.cho_solve((jnp.linalg.cholesky(h), True), rhs)
+
+
 def _factor(x, damp: float):
     """The damped Hessian of a reconstruction from ``x`` and its Cholesky factor, checked positive definite."""
     if isinstance(damp, bool) or not isinstance(damp, numbers.Real) or not (math.isfinite(damp) and damp >= 0):
@@ -421,20 +454,23 @@ def _pattern_mask(pattern, shape) -> np.ndarray:
     return pattern.mask()
 
 
-def refit(w, x_calib, pattern, *, damp: float = 0.01) -> BlockSparseMatrix:
-    """Re-fit the kept values of ``pattern`` so that ``x_calib @ W'`` is closest to ``x_calib @ w``.
+def refit(w, x_calib, pattern, *, damp: float = 0.01, y_calib=None) -> BlockSparseMatrix:
+    """Re-fit the kept values of ``pattern`` so that ``x_calib @ W'`` is closest to ``x_calib @ w`` (or ``y_calib``).
 
     Minimises ``||X (W - W')||_F^2 + lambda ||W - W'||_F^2`` over the values on the pattern's blocks
     (``lambda = damp * mean(diag(X^T X))``; ``damp=0`` is plain least squares). Output columns are
     independent; the columns of one block column share their kept input features ``K`` (``D`` the
     dropped ones), and with ``H = X^T X + lambda I`` their kept values move by ``H_KK^-1 H_KD W_D``:
-    one Cholesky solve per block column, batched.
+    one Cholesky solve per block column, batched. With target outputs ``Y = y_calib`` the objective is
+    ``||Y - X W'||_F^2 + lambda ||W - W'||_F^2``, the same as above with ``W`` replaced by
+    ``W* = H^-1 (X^T Y + lambda W)`` (up to a constant).
 
     Arguments:
         w: the concrete dense weight ``(in, out)`` (``y = x @ w``, the ``bs.nn`` layout).
         x_calib: calibration inputs ``(rows, in)``, finite.
         pattern: the :class:`~blocksparse.BlockPattern` to keep, or a :class:`BlockSparseMatrix` (its pattern).
         damp: dampening of the Hessian, a float ``>= 0``.
+        y_calib: ``None`` (reproduce ``x_calib @ w``) or the outputs to reproduce, ``(rows, out)``, finite.
 
     Returns:
         A :class:`BlockSparseMatrix` on ``pattern`` with the re-fitted values, in ``w``'s dtype.
@@ -447,13 +483,17 @@ def refit(w, x_calib, pattern, *, damp: float = 0.01) -> BlockSparseMatrix:
     mask = _pattern_mask(pattern, w.shape)
     block = pattern.block_size
     x = _check_calibration(w, x_calib)
+    y = _check_targets(w, x, y_calib)
     h, _ = _factor(x, damp)
-    out, _ = _refit(jnp.asarray(w, jnp.float32), h, mask, block)
+    w32 = jnp.asarray(w, jnp.float32)
+    if y is not None:
+        w32 = _target_weight(w32, x, y, h, float(damp))
+    out, _ = _refit(w32, h, mask, block)
     return _host_matrix(mask, out, block, w.dtype)
 
 
 def reconstruct(
-    w, x_calib, block_size, density: float, *, damp: float = 0.01, balance: str | None = None
+    w, x_calib, block_size, density: float, *, damp: float = 0.01, balance: str | None = None, y_calib=None
 ) -> BlockSparseMatrix:
     """Block pruning that keeps a layer's outputs: choose the blocks by OBS on calibration inputs, then re-fit them.
 
@@ -471,6 +511,12 @@ def reconstruct(
        split per block row or column by ``balance``);
     3. the kept values are re-fitted exactly for the chosen pattern (:func:`refit`).
 
+    With target outputs ``Y = y_calib`` it minimises ``||Y - X W'||_F^2 + lambda ||w - W'||_F^2`` instead:
+    up to a constant that is the objective above for ``W* = H^-1 (X^T Y + lambda w)`` (the damped least-squares
+    fit of ``Y`` by a dense weight), so steps 2 and 3 run on ``W*``. In a model pruned layer after layer, ``X`` is
+    what the pruned model feeds the layer and ``Y`` what the dense one computes there: the layer then also undoes
+    the error of the layers before it.
+
     The pattern returned is that one, unless the magnitude pattern of the same balance
     (:func:`magnitude`) re-fits to a lower error, which then wins: the result never reconstructs worse
     than magnitude pruning (re-fitted or not). Everything runs in float32 under ``jit``
@@ -486,6 +532,7 @@ def reconstruct(
             With ``damp=0`` and fewer rows than input features ``H`` is singular: that raises, as
             does an ``H`` that is not positive definite even after dampening (all-zero inputs).
         balance: ``None``, ``"rows"`` or ``"cols"`` (as :func:`magnitude`).
+        y_calib: ``None`` (reproduce ``x_calib @ w``) or the outputs to reproduce, ``(rows, out)``, finite.
 
     Returns:
         A :class:`BlockSparseMatrix` ``(in, out)`` in ``w``'s dtype.
@@ -508,8 +555,11 @@ def reconstruct(
         )
     count = keep_count(density, norms.shape, balance)
     x = _check_calibration(w, x_calib)
+    y = _check_targets(w, x, y_calib)
     h, chol = _factor(x, damp)
     w32 = jnp.asarray(w, jnp.float32)  # one program per shape, whatever the weight's dtype
+    if y is not None:
+        w32 = _target_weight(w32, x, y, h, float(damp))
     mask = np.asarray(_obs_mask(w32, chol, count, block_size=(bh, bw), balance=balance))
     out, err = _refit(w32, h, mask, (bh, bw))
     by_norm = top_blocks(norms, count, balance)
@@ -520,11 +570,11 @@ def reconstruct(
     return _host_matrix(mask, out, (bh, bw), w.dtype)
 
 
-def reconstruction_error(w, pruned, x_calib) -> float:
-    """``||X w - X W'||_F^2 / ||X w||_F^2``: how much of the layer's output on ``x_calib`` the pruned ``W'`` loses.
+def reconstruction_error(w, pruned, x_calib, y_calib=None) -> float:
+    """``||Y - X W'||_F^2 / ||Y||_F^2``, ``Y = X w``: the share of the layer's output on ``x_calib`` ``W'`` loses.
 
     ``w`` is the dense ``(in, out)`` weight, ``pruned`` a :class:`BlockSparseMatrix` or dense array of its
-    shape; computed in float64 on the host.
+    shape; ``y_calib`` the target outputs ``(rows, out)`` instead of ``X w``; computed in float64 on the host.
     """
     w = np.asarray(w, np.float64)
     p = np.asarray(pruned.to_dense() if isinstance(pruned, BlockSparseMatrix) else pruned, np.float64)
@@ -532,7 +582,9 @@ def reconstruction_error(w, pruned, x_calib) -> float:
     if p.shape != w.shape or x.ndim != 2 or x.shape[1] != w.shape[0]:
         raise ValueError(f"Expected w and pruned of one shape (in, out) and x (rows, in). Got {w.shape}, {p.shape}, "
                          f"{x.shape}.")  # fmt: skip
-    y = x @ w
+    y = x @ w if y_calib is None else np.asarray(y_calib, np.float64)
+    if y.shape != (x.shape[0], w.shape[1]):
+        raise ValueError(f"Expected y_calib of shape {(x.shape[0], w.shape[1])} (rows, out). Got {y.shape}.")
     num, den = float(np.sum(np.square(y - x @ p))), float(np.sum(y * y))
     return num / den if den > 0 else (0.0 if num == 0 else math.inf)
 

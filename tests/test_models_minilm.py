@@ -338,24 +338,36 @@ def densified(model):
 
 
 @pytest.mark.slow  # prunes the model twice; quick: test_prune_reconstruct.py on layers, the error test below
-def test_prune_encoder_reconstruct_calibrates_on_the_model_pruned_so_far(tiny):
+@pytest.mark.parametrize("objective", ["own", "residual"])
+def test_prune_encoder_reconstruct_calibrates_on_the_model_pruned_so_far(tiny, objective):
     model, tok = tiny
     cal = tok(corpus.sentences("train", 24))
-    pruned = prune_encoder_reconstruct(model, cal, 8, 0.5, balance="cols")
+    pruned = prune_encoder_reconstruct(model, cal, 8, 0.5, balance="cols", objective=objective)
     real = cal["attention_mask"].astype(bool)
     held = densified(pruned)  # the same function, without a sparse program to compile per pattern
     x0, mask_bias = model.embed(cal["input_ids"], cal["attention_mask"])
     inputs = {0: x0, 1: held.layers[0](x0, mask_bias)}  # layer 1 sees the pruned layer 0's output
+    dense_inputs = {0: x0, 1: model.layers[0](x0, mask_bias)}
     # Each projection is reconstruct() of its weight on the inputs it sees once the stages before it are pruned,
-    # the later ones still dense. (End to end, the suite's test checks it beats magnitude pruning.)
+    # the later ones still dense; with "residual" its target is the dense model's output there, plus the residual
+    # stream's error for the attention and FFN outputs. (End to end, the suite's test checks it beats magnitude.)
     for i, name in ((0, "query"), (0, "attn_out"), (0, "ffn_out"), (1, "value"), (1, "ffn_in")):
         L0, L = model.layers[i], held.layers[i]
         k = next(j for j, stage in enumerate(STAGES) if name in stage)
         seen = L0._replace(**{t: getattr(L, t) for earlier in STAGES[:k] for t in earlier})
-        taps = {}
+        taps, dense_taps = {}, {}
         seen(inputs[i], mask_bias, taps)
+        L0(dense_inputs[i], mask_bias, dense_taps)
+        w = np.asarray(getattr(L0, name).weight, np.float64)
+        y = None
+        if objective == "residual":
+            y = np.asarray(dense_taps[name], np.float64)[real] @ w
+            residual = {"attn_out": "query", "ffn_out": "ffn_in"}.get(name)
+            if residual:
+                y += np.asarray(dense_taps[residual], np.float64)[real] - np.asarray(taps[residual], np.float64)[real]
         got = getattr(pruned.layers[i], name)
-        want = bs.prune.reconstruct(getattr(L0, name).weight, np.asarray(taps[name])[real], 8, 0.5, balance="cols")
+        want = bs.prune.reconstruct(getattr(L0, name).weight, np.asarray(taps[name])[real], 8, 0.5, balance="cols",
+                                    y_calib=None if y is None else y.astype(np.float32))  # fmt: skip
         assert isinstance(got, bs.nn.SparseLinear) and got.activation == getattr(L0, name).activation
         assert got.weight.pattern == want.pattern, (i, name)
         np.testing.assert_allclose(got.weight.data, want.data, rtol=2e-3, atol=2e-4)
@@ -380,6 +392,8 @@ def test_prune_encoder_reconstruct_errors_name_the_projection(tiny):
         prune_encoder_reconstruct(model, cal, 8, 0.1)
     with pytest.raises(ValueError, match=r"density in \(0, 1\]"):
         prune_encoder_reconstruct(model, cal, 8, 0)
+    with pytest.raises(ValueError, match=r"objective in \('own', 'dense', 'residual'\). Got 'teacher'"):
+        prune_encoder_reconstruct(model, cal, 8, 0.5, objective="teacher")
     with pytest.raises(TypeError, match="tokenizer's dict with 'input_ids' and 'attention_mask'. Got ndarray"):
         prune_encoder_reconstruct(model, cal["input_ids"], 8, 0.5)
     with pytest.raises(ValueError, match="already block-sparse"):

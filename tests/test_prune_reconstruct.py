@@ -35,16 +35,24 @@ def hessian(x, damp):
     return h + damp * np.mean(np.diag(h)) * np.eye(len(h))
 
 
-def objective(w, pruned, x, damp):
-    """The damped reconstruction error of ``pruned`` (a matrix or a dense array), in float64."""
+def objective(w, pruned, x, damp, y=None):
+    """The damped reconstruction error of ``pruned`` (a matrix or a dense array), in float64:
+    ``||Y - X W'||^2 + lambda ||W' - w||^2`` less its value at ``W' = w`` (``Y = X w`` by default)."""
     p = pruned.to_dense() if isinstance(pruned, bs.BlockSparseMatrix) else pruned
-    d = np.asarray(p, np.float64) - np.asarray(w, np.float64)
-    return float(np.sum(d * (hessian(x, damp) @ d)))
+    p, w, x = (np.asarray(a, np.float64) for a in (p, w, x))
+    d = p - w
+    if y is None:
+        return float(np.sum(d * (hessian(x, damp) @ d)))
+    lam = damp * np.mean(np.sum(x * x, axis=0))
+    y = np.asarray(y, np.float64)
+    return float(np.sum(np.square(y - x @ p)) + lam * np.sum(d * d) - np.sum(np.square(y - x @ w)))
 
 
-def lstsq_refit(w, x, mask, block, damp):
-    """Per output column: least squares on its kept rows, ``[X_K; sqrt(lambda) I] v ~ [X w; sqrt(lambda) w_K]``."""
+def lstsq_refit(w, x, mask, block, damp, y=None):
+    """Per output column: least squares on its kept rows, ``[X_K; sqrt(lambda) I] v ~ [Y; sqrt(lambda) w_K]``
+    (``Y = X w`` by default)."""
     w, x = np.asarray(w, np.float64), np.asarray(x, np.float64)
+    y = x @ w if y is None else np.asarray(y, np.float64)
     lam = damp * np.mean(np.sum(x * x, axis=0))
     keep = np.kron(mask, np.ones(block, bool))
     out = np.zeros_like(w)
@@ -53,7 +61,7 @@ def lstsq_refit(w, x, mask, block, damp):
         if k.size == 0:
             continue
         a = np.vstack([x[:, k], np.sqrt(lam) * np.eye(k.size)])
-        b = np.concatenate([x @ w[:, j], np.sqrt(lam) * w[k, j]])
+        b = np.concatenate([y[:, j], np.sqrt(lam) * w[k, j]])
         out[k, j] = np.linalg.lstsq(a, b, rcond=None)[0]
     return out
 
@@ -116,6 +124,37 @@ def test_reconstruct_never_does_worse_than_magnitude(block, gm, gk, balance, row
     # The values are the exact re-fit of the chosen pattern.
     np.testing.assert_allclose(np.asarray(W.to_dense()), lstsq_refit(w, x, mask, block, damp),
                                atol=5e-3 * max(1.0, np.abs(w).max()), rtol=5e-3)  # fmt: skip
+
+
+# -- target outputs (y_calib) ------------------------------------------------------------------------
+@settings(max_examples=examples(10))
+@given(st.sampled_from([None, "rows", "cols"]), st.sampled_from([0.0, 0.01, 0.1]), st.floats(0.0, 1.0), st.data())
+def test_targets_refit_is_least_squares_and_reconstruct_beats_magnitude(balance, damp, noise, data):
+    # y_calib: the outputs of another weight plus noise, as a pruned model's inputs against the dense model's outputs.
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    x = calibration(rng, 48, N)
+    y = (x @ (w + 0.5 * rng.standard_normal((N, K))) + noise * rng.standard_normal((48, K))).astype(np.float32)
+    mask = rng.random(GRID) < 0.5
+    got = bs.prune.refit(w, x, bs.BlockPattern.from_mask(mask, BLOCK), damp=damp, y_calib=y)
+    want = lstsq_refit(w, x, mask, BLOCK, damp, y)
+    np.testing.assert_allclose(np.asarray(got.to_dense()), want, atol=5e-4 * np.abs(want).max(), rtol=1e-3)
+    lines = {None: GRID[0] * GRID[1], "rows": GRID[1], "cols": GRID[0]}[balance]
+    count = data.draw(st.integers(1, lines))
+    W = bs.prune.reconstruct(w, x, BLOCK, count / lines, damp=damp, balance=balance, y_calib=y)
+    assert_balanced(W.pattern.mask(), balance, count)
+    M = bs.prune.magnitude(w, BLOCK, count / lines, balance=balance)
+    err = objective(w, W, x, damp, y)
+    tol = 1e-4 * abs(objective(w, np.zeros_like(w), x, damp, y)) + 1e-6
+    assert err <= objective(w, bs.prune.refit(w, x, M, damp=damp, y_calib=y), x, damp, y) + tol
+    assert err <= objective(w, M, x, damp, y) + tol
+    np.testing.assert_allclose(np.asarray(W.to_dense()), lstsq_refit(w, x, W.pattern.mask(), BLOCK, damp, y),
+                               atol=5e-3 * max(1.0, np.abs(w).max()), rtol=5e-3)  # fmt: skip
+    # The layer's own outputs as targets change nothing.
+    same = bs.prune.reconstruct(w, x, BLOCK, count / lines, damp=damp, balance=balance, y_calib=x @ w)
+    own = bs.prune.reconstruct(w, x, BLOCK, count / lines, damp=damp, balance=balance)
+    assert same.pattern == own.pattern
+    np.testing.assert_allclose(np.asarray(same.to_dense()), np.asarray(own.to_dense()), rtol=2e-3, atol=2e-4)
 
 
 @pytest.mark.parametrize("balance", [None, "rows", "cols"])
@@ -214,6 +253,14 @@ def test_reconstruct_bad_input_says_what_is_wrong():
         bs.prune.reconstruct(w, x, BLOCK, 0.1, balance="rows")
     with pytest.raises(ValueError, match=r"pattern of the weight's shape \(16, 8\). Got \(16, 4\)"):
         bs.prune.refit(w, x, bs.prune.magnitude(w[:, :4], BLOCK, 0.5).pattern)
+    with pytest.raises(ValueError, match=r"y_calib of shape \(48, 8\) .*Got shape \(48, 4\)"):
+        bs.prune.reconstruct(w, x, BLOCK, 0.5, y_calib=(x @ w)[:, :4])
+    y_bad = x @ w
+    y_bad[2, 5] = np.nan
+    with pytest.raises(ValueError, match=r"finite target outputs y_calib. Got nan at row 2, column 5"):
+        bs.prune.refit(w, x, bs.prune.magnitude(w, BLOCK, 0.5), y_calib=y_bad)
+    with pytest.raises(TypeError, match="floating-point target outputs y_calib. Got dtype int32"):
+        bs.prune.reconstruct(w, x, BLOCK, 0.5, y_calib=(x @ w).astype(np.int32))
     with pytest.raises(TypeError, match=r"bs.prune.reconstruct: expected w as concrete host data"):
         jax.jit(lambda w: bs.prune.reconstruct(w, x, BLOCK, 0.5))(w)
 

@@ -18,6 +18,7 @@ from .._safetensors import read_safetensors
 from . import corpus, minilm, study
 from ._bert import (
     PROJECTIONS,
+    RECONSTRUCT_OBJECTIVES,
     STAGES,
     BertConfig,
     BertEncoder,
@@ -52,6 +53,7 @@ __all__ = [
     "DECODER_PROJECTIONS",
     "FUSED_PROJECTIONS",
     "PROJECTIONS",
+    "RECONSTRUCT_OBJECTIVES",
     "ROPE_TYPES",
     "STAGES",
     "KVCache",

@@ -29,6 +29,7 @@ __all__ = [
     "BertLayer",
     "LayerNorm",
     "PROJECTIONS",
+    "RECONSTRUCT_OBJECTIVES",
     "STAGES",
     "prune_encoder",
     "prune_encoder_reconstruct",
@@ -478,18 +479,34 @@ def prune_encoder(model: BertEncoder, block_size, density: float, *, scope: str 
     return model._replace(layers=tuple(layers))
 
 
+#: Values of ``prune_encoder_reconstruct(objective=)``: what each projection's re-fit reproduces.
+RECONSTRUCT_OBJECTIVES = ("own", "dense", "residual")
+
+
 def prune_encoder_reconstruct(model: BertEncoder, calibration: Mapping, block_size, density: float, *,
                               targets=PROJECTIONS, damp: float = 0.01, balance: str | None = None,
-                              implementation=None) -> BertEncoder:  # fmt: skip
+                              objective: str = "residual", implementation=None) -> BertEncoder:  # fmt: skip
     """Block-prune ``model`` by reconstruction, layer after layer, each projection calibrated on the pruned model.
 
-    Every target projection ``y = x @ W`` is replaced by :func:`blocksparse.prune.reconstruct` of its
+    Every target projection ``y = x @ W + c`` is replaced by :func:`blocksparse.prune.reconstruct` of its
     weight on its own inputs ``x`` over the real tokens of ``calibration``: the blocks that keep
-    ``x @ W`` closest, with re-fitted values. The inputs are those of the model pruned so far: the
-    layers run in order, and within a layer the projections in :data:`STAGES` order (query, key and
-    value on the layer's input; the attention output on the context the pruned query, key and value
-    give; the FFN's input after the pruned attention; its output on the pruned FFN input's GELU), so
-    each projection compensates for the errors of those before it, not just its own.
+    its output closest to a target (``objective``), with re-fitted values. The inputs are those of the
+    model pruned so far: the layers run in order, and within a layer the projections in :data:`STAGES`
+    order (query, key and value on the layer's input; the attention output on the context the pruned
+    query, key and value give; the FFN's input after the pruned attention; its output on the pruned FFN
+    input's GELU), so each projection compensates for the errors of those before it, not just its own.
+
+    The target of the projection (``y_calib``; with ``x_d`` the input the *dense* model gives it):
+
+    - ``"own"``: ``x @ W``, its own output on the pruned model's inputs (the projection is pruned as if
+      alone: an error made before it passes through);
+    - ``"dense"``: ``x_d @ W``, what the dense model computes there, so every projection also undoes the
+      error of those before it;
+    - ``"residual"`` (default): as ``"dense"``, and the attention and FFN outputs, which are added to the
+      residual stream before a LayerNorm, reproduce the dense model's *sum*: ``r_d + x_d @ W - r`` with
+      ``r`` (``r_d``) the residual input of the pruned (dense) model, so that they also repair the stream
+      (all-MiniLM-L6-v2, b = 32, 512 sentences: Spearman 0.969 at density 1/2 and 0.881 at 1/4, against
+      0.871 and 0.609 with ``"own"``).
 
     Arguments:
         model: a :class:`BertEncoder` whose target projections are dense.
@@ -505,6 +522,7 @@ def prune_encoder_reconstruct(model: BertEncoder, calibration: Mapping, block_si
         density: fraction of each projection's blocks kept, in ``(0, 1]``.
         targets: which projections to prune (names of :data:`PROJECTIONS`); the others stay dense.
         damp, balance: passed to :func:`blocksparse.prune.reconstruct`.
+        objective: ``"residual"`` (default), ``"dense"`` or ``"own"`` (see above; :data:`RECONSTRUCT_OBJECTIVES`).
         implementation: passed to each ``SparseLinear``.
 
     A problem with one projection (a density that keeps no block, NaN or inf in its inputs, a
@@ -515,6 +533,8 @@ def prune_encoder_reconstruct(model: BertEncoder, calibration: Mapping, block_si
     targets = _dense_targets(model, targets)
     density = _check_positive_density(density)
     _prune.check_balance(balance)
+    if objective not in RECONSTRUCT_OBJECTIVES:
+        raise ValueError(f"Expected objective in {RECONSTRUCT_OBJECTIVES}. Got {objective!r}.")
     if not isinstance(calibration, Mapping) or not {"input_ids", "attention_mask"} <= set(calibration):
         raise TypeError(
             "Expected calibration as the tokenizer's dict with 'input_ids' and 'attention_mask'. Got "
@@ -525,7 +545,14 @@ def prune_encoder_reconstruct(model: BertEncoder, calibration: Mapping, block_si
     real = jnp.asarray(np.flatnonzero(np.asarray(mask, bool)))  # the real tokens, as rows of (batch * length, .)
     dtype = model.word_embeddings.dtype
     layers = list(model.layers)
+    x_dense = x  # the dense model's stream (objective "dense" and "residual")
+
+    def rows_of(v):
+        return v.reshape(-1, v.shape[-1])[real].astype(jnp.float32)
+
     for i, layer in enumerate(layers):
+        if objective != "own":
+            x_dense_next, taps_dense = _layer_taps(layer, x_dense, mask_bias)
         twin = layer  # the pruned weights held densely: the same activations, one compiled program for every layer
         for stage in STAGES:
             names = [t for t in stage if t in targets]
@@ -534,9 +561,14 @@ def prune_encoder_reconstruct(model: BertEncoder, calibration: Mapping, block_si
             _, taps = _layer_taps(twin, x, mask_bias)  # this stage's inputs, given the projections pruned before it
             for t in names:
                 p = getattr(layer, t)
-                rows = taps[t].reshape(-1, p.in_features)[real].astype(jnp.float32)
+                rows = rows_of(taps[t])
+                y = None
+                if objective != "own":
+                    y = _matmul_highest(rows_of(taps_dense[t]), p.weight)
+                    if objective == "residual" and t in _RESIDUAL_OF:  # the stream it is added to, as the dense one
+                        y = y + rows_of(taps_dense[_RESIDUAL_OF[t]]) - rows_of(taps[_RESIDUAL_OF[t]])
                 try:
-                    W = _prune.reconstruct(p.weight, rows, block_size, density, damp=damp, balance=balance)
+                    W = _prune.reconstruct(p.weight, rows, block_size, density, damp=damp, balance=balance, y_calib=y)
                 except ValueError as e:
                     raise ValueError(f"layers[{i}].{t} ({p.in_features} x {p.out_features}): {e}") from None
                 W = W.astype(dtype)
@@ -544,4 +576,15 @@ def prune_encoder_reconstruct(model: BertEncoder, calibration: Mapping, block_si
                 twin = twin._replace(**{t: dense_projection(W.to_dense(), p.bias, p.activation)})
         layers[i] = layer
         x, _ = _layer_taps(twin, x, mask_bias)
+        if objective != "own":
+            x_dense = x_dense_next
     return model._replace(layers=tuple(layers))
+
+
+#: The residual input of the projections whose output is added to the stream, named by the projection it feeds.
+_RESIDUAL_OF = {"attn_out": "query", "ffn_out": "ffn_in"}
+
+
+@jax.jit
+def _matmul_highest(x, w) -> jax.Array:
+    return jnp.matmul(x, jnp.asarray(w, jnp.float32), precision=jax.lax.Precision.HIGHEST)
