@@ -474,6 +474,10 @@ def test_peer_scripts_run_the_suites_cells_and_skip_their_peers(tmp_path, monkey
         mine = [r for r in doc["results"] if not r["suite"].endswith("-peers")]
         peers = [r for r in doc["results"] if r["suite"].endswith("-peers")]
         assert mine and all(r["ok"] and not r["skipped"] and r["metrics"]["loop_ms"] > 0 for r in mine), name
+        if name == "bench_gnn_graphs":  # its torch peers run inside the suite's cells: recorded as skipped there
+            peers = [r for r in mine if "pyg-scatter_skipped" in r["metrics"]]
+            assert len(peers) == len(mine), name
+            continue
         assert peers and all(r["ok"] and r["skipped"] for r in peers), name  # torch missing, or GPU-only
 
 

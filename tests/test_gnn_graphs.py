@@ -6,7 +6,6 @@ from pathlib import Path
 
 import bench_scripts
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import examples, sweep
@@ -16,7 +15,6 @@ from hypothesis import strategies as st
 import blocksparse.gnn as gnn
 from blocksparse.bench import Timer, run_cell
 from blocksparse.bench import gnn_graphs as bench_gnn_graphs
-from blocksparse.bench.gnn import references
 from blocksparse.gnn.generators import PAPER_GRAPH_SPECS, paper_graph, paper_graph_edges
 from blocksparse.testing.graphs import graphs
 
@@ -123,65 +121,64 @@ def test_bad_input():
 
 
 @pytest.mark.slow
-@given(g=graphs(max_nodes=16, max_edges=40), chunk=st.integers(1, 64), heads=st.sampled_from([1, 2]))
-@settings(max_examples=examples(6), deadline=None)  # each example compiles its own shapes
-def test_chunked_reference_matches_segment_ops(g, chunk, heads):
-    """The benchmark's float32 reference, cut into node ranges of about ``chunk`` edges, against the
-    segment-op references of ``blocksparse.bench.gnn`` (outputs) and their gradients."""
+@given(g=graphs(max_nodes=16, max_edges=40), chunk=st.integers(1, 64), heads=st.sampled_from([1, 2]),
+       op=st.sampled_from(bench_gnn_graphs.OPS))  # fmt: skip
+@settings(max_examples=examples(12), deadline=None)  # each example compiles its own shapes
+def test_chunked_reference_matches_the_ops(g, chunk, heads, op):
+    """The benchmark's float32 reference, cut into node ranges of about ``chunk`` edges, against ``bs.gnn``'s XLA
+    backend on the whole graph: outputs and the gradients of ``sum(out * ct)`` (max / min routed as the op routes
+    them)."""
     n, d = g.num_nodes, 2
-    keys = jax.random.split(jax.random.key(chunk), 4)
-    x = jax.random.normal(keys[0], (n, heads * d))
-    xd = jax.random.normal(keys[1], (n, heads, d))
-    att = jax.random.normal(keys[2], (heads, d))
-    ct = jax.random.normal(keys[3], (n, heads, d))
-    got = bench_gnn_graphs.reference(g, x, xd, att, ct, chunk)
-
-    @jax.jit
-    def expected(x, xd, att, ct, src, dst):
-        refs = references(src, dst, n)
-        xs = x.reshape(n, heads, d)
-        out, vjp = jax.vjp(refs["gatv2"], xs, xd, att)
-        return dict(spmm=refs["spmm_sum"](x), max=refs["aggregate_max"](x), gatv2=out,
-                    **dict(zip(("dxs", "dxd", "datt"), vjp(ct), strict=True)))  # fmt: skip
-
-    want = expected(x, xd, att, ct, jnp.asarray(g.src), jnp.asarray(g.dst))
-    for k, w in want.items():
-        # float32 sums in two orders: an absolute error of 1e-5 of the largest magnitude (a sum of many terms
-        # near zero keeps its neighbours' rounding)
-        np.testing.assert_allclose(got[k], w, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(w).max())), err_msg=k)
+    keys = jax.random.split(jax.random.key(chunk), 5)
+    ins = dict(x=jax.random.normal(keys[0], (n, heads * d)), xd=jax.random.normal(keys[1], (n, heads, d)),
+               att=jax.random.normal(keys[2], (heads, d)), ct=jax.random.normal(keys[3], (n, heads, d)),
+               v=jax.random.normal(keys[4], (n, heads, d)))  # fmt: skip
+    args = bench_gnn_graphs.operands(op, ins)
+    fwd = bench_gnn_graphs.reference(g, args, ins["ct"], op, False, chunk)
+    got = bench_gnn_graphs.reference(g, args, ins["ct"], op, True, chunk)
+    fb = bench_gnn_graphs.with_grad(bench_gnn_graphs.ours(g, op, "xla"), len(args))
+    with jax.default_matmul_precision("highest"):
+        want = jax.jit(fb)(*args, ins["ct"])
+    assert len(got) == len(want) == len(args) + 1 and len(fwd) == 1
+    for i, (a, w) in enumerate(zip((fwd[0], *got), (want[0], *want), strict=True)):
+        # float32 sums in two orders: an absolute error of 1e-5 of the largest magnitude
+        np.testing.assert_allclose(a, w, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(w).max())), err_msg=f"{op} {i}")
 
 
 def _cells(doc, suite="gnn-graphs"):
     return [r for r in doc["results"] if r["suite"] == suite]
 
 
-@pytest.mark.slow  # every op, order and implementation; quick: test_bench_skips_rcm_above_the_limit runs the script
+@pytest.mark.slow  # three ops in every order; every op: test_gnn_choice's slow tests
 def test_bench_small_runs_and_checks(tmp_path):
-    """``--small`` on a skewed graph (heavy nodes, nodes without in-edges): every op and order, ours and the segment
-    ops in each cell, checked; the peers' cells skipped without torch."""
+    """``--small`` on a skewed graph (heavy nodes, nodes without in-edges): three ops in every order, ours, our
+    backends and the JAX peers in each cell, checked; the torch peers recorded as skipped without torch."""
     out = tmp_path / "graphs.json"
     bench = _bench()
-    assert bench.main(["--small", "--graphs", "ogbn-arxiv", "--orders", "degree", "rcm", "--json", str(out)]) == 0
+    argv = ["--small", "--graphs", "ogbn-arxiv", "--orders", "degree", "rcm", "--ops", "spmm_sum", "max", "gatv2",
+            "--passes", "fwd", "--json", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
     data = json.loads(out.read_text())
     rows = _cells(data)
     assert len(rows) == 3 * 3 and {(r["params"]["order"], r["params"]["op"]) for r in rows} == {
-        (o, op) for o in ("as generated", "degree", "rcm") for op in bench_gnn_graphs.OPS}  # fmt: skip
+        (o, op) for o in ("as generated", "degree", "rcm") for op in ("spmm_sum", "max", "gatv2")}  # fmt: skip
     for r in rows:
         m = r["metrics"]
-        assert r["ok"] and not r["skipped"], r
+        assert r["ok"] and not r["skipped"] and r["params"]["pass"] == "fwd", r
         assert m["loop_ms"] > 0 and m["calls_ms"] > 0 and m["rel_err"] < 1e-4 and m["segment_loop_ms"] > 0, r
         assert ("gain" in m) == (r["params"]["order"] != "as generated")
-    assert {r["metrics"]["implementation"] for r in rows} == {"spmm: xla", "aggregate: xla",
-                                                              "gatv2: xla, gatv2_bwd: xla"}  # fmt: skip
+        assert m["speedup_vs_best_peer"] > 0 and "pyg-scatter_skipped" in m, r
+        assert ("torch-csr_skipped" in m) == (r["params"]["op"] == "spmm_sum"), r
+    assert {r["metrics"]["implementation"] for r in rows} == {"spmm: xla", "aggregate: xla", "gatv2: xla"}
     assert all(r["metrics"]["max_in_degree"] > 0 for r in rows)
-    assert all(r["skipped"] for r in _cells(data, "gnn-graphs-peers"))
 
 
 @pytest.mark.slow  # the suite's limit end to end; the quick suite run: test_bench_small_runs_and_checks
 def test_bench_skips_rcm_above_the_limit(tmp_path):
     out = tmp_path / "graphs.json"
     bench = _bench()
-    argv = ["--small", "--graphs", "pokec", "--orders", "degree", "rcm", "--rcm-max-edges", "100", "--json", str(out)]
+    argv = ["--small", "--graphs", "pokec", "--orders", "degree", "rcm", "--rcm-max-edges", "100", "--ops", "max",
+            "--json", str(out)]  # fmt: skip
     assert bench.main(argv) == 0
     rows = _cells(json.loads(out.read_text()))
     ran = [r for r in rows if not r["skipped"]]
@@ -194,16 +191,19 @@ def test_bench_skips_rcm_above_the_limit(tmp_path):
 @pytest.mark.slow  # a second suite run on one graph; the quick one: test_bench_small_runs_and_checks
 def test_bench_two_dtypes_one_graph_and_the_row_budget():
     """Both dtypes on one graph (cells and gains per dtype); a cell over its time budget gets fewer iterations."""
+    ops = ("spmm_sum", "max", "gatv2")
     cells = bench_gnn_graphs.suite(graphs=("ogbn-arxiv",), edges=None, scale=0.01, dtypes=("float32", "bfloat16"),
-                                   orders=("as generated", "degree"), feat=16, heads=2, budget_s=1e-9)  # fmt: skip
+                                   orders=("as generated", "degree"), feat=16, heads=2, budget_s=1e-9, ops=ops,
+                                   passes=("fwd",))  # fmt: skip
     results = [run_cell(c, Timer(iters=4, trials=1, warmup=0)) for c in cells]
     assert {(r.params["dtype"], r.params["order"], r.params["op"]) for r in results} == {
-        (dt, o, op) for dt in ("float32", "bfloat16") for o in ("as generated", "degree") for op in bench_gnn_graphs.OPS
+        (dt, o, op) for dt in ("float32", "bfloat16") for o in ("as generated", "degree") for op in ops
     }
     assert all(r.ok and not r.skipped for r in results), [r.error for r in results]
     assert all("gain" in r.metrics for r in results if r.params["order"] == "degree")
     assert all(r.metrics["rel_err"] < (1e-4 if r.params["dtype"] == "float32" else 2e-2) for r in results)
     assert all(r.metrics["iters"] == 1 and r.metrics["timer"] == "Timer(iters=1, trials=1, warmup=0)" for r in results)
+    assert all(r.metrics["segment_iters"] == 1 and r.metrics["xla_iters"] == 1 for r in results)
     t = Timer(iters=20, trials=3, warmup=1)  # 8 calls per iteration (loop and calls, warm-up and trials)
     assert bench_gnn_graphs.capped_timer(t, 0.01, 20.0) is t
     assert repr(bench_gnn_graphs.capped_timer(t, 0.5, 20.0)) == "Timer(iters=5, trials=3, warmup=1)"

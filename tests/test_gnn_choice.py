@@ -1,0 +1,313 @@
+"""The GNN ops' default backend by the graph (``order.choice``, data in ``tuned.CHOICES``) and the ``gnn-graphs``
+suite's cells of every op and pass at the tiny size."""
+
+import json
+import math
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import blocksparse as bs
+from blocksparse import hardware
+from blocksparse.bench import Timer, run_cell
+from blocksparse.bench import gnn_graphs as suite
+from blocksparse.gnn.generators import power_law_edges
+from blocksparse.ops.gnn import order, tuned
+from blocksparse.ops.gnn.order import COVERAGE, GraphStats, choice, distance
+
+ROOT = Path(__file__).resolve().parent.parent
+H200 = hardware.H200.kind
+KEYS = sorted(tuned.CHOICES[H200])
+BOTH = ("pallas", "xla")
+
+
+def _default(op, dtype):
+    return order.implementations(op, None, dtype)
+
+
+# ---------------------------------------------------------------------------------- the data and its sources
+def _json(name):
+    return json.loads((ROOT / "benchmarks" / "results" / name).read_text())
+
+
+def _times(m: tuned.Measured, family: str, dtype: str) -> tuple[float | None, float | None]:
+    """(Pallas ms, XLA ms) of measured graph ``m`` in its results JSON (``None``: the side did not run)."""
+    doc = _json(m.results)
+    if m.results.startswith("gnn_graphs"):  # the paper graphs' runs: ours against the suite's segment ops
+        op = {"spmm": "spmm_sum", "aggregate": "max", "gatv2": "gatv2"}[family]
+        rows = {r["impl"]: r for r in doc["rows"] if r["graph"] == m.graph and r["op"] == op
+                and r["order"] == "as generated" and r.get("dtype", doc["meta"]["dtype"]) == dtype}  # fmt: skip
+        g = doc["graphs"][m.graph]
+        assert (g["nodes"], g["edges"], g["max_in_degree"]) == (m.nodes, m.edges, m.max_in_degree), m
+        assert "pallas" in rows["ours"]["implementation"]
+        return rows["ours"]["ms"], rows["jax-segment"].get("ms")
+    if m.results == "spmm_packed_h200.json":  # every nodes-per-program of the kernel against XLA
+        g = doc["graphs"]["arxiv-like"]
+        assert (g["nodes"], g["edges"]) == (m.nodes, m.edges)
+        rows = [r for r in doc["rows"] if r["graph"] == "arxiv-like" and r["dtype"] == dtype]
+        return min(r["ms"] for r in rows if r["impl"] == "pallas"), next(r["ms"] for r in rows if r["impl"] == "xla")
+    # the variant sweeps on the power-law graph: the default (or named) variant against XLA
+    assert (doc["graph"]["nodes"], doc["graph"]["edges"]) == (m.nodes, m.edges)
+    op = {"spmm": "spmm", "aggregate": "max"}[family]
+    ours = m.cell.split(" vs ")[0].split("/")[2]
+    rows = {r["variant"]: r["ms"] for r in doc["rows"] if r["op"] == op and r["dtype"] == dtype}
+    return rows[ours], rows["xla"]
+
+
+@pytest.mark.parametrize("key", KEYS, ids=["/".join(k) for k in KEYS])
+def test_every_measured_graph_is_its_json(key):
+    """Each graph of the tuned data names a results JSON whose statistics it carries and whose times say which
+    backend was faster, as it does: no number of the choice is made up."""
+    family, dtype, pass_ = key
+    points = tuned.CHOICES[H200][key]
+    assert points and len({m.graph for m in points}) == len(points)
+    for m in points:
+        assert (ROOT / "benchmarks" / "results" / m.results).is_file(), m
+        assert m.faster in BOTH and m.cell and m.feat == 128, m
+        pallas, xla = _times(m, family, dtype)
+        faster = "pallas" if xla is None or pallas <= xla else "xla"
+        assert faster == m.faster, (m.graph, key, pallas, xla)
+        assert xla is not None or "out of device memory" in m.note or "only ones" in m.note, m
+
+
+def test_only_the_h200_has_choices():
+    assert set(tuned.CHOICES) == {H200}
+    assert tuned.measured("spmm", "float32", "fwd", kind="some GPU") == ()
+    assert tuned.measured("spmm", "float16", "fwd", kind=H200) == ()
+
+
+# ---------------------------------------------------------------------------------- choice on each kind of graph
+def test_road_like_graph_takes_xla_where_measured():
+    """city-roads-L (a grid, degrees 1 to 4): XLA was faster for SpMM, max and GATv2 forward + backward in float32;
+    bfloat16 and the backward of max were not measured there: the default."""
+    g = bs.gnn.paper_graph("city-roads-L")
+    stats = order.graph_stats(g)
+    assert stats == GraphStats(142_257, 463_710, 4)
+    assert choice("spmm", stats, 128, jnp.float32, kind=H200).impls == ("xla", "pallas")
+    assert choice("aggregate", stats, 128, jnp.float32, kind=H200).impls == ("xla", "pallas")
+    assert choice("gatv2", stats, 128, jnp.float32, "fwd+bwd", kind=H200).impls == ("xla", "pallas")
+    for op, dtype, pass_ in (("spmm", jnp.bfloat16, "fwd"), ("aggregate", jnp.float32, "fwd+bwd"),
+                             ("gatv2", jnp.float32, "fwd"), ("graph_attention", jnp.float32, "fwd")):  # fmt: skip
+        c = choice(op, stats, 128, dtype, pass_, kind=H200)
+        assert c.impls == _default(op, dtype) and c.measured is None and c.reason.startswith("not measured"), c
+    # a road network of another city (half the nodes, degrees up to 6) follows the same measurement
+    other = GraphStats(70_000, 230_000, 6)
+    assert choice("spmm", other, 128, jnp.float32, kind=H200).measured.graph == "city-roads-L"
+    # another GPU: nothing measured, the default
+    assert choice("spmm", stats, 128, jnp.float32, kind="NVIDIA A100").impls == _default("spmm", jnp.float32)
+
+
+def test_power_law_graphs_take_the_kernels():
+    """The power-law graph (mean in-degree 32, hubs of 10^5 in-edges): the kernels were faster for SpMM and max,
+    both dtypes; a power-law graph of half its size follows it, one of a sixteenth is too far: the default."""
+    for n, e, near in ((131_072, 4_194_304, True), (16_384, 524_288, False)):
+        _, dst = power_law_edges(n, e, seed=0)
+        stats = GraphStats(n, e, int(np.bincount(dst, minlength=n).max()))
+        for op in ("spmm", "aggregate"):
+            for dtype in (jnp.float32, jnp.bfloat16):
+                c = choice(op, stats, 128, dtype, kind=H200)
+                assert c.impls == ("pallas", "xla"), (n, op, dtype, c)
+                assert (c.measured is not None and c.measured.graph == "power-law") == near, (n, op, c.reason)
+
+
+def test_social_graphs_follow_their_nearest_measurement():
+    """ogbn-arxiv (mean 6.9): XLA for SpMM in both dtypes and max in float32; pokec (mean 18.8): the kernels;
+    twitch-views (mean 81): the kernel's SpMM, XLA's max."""
+    arxiv = GraphStats(169_343, 1_166_243, 13_185)
+    pokec = GraphStats(1_632_803, 30_622_564, 13_665)
+    twitch = GraphStats(168_114, 13_595_114, 35_802)
+    want = {(arxiv, "spmm", jnp.float32): "xla", (arxiv, "spmm", jnp.bfloat16): "xla",
+            (arxiv, "aggregate", jnp.float32): "xla", (pokec, "spmm", jnp.float32): "pallas",
+            (pokec, "aggregate", jnp.float32): "pallas", (pokec, "aggregate", jnp.bfloat16): "pallas",
+            (twitch, "spmm", jnp.float32): "pallas", (twitch, "aggregate", jnp.float32): "xla"}  # fmt: skip
+    for (stats, op, dtype), first in want.items():
+        assert choice(op, stats, 128, dtype, kind=H200).impls[0] == first, (stats, op, dtype)
+    # 64 features are near enough to the 128 measured; 16 are not
+    assert choice("aggregate", twitch, 64, jnp.float32, kind=H200).impls[0] == "xla"
+    assert choice("aggregate", twitch, 16, jnp.float32, kind=H200).measured is None
+
+
+def _community(n=150_000, size=500, degree=20, p_in=0.9, seed=0):
+    """A graph of communities: ``degree`` in-edges per node, a fraction ``p_in`` from its own community."""
+    rng = np.random.default_rng(seed)
+    dst = np.repeat(np.arange(n), degree)
+    same = rng.random(dst.size) < p_in
+    src = np.where(same, (dst // size) * size + rng.integers(0, size, dst.size), rng.integers(0, n, dst.size))
+    return bs.gnn.Graph.from_edges(src.astype(np.int32), dst.astype(np.int32), n)
+
+
+def test_community_graph_is_not_measured():
+    """No graph of communities was measured (its in-degrees are all about equal, unlike every measured graph with
+    its mean): the default order, saying so."""
+    g = _community()
+    stats = order.graph_stats(g)
+    assert stats.mean_in_degree == 20 and stats.skew < 3
+    for op in order.FAMILIES:
+        for dtype in (jnp.float32, jnp.bfloat16):
+            for pass_ in order.PASSES:
+                c = choice(op, stats, 128, dtype, pass_, kind=H200)
+                assert c.impls == _default(op, dtype) and c.reason.startswith("not measured: the default"), c
+
+
+def test_the_ops_dispatch_by_the_choice():
+    """On the road-like graph under the interpreter (where the kernels would run) the default traces XLA for
+    SpMM, max, and GATv2 under grad; the forward-only GATv2 and a traced graph keep the kernels; an explicit
+    implementation or a config is obeyed."""
+    g = bs.gnn.paper_graph("city-roads-L")
+    n = g.num_nodes
+    x = jax.ShapeDtypeStruct((n, 128), jnp.float32)
+    xs = jax.ShapeDtypeStruct((n, 8, 16), jnp.float32)
+    att = jax.ShapeDtypeStruct((8, 16), jnp.float32)
+
+    def ran(fn, *args):
+        with bs.interpret(), bs.dispatch_log() as log:
+            jax.eval_shape(fn, *args)
+        return dict(log)
+
+    assert ran(lambda x: bs.gnn.spmm(g, x, norm="both"), x) == {"spmm": "xla"}
+    assert ran(lambda x: bs.gnn.aggregate(g, x, "max"), x) == {"aggregate": "xla"}
+    assert ran(lambda x: bs.gnn.spmm(g, x, implementation="pallas"), x) == {"spmm": "pallas"}
+    assert ran(lambda x: bs.gnn.spmm(g, x, config=bs.gnn.GatherConfig()), x) == {"spmm": "pallas"}
+    assert ran(lambda xs, a: bs.gnn.gatv2(g, xs, xs, a), xs, att) == {"gatv2": "pallas"}
+    gat_grad = jax.grad(lambda xs, a: bs.gnn.gatv2(g, xs, xs, a).sum())
+    assert ran(gat_grad, xs, att) == {"gatv2": "xla", "gatv2_bwd": "xla"}
+    max_grad = jax.grad(lambda x: bs.gnn.aggregate(g, x, "max").sum())  # not measured with the arg-max: kernels
+    assert ran(max_grad, x) == {"aggregate": "pallas"}
+
+
+def test_graph_stats():
+    g = bs.gnn.Graph.from_edges([0, 0, 0, 1], [1, 2, 3, 2], 5)
+    assert order.graph_stats(g) == GraphStats(5, 4, 2)
+    assert order.graph_stats(g, transpose=True) == GraphStats(5, 4, 3)  # g.T's in-degrees: g's out-degrees
+    dg = bs.gnn.DynamicGraph.from_edge_index(np.array([[0, 1], [1, 2]]), num_nodes=3)
+    assert order.graph_stats(dg) is None
+    c = choice("spmm", None, 128, jnp.float32, kind=H200)
+    assert c.impls == _default("spmm", jnp.float32) and "traced" in c.reason
+    assert GraphStats(4, 8, 5).mean_in_degree == 2 and GraphStats(4, 8, 5).skew == 2.5
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match=r"Expected a GNN op in \[.*\]. Got 'conv'"):
+        choice("conv", None, 8, jnp.float32)
+    with pytest.raises(ValueError, match=r"Expected pass_ in \['fwd', 'fwd\+bwd'\]. Got 'bwd'"):
+        choice("spmm", None, 8, jnp.float32, "bwd")
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="Expected feat a positive int. Got"):
+            choice("spmm", None, bad, jnp.float32)
+    with pytest.raises(ValueError, match=r"Expected GraphStats.nodes a non-negative int. Got -1"):
+        GraphStats(-1, 0, 0)
+    with pytest.raises(ValueError, match=r"Expected max_in_degree <= edges. Got max_in_degree=5, edges=4"):
+        GraphStats(3, 4, 5)
+
+
+# ---------------------------------------------------------------------------------- properties of the choice
+@st.composite
+def _stats(draw):
+    nodes = draw(st.integers(1, 10**7))
+    edges = draw(st.integers(0, 10**9))
+    return GraphStats(nodes, edges, draw(st.integers(0, edges)))
+
+
+CASES = dict(op=st.sampled_from(sorted(order.FAMILIES)), dtype=st.sampled_from(["float32", "bfloat16", "float16"]),
+             pass_=st.sampled_from(order.PASSES), feat=st.integers(1, 4096))  # fmt: skip
+
+
+@given(stats=_stats(), **CASES)
+@settings(max_examples=examples(400, 100), deadline=None)
+def test_choice_follows_the_nearest_measured_graph(stats, op, dtype, pass_, feat):
+    """The order is both backends; measured: the nearest graph within the coverage decides which is first;
+    otherwise the default order, said to be not measured."""
+    c = choice(op, stats, feat, dtype, pass_, kind=H200)
+    assert sorted(c.impls) == sorted(BOTH)
+    points = tuned.measured(op, dtype, pass_, kind=H200)
+    near = [distance(stats, feat, m) for m in points]
+    if c.measured is None:
+        assert c.impls == _default(op, dtype) and c.reason.startswith("not measured: the default")
+        assert all(d > math.log(COVERAGE) for d in near)
+    else:
+        d = distance(stats, feat, c.measured)
+        assert c.measured in points and d <= math.log(COVERAGE) and d == min(near)
+        assert c.impls[0] == c.measured.faster and c.measured.graph in c.reason and c.measured.results in c.reason
+    assert choice(op, stats, feat, dtype, pass_, kind="some GPU").impls == _default(op, dtype)
+
+
+@given(key=st.sampled_from(KEYS), data=st.data())
+@settings(max_examples=examples(100, 25), deadline=None)
+def test_choice_at_and_near_a_measured_graph_is_its_measurement(key, data):
+    """At a measured graph's statistics, or within a factor 1.5 of them (nearer to it than to any other), the
+    choice is what was measured there."""
+    family, dtype, pass_ = key
+    m = data.draw(st.sampled_from(tuned.CHOICES[H200][key]))
+    f = [data.draw(st.floats(1 / 1.5, 1.5)) for _ in range(3)]
+    nodes = max(1, round(m.nodes * f[0]))
+    edges = round(nodes * m.mean_in_degree * f[1])
+    stats = GraphStats(nodes, edges, min(edges, max(1, round(m.max_in_degree * f[2]))))
+    others = [o for o in tuned.CHOICES[H200][key] if o is not m]
+    if any(distance(stats, m.feat, o) <= distance(stats, m.feat, m) for o in others):
+        return  # another measured graph is as near: the nearest decides (the test above)
+    assert choice(family, stats, m.feat, dtype, pass_, kind=H200).impls[0] == m.faster
+    exact = GraphStats(m.nodes, m.edges, m.max_in_degree)
+    assert choice(family, exact, m.feat, dtype, pass_, kind=H200).measured == m
+
+
+# ---------------------------------------------------------------------------------- the suite's new cells
+def _cells(**kw):
+    sizes = dict(suite.SIZES["tiny"], **kw)
+    return [run_cell(c, Timer(iters=1, trials=1, warmup=0)) for c in suite.suite(**sizes)]
+
+
+def _check(results, dtype="float32"):
+    for r in results:
+        m = r.metrics
+        assert r.ok and not r.skipped, (r.label, r.error)
+        assert set(r.params) >= {"graph", "op", "dtype", "pass"} and r.params["dtype"] == dtype
+        tol = 1e-4 if dtype == "float32" else 3e-2
+        assert m["rel_err"] < tol and m["xla_rel_err"] < tol, r.label
+        assert m["speedup_vs_best_peer"] > 0 and m["best_peer"] in ("segment", "bcsr"), r.label
+        assert m["best_peer_ms"] == min(m[f"{p}_loop_ms"] for p in ("segment", "bcsr") if f"{p}_loop_ms" in m)
+        assert ("bcsr_loop_ms" in m) == r.params["op"].startswith("spmm"), r.label
+        assert m["choice"].startswith(("not measured", "forward: not measured")), m["choice"]  # tiny: too far
+        if jax.default_backend() == "cpu":
+            assert "no GPU" in m["pallas_skipped"] and "xla" in m["implementation"]
+
+
+def test_tiny_cells_of_each_op_check_against_the_reference():
+    """Beside the tiny size's cells (the GCN norm, min and graph attention, forward + backward; test_bench runs
+    them): the mean's and max's forward alone on the power-law graph (the rest: the slow tests below)."""
+    results = _cells(graphs=("power-law",), ops=("spmm_mean", "max"), passes=("fwd",))
+    assert [r.label for r in results] == [f"power-law float32 as generated {op} fwd" for op in ("spmm_mean", "max")]
+    _check(results)
+
+
+@pytest.mark.slow  # every op and pass, both dtypes, a reordering, three kinds of graph
+@pytest.mark.parametrize(("graph", "dtype", "orders"), [("city-roads-L", "bfloat16", ("as generated", "degree")),
+                                                         ("power-law", "float32", ("as generated",)),
+                                                         ("ogbn-arxiv", "bfloat16", ("as generated",))])  # fmt: skip
+def test_every_cell_at_the_tiny_size(graph, dtype, orders):
+    results = _cells(graphs=(graph,), ops=suite.OPS, passes=suite.PASSES, dtypes=(dtype,), orders=orders)
+    assert len(results) == len(suite.OPS) * len(suite.PASSES) * len(orders)
+    _check(results, dtype)
+    assert all("gain" in r.metrics for r in results if r.params["order"] == "degree")
+
+
+@pytest.mark.slow  # the Pallas kernels interpreted in every cell of one graph
+def test_every_cell_with_the_kernels_interpreted():
+    with bs.interpret():
+        results = _cells(ops=suite.OPS, passes=suite.PASSES)
+    for r in results:
+        assert r.ok, (r.label, r.error)
+        assert r.metrics["pallas_rel_err"] < 1e-4 and "pallas" in r.metrics["implementation"], r.label
+        assert r.metrics["faster_backend"] in BOTH
+
+
+def test_suite_bad_input():
+    with pytest.raises(ValueError, match=r"Expected each op in \[.*\]. Got \['conv'\]"):
+        suite.suite(**dict(suite.SIZES["tiny"], ops=("conv",)))
+    with pytest.raises(ValueError, match=r"Expected each graph in \[.*'power-law'\]. Got \['cora'\]"):
+        suite.suite(**dict(suite.SIZES["tiny"], graphs=("cora",)))
