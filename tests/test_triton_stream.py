@@ -7,6 +7,7 @@ patterns, with the fused epilogue and gradients. GPU (``-m gpu``): the real kern
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import jax
@@ -68,16 +69,18 @@ def _rel(got, want):
     group=st.sampled_from([1, 3, 4]),
     tile=st.sampled_from([None, 16]),
     split=st.sampled_from([None, 1, 2, 3, 8]),
+    fma=st.sampled_from([None, True, False]),
     dtype=st.sampled_from([jnp.float32, jnp.bfloat16]),
     seed=st.integers(0, 2**16),
 )
-def test_stream_matches_the_dense_product(kind, gm, gk, block, n, density, op, group, tile, split, dtype, seed):
+def test_stream_matches_the_dense_product(kind, gm, gk, block, n, density, op, group, tile, split, fma, dtype, seed):
     rng = np.random.default_rng(seed)
     p = _pattern(kind, rng, (gm, gk), block, density)
     data = jnp.asarray(rng.standard_normal((p.nnz_blocks, block, block)), dtype)
     W = bs.BlockSparseMatrix(p, data)
     # split 8 on walks of at most 5 blocks: parts with no block at all
-    cfg = TritonConfig(stream=True, stream_group=group, tn=tile, tb=tile, stream_split=split)
+    # fma: one token on the CUDA cores (more tokens ignore it)
+    cfg = TritonConfig(stream=True, stream_group=group, tn=tile, tb=tile, stream_split=split, stream_fma=fma)
     if op == "x @ W":
         x = jnp.asarray(rng.standard_normal((n, p.shape[0])), dtype)
         got = bs.matmul(x, W, implementation="pallas", precision=HIGHEST, config=cfg)
@@ -188,10 +191,12 @@ def _glu_dense(x, axis, activation):
     activation=st.sampled_from(["silu", "gelu_tanh", None]),
     epilogue=st.sampled_from([None, "relu", "glu"]),
     split=st.sampled_from([None, 2]),
+    fma=st.sampled_from([None, True]),
     dtype=st.sampled_from([jnp.float32, jnp.bfloat16]),
     seed=st.integers(0, 2**16),
 )
-def test_gated_input_matches_dense(kind, gm, gk, block, n, density, op, activation, epilogue, split, dtype, seed):
+def test_gated_input_matches_dense(kind, gm, gk, block, n, density, op, activation, epilogue, split, fma, dtype,
+                                   seed):  # fmt: skip
     # input_glu: x's contracted dimension holds (gate, value); each step gates the slab it loads. With and without
     # the fused epilogue (a bias and relu, or a gated output: two walks a program, both gating their input), split
     # walks, empty and full patterns, against the dense product of the gated operand.
@@ -202,7 +207,7 @@ def test_gated_input_matches_dense(kind, gm, gk, block, n, density, op, activati
     p = _pattern(kind, rng, grid, block, density)
     W = bs.BlockSparseMatrix(p, jnp.asarray(rng.standard_normal((p.nnz_blocks, block, block)), dtype))
     dense = np.asarray(W.to_dense().astype(jnp.float32), np.float64)
-    cfg = TritonConfig(stream=True, stream_split=split)
+    cfg = TritonConfig(stream=True, stream_split=split, stream_fma=fma)
     width = p.shape[1] if op == "x @ W" else p.shape[0]
     bias = jnp.asarray(rng.standard_normal(n if op == "W @ x" else width), jnp.float32) if epilogue else None
     kw = dict(input_glu=True if activation is None else activation, bias=bias, precision=HIGHEST, config=cfg,
@@ -253,7 +258,8 @@ def test_plan_spreads_the_decode_shapes_over_every_sm():
                     units = p.grid[1] if op == "dds" else p.grid[0]
                     assert pl_.programs == units * b // pl_.tile
                     assert pl_.programs >= min(sms, units * b // t.TRITON_STREAM_MIN_TILE)
-                    assert pl_.rows == 16 and 1 <= pl_.group <= t.TRITON_STREAM_GROUP
+                    assert pl_.rows == (1 if pl_.fma else 16) and 1 <= pl_.group <= t.TRITON_STREAM_GROUP
+                    assert pl_.fma == bool(t.TRITON_STREAM_FMA)
                     assert pl_.num_warps == t.TRITON_STREAM_WARPS[b]
                     step = pl_.tile * b * 2 + 16 * b * 2  # bf16
                     assert pl_.group * pl_.num_stages * step <= stream.SMEM_SHARE * hardware.H200.smem_per_block
@@ -317,6 +323,31 @@ def test_one_launch_per_product(op, split):
     txt = _lower_for_cuda(f, W, x)
     assert txt.count("__gpu$xla.gpu.triton") == 1 and "_stream_" in txt and ("_s4" in txt) == (split == 4)
     assert "stablehlo.pad" not in txt and "stablehlo.slice" not in txt
+
+
+@pytest.mark.skipif(ON_GPU, reason="the GPU runs the kernels for real")
+@pytest.mark.parametrize("split", [None, 2])
+def test_one_token_on_the_cuda_cores_is_one_launch_of_every_kind(split):
+    # stream_fma: one token multiplied elementwise (no dot, no padding to 16 rows), plain, gated in the store or in
+    # the load, both orientations; more tokens keep the dot.
+    W = bs.random(jax.random.key(0), (1024, 512), 32, 1 / 4, dtype=jnp.bfloat16)
+    cfg = TritonConfig(stream=True, stream_fma=True, stream_split=split)
+    one, two = jnp.ones((1, 1024), jnp.bfloat16), jnp.ones((1, 2048), jnp.bfloat16)
+    cases = {
+        "dds": (lambda W, x: bs.matmul(x, W, config=cfg), one),
+        "dsd": (lambda W, x: bs.matmul(W, x, config=cfg), jnp.ones((512, 1), jnp.bfloat16)),
+        "dds_\\w*glu": (lambda W, x: bs.matmul(x, W, activation="silu", glu=True, config=cfg), one),
+        "dds_\\w*gated_x": (lambda W, x: bs.matmul(x, W, input_glu="silu", config=cfg), two),
+        "dsd_\\w*gated_x": (lambda W, x: bs.matmul(W, x, input_glu="silu", config=cfg), one.T),
+    }  # fmt: skip
+    for name, (f, x) in cases.items():
+        txt = _lower_for_cuda(f, W, x)
+        assert txt.count("__gpu$xla.gpu.triton") == 1 and re.search(rf"bs_{name}\w*_fma", txt), name
+    with hardware.fake(hardware.H200):
+        assert stream.plan("dds", W.pattern, 1, cfg) == dataclasses.replace(stream.plan("dds", W.pattern, 2, cfg),
+                                                                            rows=1, fma=True)  # fmt: skip
+        assert not stream.plan("dds", W.pattern, 2, cfg).fma
+        assert not stream.plan("dds", W.pattern, 1, TritonConfig(stream_fma=False)).fma
 
 
 @pytest.mark.gpu

@@ -286,6 +286,9 @@ H200 = Table(
             f"gate in XLA then the product 8.9 to 19.2 us busy, in all 12 cells ({_R}decode_gated_input_h200.json): "
             f"the gate in XLA first unless TritonConfig(stream=True) asks for the kernel",
         ),
+        "TRITON_STREAM_FMA": Entry(
+            False, f"{_DECODE}: not measured yet: the tensor cores' dot on the token padded to 16 rows"
+        ),
         "TRITON_STREAM_GROUP": Entry(
             4,
             f"{_DECODE}: 2 and 8 blocks per step within the noise of 4 at n=1 d=1/8 ({_R}decode_stream_tune_h200.json)",

@@ -52,6 +52,9 @@ class TritonConfig:
         stream_split: parts each stream sub-tile's blocks are cut into, one program per part (float32
             partials; the part that finishes last sums them in a fixed order and stores the output, so the
             product stays one launch and deterministic). ``None``: :func:`.stream.plan`'s choice; ``1``: no split.
+        stream_fma: with one token, multiply on the CUDA cores (each block's products accumulated elementwise in
+            float32, summed once at the end) instead of the tensor cores' dot on the token padded to 16 rows.
+            ``None``: the tuned ``TRITON_STREAM_FMA``; ignored with more than one token.
     """
 
     tn: int | None = None
@@ -67,6 +70,7 @@ class TritonConfig:
     stream: bool | None = None
     stream_group: int | None = None
     stream_split: int | None = None
+    stream_fma: bool | None = None
 
     #: The backend this config configures (``implementation="pallas"``).
     backend: ClassVar[str] = "pallas"

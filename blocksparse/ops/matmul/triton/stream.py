@@ -76,6 +76,8 @@ class StreamPlan:
             the blocks, each two walks).
         split: parts each sub-tile's walk is cut into (``1``: none).
         num_warps, num_stages: Triton launch parameters.
+        fma: one token multiplied on the CUDA cores (``rows`` is then 1): each step adds the block's elementwise
+            products to a float32 block-shaped accumulator, summed over the contracted side once, before the store.
     """
 
     tile: int
@@ -85,6 +87,7 @@ class StreamPlan:
     split: int
     num_warps: int
     num_stages: int
+    fma: bool = False
 
 
 def takes(op: str, n: int, pattern: BlockPattern, config: TritonConfig | None) -> bool:
@@ -147,7 +150,8 @@ def plan(op: str, pattern: BlockPattern, n: int, config: TritonConfig | None = N
     ``TRITON_STREAM_PROGRAMS_PER_SM`` programs, and never below ``TRITON_STREAM_MIN_TILE``; the config's
     ``tn`` (``x @ W``) or ``tb`` (``W @ x``) overrides it. Where even that leaves fewer programs than wanted, each
     sub-tile's walk is split into as many parts as make up the difference, each of at least
-    ``TRITON_STREAM_SPLIT_MIN_BLOCKS`` blocks on average (the config's ``stream_split`` overrides). Blocks per
+    ``TRITON_STREAM_SPLIT_MIN_BLOCKS`` blocks on average (the config's ``stream_split`` overrides). One token
+    multiplies on the CUDA cores where the config's ``stream_fma`` or else ``TRITON_STREAM_FMA`` says. Blocks per
     step and stages (config, else the tuned table's) are halved, blocks first, until the pipelined loads fit
     :data:`SMEM_SHARE` of the device's shared memory per CTA."""
     t = tuned.current()
@@ -168,7 +172,8 @@ def plan(op: str, pattern: BlockPattern, n: int, config: TritonConfig | None = N
     if split is None:  # still too few programs: cut each walk into parts of at least the tuned blocks
         mean = pattern.nnz_blocks / units
         split = max(1, min(-(-want // programs), int(mean // t.TRITON_STREAM_SPLIT_MIN_BLOCKS)))
-    rows = next_power_of_2(n, 16)
+    fma = n == 1 and bool(t.TRITON_STREAM_FMA if cfg.stream_fma is None else cfg.stream_fma)
+    rows = 1 if fma else next_power_of_2(n, 16)
     group = cfg.stream_group or t.TRITON_STREAM_GROUP
     stages = cfg.num_stages or t.TRITON_STREAM_STAGES[min(bh, bw)]
     contracted = bh if op == "dds" else bw
@@ -188,6 +193,7 @@ def plan(op: str, pattern: BlockPattern, n: int, config: TritonConfig | None = N
         split=int(split),
         num_warps=cfg.num_warps or t.TRITON_STREAM_WARPS[min(bh, bw)],
         num_stages=stages,
+        fma=fma,
     )
 
 
@@ -204,12 +210,13 @@ def _walk(pattern: BlockPattern, op: str) -> tuple[np.ndarray, np.ndarray, np.nd
 
 
 def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, rows, n, nnz, group, split, exact, epi,
-            half, gate, value_offset):  # fmt: skip
+            half, gate, value_offset, fma):  # fmt: skip
     """Program ``p``: part ``p // Q`` of sub-tile ``p % Q`` (``Q`` sub-tiles), which is sub-tile ``q % sub`` of
     output block ``q // sub`` (see the module docstring); gated (``half``: the output blocks, half of ``W``'s),
     also of output block ``q // sub + half`` for the value. ``gate``: an input gate (``x``'s contracted dimension is
     twice ``W``'s: each slab is gated with its value slab ``value_offset`` further on as it is loaded). ``nnz``: the
-    blocks (the index arrays hold two unread trailing elements past them)."""
+    blocks (the index arrays hold two unread trailing elements past them). ``fma``: one token, its slab a vector, each
+    step's products added elementwise to a block-shaped accumulator that :func:`reduce` sums at the end."""
     from jax.experimental.pallas import triton as plgpu
 
     if split > 1:
@@ -227,32 +234,47 @@ def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, ro
 
     def slab(view, start, size):  # x's slab at `start` (`size` along the contracted axis), gated where asked
         first = pl.ds(pl.multiple_of(start, size), size)
-        load = lambda at: plgpu.load(view(at), mask=live, other=0)  # noqa: E731
+        load = lambda at: plgpu.load(view(at)) if live is None else plgpu.load(view(at), mask=live, other=0)  # noqa: E731
         if gate is None:
             return load(first)
         value = load(pl.ds(pl.multiple_of(start + value_offset, size), size))
         return _epilogue.gated_pair(load(first), value, gate.activation).astype(x_ref.dtype)
 
+    if fma:  # one token: its slab one row (column) of x, no mask (it exists), no dot
+        live = None
     if op == "dds":  # acc (rows, tile): tokens x output columns
-        live = lax.broadcasted_iota(jnp.int32, (rows, bh), 0) < n
+        if not fma:
+            live = lax.broadcasted_iota(jnp.int32, (rows, bh), 0) < n
 
         def step(j, acc):
             r, d = kb_ref[j], id_ref[j]
             w = w_ref[pl.ds(pl.multiple_of(d * bh, bh), bh), pl.ds(t0, tile)]  # (bh, tile)
+            if fma:  # (bh, tile) += x[0, slab] as a column * W_block
+                xs = slab(lambda at: x_ref.at[pl.ds(0, 1), at], r * bh, bh)
+                return acc + xs.astype(jnp.float32).reshape(bh, 1) * w.astype(jnp.float32)
             xs = slab(lambda at: x_ref.at[pl.ds(0, rows), at], r * bh, bh)
             return acc + _dot(xs, w, exact=exact)
 
-        shape = (rows, tile)
+        shape, acc_shape = (rows, tile), ((bh, tile) if fma else (rows, tile))
     else:  # acc (tile, rows): output rows x tokens
-        live = lax.broadcasted_iota(jnp.int32, (bw, rows), 1) < n
+        if not fma:
+            live = lax.broadcasted_iota(jnp.int32, (bw, rows), 1) < n
 
         def step(j, acc):
             c, d = kb_ref[j], j  # W's blocks in storage order: block j of the walk is data[j] (no index to load)
             w = w_ref[pl.ds(pl.multiple_of(d * bh + t0, tile), tile), :]  # (tile, bw)
+            if fma:  # (tile, bw) += W_block * x[slab, 0] as a row
+                xs = slab(lambda at: x_ref.at[at, pl.ds(0, 1)], c * bw, bw)
+                return acc + w.astype(jnp.float32) * xs.astype(jnp.float32).reshape(1, bw)
             xs = slab(lambda at: x_ref.at[at, pl.ds(0, rows)], c * bw, bw)
             return acc + _dot(w, xs, exact=exact)
 
-        shape = (tile, rows)
+        shape, acc_shape = (tile, rows), ((tile, bw) if fma else (tile, rows))
+
+    def reduce(acc):  # the accumulator as the output tile (fma: summed over the contracted side)
+        if not fma:
+            return acc
+        return jnp.sum(acc, axis=0)[None, :] if op == "dds" else jnp.sum(acc, axis=1)[:, None]
 
     def bounds(u):  # this part of output block u's walk: its first block and length
         start = start_ref[u]
@@ -273,15 +295,15 @@ def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, ro
             return acc
 
         full = length // group
-        acc = lax.fori_loop(0, full, grouped, jnp.zeros(shape, jnp.float32))
-        return lax.fori_loop(start + full * group, start + length, step, acc)
+        acc = lax.fori_loop(0, full, grouped, jnp.zeros(acc_shape, jnp.float32))
+        return reduce(lax.fori_loop(start + full * group, start + length, step, acc))
 
     def walks(u, v):  # gated: the walks of output blocks u and v side by side, a block of each per step
         (su, lu), (sv, lv) = bounds(u), bounds(v)
         last = nnz - 1  # the last block: a step past a walk's end reads a real block (its product dropped)
 
         def one(start, length, i, acc):  # block i of a walk; past its end a block in range, its product dropped
-            part = step(jnp.minimum(start + i, last), jnp.zeros(shape, jnp.float32))
+            part = step(jnp.minimum(start + i, last), jnp.zeros(acc_shape, jnp.float32))
             return acc + jnp.where(i < length, part, 0.0)
 
         def both(i, accs):
@@ -294,9 +316,9 @@ def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, ro
 
         longest = jnp.maximum(lu, lv)
         full = longest // group
-        zero = jnp.zeros(shape, jnp.float32)
+        zero = jnp.zeros(acc_shape, jnp.float32)
         accs = lax.fori_loop(0, full, grouped, (zero, zero))
-        return lax.fori_loop(full * group, longest, both, accs)
+        return tuple(map(reduce, lax.fori_loop(full * group, longest, both, accs)))
 
     # The accumulators: the output block's, and gated the value's (output block u + half of W).
     accs = (walk(u),) if half is None else walks(u, u + half)
@@ -352,11 +374,12 @@ def _call(op, pattern, data, x, out_dtype, n, out_shape, *, exact, config, epi, 
     kernel = functools.partial(_kernel, op=op, bh=bh, bw=bw, tile=pl_.tile, rows=pl_.rows, n=n, group=pl_.group,
                                split=pl_.split, exact=exact, epi=epi, half=units // 2 if glu else None, gate=gate,
                                value_offset=pattern.shape[0] if op == "dds" else pattern.shape[1],
-                               nnz=pattern.nnz_blocks)  # fmt: skip
+                               nnz=pattern.nnz_blocks, fma=pl_.fma)  # fmt: skip
     b1 = _bias_operand(bias, epi, pattern.shape[1] if op == "dds" else pattern.shape[0])
     name = f"bs_{op}_stream_{bh}x{bw}_t{pl_.tile}_g{pl_.group}" + (f"_s{pl_.split}" if pl_.split > 1 else "")
     name += ("_glu" if glu else "_epi") if epi is not None else ""
     name += "_gated_x" if gate is not None else ""
+    name += "_fma" if pl_.fma else ""
     args = (kernel_constant(start), kernel_constant(kb), kernel_constant(ids), data.reshape(-1, bw), x, *b1)
     y = jax.ShapeDtypeStruct(out_shape, out_dtype)
     if pl_.split == 1:
