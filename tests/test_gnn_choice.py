@@ -311,3 +311,25 @@ def test_suite_bad_input():
         suite.suite(**dict(suite.SIZES["tiny"], ops=("conv",)))
     with pytest.raises(ValueError, match=r"Expected each graph in \[.*'power-law'\]. Got \['cora'\]"):
         suite.suite(**dict(suite.SIZES["tiny"], graphs=("cora",)))
+
+
+def test_a_runs_json_becomes_tuned_data():
+    """``measured_from`` turns a suite run's cells where both backends were timed into the tuned data's graphs, each
+    naming the JSON and its cell; other cells (a CPU run: no kernels; a reordering; SpMM's backward) give none."""
+
+    def row(op, pass_, order="as generated", **m):
+        prm = dict(graph="pokec", op=op, dtype="bfloat16", order=order, feat=128, **{"pass": pass_})
+        lbl = suite.label("pokec", "bfloat16", order, op, pass_)
+        metrics = dict(nodes=1000, edges=20000, max_in_degree=900, **m)
+        return dict(suite="gnn-graphs", label=lbl, params=prm, metrics=metrics)
+
+    both = dict(pallas_loop_ms=2.0, xla_loop_ms=1.0, faster_backend="xla")
+    doc = {"results": [row("spmm_sum", "fwd", **both), row("spmm_sum", "fwd+bwd", **both), row("min", "fwd", **both),
+                       row("max", "fwd+bwd", **both), row("max", "fwd", "degree", **both),
+                       row("gatv2", "fwd", pallas_skipped="refused: no GPU")]}  # fmt: skip
+    got = suite.measured_from(doc, "gnn_graphs_full_h200.json")
+    assert set(got) == {("spmm", "bfloat16", "fwd"), ("aggregate", "bfloat16", "fwd+bwd")}
+    for (family, dtype, pass_), (m,) in got.items():
+        assert (m.graph, m.nodes, m.edges, m.max_in_degree, m.feat, m.faster) == ("pokec", 1000, 20000, 900, 128, "xla")
+        assert m.results == "gnn_graphs_full_h200.json" and m.cell.startswith("pokec bfloat16 as generated")
+        assert choice(family, GraphStats(1000, 20000, 900), 128, dtype, pass_).measured is None  # not pasted yet

@@ -46,7 +46,7 @@ import numpy as np
 import blocksparse as bs
 
 from ..ops.gnn import order as gnn_order
-from ._core import Cell, CellFailed, CellSkipped, Timer, measure, ratio, tolerance
+from ._core import Cell, CellFailed, CellSkipped, Timer, check_close, implementation, ratio, tolerance
 
 #: Seconds a cell's timings may take (both timings, warm-up and trials) before it gets fewer iterations.
 ROW_BUDGET_S = 20.0
@@ -109,22 +109,40 @@ def capped_timer(timer: Timer, first_s: float, budget_s: float) -> Timer:
     return Timer(iters=iters, trials=timer.trials, warmup=timer.warmup)
 
 
-def _budgeted(timer: Timer, fn, args, budget_s: float | None) -> tuple[Timer, int | None]:
-    """The timer for ``fn`` and its compiled program's temporaries plus output in bytes (``None``: unknown): one
-    compiled call timed first (its compilation left out); ``budget_s`` None: no cap and no probe."""
-    if budget_s is None:
-        return timer, None
-    compiled = jax.jit(lambda *a: fn(*a)).lower(*args).compile()  # its own trace: measure's still logs dispatch
-    mem = None
-    try:
-        m = compiled.memory_analysis()
-        mem = int(m.temp_size_in_bytes + m.output_size_in_bytes) if m is not None else None
-    except Exception:  # noqa: BLE001 - a backend without the analysis: the bytes are unknown
-        mem = None
-    jax.block_until_ready(compiled(*args))
-    t = time.perf_counter()
-    jax.block_until_ready(compiled(*args))
-    return capped_timer(timer, time.perf_counter() - t, budget_s), mem
+def timed(timer: Timer, fn, args, budget_s: float | None, *, want, tol, dtype, what: str, prefix: str = "") -> dict:
+    """:func:`~blocksparse.bench.measure` with one compilation of ``fn``: ``{prefix}loop_ms``, ``{prefix}calls_ms``,
+    ``{prefix}implementation``, ``{prefix}rel_err`` against ``want`` (``CellFailed`` above ``tol``); with
+    ``budget_s`` (the full sizes) also ``{prefix}iters`` (:func:`capped_timer` of one timed call) and
+    ``{prefix}mem_bytes`` (the compiled program's temporaries and output, where the backend says).
+
+    The first call is traced inside :func:`blocksparse.dispatch_log`; the timings reuse its trace and compilation
+    (``jax.jit`` of the same function), so a large graph's index arrays are compiled into one program per timing
+    method, not three."""
+    from ..ops import dispatch_log
+
+    jitted = jax.jit(fn)
+    with dispatch_log() as log:
+        got = jax.block_until_ready(jitted(*args))
+    pairs = zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True)
+    errs = [check_close(g, w, dtype=dtype, tol=tol, what=f"{what} [{i}]" if i else what)
+            for i, (g, w) in enumerate(pairs)]  # fmt: skip
+    out = {f"{prefix}rel_err": max(errs), f"{prefix}implementation": implementation(log)}
+    t = timer
+    if budget_s is not None:
+        start = time.perf_counter()
+        jax.block_until_ready(jitted(*args))
+        t = capped_timer(timer, time.perf_counter() - start, budget_s)
+        out[f"{prefix}iters"] = t.iters
+        try:
+            m = jitted.lower(*args).compile().memory_analysis()  # the compilation above, from the cache
+            out[f"{prefix}mem_bytes"] = int(m.temp_size_in_bytes + m.output_size_in_bytes)
+        except Exception:  # noqa: BLE001 - a backend without the analysis: the bytes are unknown
+            pass
+    out[f"{prefix}loop_ms"] = t.loop(fn, *args)
+    out[f"{prefix}calls_ms"] = t.calls(fn, *args)
+    if t is not timer:
+        out[f"{prefix}timer"] = repr(t)
+    return out
 
 
 def cells(*, full: bool) -> list[Cell]:
@@ -514,29 +532,23 @@ def _run(prep, dtype, order, op, pass_, shared, budget_s, peers):
         check = dict(want=want, tol=tolerance(dtype) if jnp.dtype(dtype) != jnp.float32 else None, dtype=dtype)
         what = f"{op} {pass_} on {p.name} ({order})"
         fn, arrays = fns["ours"]
-        t, mem = _budgeted(timer, fn, arrays, budget_s)
-        out = measure(t, fn, *arrays, what=what, **check)
-        out.update(iters=t.iters, timer=repr(t), **({} if mem is None else {"mem_bytes": mem}))
+        out = timed(timer, fn, arrays, budget_s, what=what, **check)
         out["choice"] = choice_reason(go, op, math.prod(args[0].shape[1:]), dtype, pass_)
         for name in (*BACKENDS, *PEERS):
             if name not in fns:
                 continue
             fn, arrays = fns[name]
+            # our backends must agree with the reference; a peer's error is recorded, never a failure (in bfloat16
+            # JAX's segment ops accumulate in bfloat16)
+            tol = dict(check) if name in BACKENDS else dict(check, tol=float("inf"))
             try:
-                t, mem = _budgeted(timer, fn, arrays, budget_s)
-                # our backends must agree with the reference; a peer's error is recorded, never a failure (in
-                # bfloat16 JAX's segment ops accumulate in bfloat16)
-                tol = dict(check) if name in BACKENDS else dict(check, tol=float("inf"))
-                got = measure(t, fn, *arrays, what=f"{what} [{name}]", prefix=f"{name}_", **tol)
+                out.update(timed(timer, fn, arrays, budget_s, what=f"{what} [{name}]", prefix=f"{name}_", **tol))
             except CellFailed:
                 raise
             except Exception as e:  # noqa: BLE001 - a backend refusing the input; a peer out of memory or failing
                 if not (isinstance(e, NotImplementedError) or _out_of_memory(e) or name in PEERS):
                     raise
-                got = {f"{name}_skipped": _skip_reason(e)}
-            if f"{name}_loop_ms" in got:
-                got.update({f"{name}_iters": t.iters, **({} if mem is None else {f"{name}_mem_bytes": mem})})
-            out.update(got)
+                out[f"{name}_skipped"] = _skip_reason(e)
         case = Case(graph_name=p.name, op=op, pass_=pass_, dtype=dtype, order=order, go=go, args=args, ct=ct,
                     want=want, timer=timer)  # fmt: skip
         for peer in peers:
@@ -570,3 +582,27 @@ def _summarise(out: dict) -> None:
     ratio(out, "segment_loop_ms", "loop_ms", "speedup_vs_segment")
     if out.get("pallas_loop_ms") and out.get("xla_loop_ms"):
         out["faster_backend"] = "pallas" if out["pallas_loop_ms"] <= out["xla_loop_ms"] else "xla"
+
+
+def measured_from(doc: dict, results: str) -> dict:
+    """The tuned data a run of this suite measured: ``(family, dtype, pass) -> [Measured, ...]`` for
+    :data:`blocksparse.ops.gnn.tuned.CHOICES`, one per graph, from the cells as generated where both backends ran
+    (``faster_backend``). SpMM takes its ``spmm_sum`` forward (its backward is a forward product over the
+    transpose), aggregate its ``max`` cells; ``results`` names the JSON under ``benchmarks/results/``."""
+    from ..ops.gnn import tuned
+
+    take = {"spmm_sum": ("spmm", ("fwd",)), "max": ("aggregate", PASSES), "gatv2": ("gatv2", PASSES),
+            "graph_attention": ("graph_attention", PASSES)}  # fmt: skip
+    out: dict = {}
+    for r in doc.get("results", []):
+        prm, m = r.get("params", {}), r.get("metrics", {})
+        if r.get("suite") != "gnn-graphs" or prm.get("order") != "as generated" or prm.get("op") not in take:
+            continue
+        family, passes = take[prm["op"]]
+        if prm["pass"] not in passes or m.get("faster_backend") not in BACKENDS:
+            continue
+        cell = f"{r['label']}: pallas_loop_ms vs xla_loop_ms"
+        out.setdefault((family, prm["dtype"], prm["pass"]), []).append(tuned.Measured(
+            graph=prm["graph"], nodes=m["nodes"], edges=m["edges"], max_in_degree=m["max_in_degree"],
+            feat=prm["feat"], faster=m["faster_backend"], results=results, cell=cell))  # fmt: skip
+    return out
