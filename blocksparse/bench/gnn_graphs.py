@@ -109,11 +109,14 @@ def capped_timer(timer: Timer, first_s: float, budget_s: float) -> Timer:
     return Timer(iters=iters, trials=timer.trials, warmup=timer.warmup)
 
 
-def timed(timer: Timer, fn, args, budget_s: float | None, *, want, tol, dtype, what: str, prefix: str = "") -> dict:
+def timed(
+    timer: Timer, fn, args, budget_s: float | None, *, want, tol, dtype, what: str, prefix: str = "", calls: bool = True
+) -> dict:
     """:func:`~blocksparse.bench.measure` with one compilation of ``fn``: ``{prefix}loop_ms``, ``{prefix}calls_ms``,
     ``{prefix}implementation``, ``{prefix}rel_err`` against ``want`` (``CellFailed`` above ``tol``); with
     ``budget_s`` (the full sizes) also ``{prefix}iters`` (:func:`capped_timer` of one timed call) and
-    ``{prefix}mem_bytes`` (the compiled program's temporaries and output, where the backend says).
+    ``{prefix}mem_bytes`` (the compiled program's temporaries and output, where the backend says). ``calls=False``:
+    no ``{prefix}calls_ms`` (the baselines are compared by device time, ``loop_ms``).
 
     The first call is traced inside :func:`blocksparse.dispatch_log`; the timings reuse its trace and compilation
     (``jax.jit`` of the same function), so a large graph's index arrays are compiled into one program per timing
@@ -139,7 +142,8 @@ def timed(timer: Timer, fn, args, budget_s: float | None, *, want, tol, dtype, w
         except Exception:  # noqa: BLE001 - a backend without the analysis: the bytes are unknown
             pass
     out[f"{prefix}loop_ms"] = t.loop(fn, *args)
-    out[f"{prefix}calls_ms"] = t.calls(fn, *args)
+    if calls:
+        out[f"{prefix}calls_ms"] = t.calls(fn, *args)
     if t is not timer:
         out[f"{prefix}timer"] = repr(t)
     return out
@@ -512,6 +516,12 @@ def _out_of_memory(e: Exception) -> bool:
     return "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e).lower()
 
 
+def _ran_only(log: str, name: str) -> bool:
+    """Whether an :func:`~blocksparse.bench.implementation` summary (``"gatv2: pallas, gatv2_bwd: pallas"``) names
+    only backend ``name``."""
+    return all(part.split(": ")[-1] == name for part in log.split(", "))
+
+
 def _skip_reason(e: Exception) -> str:
     """``refused: ...`` (a backend's ``NotImplementedError``), ``out of device memory: ...`` or ``failed: ...``."""
     why = "refused" if isinstance(e, NotImplementedError) else "out of device memory" if _out_of_memory(e) else "failed"
@@ -537,12 +547,20 @@ def _run(prep, dtype, order, op, pass_, shared, budget_s, peers):
         for name in (*BACKENDS, *PEERS):
             if name not in fns:
                 continue
+            if name in BACKENDS and _ran_only(out["implementation"], name):
+                # the default ran this backend alone: the same kernels, already timed (one compilation less of a
+                # large graph's index arrays)
+                out.update({f"{name}_{k}": out[k] for k in ("loop_ms", "rel_err", "iters", "mem_bytes") if k in out})
+                out[f"{name}_implementation"] = out["implementation"]
+                out[f"{name}_is_default"] = True
+                continue
             fn, arrays = fns[name]
             # our backends must agree with the reference; a peer's error is recorded, never a failure (in bfloat16
             # JAX's segment ops accumulate in bfloat16)
             tol = dict(check) if name in BACKENDS else dict(check, tol=float("inf"))
             try:
-                out.update(timed(timer, fn, arrays, budget_s, what=f"{what} [{name}]", prefix=f"{name}_", **tol))
+                out.update(timed(timer, fn, arrays, budget_s, what=f"{what} [{name}]", prefix=f"{name}_", calls=False,
+                                 **tol))  # fmt: skip
             except CellFailed:
                 raise
             except Exception as e:  # noqa: BLE001 - a backend refusing the input; a peer out of memory or failing
