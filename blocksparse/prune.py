@@ -27,6 +27,7 @@ from ._util import cdiv
 
 __all__ = [
     "BALANCES",
+    "METHODS",
     "block_norms",
     "check_balance",
     "keep_count",
@@ -391,6 +392,66 @@ def _obs_mask(w, chol, count, *, block_size, balance) -> jax.Array:
     return mask
 
 
+@functools.partial(jax.jit, static_argnames=("block_size",))
+def _greedy_paths(w, h, *, block_size) -> tuple[jax.Array, jax.Array]:
+    """Every block column's greedy OBS removal order: ``(rows, costs)``, both ``(gk, gm)``.
+
+    Block column ``c`` starts with all its blocks and ``H^-1``; at each step the block ``r`` whose removal costs
+    least, ``E^T S^-1 E`` with ``E = W[r, c]`` and ``S`` the diagonal block of the current inverse Hessian of
+    the kept features, goes, and the rest of the column and the inverse are updated exactly:
+    ``W_c -= H^-1[:, r] S^-1 E``, ``H^-1 -= H^-1[:, r] S^-1 H^-1[r, :]``. ``rows[c, s]`` is the block row
+    removed at step ``s``, ``costs[c, s]`` what that removal adds to the objective. The columns are
+    independent (they share only ``H``), so all of them run at once.
+    """
+    bh, bw = block_size
+    n, k = w.shape
+    gm, gk = n // bh, k // bw
+    hinv = jax.scipy.linalg.cho_solve((jnp.linalg.cholesky(h), True), jnp.eye(n, dtype=jnp.float32))
+    eye_b = jnp.eye(bh, dtype=jnp.float32)
+    groups = jnp.arange(n) // bh
+
+    def column(wc):  # (n, bw) -> (gm,), (gm,)
+        def step(s, carry):
+            hi, wc, alive, rows, costs = carry
+            diag = hi.reshape(gm, bh, gm, bh)[jnp.arange(gm), :, jnp.arange(gm), :]  # (gm, bh, bh)
+            diag = jnp.where(alive[:, None, None], diag, eye_b)
+            e = wc.reshape(gm, bh, bw)
+            chol = jnp.linalg.cholesky(diag)
+            cost = jnp.where(alive, jnp.sum(e * jax.scipy.linalg.cho_solve((chol, True), e), axis=(1, 2)), jnp.inf)
+            r = jnp.argmin(cost)
+            col = lax.dynamic_slice(hi, (0, r * bh), (n, bh))  # H^-1[:, r]
+            c_r = (chol[r], True)
+            wc = wc - _dot(col, jax.scipy.linalg.cho_solve(c_r, e[r]))
+            hi = hi - _dot(col, jax.scipy.linalg.cho_solve(c_r, col.T))
+            wc = jnp.where((groups == r)[:, None], 0.0, wc)  # zero in exact arithmetic; so is H^-1's row and column r
+            return hi, wc, alive.at[r].set(False), rows.at[s].set(r), costs.at[s].set(cost[r])
+
+        init = (hinv, wc, jnp.ones(gm, bool), jnp.zeros(gm, jnp.int32), jnp.zeros(gm, jnp.float32))
+        _, _, _, rows, costs = lax.fori_loop(0, gm, step, init)
+        return rows, costs
+
+    return jax.vmap(column)(w.reshape(n, gk, bw).swapaxes(0, 1))
+
+
+def _greedy_mask(w, h, count: int, block: tuple[int, int], balance: str | None) -> np.ndarray:
+    """The mask of greedy block OBS (:func:`_greedy_paths`): the cheapest next removal first, over all block columns
+    (``balance=None``: the one-block-at-a-time greedy over the whole matrix), or ``gm - count`` per block column."""
+    rows, costs = (np.asarray(a) for a in _greedy_paths(w, h, block_size=block))
+    gk, gm = rows.shape
+    mask = np.ones((gm, gk), bool)
+    if balance == "cols":
+        for c in range(gk):
+            mask[rows[c, : gm - count], c] = False
+        return mask
+    taken = np.zeros(gk, np.int64)  # removals so far per column: the merge of the columns' paths by next cost
+    for _ in range(gm * gk - count):
+        nxt = np.where(taken < gm, costs[np.arange(gk), np.minimum(taken, gm - 1)], np.inf)
+        c = int(np.argmin(nxt))
+        mask[rows[c, taken[c]], c] = False
+        taken[c] += 1
+    return mask
+
+
 @jax.jit
 def _refit_values(w, h, keep, rows, valid) -> tuple[jax.Array, jax.Array]:
     """Exact re-fit on a fixed pattern: ``(W', sum of (W' - W)^T H (W' - W))``.
@@ -492,8 +553,20 @@ def refit(w, x_calib, pattern, *, damp: float = 0.01, y_calib=None) -> BlockSpar
     return _host_matrix(mask, out, block, w.dtype)
 
 
+#: Values of ``reconstruct(method=)``: how the blocks are chosen.
+METHODS = ("sequential", "greedy")
+
+
 def reconstruct(
-    w, x_calib, block_size, density: float, *, damp: float = 0.01, balance: str | None = None, y_calib=None
+    w,
+    x_calib,
+    block_size,
+    density: float,
+    *,
+    damp: float = 0.01,
+    balance: str | None = None,
+    y_calib=None,
+    method: str = "sequential",
 ) -> BlockSparseMatrix:
     """Block pruning that keeps a layer's outputs: choose the blocks by OBS on calibration inputs, then re-fit them.
 
@@ -538,6 +611,11 @@ def reconstruct(
         A :class:`BlockSparseMatrix` ``(in, out)`` in ``w``'s dtype.
     """
     require_host("bs.prune.reconstruct", w=w, x_calib=x_calib, density=density)
+    if method not in METHODS:
+        raise ValueError(f"Expected method in {METHODS}. Got {method!r}.")
+    if method == "greedy" and balance == "rows":
+        raise ValueError("Expected balance None or 'cols' with method='greedy' (its block columns are independent). "
+                         "Got balance='rows'; use method='sequential'.")  # fmt: skip
     w = jnp.asarray(w)
     check_floating(w.dtype, "w")
     if w.ndim != 2:
@@ -560,7 +638,10 @@ def reconstruct(
     w32 = jnp.asarray(w, jnp.float32)  # one program per shape, whatever the weight's dtype
     if y is not None:
         w32 = _target_weight(w32, x, y, h, float(damp))
-    mask = np.asarray(_obs_mask(w32, chol, count, block_size=(bh, bw), balance=balance))
+    if method == "greedy":
+        mask = _greedy_mask(w32, h, count, (bh, bw), balance)
+    else:
+        mask = np.asarray(_obs_mask(w32, chol, count, block_size=(bh, bw), balance=balance))
     out, err = _refit(w32, h, mask, (bh, bw))
     by_norm = top_blocks(norms, count, balance)
     if not np.array_equal(by_norm, mask):

@@ -338,11 +338,11 @@ def densified(model):
 
 
 @pytest.mark.slow  # prunes the model twice; quick: test_prune_reconstruct.py on layers, the error test below
-@pytest.mark.parametrize("objective", ["own", "residual"])
-def test_prune_encoder_reconstruct_calibrates_on_the_model_pruned_so_far(tiny, objective):
+@pytest.mark.parametrize("objective, refit_bias", [("own", False), ("residual", True)])
+def test_prune_encoder_reconstruct_calibrates_on_the_model_pruned_so_far(tiny, objective, refit_bias):
     model, tok = tiny
     cal = tok(corpus.sentences("train", 24))
-    pruned = prune_encoder_reconstruct(model, cal, 8, 0.5, balance="cols", objective=objective)
+    pruned = prune_encoder_reconstruct(model, cal, 8, 0.5, balance="cols", objective=objective, refit_bias=refit_bias)
     real = cal["attention_mask"].astype(bool)
     held = densified(pruned)  # the same function, without a sparse program to compile per pattern
     x0, mask_bias = model.embed(cal["input_ids"], cal["attention_mask"])
@@ -350,7 +350,8 @@ def test_prune_encoder_reconstruct_calibrates_on_the_model_pruned_so_far(tiny, o
     dense_inputs = {0: x0, 1: model.layers[0](x0, mask_bias)}
     # Each projection is reconstruct() of its weight on the inputs it sees once the stages before it are pruned,
     # the later ones still dense; with "residual" its target is the dense model's output there, plus the residual
-    # stream's error for the attention and FFN outputs. (End to end, the suite's test checks it beats magnitude.)
+    # stream's error for the attention and FFN outputs; with refit_bias the inputs and targets are centred and the
+    # bias takes the means. (End to end, the suite's test checks it beats magnitude.)
     for i, name in ((0, "query"), (0, "attn_out"), (0, "ffn_out"), (1, "value"), (1, "ffn_in")):
         L0, L = model.layers[i], held.layers[i]
         k = next(j for j, stage in enumerate(STAGES) if name in stage)
@@ -366,12 +367,20 @@ def test_prune_encoder_reconstruct_calibrates_on_the_model_pruned_so_far(tiny, o
             if residual:
                 y += np.asarray(dense_taps[residual], np.float64)[real] - np.asarray(taps[residual], np.float64)[real]
         got = getattr(pruned.layers[i], name)
-        want = bs.prune.reconstruct(getattr(L0, name).weight, np.asarray(taps[name])[real], 8, 0.5, balance="cols",
+        x = np.asarray(taps[name], np.float64)[real]
+        if refit_bias:
+            m_x, m_y = x.mean(axis=0), (x @ w if y is None else y).mean(axis=0)
+            x, y = x - m_x, (x @ w if y is None else y) - m_y
+        want = bs.prune.reconstruct(getattr(L0, name).weight, x.astype(np.float32), 8, 0.5, balance="cols",
                                     y_calib=None if y is None else y.astype(np.float32))  # fmt: skip
         assert isinstance(got, bs.nn.SparseLinear) and got.activation == getattr(L0, name).activation
         assert got.weight.pattern == want.pattern, (i, name)
         np.testing.assert_allclose(got.weight.data, want.data, rtol=2e-3, atol=2e-4)
-        assert got.bias is getattr(L0, name).bias
+        if refit_bias:
+            bias = np.asarray(getattr(L0, name).bias, np.float64) + m_y - m_x @ np.asarray(want.to_dense(), np.float64)
+            np.testing.assert_allclose(got.bias, bias, rtol=2e-3, atol=2e-4)
+        else:
+            assert got.bias is getattr(L0, name).bias
 
 
 def test_prune_encoder_reconstruct_errors_name_the_projection(tiny):
@@ -394,6 +403,8 @@ def test_prune_encoder_reconstruct_errors_name_the_projection(tiny):
         prune_encoder_reconstruct(model, cal, 8, 0)
     with pytest.raises(ValueError, match=r"objective in \('own', 'dense', 'residual'\). Got 'teacher'"):
         prune_encoder_reconstruct(model, cal, 8, 0.5, objective="teacher")
+    with pytest.raises(TypeError, match=r"refit_bias True or False. Got 'yes'"):
+        prune_encoder_reconstruct(model, cal, 8, 0.5, refit_bias="yes")
     with pytest.raises(TypeError, match="tokenizer's dict with 'input_ids' and 'attention_mask'. Got ndarray"):
         prune_encoder_reconstruct(model, cal["input_ids"], 8, 0.5)
     with pytest.raises(ValueError, match="already block-sparse"):

@@ -100,9 +100,12 @@ def test_refit_equals_least_squares_per_output_column(rows, damp):
 # -- the chosen pattern ------------------------------------------------------------------------------
 @settings(max_examples=examples(20))
 @given(st.sampled_from(BLOCKS), st.integers(1, 4), st.integers(1, 4), st.sampled_from([None, "rows", "cols"]),
-       st.sampled_from(["tall", "short"]), st.sampled_from([0.0, 0.01, 0.1]), st.data())  # fmt: skip
-def test_reconstruct_never_does_worse_than_magnitude(block, gm, gk, balance, rows, damp, data):
+       st.sampled_from(["tall", "short"]), st.sampled_from([0.0, 0.01, 0.1]), st.sampled_from(bs.prune.METHODS),
+       st.data())  # fmt: skip
+def test_reconstruct_never_does_worse_than_magnitude(block, gm, gk, balance, rows, damp, method, data):
     bh, bw = block
+    if balance == "rows":
+        method = "sequential"  # the only one that takes it
     n, k = gm * bh, gk * bw
     if rows == "short" and damp == 0:
         damp = 0.01  # fewer rows than inputs need dampening (tested on its own below)
@@ -113,7 +116,7 @@ def test_reconstruct_never_does_worse_than_magnitude(block, gm, gk, balance, row
     lines = {None: gm * gk, "rows": gk, "cols": gm}[balance]
     count = data.draw(st.integers(1, lines))  # down to the minimum: one block (per row / column)
     density = count / lines
-    W = bs.prune.reconstruct(w, x, block, density, damp=damp, balance=balance)
+    W = bs.prune.reconstruct(w, x, block, density, damp=damp, balance=balance, method=method)
     mask = W.pattern.mask()
     assert_balanced(mask, balance, count)
     M = bs.prune.magnitude(w, block, density, balance=balance)
@@ -124,6 +127,46 @@ def test_reconstruct_never_does_worse_than_magnitude(block, gm, gk, balance, row
     # The values are the exact re-fit of the chosen pattern.
     np.testing.assert_allclose(np.asarray(W.to_dense()), lstsq_refit(w, x, mask, block, damp),
                                atol=5e-3 * max(1.0, np.abs(w).max()), rtol=5e-3)  # fmt: skip
+
+
+def greedy_oracle(w, x, count, block, damp, balance):
+    """One block at a time, the removal that raises the exactly re-fitted objective least (NumPy least squares; the
+    objective is a sum over block columns, so a candidate changes only its own column's term)."""
+    bw = block[1]
+
+    def err(m, c):  # block column c's term
+        wc = w[:, c * bw : (c + 1) * bw]
+        return objective(wc, lstsq_refit(wc, x, m[:, c : c + 1], block, damp), x, damp)
+
+    mask = np.ones(GRID, bool)
+    col_err = [err(mask, c) for c in range(GRID[1])]
+    while mask.sum() > (count if balance is None else count * GRID[1]):
+        best = None
+        for r, c in zip(*np.nonzero(mask), strict=True):
+            if balance == "cols" and mask[:, c].sum() <= count:
+                continue
+            m = mask.copy()
+            m[r, c] = False
+            e = err(m, c)
+            if best is None or e - col_err[c] < best[0]:
+                best = (e - col_err[c], m, c, e)
+        _, mask, c, col_err[c] = best
+    return mask, sum(col_err)
+
+
+@pytest.mark.parametrize("balance", [None, "cols"])
+def test_greedy_removes_the_cheapest_block_at_every_step(balance):
+    # method="greedy" is the one-block-at-a-time greedy on the exact re-fitted objective (the NumPy oracle
+    # re-fits by least squares after every candidate removal); its downdates are exact, so the masks agree.
+    rng = np.random.default_rng(5 if balance is None else 6)
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    x = calibration(rng, 48, N)
+    count = 5 if balance is None else 1
+    W = bs.prune.reconstruct(w, x, BLOCK, count / (16 if balance is None else 4), balance=balance, method="greedy")
+    want, err = greedy_oracle(w, x, count, BLOCK, 0.01, balance)
+    got = objective(w, W, x, 0.01)
+    np.testing.assert_array_equal(W.pattern.mask(), want)
+    assert got == pytest.approx(err, rel=1e-4)
 
 
 # -- target outputs (y_calib) ------------------------------------------------------------------------
@@ -261,6 +304,10 @@ def test_reconstruct_bad_input_says_what_is_wrong():
         bs.prune.refit(w, x, bs.prune.magnitude(w, BLOCK, 0.5), y_calib=y_bad)
     with pytest.raises(TypeError, match="floating-point target outputs y_calib. Got dtype int32"):
         bs.prune.reconstruct(w, x, BLOCK, 0.5, y_calib=(x @ w).astype(np.int32))
+    with pytest.raises(ValueError, match=r"method in \('sequential', 'greedy'\). Got 'obc'"):
+        bs.prune.reconstruct(w, x, BLOCK, 0.5, method="obc")
+    with pytest.raises(ValueError, match=r"balance None or 'cols' with method='greedy'.*Got balance='rows'"):
+        bs.prune.reconstruct(w, x, BLOCK, 0.5, method="greedy", balance="rows")
     with pytest.raises(TypeError, match=r"bs.prune.reconstruct: expected w as concrete host data"):
         jax.jit(lambda w: bs.prune.reconstruct(w, x, BLOCK, 0.5))(w)
 

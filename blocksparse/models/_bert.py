@@ -485,7 +485,8 @@ RECONSTRUCT_OBJECTIVES = ("own", "dense", "residual")
 
 def prune_encoder_reconstruct(model: BertEncoder, calibration: Mapping, block_size, density: float, *,
                               targets=PROJECTIONS, damp: float = 0.01, balance: str | None = None,
-                              objective: str = "residual", implementation=None) -> BertEncoder:  # fmt: skip
+                              objective: str = "residual", refit_bias: bool = True, method: str = "sequential",
+                              implementation=None) -> BertEncoder:  # fmt: skip
     """Block-prune ``model`` by reconstruction, layer after layer, each projection calibrated on the pruned model.
 
     Every target projection ``y = x @ W + c`` is replaced by :func:`blocksparse.prune.reconstruct` of its
@@ -521,8 +522,11 @@ def prune_encoder_reconstruct(model: BertEncoder, calibration: Mapping, block_si
         block_size: ``b`` or ``(b_in, b_out)`` dividing every target weight ``(in, out)``.
         density: fraction of each projection's blocks kept, in ``(0, 1]``.
         targets: which projections to prune (names of :data:`PROJECTIONS`); the others stay dense.
-        damp, balance: passed to :func:`blocksparse.prune.reconstruct`.
+        damp, balance, method: passed to :func:`blocksparse.prune.reconstruct`.
         objective: ``"residual"`` (default), ``"dense"`` or ``"own"`` (see above; :data:`RECONSTRUCT_OBJECTIVES`).
+        refit_bias: re-fit each projection's bias with its weight (default ``True``): least squares with a free
+            intercept, i.e. :func:`~blocksparse.prune.reconstruct` on the inputs and targets less their means
+            ``m_x`` and ``m_y`` over the calibration tokens, then ``c' = c + m_y - m_x @ W'``; ``False`` keeps ``c``.
         implementation: passed to each ``SparseLinear``.
 
     A problem with one projection (a density that keeps no block, NaN or inf in its inputs, a
@@ -535,6 +539,8 @@ def prune_encoder_reconstruct(model: BertEncoder, calibration: Mapping, block_si
     _prune.check_balance(balance)
     if objective not in RECONSTRUCT_OBJECTIVES:
         raise ValueError(f"Expected objective in {RECONSTRUCT_OBJECTIVES}. Got {objective!r}.")
+    if not isinstance(refit_bias, bool):
+        raise TypeError(f"Expected refit_bias True or False. Got {refit_bias!r}.")
     if not isinstance(calibration, Mapping) or not {"input_ids", "attention_mask"} <= set(calibration):
         raise TypeError(
             "Expected calibration as the tokenizer's dict with 'input_ids' and 'attention_mask'. Got "
@@ -562,18 +568,28 @@ def prune_encoder_reconstruct(model: BertEncoder, calibration: Mapping, block_si
             for t in names:
                 p = getattr(layer, t)
                 rows = rows_of(taps[t])
-                y = None
+                y = None  # the target of x @ W' (the bias aside): by default x @ W
                 if objective != "own":
                     y = _matmul_highest(rows_of(taps_dense[t]), p.weight)
                     if objective == "residual" and t in _RESIDUAL_OF:  # the stream it is added to, as the dense one
                         y = y + rows_of(taps_dense[_RESIDUAL_OF[t]]) - rows_of(taps[_RESIDUAL_OF[t]])
+                if refit_bias:  # a free intercept: fit the centred inputs to the centred targets
+                    if y is None:
+                        y = _matmul_highest(rows, p.weight)
+                    m_x, m_y = jnp.mean(rows, axis=0), jnp.mean(y, axis=0)
+                    rows, y = rows - m_x, y - m_y
                 try:
-                    W = _prune.reconstruct(p.weight, rows, block_size, density, damp=damp, balance=balance, y_calib=y)
+                    W = _prune.reconstruct(p.weight, rows, block_size, density, damp=damp, balance=balance, y_calib=y,
+                                           method=method)  # fmt: skip
                 except ValueError as e:
                     raise ValueError(f"layers[{i}].{t} ({p.in_features} x {p.out_features}): {e}") from None
+                bias = p.bias
+                if refit_bias:
+                    old = 0.0 if p.bias is None else p.bias.astype(jnp.float32)
+                    bias = (old + m_y - _matmul_highest(m_x[None], W.to_dense())[0]).astype(dtype)
                 W = W.astype(dtype)
-                layer = layer._replace(**{t: sparse_projection(W, p.bias, p.activation, implementation)})
-                twin = twin._replace(**{t: dense_projection(W.to_dense(), p.bias, p.activation)})
+                layer = layer._replace(**{t: sparse_projection(W, bias, p.activation, implementation)})
+                twin = twin._replace(**{t: dense_projection(W.to_dense(), bias, p.activation)})
         layers[i] = layer
         x, _ = _layer_taps(twin, x, mask_bias)
         if objective != "own":
