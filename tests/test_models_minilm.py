@@ -338,11 +338,12 @@ def densified(model):
 
 
 @pytest.mark.slow  # prunes the model twice; quick: test_prune_reconstruct.py on layers, the error test below
-@pytest.mark.parametrize("objective, refit_bias", [("own", False), ("residual", True)])
-def test_prune_encoder_reconstruct_calibrates_on_the_model_pruned_so_far(tiny, objective, refit_bias):
+@pytest.mark.parametrize("objective, refit_bias, method", [("own", False, "sequential"), ("residual", True, None)])
+def test_prune_encoder_reconstruct_calibrates_on_the_model_pruned_so_far(tiny, objective, refit_bias, method):
     model, tok = tiny
     cal = tok(corpus.sentences("train", 24))
-    pruned = prune_encoder_reconstruct(model, cal, 8, 0.5, balance="cols", objective=objective, refit_bias=refit_bias)
+    pruned = prune_encoder_reconstruct(model, cal, 8, 0.5, balance="cols", objective=objective, refit_bias=refit_bias,
+                                       method=method)  # fmt: skip
     real = cal["attention_mask"].astype(bool)
     held = densified(pruned)  # the same function, without a sparse program to compile per pattern
     x0, mask_bias = model.embed(cal["input_ids"], cal["attention_mask"])
@@ -372,7 +373,8 @@ def test_prune_encoder_reconstruct_calibrates_on_the_model_pruned_so_far(tiny, o
             m_x, m_y = x.mean(axis=0), (x @ w if y is None else y).mean(axis=0)
             x, y = x - m_x, (x @ w if y is None else y) - m_y
         want = bs.prune.reconstruct(getattr(L0, name).weight, x.astype(np.float32), 8, 0.5, balance="cols",
-                                    y_calib=None if y is None else y.astype(np.float32))  # fmt: skip
+                                    y_calib=None if y is None else y.astype(np.float32),
+                                    method=method or "greedy")  # fmt: skip
         assert isinstance(got, bs.nn.SparseLinear) and got.activation == getattr(L0, name).activation
         assert got.weight.pattern == want.pattern, (i, name)
         np.testing.assert_allclose(got.weight.data, want.data, rtol=2e-3, atol=2e-4)

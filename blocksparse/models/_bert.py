@@ -485,7 +485,7 @@ RECONSTRUCT_OBJECTIVES = ("own", "dense", "residual")
 
 def prune_encoder_reconstruct(model: BertEncoder, calibration: Mapping, block_size, density: float, *,
                               targets=PROJECTIONS, damp: float = 0.01, balance: str | None = None,
-                              objective: str = "residual", refit_bias: bool = True, method: str = "sequential",
+                              objective: str = "residual", refit_bias: bool = True, method: str | None = None,
                               implementation=None) -> BertEncoder:  # fmt: skip
     """Block-prune ``model`` by reconstruction, layer after layer, each projection calibrated on the pruned model.
 
@@ -522,7 +522,10 @@ def prune_encoder_reconstruct(model: BertEncoder, calibration: Mapping, block_si
         block_size: ``b`` or ``(b_in, b_out)`` dividing every target weight ``(in, out)``.
         density: fraction of each projection's blocks kept, in ``(0, 1]``.
         targets: which projections to prune (names of :data:`PROJECTIONS`); the others stay dense.
-        damp, balance, method: passed to :func:`blocksparse.prune.reconstruct`.
+        damp, balance: passed to :func:`blocksparse.prune.reconstruct`.
+        method: passed to :func:`blocksparse.prune.reconstruct`; ``None`` (default): ``"greedy"``, or
+            ``"sequential"`` with ``balance="rows"`` (which greedy does not take). Greedy lifts the Spearman at
+            density 1/4 from 0.899 to 0.922 (512 sentences) for about three times the pruning time.
         objective: ``"residual"`` (default), ``"dense"`` or ``"own"`` (see above; :data:`RECONSTRUCT_OBJECTIVES`).
         refit_bias: re-fit each projection's bias with its weight (default ``True``): least squares with a free
             intercept, i.e. :func:`~blocksparse.prune.reconstruct` on the inputs and targets less their means
@@ -539,6 +542,8 @@ def prune_encoder_reconstruct(model: BertEncoder, calibration: Mapping, block_si
     _prune.check_balance(balance)
     if objective not in RECONSTRUCT_OBJECTIVES:
         raise ValueError(f"Expected objective in {RECONSTRUCT_OBJECTIVES}. Got {objective!r}.")
+    if method is None:
+        method = "sequential" if balance == "rows" else "greedy"
     if not isinstance(refit_bias, bool):
         raise TypeError(f"Expected refit_bias True or False. Got {refit_bias!r}.")
     if not isinstance(calibration, Mapping) or not {"input_ids", "attention_mask"} <= set(calibration):
