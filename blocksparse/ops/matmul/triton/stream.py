@@ -36,6 +36,10 @@ Gated input (``input_glu``, :func:`gates_in_load`): ``x``'s contracted dimension
 loads a slab of both and multiplies ``activation(gate) * value`` (float32, rounded to ``x``'s dtype), so SwiGLU's
 down projection reads the gate/up product's output directly and no gated copy is written.
 
+One token on the CUDA cores (``TritonConfig(stream_fma=True)``, or the tuned ``TRITON_STREAM_FMA``): no padding to
+16 rows and no dot; each step adds ``x``'s slab times the block, elementwise in float32, to an accumulator of the
+block's shape, summed over the contracted side once before the store.
+
 Which products take it is :func:`takes` (the tuned tables ``TRITON_STREAM_DDS_SPEEDUP`` / ``_DSD_SPEEDUP``:
 where it measured at least as fast as the work list, whose kernel alone is faster on long rows of few output
 blocks: one program per SM then walks 30 to 110 blocks one after another) unless ``TritonConfig(stream=)``
@@ -215,8 +219,9 @@ def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, ro
     output block ``q // sub`` (see the module docstring); gated (``half``: the output blocks, half of ``W``'s),
     also of output block ``q // sub + half`` for the value. ``gate``: an input gate (``x``'s contracted dimension is
     twice ``W``'s: each slab is gated with its value slab ``value_offset`` further on as it is loaded). ``nnz``: the
-    blocks (the index arrays hold two unread trailing elements past them). ``fma``: one token, its slab a vector, each
-    step's products added elementwise to a block-shaped accumulator that :func:`reduce` sums at the end."""
+    blocks (the index arrays hold two unread trailing elements past them). ``fma``: one token, its slab one row
+    (column) of ``x``, each step's products added elementwise to a block-shaped accumulator summed once by
+    ``reduce``."""
     from jax.experimental.pallas import triton as plgpu
 
     if split > 1:
