@@ -505,9 +505,10 @@ def prune_encoder_reconstruct(model: BertEncoder, calibration: Mapping, block_si
       error of those before it;
     - ``"residual"`` (default): as ``"dense"``, and the attention and FFN outputs, which are added to the
       residual stream before a LayerNorm, reproduce the dense model's *sum*: ``r_d + x_d @ W - r`` with
-      ``r`` (``r_d``) the residual input of the pruned (dense) model, so that they also repair the stream
-      (all-MiniLM-L6-v2, b = 32, 512 sentences: Spearman 0.969 at density 1/2 and 0.881 at 1/4, against
-      0.871 and 0.609 with ``"own"``).
+      ``r`` (``r_d``) the residual input of the pruned (dense) model, so that they also repair the stream.
+
+    What each option does to all-MiniLM-L6-v2's quality is measured in docs/models.md ("The dense model as the
+    target", from ``benchmarks/results/model_reconstruct_objective_cpu.json``).
 
     Arguments:
         model: a :class:`BertEncoder` whose target projections are dense.
@@ -516,16 +517,15 @@ def prune_encoder_reconstruct(model: BertEncoder, calibration: Mapping, block_si
             Their real tokens are the rows of every projection's calibration inputs; fewer rows than
             a projection's input features are fine with ``damp > 0``, but the re-fit then matches
             the calibration tokens more than unseen ones: give several times as many real tokens as
-            the widest projection has inputs (all-MiniLM-L6-v2, b = 32: 128 sentences, about 1,800
-            tokens for ``ffn_out``'s 1,536 inputs, reach Spearman 0.838 at density 1/2 and 0.574 at
-            1/4 on held-out sentences; 512 sentences 0.871 and 0.609; 2,000 sentences 0.874 at 1/2).
+            the widest projection has inputs (all-MiniLM-L6-v2: 2,000 sentences, 27,652 tokens,
+            against 1,536 for ``ffn_out``; 128 sentences fall far short of them, see docs/models.md).
         block_size: ``b`` or ``(b_in, b_out)`` dividing every target weight ``(in, out)``.
         density: fraction of each projection's blocks kept, in ``(0, 1]``.
         targets: which projections to prune (names of :data:`PROJECTIONS`); the others stay dense.
         damp, balance: passed to :func:`blocksparse.prune.reconstruct`.
         method: passed to :func:`blocksparse.prune.reconstruct`; ``None`` (default): ``"greedy"``, or
-            ``"sequential"`` with ``balance="rows"`` (which greedy does not take). Greedy lifts the Spearman at
-            density 1/4 from 0.899 to 0.922 (512 sentences) for about three times the pruning time.
+            ``"sequential"`` with ``balance="rows"`` (which greedy does not take). Greedy chooses better blocks
+            for about three times the pruning time.
         objective: ``"residual"`` (default), ``"dense"`` or ``"own"`` (see above; :data:`RECONSTRUCT_OBJECTIVES`).
         refit_bias: re-fit each projection's bias with its weight (default ``True``): least squares with a free
             intercept, i.e. :func:`~blocksparse.prune.reconstruct` on the inputs and targets less their means
