@@ -21,7 +21,8 @@ The quality cells of block size 32, per-layer pruning, carry the study's targets
 with recovery at 1/4).
 
 The quick mode runs on a CPU in about a minute: two layers, 32 held-out sentences, block size
-32 at densities 1/2 and 1/4, an 8-step recovery at 1/4, reconstruction at 1/2 on 32 calibration sentences.
+32 at densities 1/2 and 1/4, an 8-step recovery at 1/4, reconstruction at 1/2 on 32 calibration sentences
+(``method="sequential"``: greedy block selection triples the pruning time and compiles longer).
 The full mode is the model study: six layers, 200 held-out sentences, every block size x density x
 scope, per-layer magnitude, reconstruction and speed also with ``balance="cols"`` patterns (every block
 column of a projection keeps as many blocks: the ``x @ W`` kernels' work units are its block columns),
@@ -112,7 +113,8 @@ SIZES = {
                    densities=(1 / 2, 1 / 4), scopes=("layer",), recover=(32,),
                    recover_densities=(1 / 4,), recover_scopes=("layer",), steps=8, batch_size=8,
                    learning_rate=1e-3, speed_block_sizes=(32,), speed_batch=4, speed_length=32, speed_dtype="float32",
-                   ffn_rows=256, reconstruct=(32,), reconstruct_densities=(1 / 2,), calibration_sentences=32),
+                   ffn_rows=256, reconstruct=(32,), reconstruct_densities=(1 / 2,), calibration_sentences=32,
+                   reconstruct_options=(("objective", "residual"), ("refit_bias", True), ("method", "sequential"))),
     "full": Sizes(layers=None, eval_sentences=200, train_sentences=2000, train_length=32, block_sizes=(16, 32, 64),
                   densities=(1 / 2, 1 / 4, 1 / 8, 1 / 16), scopes=("layer", "global"), recover=(32,),
                   recover_densities=None, recover_scopes=("layer",), steps=300,
