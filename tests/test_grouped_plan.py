@@ -1,4 +1,4 @@
-"""The grouped plan of issue 29 (``blocksparse.ops.matmul.grouped``): host planning only, no kernel.
+"""The grouped plan (``blocksparse.ops.matmul.grouped``): host planning only, no kernel.
 
 The grouping partitions the output rows; each unit's slabs are exactly the union of its rows' columns, and each
 slot's block id points at the block of that row and column; the modelled bytes equal a NumPy count from the mask;

@@ -67,7 +67,7 @@ ENV_WEIGHTS = "BLOCKSPARSE_MINILM_WEIGHTS"
 
 #: The study's quality targets: (density, recovered) -> the Spearman correlation to reach (block size 32, per layer).
 TARGETS = {(1 / 2, False): 0.95, (1 / 4, True): 0.90}
-#: Issue 28's targets without training: density -> the Spearman to reach (block size 32, by reconstruction, unbalanced).
+#: The targets without training: density -> the Spearman to reach (block size 32, by reconstruction, unbalanced).
 RECONSTRUCT_TARGETS = {1 / 2: 0.95, 1 / 4: 0.90}
 #: Triton tilings of the fused FFN (full mode, GPU): name -> ``TritonConfig`` fields.
 FFN_TRITON_VARIANTS = {

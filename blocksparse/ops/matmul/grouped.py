@@ -2,7 +2,7 @@
 
 A host-side plan for static ``W @ x`` (``dsd``) and its mirror ``x @ W`` (``dds``) with small blocks (16 or 32),
 made from the known pattern as PopSparse's planner makes one for IPU tiles. **Planning only**: no kernel consumes
-it yet and nothing in the dispatch reads it (issue 29: a later kernel does, and measures).
+it yet and nothing in the dispatch reads it (a later kernel will, once measured).
 
 Why
 ---
