@@ -149,6 +149,9 @@ class Candidate:
     bytes: Mapping[str, float]
     flops: float
 
+    def __post_init__(self):
+        object.__setattr__(self, "bytes", MappingProxyType({k: float(v) for k, v in self.bytes.items()}))
+
     @property
     def label(self) -> str:
         return "ungrouped" if self.group == 1 else f"{self.method} g={self.group}"
@@ -186,9 +189,8 @@ class GroupedPlan:
             slab, ascending within a unit.
         step_ids: ``int32[S, g]``: the block (index into ``W.data``) each slot multiplies by the slab; ``-1``
             where the slot's row lacks the column.
-        bytes: the modelled L2 bytes by term (``x``, ``w``, ``out``).
-        ungrouped_bytes: the same for the ungrouped plan.
-        candidates: every plan scored, the chosen one among them.
+        candidates: every plan scored, the ungrouped one first, the chosen one among them (:attr:`chosen`; its
+            modelled L2 bytes by term, ``x``, ``w``, ``out``, are :attr:`bytes`).
     """
 
     pattern: BlockPattern
@@ -200,15 +202,11 @@ class GroupedPlan:
     unit_start: np.ndarray
     step_col: np.ndarray
     step_ids: np.ndarray
-    bytes: Mapping[str, float]
-    ungrouped_bytes: Mapping[str, float]
     candidates: tuple[Candidate, ...]
 
     def __post_init__(self):
         for name in ("unit_rows", "row_order", "unit_start", "step_col", "step_ids"):
             object.__setattr__(self, name, _frozen(getattr(self, name)))
-        for name in ("bytes", "ungrouped_bytes"):
-            object.__setattr__(self, name, MappingProxyType({k: float(v) for k, v in getattr(self, name).items()}))
 
     # -- sizes ---------------------------------------------------------------------------------------------------
     @property
@@ -247,6 +245,21 @@ class GroupedPlan:
 
     # -- estimates -----------------------------------------------------------------------------------------------
     @property
+    def chosen(self) -> Candidate:
+        """The candidate this plan is."""
+        return next(c for c in self.candidates if (c.group, c.method) == (self.group, self.method))
+
+    @property
+    def bytes(self) -> Mapping[str, float]:
+        """The modelled L2 bytes by term (``x``, ``w``, ``out``)."""
+        return self.chosen.bytes
+
+    @property
+    def ungrouped_bytes(self) -> Mapping[str, float]:
+        """The same for the ungrouped plan."""
+        return self.candidates[0].bytes
+
+    @property
     def flops(self) -> float:
         """Useful flops: ``2 x nnz x bh x bw x n``."""
         bh, bw = self.pattern.block_size
@@ -265,21 +278,21 @@ class GroupedPlan:
 
     @property
     def total_bytes(self) -> float:
-        return float(sum(self.bytes.values()))
+        return self.chosen.total_bytes
 
     @property
     def bytes_per_flop(self) -> float:
         """Modelled L2 bytes per useful flop (``inf`` without a non-zero block)."""
-        return _per_flop(self.bytes, self.flops)
+        return self.chosen.bytes_per_flop
 
     @property
     def ungrouped_bytes_per_flop(self) -> float:
-        return _per_flop(self.ungrouped_bytes, self.flops)
+        return self.candidates[0].bytes_per_flop
 
     @property
     def reduction(self) -> float:
         """This plan's bytes over the ungrouped plan's (1.0: no gain, or nothing to move)."""
-        u = float(sum(self.ungrouped_bytes.values()))
+        u = self.candidates[0].total_bytes
         return self.total_bytes / u if u > 0 else 1.0
 
     @property
@@ -501,7 +514,6 @@ def _group(pattern: BlockPattern, o: Grouping) -> GroupedPlan:
         steps[(g, method)] = s = _steps(unit_rows, indptr, cols, ids)
         slabs = int(s[1].shape[0])
         scored.append(Candidate(g, method, slabs, expected_bytes(slabs, nnz, p.shape, p.block_size, o), flops))
-    ungrouped = scored[0]
     best = min(scored, key=lambda c: (c.total_bytes, c.group))  # strictly fewer bytes to leave g = 1
     unit_rows = built[(best.group, best.method)]
     unit_start, step_col, step_ids = steps[(best.group, best.method)]
@@ -516,8 +528,6 @@ def _group(pattern: BlockPattern, o: Grouping) -> GroupedPlan:
         unit_start=unit_start,
         step_col=step_col,
         step_ids=step_ids,
-        bytes=best.bytes,
-        ungrouped_bytes=ungrouped.bytes,
         candidates=tuple(scored),
     )
 
@@ -561,7 +571,7 @@ def report(plan: GroupedPlan) -> str:
     ]
     base = plan.candidates[0].total_bytes
     for c in plan.candidates:
-        chosen = "  <- chosen" if (c.group, c.method) == (plan.group, plan.method) else ""
+        chosen = "  <- chosen" if c is plan.chosen else ""
         bpf = c.bytes_per_flop
         lines.append(
             f"  {c.label:<18}{c.slabs:>10,d}{c.bytes['x'] / _MB:>12.2f}{c.bytes['w'] / _MB:>10.2f}"
@@ -570,7 +580,7 @@ def report(plan: GroupedPlan) -> str:
         )
     lines += [
         "",
-        f"  chosen: {plan.candidates[0].label if plan.group == 1 else f'{plan.method} g={plan.group}'}, "
+        f"  chosen: {plan.chosen.label}, "
         f"{plan.reduction:.3f}x the ungrouped plan's bytes ({plan.x_reduction:.3f}x its slabs of x)",
     ]
     return "\n".join(lines)
