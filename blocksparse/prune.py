@@ -279,16 +279,22 @@ def _check_calibration(w, x) -> jax.Array:
         )
     if x.shape[0] == 0:
         raise ValueError(f"Expected at least one calibration row in x. Got shape {tuple(x.shape)}.")
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"Expected floating-point calibration inputs x. Got dtype {x.dtype}.")
-    if not bool(jnp.isfinite(x).all()):
-        bad = ~np.isfinite(np.asarray(x))
+    return _floating_finite(x, "calibration inputs x")
+
+
+def _floating_finite(a: jax.Array, what: str) -> jax.Array:
+    """``a`` (2-D) unless it is not floating point (``TypeError``) or holds NaN or inf (``ValueError`` naming the
+    first such value's row and column)."""
+    if not jnp.issubdtype(a.dtype, jnp.floating):
+        raise TypeError(f"Expected floating-point {what}. Got dtype {a.dtype}.")
+    if not bool(jnp.isfinite(a).all()):
+        bad = ~np.isfinite(np.asarray(a))
         r, c = (int(i) for i in np.argwhere(bad)[0])
         raise ValueError(
-            f"Expected finite calibration inputs x. Got {np.asarray(x[r, c])} at row {r}, column {c} "
-            f"({int(bad.sum())} of {x.size} values are NaN or inf)."
+            f"Expected finite {what}. Got {np.asarray(a[r, c])} at row {r}, column {c} "
+            f"({int(bad.sum())} of {a.size} values are NaN or inf)."
         )
-    return x
+    return a
 
 
 def _check_targets(w, x, y) -> jax.Array | None:
@@ -302,16 +308,7 @@ def _check_targets(w, x, y) -> jax.Array | None:
             f"Expected target outputs y_calib of shape {want} (one row per calibration row, one column per output of "
             f"the (in, out) = {tuple(w.shape)} weight). Got shape {tuple(y.shape)}."
         )
-    if not jnp.issubdtype(y.dtype, jnp.floating):
-        raise TypeError(f"Expected floating-point target outputs y_calib. Got dtype {y.dtype}.")
-    if not bool(jnp.isfinite(y).all()):
-        bad = ~np.isfinite(np.asarray(y))
-        r, c = (int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(
-            f"Expected finite target outputs y_calib. Got {np.asarray(y[r, c])} at row {r}, column {c} "
-            f"({int(bad.sum())} of {y.size} values are NaN or inf)."
-        )
-    return y
+    return _floating_finite(y, "target outputs y_calib")
 
 
 @jax.jit
