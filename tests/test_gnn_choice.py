@@ -195,7 +195,7 @@ def test_community_graph_is_not_measured():
     g = _community()
     stats = order.graph_stats(g)
     assert stats.mean_in_degree == 20 and stats.skew < 3
-    for op in order.FAMILIES:
+    for op in order.OPS:
         for dtype in (jnp.float32, jnp.bfloat16):
             for pass_ in order.PASSES:
                 c = choice(op, stats, 128, dtype, pass_, kind=H200)
@@ -263,7 +263,7 @@ def _stats(draw):
     return GraphStats(nodes, edges, draw(st.integers(0, edges)))
 
 
-CASES = dict(op=st.sampled_from(sorted(order.FAMILIES)), dtype=st.sampled_from(["float32", "bfloat16", "float16"]),
+CASES = dict(op=st.sampled_from(sorted(order.OPS)), dtype=st.sampled_from(["float32", "bfloat16", "float16"]),
              pass_=st.sampled_from(order.PASSES), feat=st.integers(1, 4096))  # fmt: skip
 
 

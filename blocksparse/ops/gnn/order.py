@@ -31,7 +31,6 @@ from .config import AttentionConfig, GatherConfig, GatherVariant
 
 __all__ = [
     "COVERAGE",
-    "FAMILIES",
     "OPS",
     "PASSES",
     "Choice",
@@ -120,8 +119,6 @@ def implementations(
 
 
 # ------------------------------------------------------------------ which backend, by the graph
-#: Op name -> the family of :data:`blocksparse.ops.gnn.tuned.CHOICES` (one kernel each).
-FAMILIES = {"spmm": "spmm", "aggregate": "aggregate", "gatv2": "gatv2", "graph_attention": "graph_attention"}
 #: The passes a choice is made for: the forward alone, and the forward a gradient follows with its backward.
 PASSES = ("fwd", "fwd+bwd")
 #: How far a measured graph speaks for another: within this factor in every statistic of :class:`GraphStats` and
@@ -201,8 +198,8 @@ def choice(op: str, stats: GraphStats | None, feat: int, dtype, pass_: str = "fw
     default order. No such graph (none measured for this key or device, or none near enough; ``stats`` ``None``:
     a traced graph) is "not measured": the default order.
     """
-    if op not in FAMILIES:
-        raise ValueError(f"Expected a GNN op in {sorted(FAMILIES)}. Got {op!r}.")
+    if op not in OPS:
+        raise ValueError(f"Expected a GNN op in {sorted(OPS)}. Got {op!r}.")
     if pass_ not in PASSES:
         raise ValueError(f"Expected pass_ in {list(PASSES)}. Got {pass_!r}.")
     if isinstance(feat, bool) or not isinstance(feat, int) or feat < 1:
@@ -211,8 +208,8 @@ def choice(op: str, stats: GraphStats | None, feat: int, dtype, pass_: str = "fw
     default = _default(op, dtype)
     if stats is None:
         return Choice(default, "not measured: the default (the graph's degrees are traced, unknown on the host)")
-    points = tuned.measured(FAMILIES[op], name, pass_, kind)
-    key = f"{FAMILIES[op]}/{name}/{pass_}"
+    points = tuned.measured(op, name, pass_, kind)  # CHOICES is keyed by the op's name
+    key = f"{op}/{name}/{pass_}"
     if not points:
         return Choice(default, f"not measured: the default (no graph measured for {key} on this device)")
     best = min(points, key=lambda m: distance(stats, feat, m))  # the first of equals: the table's order
