@@ -1,8 +1,9 @@
 """The grouped plan: block rows that share block columns, gathered into units as tall as a ``wgmma`` tile.
 
 A host-side plan for static ``W @ x`` (``dsd``) and its mirror ``x @ W`` (``dds``) with small blocks (16 or 32),
-made from the known pattern as PopSparse's planner makes one for IPU tiles. **Planning only**: no kernel consumes
-it yet and nothing in the dispatch reads it (a later kernel will, once measured).
+made from the known pattern as PopSparse's planner makes one for IPU tiles. The Pallas (Triton) kernel of
+:mod:`.triton.grouped_kernel` consumes it (a unit's blocks of a column stacked into one 64- or 128-row dot) when
+asked, ``TritonConfig(grouped=True)``; the dispatch does not choose it by default until it is measured on a GPU.
 
 Why
 ---
@@ -560,7 +561,7 @@ def report(plan: GroupedPlan) -> str:
             f"{plan.units_sharing} units share columns"
         )
     lines = [
-        f"Grouped plan for {o.op} on a GPU (host model: L2 bytes per flop; no kernel consumes it yet)",
+        f"Grouped plan for {o.op} on a GPU (host model: L2 bytes per flop; the kernel: TritonConfig(grouped=True))",
         f"  {product}, blocks {bh} x {bw}, {p.nnz_blocks} non-zero blocks (density {p.density:.4g}); "
         f"operands {o.itemsize} B, output {o.out_itemsize} B, column tile {o.tn}",
         units,

@@ -3,7 +3,8 @@
 Every product runs its kernel of :mod:`.kernels`, except the static ``x @ W`` and ``W @ x`` with few tokens,
 which run the one-launch kernel of :mod:`.stream` (:func:`.stream.takes`), a gated epilogue (GLU) in its store and
 a gated input (``input_glu``) where it loads ``x`` (:func:`.stream.gates_in_load`; elsewhere the gate runs in XLA
-first).
+first). ``TritonConfig(grouped=True)`` runs the grouped kernel of :mod:`.grouped_kernel` for the other static
+``x @ W`` and ``W @ x`` where its plan groups rows (:func:`.grouped_kernel.takes`); never by default.
 A :class:`~.common.TritonConfig` given through ``bs.matmul(..., config=)`` (``OpStatic.config``) sets the tiles
 and variants (split or not, the dynamic design, stream or not), the defaults of :mod:`.common` and the tuned
 table otherwise.
@@ -16,7 +17,7 @@ from jax import lax
 
 from .. import epilogue as _epilogue
 from ..reference import poison
-from . import stream
+from . import grouped_kernel, stream
 from .common import TritonConfig, check
 from .kernels import dds, dsd, dsd_dynamic, sdd, sdd_coords
 
@@ -69,7 +70,12 @@ class PallasBackend:
                 return _epilogue.gate_first(self.dsd_fused, s, 1, 0, data, x, bias)
             return stream.dsd(s.pattern, data.astype(dt), x, s.out_dtype, exact=_exact(s), config=cfg, epi=s.epilogue,
                               bias=bias, gate=s.input_gate)  # fmt: skip
-        run = stream.dsd if stream.takes("dsd", x.shape[1], s.pattern, cfg) else dsd
+        if stream.takes("dsd", x.shape[1], s.pattern, cfg):
+            run = stream.dsd
+        elif grouped_kernel.takes("dsd", x.shape[1], s.pattern, cfg, dt, s.out_dtype):
+            run = grouped_kernel.dsd
+        else:
+            run = dsd
         return run(s.pattern, data.astype(dt), x.astype(dt), s.out_dtype, exact=_exact(s), config=cfg, epi=s.epilogue,
                    bias=bias)  # fmt: skip
 
@@ -81,7 +87,12 @@ class PallasBackend:
                 return _epilogue.gate_first(self.dds_fused, s, 0, 1, x, data, bias)
             return stream.dds(x, s.pattern, data.astype(dt), s.out_dtype, exact=_exact(s), config=cfg, epi=s.epilogue,
                               bias=bias, gate=s.input_gate)  # fmt: skip
-        run = stream.dds if stream.takes("dds", x.shape[0], s.pattern, cfg) else dds
+        if stream.takes("dds", x.shape[0], s.pattern, cfg):
+            run = stream.dds
+        elif grouped_kernel.takes("dds", x.shape[0], s.pattern, cfg, dt, s.out_dtype):
+            run = grouped_kernel.dds
+        else:
+            run = dds
         return run(x.astype(dt), s.pattern, data.astype(dt), s.out_dtype, exact=_exact(s), config=cfg, epi=s.epilogue,
                    bias=bias)  # fmt: skip
 

@@ -55,6 +55,12 @@ class TritonConfig:
         stream_fma: with one token, multiply on the CUDA cores (each block's products accumulated elementwise in
             float32, summed once at the end) instead of the tensor cores' dot on the token padded to 16 rows.
             ``None``: the tuned ``TRITON_STREAM_FMA``; ignored with more than one token.
+        grouped: run the grouped kernel of :mod:`.grouped_kernel` for static ``W @ x`` and ``x @ W``: units of
+            ``g`` block rows (columns) of ``W`` that share block columns (rows), as planned by
+            :func:`~..grouped.group`, each unit's blocks of a column stacked into one 64- or 128-row dot against a
+            slab of ``x`` loaded once. ``True``: wherever the plan groups (``group > 1``; else the work-list
+            kernel runs), the stream kernel keeping priority where it runs (few tokens). ``None`` / ``False``: never
+            (the default: no GPU measurement of it yet). Its tile is ``tn`` (``W @ x``) or ``tb`` (``x @ W``).
     """
 
     tn: int | None = None
@@ -71,6 +77,7 @@ class TritonConfig:
     stream_group: int | None = None
     stream_split: int | None = None
     stream_fma: bool | None = None
+    grouped: bool | None = None
 
     #: The backend this config configures (``implementation="pallas"``).
     backend: ClassVar[str] = "pallas"
@@ -84,6 +91,8 @@ class TritonConfig:
             raise ValueError(f"Expected stream_group >= 1. Got {self.stream_group}.")
         if self.stream_split is not None and self.stream_split < 1:
             raise ValueError(f"Expected stream_split >= 1. Got {self.stream_split}.")
+        if self.grouped not in (None, True, False):
+            raise ValueError(f"Expected grouped None, True or False. Got {self.grouped!r}.")
 
 
 def _tile(n: int, preferred: int) -> int:

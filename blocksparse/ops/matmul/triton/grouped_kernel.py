@@ -1,0 +1,286 @@
+"""The grouped kernel: static ``W @ x`` and ``x @ W`` with small blocks, run on the grouped plan of
+:mod:`..grouped` (a unit of block rows sharing block columns fills one tensor-core tile).
+
+The work-list kernels of :mod:`.kernels` multiply one ``b x b`` block at a time: each block reads its own
+``b x tn`` slab of ``x``, and a dot whose tall side is a 16- or 32-row block leaves the tensor cores' M (64 or
+128 rows) mostly empty. Here program ``(u, j)`` owns *unit* ``u`` of the plan (:func:`~..grouped.group`: ``g``
+block rows of ``W``, ``g b`` = 64 or 128 rows) and column tile ``j`` of ``x`` (``tn`` columns). For each *slab*
+``s`` of the unit (``unit_start[u] <= s < unit_start[u + 1]``, one per distinct block column ``step_col[s]`` of
+its rows; a ``lax.fori_loop`` with dynamic bounds, the index arrays whole-array refs read as scalars) it
+
+- loads the ``bw x tn`` slab of ``x`` at that column once;
+- loads the unit's ``g`` blocks of that column stacked into **one** ``g b x bw`` operand by a single masked
+  gather load: row ``r`` of the operand is row ``r % b`` of block ``step_ids[s, r // b]`` of ``W.data``, and the
+  rows of a slot whose row lacks the column (id ``-1``) are masked to zero (never read);
+- issues **one** dot ``(g b x bw) @ (bw x tn)`` into a ``g b x tn`` float32 accumulator: a 64- or 128-row
+  tensor-core tile built from 16- or 32-row blocks.
+
+Then it splits the accumulator into its ``g`` slots (``b x tn`` each) and slot ``k`` writes output block row
+``unit_rows[u, k]`` (a ``-1`` pad slot writes nothing) with the fused epilogue (:func:`~.common._finish`: bias
+along either axis, the activation) and the cast. The units partition the output block rows, so every output row
+is written exactly once: a row of ``W`` without blocks, or a unit without slabs, writes zeros (plus the bias).
+No partials, no atomics, one launch: deterministic.
+
+``x @ W`` (:func:`dds`) is the mirror on the transposed pattern (the plan's ``op="dds"``): program ``(u, j)`` owns
+``g`` block *columns* of ``W`` and row tile ``j`` of ``x`` (``tb`` rows); per slab (a block row ``c`` of ``W``) it
+loads ``x[rows, c * bh : (c + 1) * bh]`` (``tb x bh``) once and the unit's blocks of that block row side by side as
+one ``bh x g bw`` operand (column ``q`` is column ``q % bw`` of block ``step_ids[s, q // bw]``, read in place from
+``W.data``: no transposed copy), one dot into ``tb x g bw``, and slot ``k`` writes output block column
+``unit_rows[u, k]``.
+
+The plan groups rows where it moves fewer modelled bytes (:attr:`~..grouped.GroupedPlan.group` ``> 1``). Where it
+does not (blocks of 128, or rows that share no columns), :func:`takes` declines and the dispatch keeps the
+work-list kernel, which splits long rows and, at ``b = 32``, accumulates transposed; called directly, :func:`dsd`
+and :func:`dds` run whatever plan they get, ``g = 1`` included (a unit per block row, one ``b``-row dot per
+block). An empty pattern (no block at all) is the epilogue of a zero product, in XLA, as in :mod:`.kernels`.
+
+Selection: ``TritonConfig(grouped=True)`` asks for this kernel for static products (:func:`takes`); the stream
+kernel keeps priority where it runs (few tokens). ``grouped=None`` or ``False`` (the default) never runs it: no
+GPU measurement of it exists yet, so the dispatch does not choose it by itself. The plan is
+:func:`~..grouped.group` with :func:`options`'s options (the op, the dense operand's size, the tile, the dtypes),
+cached per pattern and options.
+
+Tiles: ``tn`` (``dsd``) and ``tb`` (``dds``) from the config, else 128 (powers of two >= 16, ``n`` padded to a
+multiple); ``num_warps`` 8 for accumulators of at least 128 x 128, else 4; ``num_stages`` 3.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from ...._pattern import BlockPattern
+from .. import epilogue as _epilogue
+from ..grouped import GroupedPlan, Grouping, group
+from ..schedule import kernel_constant
+from .common import (
+    TritonConfig,
+    _bias_operand,
+    _dot,
+    _finish,
+    _interpret,
+    _pad_to,
+    _pallas_call,
+    _params,
+    _split_refs,
+    _tile,
+)
+
+__all__ = ["DEFAULT_TILE", "dds", "dsd", "options", "plan", "takes"]
+
+#: The dense operand's tile (``tn`` for ``dsd``, ``tb`` for ``dds``) where the config sets none.
+DEFAULT_TILE = 128
+
+
+def _tile_of(op: str, n: int, config: TritonConfig | None) -> int:
+    """The dense operand's tile: the config's ``tn`` (``dsd``) or ``tb`` (``dds``), else :data:`DEFAULT_TILE`, no
+    wider than ``n`` needs (a power of two >= 16)."""
+    cfg = config or TritonConfig()
+    name = "tn" if op == "dsd" else "tb"
+    forced = getattr(cfg, name)
+    if forced is not None and (forced < 16 or forced & (forced - 1)):
+        raise ValueError(f"Expected TritonConfig.{name} a power of two >= 16 for the grouped kernel. Got {forced}.")
+    return _tile(max(n, 1), forced or DEFAULT_TILE)
+
+
+def options(op: str, n: int, config: TritonConfig | None = None, dtype=jnp.bfloat16, out_dtype=None) -> Grouping:
+    """The plan's options for ``op`` (``"dsd"``: ``W @ x``, ``"dds"``: ``x @ W``) with a dense operand of ``n``
+    columns (``dsd``) or rows (``dds``), its tile from ``config``, operands of ``dtype`` and an output of
+    ``out_dtype`` (default: ``dtype``)."""
+    out_dtype = dtype if out_dtype is None else out_dtype
+    return Grouping(op=op, n=max(int(n), 1), tn=_tile_of(op, n, config), itemsize=jnp.dtype(dtype).itemsize,
+                    out_itemsize=jnp.dtype(out_dtype).itemsize)  # fmt: skip
+
+
+def plan(op: str, pattern: BlockPattern, n: int, config: TritonConfig | None = None, dtype=jnp.bfloat16,
+         out_dtype=None) -> GroupedPlan:  # fmt: skip
+    """The grouped plan the kernel runs for ``op`` on ``pattern`` (:func:`~..grouped.group` with :func:`options`'s
+    options; cached)."""
+    return group(pattern, options(op, n, config, dtype, out_dtype))
+
+
+def takes(op: str, n: int, pattern: BlockPattern, config: TritonConfig | None, dtype=jnp.bfloat16,
+          out_dtype=None) -> bool:  # fmt: skip
+    """Whether ``op`` with a dense operand of ``n`` columns (``dsd``) or rows (``dds``) runs this kernel: only where
+    ``config.grouped`` is true (never by default: not yet measured on a GPU), the product is not empty, and the plan
+    groups (``group > 1``; else the work-list kernel runs)."""
+    if config is None or not config.grouped or n == 0 or pattern.nnz_blocks == 0:
+        return False
+    return plan(op, pattern, n, config, dtype, out_dtype).group > 1
+
+
+# --------------------------------------------------------------------------------------------
+# dsd: y (m, n) = W (m, k) @ x (k, n)
+# --------------------------------------------------------------------------------------------
+def _dsd_kernel(start_ref, col_ref, id_ref, dest_ref, w_ref, x_ref, *refs, b, bw, g, tn, exact, epi):
+    """Program ``(u, j)``: unit ``u``'s ``g`` block rows, columns ``[j tn, (j + 1) tn)`` (the module docstring)."""
+    from jax.experimental.pallas import triton as plgpu
+
+    bias_ref, (y_ref,) = _split_refs(refs, epi)
+    u = pl.program_id(0)
+    n0 = pl.multiple_of(pl.program_id(1) * tn, tn)
+    h = g * b  # the stacked operand's rows: one tensor-core tile
+    slot = lax.broadcasted_iota(jnp.int32, (h,), 0) // b  # the slot of each stacked row
+    within = lax.broadcasted_iota(jnp.int32, (h, bw), 0) % b  # its row inside the slot's block
+    col = lax.broadcasted_iota(jnp.int32, (h, bw), 1)
+
+    def body(s, acc):
+        ids = id_ref[s * g + slot]  # (h,): the block of each stacked row's slot, -1 where its row lacks the column
+        ids = jnp.broadcast_to(ids[:, None], (h, bw))
+        live = ids >= 0
+        w = plgpu.load(w_ref.at[jnp.maximum(ids, 0) * b + within, col], mask=live, other=0)  # (h, bw) gathered
+        c = col_ref[s]
+        xs = x_ref[pl.ds(pl.multiple_of(c * bw, bw), bw), pl.ds(n0, tn)]  # (bw, tn): the slab, loaded once
+        return acc + _dot(w, xs, exact=exact)  # (h, tn)
+
+    acc = lax.fori_loop(start_ref[u], start_ref[u + 1], body, jnp.zeros((h, tn), jnp.float32))
+    for k, part in enumerate(jnp.split(acc, g, axis=0) if g > 1 else [acc]):  # slot k: (b, tn)
+        dest = dest_ref[u * g + k]
+
+        @pl.when(dest >= 0)
+        def _(part=part, dest=dest):
+            out = _finish(part, epi, bias_ref, dest * b, n0, (b, tn))
+            y_ref[pl.ds(pl.multiple_of(dest * b, b), b), pl.ds(n0, tn)] = out.astype(y_ref.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# dds: y (B, k) = x (B, m) @ W (m, k)
+# --------------------------------------------------------------------------------------------
+def _dds_kernel(start_ref, col_ref, id_ref, dest_ref, w_ref, x_ref, *refs, bh, bw, g, tb, exact, epi):
+    """Program ``(u, j)``: unit ``u``'s ``g`` block columns of ``W``, rows ``[j tb, (j + 1) tb)`` of ``x``."""
+    from jax.experimental.pallas import triton as plgpu
+
+    bias_ref, (y_ref,) = _split_refs(refs, epi)
+    u = pl.program_id(0)
+    b0 = pl.multiple_of(pl.program_id(1) * tb, tb)
+    wide = g * bw  # the stacked operand's columns: one tensor-core tile
+    slot = lax.broadcasted_iota(jnp.int32, (wide,), 0) // bw
+    row = lax.broadcasted_iota(jnp.int32, (bh, wide), 0)
+    within = lax.broadcasted_iota(jnp.int32, (bh, wide), 1) % bw  # its column inside the slot's block
+
+    def body(s, acc):
+        ids = id_ref[s * g + slot]  # (wide,): the block (into W.data) of each stacked column's slot, or -1
+        ids = jnp.broadcast_to(ids[None, :], (bh, wide))
+        live = ids >= 0
+        w = plgpu.load(w_ref.at[jnp.maximum(ids, 0) * bh + row, within], mask=live, other=0)  # (bh, wide)
+        c = col_ref[s]  # a block row of W: a block column of x
+        xs = x_ref[pl.ds(b0, tb), pl.ds(pl.multiple_of(c * bh, bh), bh)]  # (tb, bh): the slab, loaded once
+        return acc + _dot(xs, w, exact=exact)  # (tb, wide)
+
+    acc = lax.fori_loop(start_ref[u], start_ref[u + 1], body, jnp.zeros((tb, wide), jnp.float32))
+    for k, part in enumerate(jnp.split(acc, g, axis=1) if g > 1 else [acc]):  # slot k: (tb, bw)
+        dest = dest_ref[u * g + k]
+
+        @pl.when(dest >= 0)
+        def _(part=part, dest=dest):
+            out = _finish(part, epi, bias_ref, b0, dest * bw, (tb, bw))
+            y_ref[pl.ds(b0, tb), pl.ds(pl.multiple_of(dest * bw, bw), bw)] = out.astype(y_ref.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# The calls
+# --------------------------------------------------------------------------------------------
+def _checked(op: str, pattern: BlockPattern, data, x, epi, grouping: Grouping | None) -> None:
+    """``ValueError`` for operands this kernel cannot take, naming what it expected."""
+    if not isinstance(pattern, BlockPattern):
+        raise TypeError(f"Expected a BlockPattern. Got {type(pattern).__name__}.")
+    m, k = pattern.shape
+    want = (pattern.nnz_blocks, *pattern.block_size)
+    if tuple(data.shape) != want:
+        raise ValueError(f"Expected data of shape {want} (the pattern's blocks). Got {tuple(data.shape)}.")
+    if x.ndim != 2:
+        raise ValueError(f"Expected a 2-D dense operand. Got x of shape {tuple(x.shape)}.")
+    got, need = (x.shape[0], k) if op == "dsd" else (x.shape[1], m)
+    if got != need:
+        raise ValueError(f"Expected x's contracted dimension {need} (W is {pattern.shape}). Got {got} "
+                         f"(x {tuple(x.shape)}).")  # fmt: skip
+    if epi is not None and epi.glu:
+        raise ValueError("Expected an epilogue without a gate (glu) for the grouped kernel. Got glu=True.")
+    if grouping is not None:
+        if not isinstance(grouping, Grouping):
+            raise TypeError(f"Expected grouping as a Grouping. Got {type(grouping).__name__}.")
+        if grouping.op != op:
+            raise ValueError(f"Expected a Grouping of op {op!r} for {op}. Got op {grouping.op!r}.")
+
+
+def _launch(kernel, p: GroupedPlan, grid, out_shape, out_dtype, data, x, bias, num_warps, num_stages, name):
+    """One program per (unit, tile of the dense operand); the plan's arrays as whole-array int32 operands."""
+    return _pallas_call(
+        kernel,
+        grid=grid,
+        out_shape=jax.ShapeDtypeStruct(out_shape, out_dtype),
+        compiler_params=_params(num_warps, num_stages),
+        interpret=_interpret(),
+        name=name,
+    )(
+        kernel_constant(p.unit_start),
+        kernel_constant(p.step_col),
+        kernel_constant(p.step_ids.reshape(-1)),
+        kernel_constant(p.unit_rows.reshape(-1)),
+        data.reshape(-1, data.shape[-1]),
+        x,
+        *bias,
+    )
+
+
+def dsd(pattern: BlockPattern, data, x, out_dtype, *, exact: bool = False, config: TritonConfig | None = None,
+        epi=None, bias=None, grouping: Grouping | None = None):  # fmt: skip
+    """``W @ x`` with the grouped kernel; ``data`` and ``x`` already of one supported dtype.
+
+    ``epi``: an optional :class:`~..epilogue.Epilogue` (not gated) applied in the store, ``bias`` its array (along
+    the output's columns, ``bias_axis=1``, or rows, ``0``). ``grouping``: the plan's options (op ``"dsd"``; default
+    :func:`options`'s), to force its methods or tile heights.
+    """
+    _checked("dsd", pattern, data, x, epi, grouping)
+    cfg = config or TritonConfig()
+    bh, bw = pattern.block_size
+    m, _ = pattern.shape
+    n = x.shape[1]
+    if n == 0:
+        return jnp.zeros((m, 0), out_dtype)
+    if pattern.nnz_blocks == 0:
+        return _epilogue.reference(jnp.zeros((m, n), jnp.float32), bias, epi, out_dtype)
+    tn = _tile_of("dsd", n, cfg)
+    p = group(pattern, grouping or options("dsd", n, cfg, x.dtype, out_dtype))
+    g = p.group
+    xp = _pad_to(x, 1, tn)
+    nw = cfg.num_warps or (8 if g * bh * tn >= 128 * 128 else 4)
+    ns = cfg.num_stages or 3
+    kernel = functools.partial(_dsd_kernel, b=bh, bw=bw, g=g, tn=tn, exact=exact, epi=epi)
+    b1 = _bias_operand(bias, epi, xp.shape[1] if epi is not None and epi.bias_axis == 1 else m)
+    name = f"bs_dsd_grouped_{bh}x{bw}_g{g}_tn{tn}" + ("_epi" if epi is not None else "")
+    y = _launch(kernel, p, (p.num_units, xp.shape[1] // tn), (m, xp.shape[1]), out_dtype, data, xp, b1, nw, ns, name)
+    return y[:, :n] if xp.shape[1] != n else y
+
+
+def dds(x, pattern: BlockPattern, data, out_dtype, *, exact: bool = False, config: TritonConfig | None = None,
+        epi=None, bias=None, grouping: Grouping | None = None):  # fmt: skip
+    """``x @ W`` with the grouped kernel (units of ``W``'s block columns; its blocks read in place).
+
+    ``epi``: an optional :class:`~..epilogue.Epilogue` (not gated; bias along the output's columns) applied in the
+    store. ``grouping``: the plan's options (op ``"dds"``; default :func:`options`'s).
+    """
+    _checked("dds", pattern, data, x, epi, grouping)
+    cfg = config or TritonConfig()
+    bh, bw = pattern.block_size
+    _, k = pattern.shape
+    rows = x.shape[0]
+    if rows == 0:
+        return jnp.zeros((0, k), out_dtype)
+    if pattern.nnz_blocks == 0:
+        return _epilogue.reference(jnp.zeros((rows, k), jnp.float32), bias, epi, out_dtype)
+    tb = _tile_of("dds", rows, cfg)
+    p = group(pattern, grouping or options("dds", rows, cfg, x.dtype, out_dtype))
+    g = p.group
+    xp = _pad_to(x, 0, tb)
+    nw = cfg.num_warps or (8 if g * bw * tb >= 128 * 128 else 4)
+    ns = cfg.num_stages or 3
+    kernel = functools.partial(_dds_kernel, bh=bh, bw=bw, g=g, tb=tb, exact=exact, epi=epi)
+    b1 = _bias_operand(bias, epi, k)
+    name = f"bs_dds_grouped_{bh}x{bw}_g{g}_tb{tb}" + ("_epi" if epi is not None else "")
+    y = _launch(kernel, p, (p.num_units, xp.shape[0] // tb), (xp.shape[0], k), out_dtype, data, xp, b1, nw, ns, name)
+    return y[:rows] if xp.shape[0] != rows else y

@@ -1,0 +1,327 @@
+"""The grouped kernel (``triton/grouped_kernel.py``): ``W @ x`` and ``x @ W`` on the grouped plan, opt-in.
+
+CPU (CI): its logic in Pallas' interpreter against the dense product (blocks of 16 and 32, square and not,
+float32 and bfloat16, empty and full patterns, adversarial ones, power-law ones, both grouping methods and every
+unit size, ``g = 1`` included), the fused epilogue against the XLA reference, gradients through ``bs.matmul``, the
+dispatch (only ``TritonConfig(grouped=True)`` runs it, the stream kernel keeps priority, a plan that does not group
+keeps the work list), its errors, and its Triton lowering (one launch, the stacked operand one masked gather load
+and one dot per slab). An output row the kernel never wrote would read NaN in the interpreter: every comparison
+also checks that every value is finite.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import has_gpu
+from helpers import examples, sweep
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_gnn_pallas import _lower_for_cuda
+
+import blocksparse as bs
+from blocksparse.ops.matmul import epilogue as _epilogue
+from blocksparse.ops.matmul.epilogue import Epilogue
+from blocksparse.ops.matmul.grouped import Grouping, group
+from blocksparse.ops.matmul.triton import TritonConfig, grouped_kernel
+
+ON_GPU = has_gpu()
+TOL = {jnp.dtype(jnp.float32): 2e-5, jnp.dtype(jnp.bfloat16): 2e-2}
+HIGHEST = jax.lax.Precision.HIGHEST
+KINDS = ("random", "power_law", "empty", "full", "one_full_row", "empty_rows", "one_col")
+
+pytestmark = pytest.mark.usefixtures("kernels_here")
+
+
+def _pattern(kind: str, rng, grid, block, density: float = 0.3) -> bs.BlockPattern:
+    gm, gk = grid
+    bh, bw = (block, block) if isinstance(block, int) else block
+    shape = (gm * bh, gk * bw)
+    if kind == "random":
+        return bs.BlockPattern.random(rng, shape, (bh, bw), density)
+    if kind == "power_law":
+        return bs.BlockPattern.power_law(int(rng.integers(2**16)), shape, (bh, bw), density)
+    mask = np.zeros(grid, bool)
+    if kind == "full":
+        mask[:] = True
+    elif kind == "one_full_row":
+        mask[rng.integers(gm), :] = True
+    elif kind == "empty_rows":  # every other block row empty, the rest random
+        mask = rng.random(grid) < 0.6
+        mask[::2] = False
+    elif kind == "one_col":  # a single block column holds every block
+        mask[:, rng.integers(gk)] = True
+    elif kind != "empty":
+        raise ValueError(f"unknown pattern kind {kind!r}")
+    return bs.BlockPattern.from_mask(mask, (bh, bw))
+
+
+def _rel(got, want) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape
+    assert np.isfinite(got).all(), "an output value the kernel never wrote (NaN in the interpreter) or not finite"
+    scale = np.linalg.norm(want)
+    return float(np.linalg.norm(got - want) / scale) if scale else float(np.abs(got).max())
+
+
+def _operands(rng, p: bs.BlockPattern, op: str, n: int, dtype):
+    """``(data, x, dense W in float32)`` of the product ``op`` with a dense operand of ``n`` columns / rows."""
+    data = jnp.asarray(rng.standard_normal((p.nnz_blocks, *p.block_size)), dtype)
+    shape = (p.shape[1], n) if op == "dsd" else (n, p.shape[0])
+    x = jnp.asarray(rng.standard_normal(shape), dtype)
+    return data, x, bs.BlockSparseMatrix(p, data).to_dense().astype(jnp.float32)
+
+
+def _run(op: str, p, data, x, dtype, grouping=None, config=None, epi=None, bias=None):
+    prec = dict(exact=True, config=config, epi=epi, bias=bias, grouping=grouping)
+    if op == "dsd":
+        return grouped_kernel.dsd(p, data, x, dtype, **prec)
+    return grouped_kernel.dds(x, p, data, dtype, **prec)
+
+
+def _dense(op: str, w, x):
+    x = x.astype(jnp.float32)
+    with jax.default_matmul_precision("highest"):
+        return w @ x if op == "dsd" else x @ w
+
+
+def _check(op, p, dtype, rng, n, grouping=None, config=None) -> float:
+    data, x, w = _operands(rng, p, op, n, dtype)
+    got = _run(op, p, data, x, dtype, grouping, config)
+    assert got.dtype == jnp.dtype(dtype)
+    err = _rel(got.astype(jnp.float32), _dense(op, w, x))
+    assert err <= TOL[jnp.dtype(dtype)], err
+    return err
+
+
+def _kernels(fn, *args) -> list[str]:
+    """The names of the Pallas kernels ``fn`` launches (from its jaxpr)."""
+    return sorted(set(re.findall(r"bs_\w+", str(jax.make_jaxpr(fn)(*args)))))
+
+
+# ------------------------------------------------------------------------------------------------ the product
+@settings(max_examples=examples(24), deadline=None)
+@given(
+    kind=st.sampled_from(KINDS),
+    op=st.sampled_from(["dsd", "dds"]),
+    block=st.sampled_from([16, 32, (16, 32), (32, 16)]),
+    gm=st.integers(1, 9),
+    gk=st.integers(1, 5),
+    n=st.sampled_from([1, 16, 40, 130]),
+    density=st.sampled_from([0.2, 0.5, 1.0]),
+    heights=st.sampled_from([(64, 128), (64,), (128,), (32,)]),
+    methods=st.sampled_from([("contiguous", "greedy"), ("contiguous",), ("greedy",)]),
+    tile=st.sampled_from([None, 16, 64]),
+    dtype=st.sampled_from([jnp.float32, jnp.bfloat16]),
+    seed=st.integers(0, 2**16),
+)
+def test_grouped_matches_the_dense_product(kind, op, block, gm, gk, n, density, heights, methods, tile, dtype, seed):
+    rng = np.random.default_rng(seed)
+    p = _pattern(kind, rng, (gm, gk), block, density)
+    cfg = TritonConfig(tn=tile, tb=tile)
+    o = Grouping(op=op, n=n, tn=tile or 128, heights=heights, methods=methods)
+    plan = group(p, o)
+    assert plan.method in (*methods, "ungrouped")
+    _check(op, p, dtype, rng, n, grouping=o, config=cfg)
+
+
+@sweep("kind", KINDS, quick=KINDS)
+def test_adversarial_patterns(kind):
+    """Each kind for both products, at both block sizes and dtypes (rotated so each kind runs quickly)."""
+    rng = np.random.default_rng(KINDS.index(kind))
+    b = (16, 32)[KINDS.index(kind) % 2]
+    dtype = (jnp.float32, jnp.bfloat16)[KINDS.index(kind) // 2 % 2]
+    for op in ("dsd", "dds"):
+        p = _pattern(kind, rng, (8, 6), b, 0.3)
+        plan = grouped_kernel.plan(op, p, 48, dtype=dtype)
+        # Units of rows (dds: columns of W) that share all their columns (rows): grouped.
+        if kind == "full" or (kind, op) in (("one_col", "dsd"), ("one_full_row", "dds")):
+            assert plan.group > 1, plan
+        _check(op, p, dtype, rng, 48)
+
+
+@sweep(
+    "op, b, kind, dtype",
+    [(op, b, kind, dt) for kind in KINDS for b in (16, 32) for op in ("dsd", "dds") for dt in ("float32", "bfloat16")],
+    quick=0,
+)
+def test_every_pattern_block_and_dtype(op, b, kind, dtype):
+    """The whole cross product of :func:`test_adversarial_patterns` (``make test-slow``)."""
+    rng = np.random.default_rng(7)
+    _check(op, _pattern(kind, rng, (12, 7), b, 0.3), jnp.dtype(dtype), rng, 72)
+
+
+@pytest.mark.parametrize("op", ["dsd", "dds"])
+@pytest.mark.parametrize("method", ["contiguous", "greedy"])
+def test_each_grouping_method(op, method):
+    """Each method alone, on a pattern it groups: the kernel follows the plan's units and row order."""
+    rng = np.random.default_rng(3)
+    b = 16
+    if method == "contiguous":  # consecutive rows that share their columns
+        p = _pattern("full", rng, (8, 3), b)
+    else:  # a power-law pattern: its long rows share columns, greedily gathered
+        p = _pattern("power_law", rng, (16, 8), b, 0.4)
+    o = Grouping(op=op, n=40, methods=(method,), heights=(64,))
+    plan = group(p, o)
+    assert (plan.method, plan.group) == (method, 4), plan
+    if method == "greedy":  # the rows really are permuted: the output rows come back in order all the same
+        assert plan.row_order.tolist() != sorted(plan.row_order.tolist())
+    _check(op, p, jnp.float32, rng, 40, grouping=o)
+
+
+@pytest.mark.parametrize("op", ["dsd", "dds"])
+def test_ungrouped_plan_runs_with_one_row_per_unit(op):
+    """``g = 1`` (blocks of 32 at 32-row tiles: no grouping fits): the kernel still runs the plan."""
+    rng = np.random.default_rng(4)
+    p = _pattern("random", rng, (5, 4), 32, 0.5)
+    o = Grouping(op=op, n=24, heights=(32,))
+    assert group(p, o).group == 1
+    _check(op, p, jnp.bfloat16, rng, 24, grouping=o)
+
+
+# ------------------------------------------------------------------------------------------------ epilogue
+@pytest.mark.parametrize(
+    "op, axis, activation",
+    [("dsd", 1, "gelu"), ("dsd", 0, "silu"), ("dds", 1, "relu"), ("dds", 1, None)],
+)
+def test_fused_epilogue_matches_the_reference(op, axis, activation):
+    rng = np.random.default_rng(5)
+    p = _pattern("empty_rows", rng, (8, 4), 16)  # empty rows: zero products get the bias and the activation too
+    n = 40
+    data, x, w = _operands(rng, p, op, n, jnp.float32)
+    length = (n if axis == 1 else p.shape[0]) if op == "dsd" else p.shape[1]
+    bias = jnp.asarray(rng.standard_normal(length), jnp.float32)
+    epi = Epilogue(activation, True, axis)
+    got = _run(op, p, data, x, jnp.bfloat16, epi=epi, bias=bias)
+    assert got.dtype == jnp.bfloat16
+    want = _epilogue.reference(_dense(op, w, x), bias, epi, jnp.float32)
+    assert _rel(got.astype(jnp.float32), want) <= TOL[jnp.dtype(jnp.bfloat16)]
+
+
+def test_empty_pattern_is_the_epilogue_of_zero():
+    rng = np.random.default_rng(6)
+    p = _pattern("empty", rng, (4, 3), 16)
+    data, x, _ = _operands(rng, p, "dsd", 24, jnp.float32)
+    bias = jnp.asarray(rng.standard_normal(24), jnp.float32)
+    got = _run("dsd", p, data, x, jnp.float32, epi=Epilogue("relu", True, 1), bias=bias)
+    np.testing.assert_allclose(np.asarray(got), np.broadcast_to(np.maximum(np.asarray(bias), 0), (64, 24)))
+
+
+# ------------------------------------------------------------------------------------------------ through bs.matmul
+@pytest.mark.parametrize("op", ["W @ x", "x @ W"])
+def test_matmul_with_grouped_config_and_gradients_match_dense(op):
+    rng = np.random.default_rng(8)
+    p = _pattern("power_law", rng, (8, 6), 16, 0.4)
+    W = bs.BlockSparseMatrix(p, jnp.asarray(rng.standard_normal((p.nnz_blocks, 16, 16)), jnp.float32))
+    dense = W.to_dense()
+    n = 72  # above the stream kernel's tokens: the grouped kernel runs
+    cfg = TritonConfig(grouped=True)
+    out = 96 if op == "x @ W" else n
+    bias = jnp.asarray(rng.standard_normal(out), jnp.float32)
+
+    def sparse(W, x):
+        a, b = (W, x) if op == "W @ x" else (x, W)
+        return bs.matmul(a, b, bias=bias, activation="gelu_tanh", implementation="pallas", precision=HIGHEST,
+                         config=cfg)  # fmt: skip
+
+    def ref(w, x):
+        return jax.nn.gelu((w @ x if op == "W @ x" else x @ w) + bias)
+
+    x = jnp.asarray(rng.standard_normal((96, n) if op == "W @ x" else (n, 128)), jnp.float32)
+    product = "dsd" if op == "W @ x" else "dds"
+    assert any(k.startswith(f"bs_{product}_grouped_16x16_g") for k in _kernels(sparse, W, x)), _kernels(sparse, W, x)
+    with jax.default_matmul_precision("highest"):
+        got, want = sparse(W, x), ref(dense, x)
+        gW, gx = jax.grad(lambda W, x: (sparse(W, x) ** 2).sum(), argnums=(0, 1))(W, x)
+        rW, rx = jax.grad(lambda w, x: (ref(w, x) ** 2).sum(), argnums=(0, 1))(dense, x)
+    assert _rel(got, want) <= 1e-5
+    assert _rel(gx, rx) <= 1e-5
+    assert _rel(gW.to_dense(), rW * (dense != 0)) <= 1e-5
+
+
+def test_dispatch_runs_grouped_only_when_asked():
+    W = bs.random(jax.random.key(0), (256, 128), 16, 0.25)
+    x, xt = jnp.ones((128, 96)), jnp.ones((96, 256))
+    few = jnp.ones((128, 4))
+
+    def names(cfg, a, b):
+        return _kernels(lambda a, b: bs.matmul(a, b, implementation="pallas", config=cfg), a, b)
+
+    assert any("_grouped_" in k for k in names(TritonConfig(grouped=True), W, x))
+    assert any("_grouped_" in k for k in names(TritonConfig(grouped=True), xt, W))
+    for cfg in (None, TritonConfig(), TritonConfig(grouped=False)):  # the default dispatch is unchanged
+        assert not any("_grouped_" in k for k in names(cfg, W, x) + names(cfg, xt, W))
+    # The stream kernel keeps priority where it runs (few tokens).
+    assert any("_stream_" in k for k in names(TritonConfig(grouped=True, stream=True), W, few))
+    # A plan that does not group (blocks of 128: no tile of 64 or 128 rows holds two) keeps the work list.
+    W128 = bs.random(jax.random.key(1), (256, 256), 128, 0.5)
+    assert grouped_kernel.plan("dsd", W128.pattern, 96).group == 1
+    got = names(TritonConfig(grouped=True), W128, jnp.ones((256, 96)))
+    assert not any("_grouped_" in k for k in got) and any(k.startswith("bs_dsd_128x128") for k in got), got
+
+
+# ------------------------------------------------------------------------------------------------ errors
+def test_invalid_inputs_name_expected_and_actual():
+    rng = np.random.default_rng(9)
+    p = _pattern("random", rng, (4, 3), 16, 0.5)
+    data, x, _ = _operands(rng, p, "dsd", 16, jnp.float32)
+    with pytest.raises(ValueError, match=r"Expected grouped None, True or False\. Got 'yes'"):
+        TritonConfig(grouped="yes")
+    with pytest.raises(ValueError, match=r"contracted dimension 48 .* Got 40"):
+        grouped_kernel.dsd(p, data, jnp.ones((40, 16)), jnp.float32)
+    with pytest.raises(ValueError, match=r"contracted dimension 64 .* Got 48"):
+        grouped_kernel.dds(jnp.ones((16, 48)), p, data, jnp.float32)
+    with pytest.raises(ValueError, match=r"Expected data of shape \(\d+, 16, 16\)"):
+        grouped_kernel.dsd(p, data[:, :8], x, jnp.float32)
+    with pytest.raises(ValueError, match=r"Expected a Grouping of op 'dsd' for dsd\. Got op 'dds'"):
+        grouped_kernel.dsd(p, data, x, jnp.float32, grouping=Grouping(op="dds"))
+    with pytest.raises(ValueError, match=r"without a gate \(glu\)"):
+        grouped_kernel.dsd(p, data, x, jnp.float32, epi=Epilogue("silu", False, 1, True))
+    with pytest.raises(ValueError, match=r"TritonConfig\.tn a power of two >= 16 .* Got 24"):
+        grouped_kernel.dsd(p, data, x, jnp.float32, config=TritonConfig(tn=24))
+
+
+# ------------------------------------------------------------------------------------------------ Triton lowering
+@pytest.mark.skipif(ON_GPU, reason="the GPU runs the kernels for real")
+@pytest.mark.parametrize("op", ["dsd", "dds"])
+@pytest.mark.parametrize("b", [16, 32])
+def test_lowers_to_one_triton_kernel_stacking_the_unit(op, b, monkeypatch, capsys):
+    """The real (not interpreted) kernel through Pallas' Triton lowering: one launch per product; in the loop over
+    slabs, the unit's blocks loaded as one ``g b``-row (``dds``: column) masked gather and one dot of the stacked
+    operand (its Triton IR, printed by the lowering with ``debug=True``)."""
+    from jax.experimental import pallas as pl
+
+    from blocksparse.ops.matmul.triton import common
+
+    p = bs.BlockPattern.power_law(0, (512, 512), (b, b), 1 / 4)
+    g = grouped_kernel.plan(op, p, 256).group
+    assert g * b == 128
+    data = jnp.ones((p.nnz_blocks, b, b), jnp.bfloat16)
+    x = jnp.ones((512, 256), jnp.bfloat16)
+    bias = jnp.ones(512, jnp.float32)
+    names, real = [], pl.pallas_call
+
+    def recording(kernel, **kwargs):
+        names.append(kwargs["name"])
+        return real(kernel, **{**kwargs, "debug": True})
+
+    monkeypatch.setattr(common.pl, "pallas_call", recording)
+    if op == "dsd":
+        fn = lambda d, x: grouped_kernel.dsd(p, d, x, jnp.bfloat16, epi=Epilogue("gelu", True, 0), bias=bias)  # noqa: E731
+        dot, gather = rf"tensor<128x{b}xbf16> \* tensor<{b}x128xbf16>", rf"tensor<128x{b}x!tt\.ptr<bf16>>"
+    else:
+        fn = lambda d, x: grouped_kernel.dds(x.T, p, d, jnp.bfloat16, epi=Epilogue("silu", True, 1), bias=bias)  # noqa: E731
+        dot, gather = rf"tensor<128x{b}xbf16> \* tensor<{b}x128xbf16>", rf"tensor<{b}x128x!tt\.ptr<bf16>>"
+    txt = _lower_for_cuda(fn, data, x)
+    assert txt.count("__gpu$xla.gpu.triton") == 1
+    assert names == [f"bs_{op}_grouped_{b}x{b}_g{g}_{'tn' if op == 'dsd' else 'tb'}128_epi"]
+    ir = capsys.readouterr().out
+    loop = ir[ir.index("scf.for") :]
+    loop = loop[: loop.index("scf.yield")]
+    assert loop.count("tt.dot ") == 1
+    assert re.search(r"tt\.dot .*" + dot + r" -> tensor<128x128xf32>", loop)
+    assert re.search(r"tt\.load .*" + gather + r' "masked_load', loop)
