@@ -1,5 +1,5 @@
 """Every script left in ``benchmarks/`` imports on a CPU machine without torch, has a ``main()``, and keeps to the
-layout: it needs a peer (torch, PyG, sentence-transformers) or an external profiler, edits no ``sys.path``,
+layout: it needs a peer (torch, PyG, sentence-transformers), an external profiler or a GPU, edits no ``sys.path``,
 imports no other script (only the one shared helper, ``peers``) and writes its JSON through blocksparse.bench."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ PEERS = {
     "bench_matmul": "torch",
     "check_llama": "torch, transformers",
     "check_minilm": "sentence-transformers",
+    "grouped_gpu_check": "a GPU (the opt-in grouped kernel checked against dense and timed, before any dispatch rule)",
     "plot": "matplotlib (figures of the results JSON)",
     "profile_kernels": "ncu",
     "train_gnn": "PyG",
