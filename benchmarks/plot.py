@@ -220,6 +220,7 @@ def plot_decode_products(paths, out: str) -> str:
 _ATT = "decode_attention_1b_h200.json"
 _GEN = "decode_gen_norms_h200.json"
 _STEP = "decode_step_attention_1b_h200.json"
+_BATCHES = "decode_gen_batches_h200.json"
 GENERATION_BARS = {
     "pruned, fused, XLA attention": {1: ((_ATT, "attention_xla_vs_cudnn", "b1_fused_xla"),
                                          (_ATT, "attention_xla_vs_cudnn", "b1_dense_xla")),
@@ -240,12 +241,14 @@ GENERATION_BARS = {
         1: ((_GEN, "generate b=64 d=1/8 batch=1 [random weights]", "fused_attention_tokens_per_s"),
             (_GEN, "generate dense batch=1 [random weights]", "tokens_per_s")),
         8: ((_GEN, "generate b=64 d=1/8 batch=8 [random weights]", "fused_attention_tokens_per_s"),
-            (_GEN, "generate b=64 d=1/8 batch=8 [random weights]", "dense_tokens_per_s"))},  # its own run's dense
+            (_GEN, "generate b=64 d=1/8 batch=8 [random weights]", "dense_tokens_per_s")),  # its own run's dense
+        32: ((_BATCHES, 32, "base"), (_BATCHES, 32, "dense"))},
 }  # fmt: skip
 
 
 def plot_decode_generation(results: str, out: str) -> str:
-    """Generation tokens/s of the pruned 1B decoder (b = 64, d = 1/8) over dense JAX, per attention, batch 1 and 8."""
+    """Generation tokens/s of the pruned 1B decoder (b = 64, d = 1/8) over dense JAX, per attention, batch 1 and 8;
+    batch 32 with the Pallas steps only."""
     docs = {}
 
     def tok_s(name, section, key):
@@ -255,6 +258,9 @@ def plot_decode_generation(results: str, out: str) -> str:
             with open(os.path.join(results, name)) as f:
                 docs[name] = json.load(f)
         doc = docs[name]
+        if "loop_ms" in doc:  # rounds of generation loops: {"batch:setup": [ms, ...]}, the mean of the rounds
+            runs = doc["loop_ms"][f"{section}:{key}"]
+            return section * doc["new_tokens"] / (sum(runs) / len(runs) * 1e-3)
         if "results" not in doc:
             return doc[section][key]["tok_s"]
         cell = next(c for c in doc["results"] if c["label"] == section)
@@ -263,13 +269,14 @@ def plot_decode_generation(results: str, out: str) -> str:
             return p["batch"] * p["new_tokens"] / (cell["metrics"]["dense_loop_ms"] * 1e-3)
         return cell["metrics"][key]
 
-    batches = (1, 8)
-    fig, ax = plt.subplots(figsize=(7, 4))
+    batches = (1, 8, 32)
+    fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / len(GENERATION_BARS)
     for i, (label, where) in enumerate(GENERATION_BARS.items()):
-        ratios = [tok_s(*where[b][0]) / tok_s(*where[b][1]) for b in batches]
-        xs = [j + (i - (len(GENERATION_BARS) - 1) / 2) * width for j in range(len(batches))]
-        ax.bar(xs, ratios, width, label=label)
+        measured = [j for j, b in enumerate(batches) if b in where]  # batch 32: the Pallas steps only
+        ratios = [tok_s(*where[batches[j]][0]) / tok_s(*where[batches[j]][1]) for j in measured]
+        xs = [j + (i - (len(GENERATION_BARS) - 1) / 2) * width for j in measured]
+        ax.bar(xs, ratios, width, label=label, color=f"C{i}")
         for x, r in zip(xs, ratios, strict=True):
             ax.annotate(f"{r:.2f}", (x, r), fontsize=7, ha="center", va="bottom")
     for j, target in enumerate((3.0, 2.0)):

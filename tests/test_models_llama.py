@@ -406,8 +406,8 @@ def test_decode_suite_lists_its_cells_and_runs_a_product_checked():
     from blocksparse.bench import decode
 
     cells = decode.suite(**decode.SIZES["tiny"])
-    assert {c.params["kind"] for c in cells} == {"product", "generate"}
-    assert all("[random weights]" in c.label for c in cells if c.params["kind"] == "generate")
+    assert {c.params["kind"] for c in cells} == {"product", "layers", "generate_steps", "generate"}
+    assert all("[random weights]" in c.label for c in cells if c.params["kind"].startswith("generate"))
     assert set(decode.SIZES) == {"tiny", "quick", "full"} and len(decode.cells(full=False)) <= 16
     full = decode.cells(full=True)
     assert len({c.label for c in full}) == len(full) > len(decode.cells(full=False))
@@ -418,6 +418,33 @@ def test_decode_suite_lists_its_cells_and_runs_a_product_checked():
     (gated,) = [c for c in cells if c.params.get("op") == "glu x @ W"]
     m = _run_checked(gated)
     assert m["rel_err"] < 1e-4 and m["gate_first_rel_err"] < 1e-4 and m["gate_first_loop_ms"] > 0
+
+
+def test_decode_suite_layers_cell_checks_every_product_of_the_sequence():
+    from blocksparse.bench import decode
+
+    (cell,) = [c for c in decode.suite(**decode.SIZES["tiny"]) if c.params["kind"] == "layers"]
+    assert cell.params["count"] == 2 and cell.label.startswith("layers 2 x x (2, 128)")
+    m = _run_checked(cell)
+    assert m["rel_err"] < 1e-4 and m["dense_rel_err"] < 1e-4 and m["dense_loop_ms"] > 0 and m["speedup_vs_dense"] > 0
+    if jax.default_backend() == "gpu":  # per product, from a trace; the variants checked and timed
+        assert m["kernel_us"] > 0 and m["busy_us"] >= m["kernel_us"] and m["group1_rel_err"] < 1e-4
+    else:  # the variants need the Triton kernels on a GPU: skipped, with the reason
+        assert "kernel_us" not in m and "needs a GPU" in m["group1_skipped"] and "needs a GPU" in m["worklist_skipped"]
+    full = [c for c in decode.cells(full=True) if c.params["kind"] == "layers"]
+    assert {(c.params["K"], c.params["N"]) for c in full} == set(decode.LAYERS_1B)
+    assert {c.params["count"] for c in full} == {16} and {c.params["n"] for c in full} == {1, 8}
+
+
+@pytest.mark.slow  # two compilations of the generation, the dense model's and the fused pruned one's
+def test_decode_suite_steps_cell_times_the_fastest_pruned_model_checked():
+    from blocksparse.bench import decode
+
+    (cell,) = [c for c in decode.suite(**decode.SIZES["tiny"]) if c.params["kind"] == "generate_steps"]
+    m = _run_checked(cell)
+    assert m["tokens_per_s"] > 0 and m["dense_tokens_per_s"] > 0 and m["speedup_vs_dense"] > 0
+    full = [c.label for c in decode.cells(full=True) if c.params["kind"] == "generate_steps"]
+    assert "generate b=64 d=1/8 batch=32 fused, Pallas steps [random weights]" in full
 
 
 @pytest.mark.slow  # about eight compilations (generation checked twice, timed three ways): `make test-slow`

@@ -20,6 +20,14 @@ Two kinds of cells:
   SwiGLU's down projection on the gate/up product's output ``x (n, 2 K)``: ``(silu(gate) * up) @ W (K, N)``, the gate
   where the kernel loads ``x`` (``bs.matmul(x, W, input_glu="silu")``), against dense ``jnp.dot`` after the gate in
   XLA, and the same sparse product after the gate in XLA (``gate_first_*``);
+- ``layers``: a decoder layer's product ``x (n, K) @ W (K, N)`` at the 1B config's shapes (q/k/v fused, o, gate/up
+  fused, down), ``count`` times in a row with one pattern and ``count`` distinct weights, as a model's step runs it
+  (the weights of a 1B model do not stay in L2 from one layer to the next, where a loop over one product keeps
+  them there). Each product is checked against the float32 dense product; on a GPU ``kernel_us`` is the
+  products' own kernels (named ``bs_*``) and ``busy_us`` every launch of the sequence, per product, from a profiler
+  trace of the Timer's loop; dense ``jnp.dot`` on the same ``count`` weights beside them (``dense_busy_us``). The
+  few-token kernel's launch variants of ``layer_variants`` (sub-tile, parts, warps, blocks per step) and the work
+  list as ``{name}_*``;
 - ``generate``: :func:`blocksparse.models.generate` of a Llama decoder with **random weights** (said in
   every row's label): a prompt then greedy decoding as one jitted program, ``tokens_per_s`` = batch x new
   tokens / the program's time (prefill included; ``prefill_ms`` alone beside it). Dense, and pruned by
@@ -32,7 +40,11 @@ Two kinds of cells:
   cell also times the model with its projections fused (:func:`blocksparse.models.fuse_projections`: q, k, v
   and gate, up one product each; ``fused_*``), its greedy tokens checked against its own logits, and that
   fused model with its one-token steps' rotary embedding, cache update and attention in one launch per layer
-  (:func:`blocksparse.ops.attention.decode_step_attention`, ``fused_attention_*``), checked the same way.
+  (:func:`blocksparse.ops.attention.decode_step_attention`, ``fused_attention_*``), checked the same way;
+- ``generate_steps``: the fastest pruned model alone (fused, Pallas steps: the last variant of a ``generate``
+  cell), its greedy tokens checked against its own logits, timed against the dense model in the same process
+  (``speedup_vs_dense``) and traced; a cell that fits one short command where the ``generate`` cell at batch 32
+  (five models compiled and timed) does not.
 
 Quick (CPU) sizes: a tiny decoder and small products, in seconds. Full sizes (GPU, bf16): the 1B-class
 config (hidden 2048, 16 layers, 32 heads and 8 KV heads, FFN 8192, vocabulary 32000) at batch 1, 8 and 32
@@ -52,7 +64,7 @@ import numpy as np
 
 import blocksparse as bs
 
-from ._core import Cell, CellFailed, Timer, check_close, implementation, missing, ratio, tolerance, variant
+from ._core import Cell, CellFailed, Timer, check_close, implementation, measure, missing, ratio, tolerance, variant
 from ._trace import kernel_us, trace_loop
 
 #: A 1B-class Llama (the shape of TinyLlama-1.1B's layers with a 2048 context): the full mode's model.
@@ -90,19 +102,30 @@ GATED_INPUT_VARIANTS = {
     "group1": dict(stream_group=1),
     **{k: STREAM_VARIANTS[k] for k in ("stages2", "group2", "warps2", "warps8", "tile64")},
 }
+#: The few-token kernel's variants a ``layers`` cell times (TritonConfig fields, each with ``stream=True``): more and
+#: fewer programs, split walks, warps, one block a step.
+LAYER_VARIANTS = {k: STREAM_VARIANTS[k] for k in ("tile16", "tile64", "split2", "split4", "warps2")} | {
+    "tile16_warps2": dict(tn=16, num_warps=2), "group1": dict(stream_group=1)}  # fmt: skip
+#: The 1B config's layer products ``(K, N)``: q/k/v fused, o, gate/up fused, down.
+LAYERS_1B = ((2048, 3072), (2048, 2048), (2048, 16384), (8192, 2048))
 #: Named sizes: ``tiny`` for tests, ``quick`` for the CPU default, ``full`` for the GPU figures.
 SIZES = {
     "tiny": dict(products=((128, 256),), ns=(4,), blocks=(32,), densities=(1 / 4,), ops=("x @ W",), gated=(),
                  gated_input=(dict(K=128, N=64, n=2, block_size=32, density=1 / 4),),
                  variants={"group1": dict(stream_group=1)}, tune=None,
+                 layers=dict(shapes=((128, 128),), ns=(2,), blocks=(32,), densities=(1 / 4,), count=2,
+                             variants={"group1": dict(stream_group=1)}),
                  model=dict(LLAMA_TINY, vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=32),
                  batches=(2,), prompt=4, new_tokens=4, gen_blocks=(16,),
-                 gen_densities=(1 / 4,), dtype="float32"),
+                 gen_densities=(1 / 4,), steps=dict(batches=(2,), prunings=((16, 1 / 4),)), dtype="float32"),
     "quick": dict(products=((256, 512), (512, 256)), ns=(1, 16), blocks=(32,), densities=(1 / 4,),
                   ops=("x @ W", "W @ x"), variants={"group1": dict(stream_group=1)}, tune=None,
                   gated=(dict(K=256, N=512, n=1, block_size=32, density=1 / 4),),
-                  gated_input=(dict(K=256, N=128, n=1, block_size=32, density=1 / 4),), model=LLAMA_TINY,
-                  batches=(1, 4), prompt=8, new_tokens=8, gen_blocks=(16,), gen_densities=(1 / 4,), dtype="float32"),
+                  gated_input=(dict(K=256, N=128, n=1, block_size=32, density=1 / 4),),
+                  layers=dict(shapes=((256, 256),), ns=(1,), blocks=(32,), densities=(1 / 4,), count=2,
+                              variants={"group1": dict(stream_group=1)}),
+                  model=LLAMA_TINY, batches=(1, 4), prompt=8, new_tokens=8, gen_blocks=(16,), gen_densities=(1 / 4,),
+                  steps=dict(batches=(), prunings=()), dtype="float32"),
     "full": dict(products=((4096, 14336), (14336, 4096)), ns=(1, 16, 64), blocks=(16, 32, 64, 128),
                  densities=(1 / 4, 1 / 8, 1 / 16), ops=("x @ W", "W @ x"), variants=STREAM_VARIANTS, tune=(1, 1 / 8),
                  gated=tuple(dict(K=k, N=f, n=n, block_size=b, density=d) for k, f in ((2048, 16384), (4096, 28672))
@@ -110,8 +133,11 @@ SIZES = {
                  gated_input=tuple(dict(K=f, N=h, n=n, block_size=b, density=d)
                                    for f, h in ((8192, 2048), (14336, 4096))
                                    for n in (1, 8, 32) for b in (32, 64) for d in (1 / 4, 1 / 8)),
+                 layers=dict(shapes=LAYERS_1B, ns=(1, 8), blocks=(64,), densities=(1 / 8,), count=16,
+                             variants=LAYER_VARIANTS),
                  model=LLAMA_1B, batches=(1, 8, 32), prompt=128, new_tokens=128,
-                 gen_blocks=(32, 64), gen_densities=(1 / 4, 1 / 8), dtype="bfloat16"),
+                 gen_blocks=(32, 64), gen_densities=(1 / 4, 1 / 8),
+                 steps=dict(batches=(1, 8, 32), prunings=((64, 1 / 8),)), dtype="bfloat16"),
 }  # fmt: skip
 
 #: Columns of this suite's table: (header, metric key, format).
@@ -141,10 +167,10 @@ def cells(*, full: bool) -> list[Cell]:
     return suite(**SIZES["full" if full else "quick"])
 
 
-def suite(*, products, ns, blocks, densities, ops, variants, tune, gated, gated_input, model, batches, prompt,
-          new_tokens, gen_blocks, gen_densities, dtype) -> list[Cell]:  # fmt: skip
-    """The cells of one size: every product, the gated ones (output, then input), then generation at every batch
-    (dense, then each pruning)."""
+def suite(*, products, ns, blocks, densities, ops, variants, tune, gated, gated_input, layers, model, batches, prompt,
+          new_tokens, gen_blocks, gen_densities, steps, dtype) -> list[Cell]:  # fmt: skip
+    """The cells of one size: every product, the gated ones (output, then input), the layer sequences, the fastest
+    pruned models alone (``steps``), then generation at every batch (dense, then each pruning)."""
     out = []
     for op in ops:
         for k, n_out in products:
@@ -173,7 +199,22 @@ def suite(*, products, ns, blocks, densities, ops, variants, tune, gated, gated_
         label = (f"silu-gated x ({g['n']}, {2 * g['K']}) @ W ({g['K']}, {g['N']}) b={g['block_size']} "
                  f"d={density_label(g['density'])}")  # fmt: skip
         out.append(Cell("decode", label, params, functools.partial(_product, params)))
+    for n in layers["ns"]:
+        for k, n_out in layers["shapes"]:
+            for b in layers["blocks"]:
+                for d in layers["densities"]:
+                    params = dict(kind="layers", op="x @ W", K=k, N=n_out, n=n, block_size=b, density=d, dtype=dtype,
+                                  count=layers["count"], variants=layers["variants"])  # fmt: skip
+                    label = f"layers {layers['count']} x x ({n}, {k}) @ W ({k}, {n_out}) b={b} d={density_label(d)}"
+                    out.append(Cell("decode", label, params, functools.partial(_layers, params)))
     ctx = _Generation(model, prompt, new_tokens, dtype)
+    for batch in steps["batches"]:
+        for b, d in steps["prunings"]:
+            params = dict(kind="generate_steps", batch=batch, prompt=prompt, new_tokens=new_tokens, block_size=b,
+                          density=d, dtype=dtype, weights="random",
+                          **{f"model_{k}": v for k, v in model.items()})  # fmt: skip
+            label = f"generate b={b} d={density_label(d)} batch={batch} fused, Pallas steps [random weights]"
+            out.append(Cell("decode", label, params, functools.partial(_generate_steps, ctx, batch, b, d)))
     for batch in batches:
         for b, d in [(None, None)] + [(b, d) for b in gen_blocks for d in gen_densities]:
             params = dict(kind="generate", batch=batch, prompt=prompt, new_tokens=new_tokens, block_size=b, density=d,
@@ -294,6 +335,55 @@ def _product(p: dict, timer: Timer) -> dict:
     return out
 
 
+def _layers(p: dict, timer: Timer) -> dict:
+    """A ``layers`` cell (see the module docstring): ``count`` products of one pattern, distinct weights."""
+    from ..ops.matmul.triton import TritonConfig
+
+    dtype = jnp.dtype(p["dtype"])
+    k, n_out, n, b, d, count = p["K"], p["N"], p["n"], p["block_size"], p["density"], p["count"]
+    pattern = bs.BlockPattern.random(0, (k, n_out), (b, b), d)
+    shape = (pattern.nnz_blocks, b, b)
+    Ws = [bs.BlockSparseMatrix(pattern, (0.05 * jax.random.normal(jax.random.key(i), shape)).astype(dtype))
+          for i in range(count)]  # fmt: skip
+    x = jax.random.normal(jax.random.key(count), (n, k), jnp.float32).astype(dtype)
+    dense_ws = [W.to_dense() for W in Ws]
+    want = [jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+            for w in dense_ws]  # fmt: skip
+    tol = None if dtype == jnp.float32 else 2 * tolerance(dtype)
+
+    def sequence(x, Ws, config=None):
+        return [bs.matmul(x, W, config=config) for W in Ws]
+
+    def dense_sequence(x, ws):
+        return [_dense(x, w) for w in ws]
+
+    def per_product(fn, *args) -> dict:  # the products' kernels and every launch, per product
+        t = trace_loop(fn, args, timer, timer.iters)
+        if not t.get("events"):
+            return {}
+        own = sum(us for name, (_, us) in t["events"].items() if name.startswith("bs_"))
+        return {"kernel_us": own / count, "busy_us": t["busy_us"] / count}
+
+    out = measure(timer, sequence, x, Ws, want=want, dtype=dtype, tol=tol, what=f"{count} products")
+    out.update(variant(timer, "dense", dense_sequence, x, dense_ws, want=want, dtype=dtype, tol=tol,
+                       what=f"{count} dense products"))  # fmt: skip
+    gpu = missing("gpu") is None
+    if gpu:
+        out.update(per_product(sequence, x, Ws))
+        out.update({f"dense_{k}": v for k, v in per_product(dense_sequence, x, dense_ws).items()})
+        ratio(out, "dense_busy_us", "busy_us", "busy_speedup_vs_dense")
+    for name, fields in {"worklist": dict(stream=False), **p["variants"]}.items():
+        fields = fields if name == "worklist" else dict(stream=True, **fields)
+        run = functools.partial(sequence, config=TritonConfig(**fields))
+        got = variant(timer, name, run, x, Ws, needs="gpu", want=want, dtype=dtype, tol=tol, what=name)
+        if gpu and f"{name}_loop_ms" in got:
+            got.update({f"{name}_{k}": v for k, v in per_product(run, x, Ws).items()})
+        out.update(got)
+        ratio(out, f"{name}_busy_us", "busy_us", f"{name}_time_ratio")  # > 1: the default is faster
+    out["speedup_vs_dense"] = out["dense_loop_ms"] / out["loop_ms"]
+    return out
+
+
 # -- generation ---------------------------------------------------------------------------------------
 class _Generation:
     """What the generation cells share, built on first use: the dense model, the prompts, the pruned models."""
@@ -387,6 +477,23 @@ def _timed_variant(ctx: _Generation, run, model, prompts, batch: int, timer: Tim
     loop_ms = timer.loop(run, model, prompts, iters=iters)
     out = {f"{prefix}loop_ms": loop_ms, f"{prefix}tokens_per_s": batch * ctx.new_tokens / (loop_ms * 1e-3)}
     out.update(_traced(run, model, prompts, timer, ctx.new_tokens, iters, prefix))
+    return out
+
+
+def _generate_steps(ctx: _Generation, batch: int, b, d, timer: Timer) -> dict:
+    """A ``generate_steps`` cell: the pruned model fused, with its Pallas steps, against the dense model."""
+    from ..models import fuse_projections
+
+    model = fuse_projections(ctx.pruned(b, d)).with_attention("pallas")
+    prompts = ctx.prompts(batch)
+    iters = min(timer.iters, GENERATE_ITERS)
+    with bs.dispatch_log() as log:
+        out = _timed_variant(ctx, ctx.run, model, prompts, batch, timer, iters, "", "generation, Pallas steps")
+    out["implementation"] = implementation(log)
+    out["calls_ms"] = timer.calls(ctx.run, model, prompts, iters=iters)
+    out["dense_loop_ms"] = ctx.dense_loop_ms(batch, timer)
+    out["dense_tokens_per_s"] = batch * ctx.new_tokens / (out["dense_loop_ms"] * 1e-3)
+    out["speedup_vs_dense"] = out["dense_loop_ms"] / out["loop_ms"]
     return out
 
 
