@@ -2,11 +2,13 @@
 
 CPU (CI): its logic in Pallas' interpreter against the dense product (blocks of 16 and 32, square and not,
 float32 and bfloat16, empty and full patterns, adversarial ones, power-law ones, both grouping methods and every
-unit size, ``g = 1`` included), the fused epilogue against the XLA reference, gradients through ``bs.matmul``, the
-dispatch (only ``TritonConfig(grouped=True)`` runs it, the stream kernel keeps priority, a plan that does not group
-keeps the work list), its errors, and its Triton lowering (one launch, the stacked operand one masked gather load
-and one dot per slab). An output row the kernel never wrote would read NaN in the interpreter: every comparison
-also checks that every value is finite.
+unit size, ``g = 1`` included; 1, 2 and 4 slabs per loop step, on units whose slab count is not a multiple of it,
+empty units, a unit of one full row and one of a single block column), the fused epilogue against the XLA
+reference, gradients through ``bs.matmul``, the dispatch (only ``TritonConfig(grouped=True)`` runs it, the stream
+kernel keeps priority, a plan that does not group keeps the work list), the default slabs per step, its errors, and
+its Triton lowering (one launch; per loop step, the stacked operand one masked gather load, ``x``'s slab or slabs
+one load, and one dot, at one slab per step and at the default). An output row the kernel never wrote would read
+NaN in the interpreter: every comparison also checks that every value is finite.
 """
 
 from __future__ import annotations
@@ -76,8 +78,8 @@ def _operands(rng, p: bs.BlockPattern, op: str, n: int, dtype):
     return data, x, bs.BlockSparseMatrix(p, data).to_dense().astype(jnp.float32)
 
 
-def _run(op: str, p, data, x, dtype, grouping=None, config=None, epi=None, bias=None):
-    prec = dict(exact=True, config=config, epi=epi, bias=bias, grouping=grouping)
+def _run(op: str, p, data, x, dtype, grouping=None, config=None, epi=None, bias=None, slabs=None):
+    prec = dict(exact=True, config=config, epi=epi, bias=bias, grouping=grouping, slabs=slabs)
     if op == "dsd":
         return grouped_kernel.dsd(p, data, x, dtype, **prec)
     return grouped_kernel.dds(x, p, data, dtype, **prec)
@@ -89,9 +91,9 @@ def _dense(op: str, w, x):
         return w @ x if op == "dsd" else x @ w
 
 
-def _check(op, p, dtype, rng, n, grouping=None, config=None) -> float:
+def _check(op, p, dtype, rng, n, grouping=None, config=None, slabs=None) -> float:
     data, x, w = _operands(rng, p, op, n, dtype)
-    got = _run(op, p, data, x, dtype, grouping, config)
+    got = _run(op, p, data, x, dtype, grouping, config, slabs=slabs)
     assert got.dtype == jnp.dtype(dtype)
     err = _rel(got.astype(jnp.float32), _dense(op, w, x))
     assert err <= TOL[jnp.dtype(dtype)], err
@@ -116,13 +118,15 @@ def _kernels(fn, *args) -> list[str]:
     heights=st.sampled_from([(64, 128), (64,), (128,), (32,)]),
     methods=st.sampled_from([("contiguous", "greedy"), ("contiguous",), ("greedy",)]),
     tile=st.sampled_from([None, 16, 64]),
+    slabs=st.sampled_from([1, 2, 4]),
     dtype=st.sampled_from([jnp.float32, jnp.bfloat16]),
     seed=st.integers(0, 2**16),
 )
-def test_grouped_matches_the_dense_product(kind, op, block, gm, gk, n, density, heights, methods, tile, dtype, seed):
+def test_grouped_matches_the_dense_product(kind, op, block, gm, gk, n, density, heights, methods, tile, slabs, dtype,
+                                           seed):  # fmt: skip
     rng = np.random.default_rng(seed)
     p = _pattern(kind, rng, (gm, gk), block, density)
-    cfg = TritonConfig(tn=tile, tb=tile)
+    cfg = TritonConfig(tn=tile, tb=tile, grouped_slabs=slabs)  # slabs per loop step through the config
     o = Grouping(op=op, n=n, tn=tile or 128, heights=heights, methods=methods)
     plan = group(p, o)
     assert plan.method in (*methods, "ungrouped")
@@ -178,6 +182,61 @@ def test_ungrouped_plan_runs_with_one_row_per_unit(op):
     o = Grouping(op=op, n=24, heights=(32,))
     assert group(p, o).group == 1
     _check(op, p, jnp.bfloat16, rng, 24, grouping=o)
+
+
+# ------------------------------------------------------------------------------------------------ slabs per step
+#: Units of consecutive block rows (``g`` rows each), their slabs (distinct block columns) in a 7-column pattern:
+#: an empty unit, one full row (7 slabs), one block column in every row (1), rows meeting in part (4: a multiple of
+#: 2 and 4, slots missing columns) and 3 slabs (a tail at 2 and at 4).
+EDGE_UNITS = (
+    [()],
+    [tuple(range(7))],
+    [(3,), (3,), (3,), (3,)],
+    [(0, 1), (1, 2, 5), (), (5,)],
+    [(0, 2), (4,), (), (2,)],
+)
+EDGE_SLABS = [0, 7, 1, 4, 3]
+SLAB_CASES = [(op, k, b, dt) for op in ("dsd", "dds") for k in (1, 2, 4) for b in (16, 32) for dt in ("f32", "bf16")]
+SLAB_QUICK = [("dsd", 1, 16, "f32"), ("dsd", 2, 32, "bf16"), ("dsd", 4, 16, "bf16"), ("dds", 1, 32, "bf16"),
+              ("dds", 2, 16, "f32"), ("dds", 4, 32, "f32")]  # fmt: skip
+
+
+def _edge_pattern(g: int, b: int, op: str) -> bs.BlockPattern:
+    """:data:`EDGE_UNITS` as a pattern of ``5 g`` block rows (``dds``: its transpose, units of block columns)."""
+    mask = np.zeros((5 * g, 7), bool)
+    for u, rows in enumerate(EDGE_UNITS):
+        for r, cols in enumerate(rows[:g]):
+            mask[u * g + r, list(cols)] = True
+    return bs.BlockPattern.from_mask(mask if op == "dsd" else mask.T, (b, b))
+
+
+@sweep("op, slabs, b, dtype", SLAB_CASES, quick=SLAB_QUICK)
+def test_slabs_per_step_on_edge_units(op, slabs, b, dtype):
+    """``slabs`` slabs per loop step on units of 0, 7, 1, 4 and 3 slabs: a tail masked in the last step wherever the
+    count is not a multiple of ``slabs``, an empty unit writing zeros (every output row checked), one full row,
+    one block column. The quick run covers each ``slabs`` with both products, both blocks and both dtypes."""
+    g = 64 // b
+    p = _edge_pattern(g, b, op)
+    o = Grouping(op=op, n=40, methods=("contiguous",), heights=(64,))
+    plan = group(p, o)
+    assert (plan.group, np.diff(plan.unit_start).tolist()) == (g, EDGE_SLABS), plan
+    rng = np.random.default_rng(slabs * b)
+    _check(op, p, jnp.float32 if dtype == "f32" else jnp.bfloat16, rng, 40, grouping=o, slabs=slabs)
+
+
+def test_default_slabs_per_step():
+    """A 64-deep dot per step by default (the contracted block side: ``bw`` for ``W @ x``, ``bh`` for ``x @ W``);
+    the config's ``grouped_slabs``, then the call's ``slabs``, override it; the kernel's name says which ran."""
+    per_step = grouped_kernel.slabs_per_step
+    assert [per_step("dsd", (b, b)) for b in (16, 32, 64, 128)] == [4, 2, 1, 1]
+    assert (per_step("dsd", (16, 32)), per_step("dds", (16, 32))) == (2, 4)
+    assert per_step("dsd", (16, 16), TritonConfig(grouped_slabs=1)) == 1
+    assert per_step("dds", (16, 16), TritonConfig(grouped_slabs=1), slabs=8) == 8
+    p = _pattern("full", np.random.default_rng(0), (8, 4), 16)
+    data, x = jnp.ones((p.nnz_blocks, 16, 16)), jnp.ones((64, 24))
+    for cfg, want in ((None, "s4"), (TritonConfig(grouped_slabs=2), "s2")):
+        names = _kernels(lambda d, x, cfg=cfg: grouped_kernel.dsd(p, d, x, jnp.float32, config=cfg), data, x)
+        assert names == [f"bs_dsd_grouped_16x16_g8_{want}_tn32"], names
 
 
 # ------------------------------------------------------------------------------------------------ epilogue
@@ -280,23 +339,36 @@ def test_invalid_inputs_name_expected_and_actual():
         grouped_kernel.dsd(p, data, x, jnp.float32, epi=Epilogue("silu", False, 1, True))
     with pytest.raises(ValueError, match=r"TritonConfig\.tn a power of two >= 16 .* Got 24"):
         grouped_kernel.dsd(p, data, x, jnp.float32, config=TritonConfig(tn=24))
+    for bad in (0, 3, True, 2.0):
+        with pytest.raises(ValueError, match=rf"Expected grouped_slabs None or a power of two >= 1\. Got {bad!r}"):
+            TritonConfig(grouped_slabs=bad)
+    with pytest.raises(ValueError, match=r"Expected slabs a power of two >= 1 \(slabs per loop step\)\. Got 6"):
+        grouped_kernel.dsd(p, data, x, jnp.float32, slabs=6)
+    with pytest.raises(ValueError, match=r"Expected slabs a power of two >= 1 \(slabs per loop step\)\. Got 0"):
+        grouped_kernel.dds(jnp.ones((16, 64)), p, data, jnp.float32, slabs=0)
+    with pytest.raises(ValueError, match=r"Expected op 'dsd' or 'dds'\. Got 'sdd'"):
+        grouped_kernel.slabs_per_step("sdd", (16, 16))
 
 
 # ------------------------------------------------------------------------------------------------ Triton lowering
 @pytest.mark.skipif(ON_GPU, reason="the GPU runs the kernels for real")
 @pytest.mark.parametrize("op", ["dsd", "dds"])
 @pytest.mark.parametrize("b", [16, 32])
-def test_lowers_to_one_triton_kernel_stacking_the_unit(op, b, monkeypatch, capsys):
-    """The real (not interpreted) kernel through Pallas' Triton lowering: one launch per product; in the loop over
-    slabs, the unit's blocks loaded as one ``g b``-row (``dds``: column) masked gather and one dot of the stacked
-    operand (its Triton IR, printed by the lowering with ``debug=True``)."""
+@pytest.mark.parametrize("slabs", [1, None])
+def test_lowers_to_one_triton_kernel_stacking_the_unit(op, b, slabs, monkeypatch, capsys):
+    """The real (not interpreted) kernel through Pallas' Triton lowering: one launch per product; in the loop, per
+    step, the unit's blocks loaded as one ``g b``-row (``dds``: column) masked gather, ``x`` in one load, and one dot
+    of the stacked operand (its Triton IR, printed by the lowering with ``debug=True``). At one slab per step the
+    dot's contracted side is ``b``; at the default, ``k = 64 / b`` slabs make it 64: the gather a 4-D load
+    ``(g, b, k, b)`` (``dds``: ``(k, b, g, b)``) reshaped to the operand, ``x``'s ``k`` slabs one masked load."""
     from jax.experimental import pallas as pl
 
     from blocksparse.ops.matmul.triton import common
 
     p = bs.BlockPattern.power_law(0, (512, 512), (b, b), 1 / 4)
     g = grouped_kernel.plan(op, p, 256).group
-    assert g * b == 128
+    k = grouped_kernel.slabs_per_step(op, (b, b), slabs=slabs)
+    assert g * b == 128 and k * b == (b if slabs == 1 else 64)
     data = jnp.ones((p.nnz_blocks, b, b), jnp.bfloat16)
     x = jnp.ones((512, 256), jnp.bfloat16)
     bias = jnp.ones(512, jnp.float32)
@@ -307,18 +379,28 @@ def test_lowers_to_one_triton_kernel_stacking_the_unit(op, b, monkeypatch, capsy
         return real(kernel, **{**kwargs, "debug": True})
 
     monkeypatch.setattr(common.pl, "pallas_call", recording)
+    epi = Epilogue("gelu", True, 0) if op == "dsd" else Epilogue("silu", True, 1)
     if op == "dsd":
-        fn = lambda d, x: grouped_kernel.dsd(p, d, x, jnp.bfloat16, epi=Epilogue("gelu", True, 0), bias=bias)  # noqa: E731
-        dot, gather = rf"tensor<128x{b}xbf16> \* tensor<{b}x128xbf16>", rf"tensor<128x{b}x!tt\.ptr<bf16>>"
+        fn = lambda d, x: grouped_kernel.dsd(p, d, x, jnp.bfloat16, epi=epi, bias=bias, slabs=slabs)  # noqa: E731
+        gather = f"128x{b}" if k == 1 else f"{g}x{b}x{k}x{b}"
     else:
-        fn = lambda d, x: grouped_kernel.dds(x.T, p, d, jnp.bfloat16, epi=Epilogue("silu", True, 1), bias=bias)  # noqa: E731
-        dot, gather = rf"tensor<128x{b}xbf16> \* tensor<{b}x128xbf16>", rf"tensor<{b}x128x!tt\.ptr<bf16>>"
+        fn = lambda d, x: grouped_kernel.dds(x.T, p, d, jnp.bfloat16, epi=epi, bias=bias, slabs=slabs)  # noqa: E731
+        gather = f"{b}x128" if k == 1 else f"{k}x{b}x{g}x{b}"
+    depth = k * b
     txt = _lower_for_cuda(fn, data, x)
     assert txt.count("__gpu$xla.gpu.triton") == 1
-    assert names == [f"bs_{op}_grouped_{b}x{b}_g{g}_{'tn' if op == 'dsd' else 'tb'}128_epi"]
+    assert names == [f"bs_{op}_grouped_{b}x{b}_g{g}_s{k}_{'tn' if op == 'dsd' else 'tb'}128_epi"]
     ir = capsys.readouterr().out
     loop = ir[ir.index("scf.for") :]
     loop = loop[: loop.index("scf.yield")]
     assert loop.count("tt.dot ") == 1
-    assert re.search(r"tt\.dot .*" + dot + r" -> tensor<128x128xf32>", loop)
-    assert re.search(r"tt\.load .*" + gather + r' "masked_load', loop)
+    assert re.search(rf"tt\.dot .*tensor<128x{depth}xbf16> \* tensor<{depth}x128xbf16> -> tensor<128x128xf32>", loop)
+    loads = re.findall(r"tt\.load .*: tensor<([0-9x]+)x!tt\.ptr<bf16>> \"(\w+)", loop)  # (shape, kind) of W's and x's
+    if op == "dsd":  # x's slabs: one row block (k = 1), else k rows blocks gathered, the tail masked
+        xs = (f"{depth}x128", "get" if k == 1 else "masked_load")
+    else:  # one column block (k = 1), else k column blocks as (rows, slab, column), reshaped
+        xs = (f"128x{b}", "get") if k == 1 else (f"128x{k}x{b}", "masked_load")
+    assert sorted(loads) == sorted([(gather, "masked_load"), xs]), loads  # the unit's blocks: one gather
+    if k > 1:  # the 4-D gather reshaped into the dot's stacked operand
+        operand = f"128x{depth}" if op == "dsd" else f"{depth}x128"
+        assert re.search(rf"tt\.reshape .*tensor<{gather}xbf16> -> tensor<{operand}xbf16>", loop), loop

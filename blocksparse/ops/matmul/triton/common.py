@@ -60,7 +60,14 @@ class TritonConfig:
             :func:`~..grouped.group`, each unit's blocks of a column stacked into one 64- or 128-row dot against a
             slab of ``x`` loaded once. ``True``: wherever the plan groups (``group > 1``; else the work-list
             kernel runs), the stream kernel keeping priority where it runs (few tokens). ``None`` / ``False``: never
-            (the default: no GPU measurement of it yet). Its tile is ``tn`` (``W @ x``) or ``tb`` (``x @ W``).
+            (the default: at one slab per loop step it measured 2-3x slower than the work-list kernel on an H200;
+            several slabs per step, ``grouped_slabs``, are not yet measured). Its tile is ``tn`` (``W @ x``) or
+            ``tb`` (``x @ W``).
+        grouped_slabs: ``k``, the slabs (distinct block columns of a unit; ``x @ W``: block rows) the grouped kernel
+            takes per loop step: one gather-loaded operand ``k`` blocks wide and one dot contracted over ``k b``
+            (a power of two >= 1; a unit's last step masks the slabs past its end). ``None``: ``64 // b`` of the
+            contracted block side (4 at b = 16, 2 at 32, 1 from 64); ``1``: one ``K = b`` dot per step, the form
+            measured on the H200.
     """
 
     tn: int | None = None
@@ -78,6 +85,7 @@ class TritonConfig:
     stream_split: int | None = None
     stream_fma: bool | None = None
     grouped: bool | None = None
+    grouped_slabs: int | None = None
 
     #: The backend this config configures (``implementation="pallas"``).
     backend: ClassVar[str] = "pallas"
@@ -93,6 +101,9 @@ class TritonConfig:
             raise ValueError(f"Expected stream_split >= 1. Got {self.stream_split}.")
         if self.grouped not in (None, True, False):
             raise ValueError(f"Expected grouped None, True or False. Got {self.grouped!r}.")
+        k = self.grouped_slabs
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1 or k & (k - 1)):
+            raise ValueError(f"Expected grouped_slabs None or a power of two >= 1. Got {k!r}.")
 
 
 def _tile(n: int, preferred: int) -> int:
