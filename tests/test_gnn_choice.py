@@ -55,11 +55,6 @@ def _times(m: tuned.Measured, family: str, dtype: str) -> tuple[float | None, fl
         assert (g["nodes"], g["edges"], g["max_in_degree"]) == (m.nodes, m.edges, m.max_in_degree), m
         assert "pallas" in rows["ours"]["implementation"]
         return rows["ours"]["ms"], rows["jax-segment"].get("ms")
-    if m.results == "spmm_packed_h200.json":  # every nodes-per-program of the kernel against XLA
-        g = doc["graphs"]["arxiv-like"]
-        assert (g["nodes"], g["edges"]) == (m.nodes, m.edges)
-        rows = [r for r in doc["rows"] if r["graph"] == "arxiv-like" and r["dtype"] == dtype]
-        return min(r["ms"] for r in rows if r["impl"] == "pallas"), next(r["ms"] for r in rows if r["impl"] == "xla")
     # the variant sweeps on the power-law graph: the default (or named) variant against XLA
     assert (doc["graph"]["nodes"], doc["graph"]["edges"]) == (m.nodes, m.edges)
     op = {"spmm": "spmm", "aggregate": "max"}[family]
@@ -91,60 +86,77 @@ def test_only_the_h200_has_choices():
 
 
 FULL = "gnn_full_small_float32_h200.json"  # the full table's run: city-roads-L and ogbn-arxiv, float32
-#: The full run's cells where the default does not run the faster backend: SpMM is one family, chosen by its
-#: ``spmm_sum`` cell (measured_from), and on city-roads-L the GCN norm's XLA path was the faster one.
-FULL_MISSES = {"city-roads-L float32 as generated spmm_gcn fwd", "city-roads-L float32 as generated spmm_gcn fwd+bwd"}
+FULL_BF16 = "gnn_full_small_bfloat16_h200.json"  # the same graphs in bfloat16 (cut short after 25 of 28 cells)
+FULL_POWER_LAW = "gnn_full_power_law_float32_h200.json"  # the power-law graph, float32 (cut short: 11 of 14 cells)
+#: The full runs' JSONs: (the cells each holds, the entries per tuned key it gives, the cells where the default does
+#: not run the faster backend). SpMM is one family, chosen by its ``spmm_sum`` cell (measured_from), and on
+#: city-roads-L the GCN norm's XLA path was the faster one, in both dtypes.
+FULL_RUNS = {
+    FULL: (28, {2: 7}, {"city-roads-L float32 as generated spmm_gcn fwd",
+                        "city-roads-L float32 as generated spmm_gcn fwd+bwd"}),
+    FULL_BF16: (25, {2: 4, 1: 3}, {"city-roads-L bfloat16 as generated spmm_gcn fwd",
+                                   "city-roads-L bfloat16 as generated spmm_gcn fwd+bwd"}),
+    FULL_POWER_LAW: (11, {1: 4}, set()),
+}  # fmt: skip
+_FAMILY = {"spmm_sum": "spmm", "spmm_mean": "spmm", "spmm_gcn": "spmm", "max": "aggregate", "min": "aggregate",
+           "gatv2": "gatv2", "graph_attention": "graph_attention"}  # fmt: skip
 
 
-def test_the_full_runs_cells_are_the_tuned_data():
-    """The entries naming the full run are exactly what ``measured_from`` reads from its JSON (every family and pass
-    it measured); no older entry of those graphs and dtype is left for those keys; and with them, the default runs
-    the faster backend of the same run in every cell but ``FULL_MISSES`` (SpMM's backward by ``g.T``'s degrees)."""
-    doc = _json(FULL)
-    got = suite.measured_from(doc, FULL)
-    ours = {k: tuple(m for m in v if m.results == FULL) for k, v in tuned.CHOICES[H200].items()}
+@pytest.mark.parametrize("name", sorted(FULL_RUNS))
+def test_the_full_runs_cells_are_the_tuned_data(name):
+    """The entries naming a full run are exactly what ``measured_from`` reads from its JSON (every family and pass
+    it measured); no older entry of its graphs and dtype is left for those keys; and with them, the default runs
+    the faster backend of the same run in every cell but the run's misses (SpMM's backward by ``g.T``'s degrees)."""
+    cells, sizes, misses = FULL_RUNS[name]
+    doc = _json(name)
+    got = suite.measured_from(doc, name)
+    ours = {k: tuple(m for m in v if m.results == name) for k, v in tuned.CHOICES[H200].items()}
     assert {k: tuple(v) for k, v in got.items()} == {k: v for k, v in ours.items() if v}
-    assert len(got) == 7 and all(len(v) == 2 for v in got.values())
+    assert {n: sum(len(v) == n for v in got.values()) for n in sizes} == sizes and len(got) == sum(sizes.values())
+    graphs = {r["params"]["graph"] for r in doc["results"]}
     for key in got:  # the same graphs and dtype measured by an older run: replaced, not kept beside
-        older = [m for m in tuned.CHOICES[H200][key] if m.results != FULL]
-        assert not [m for m in older if m.graph in ("city-roads-L", "ogbn-arxiv")], key
-    graphs = {name: bs.gnn.paper_graph(name) for name in ("city-roads-L", "ogbn-arxiv")}
-    family = {"spmm_sum": "spmm", "spmm_mean": "spmm", "spmm_gcn": "spmm", "max": "aggregate", "min": "aggregate",
-              "gatv2": "gatv2", "graph_attention": "graph_attention"}  # fmt: skip
-    assert len(doc["results"]) == 28
+        older = [m for m in tuned.CHOICES[H200][key] if m.results != name]
+        assert not [m for m in older if m.graph in graphs], key
+    graphs = {g: suite.graph(g) for g in graphs}
+    assert len(doc["results"]) == cells
     for r in doc["results"]:
         prm, met = r["params"], r["metrics"]
-        g, op, pass_ = graphs[prm["graph"]], family[prm["op"]], prm["pass"]
+        g, op, pass_, dtype = graphs[prm["graph"]], _FAMILY[prm["op"]], prm["pass"], jnp.dtype(prm["dtype"])
         assert order.graph_stats(g) == GraphStats(met["nodes"], met["edges"], met["max_in_degree"])
         if op == "spmm":  # one forward product each way: g's and g.T's choice
-            picks = {choice(op, order.graph_stats(g, transpose=t), prm["feat"], jnp.float32, kind=H200).impls[0]
+            picks = {choice(op, order.graph_stats(g, transpose=t), prm["feat"], dtype, kind=H200).impls[0]
                      for t in (False, pass_ == "fwd+bwd")}  # fmt: skip
         else:
-            picks = {choice(op, order.graph_stats(g), prm["feat"], jnp.float32, pass_, kind=H200).impls[0]}
+            picks = {choice(op, order.graph_stats(g), prm["feat"], dtype, pass_, kind=H200).impls[0]}
         assert len(picks) == 1, (r["label"], picks)
-        assert (picks == {met["faster_backend"]}) == (r["label"] not in FULL_MISSES), (r["label"], picks)
+        assert (picks == {met["faster_backend"]}) == (r["label"] not in misses), (r["label"], picks)
 
 
 # ---------------------------------------------------------------------------------- choice on each kind of graph
 def test_road_like_graph_follows_the_full_run():
-    """city-roads-L (a grid, degrees 1 to 4), float32, the full run: the kernels for SpMM, max / min and the forward
-    of both attentions; XLA for GATv2 and graph attention forward + backward. bfloat16 was not measured there."""
+    """city-roads-L (a grid, degrees 1 to 4), the full runs: in float32 the kernels for SpMM, max / min and the
+    forward of both attentions, XLA for GATv2 and graph attention forward + backward; in bfloat16 the kernels for SpMM
+    and max / min with the arg-max, XLA for max / min alone and for both attentions in both passes. float16 was not
+    measured there."""
     g = bs.gnn.paper_graph("city-roads-L")
     stats = order.graph_stats(g)
     assert stats == GraphStats(142_257, 463_710, 4)
     want = {("spmm", "fwd"): "pallas", ("aggregate", "fwd"): "pallas", ("aggregate", "fwd+bwd"): "pallas",
             ("gatv2", "fwd"): "pallas", ("gatv2", "fwd+bwd"): "xla", ("graph_attention", "fwd"): "pallas",
             ("graph_attention", "fwd+bwd"): "xla"}  # fmt: skip
-    for (op, pass_), first in want.items():
-        c = choice(op, stats, 128, jnp.float32, pass_, kind=H200)
-        assert c.impls == (first, *(i for i in BOTH if i != first)) and c.measured.results == FULL, (op, pass_, c)
-    for op, dtype, pass_ in (("spmm", jnp.bfloat16, "fwd"), ("aggregate", jnp.bfloat16, "fwd+bwd"),
-                             ("gatv2", jnp.bfloat16, "fwd+bwd")):  # fmt: skip
-        c = choice(op, stats, 128, dtype, pass_, kind=H200)
-        assert c.impls == _default(op, dtype) and c.measured is None and c.reason.startswith("not measured"), c
+    want16 = {**dict.fromkeys(want, "xla"), ("spmm", "fwd"): "pallas", ("aggregate", "fwd+bwd"): "pallas"}
+    for dtype, results, picks in ((jnp.float32, FULL, want), (jnp.bfloat16, FULL_BF16, want16)):
+        for (op, pass_), first in picks.items():
+            c = choice(op, stats, 128, dtype, pass_, kind=H200)
+            assert c.impls == (first, *(i for i in BOTH if i != first)), (op, dtype, pass_, c)
+            assert c.measured.results == results and c.measured.graph == "city-roads-L", (op, dtype, pass_, c)
+    for op, pass_ in (("spmm", "fwd"), ("aggregate", "fwd+bwd"), ("gatv2", "fwd+bwd")):
+        c = choice(op, stats, 128, jnp.float16, pass_, kind=H200)
+        assert c.impls == _default(op, jnp.float16) and c.measured is None and c.reason.startswith("not measured"), c
     # a road network of another city (half the nodes, degrees up to 6) follows the same measurement
     other = GraphStats(70_000, 230_000, 6)
     assert choice("gatv2", other, 128, jnp.float32, "fwd+bwd", kind=H200).measured.graph == "city-roads-L"
+    assert choice("aggregate", other, 128, jnp.bfloat16, kind=H200).impls[0] == "xla"
     # another GPU: nothing measured, the default
     c = choice("gatv2", stats, 128, jnp.float32, "fwd+bwd", kind="NVIDIA A100")
     assert c.impls == _default("gatv2", jnp.float32)
@@ -152,7 +164,8 @@ def test_road_like_graph_follows_the_full_run():
 
 def test_power_law_graphs_take_the_kernels():
     """The power-law graph (mean in-degree 32, hubs of 10^5 in-edges): the kernels were faster for SpMM and max,
-    both dtypes; a power-law graph of half its size follows it, one of a sixteenth is too far: the default."""
+    both dtypes (float32: the full run), and for GATv2's forward in float32; a power-law graph of half its size
+    follows it, one of a sixteenth is too far: the default."""
     for n, e, near in ((131_072, 4_194_304, True), (16_384, 524_288, False)):
         _, dst = power_law_edges(n, e, seed=0)
         stats = GraphStats(n, e, int(np.bincount(dst, minlength=n).max()))
@@ -161,20 +174,34 @@ def test_power_law_graphs_take_the_kernels():
                 c = choice(op, stats, 128, dtype, kind=H200)
                 assert c.impls == ("pallas", "xla"), (n, op, dtype, c)
                 assert (c.measured is not None and c.measured.graph == "power-law") == near, (n, op, c.reason)
+                assert not near or (c.measured.results == FULL_POWER_LAW) == (dtype == jnp.float32), (n, op, c)
+        c = choice("gatv2", stats, 128, jnp.float32, kind=H200)
+        assert c.impls == ("pallas", "xla") and (c.measured is not None) == near, (n, c)
+        assert not near or c.measured.results == FULL_POWER_LAW
+    # not reached by the run (cut short): GATv2 forward + backward and graph attention take the default
+    pl = GraphStats(262_144, 8_388_608, 149_288)
+    for op, pass_ in (("gatv2", "fwd+bwd"), ("graph_attention", "fwd"), ("graph_attention", "fwd+bwd")):
+        c = choice(op, pl, 128, jnp.float32, pass_, kind=H200)
+        assert c.impls == _default(op, jnp.float32) and c.measured is None, (op, pass_, c)
 
 
 def test_social_graphs_follow_their_nearest_measurement():
-    """ogbn-arxiv (mean 6.9): the kernels in float32 (the full run), XLA for SpMM in bfloat16 (an older run);
-    pokec (mean 18.8): the kernels; twitch-views (mean 81): the kernel's SpMM, XLA's max."""
+    """ogbn-arxiv (mean 6.9): the kernels for SpMM, max / min and GATv2's forward in both dtypes (the full runs; its
+    bfloat16 attention forward + backward was not reached: the default); pokec (mean 18.8): the kernels;
+    twitch-views (mean 81): the kernel's SpMM, XLA's max."""
     arxiv = GraphStats(169_343, 1_166_243, 13_185)
     pokec = GraphStats(1_632_803, 30_622_564, 13_665)
     twitch = GraphStats(168_114, 13_595_114, 35_802)
-    want = {(arxiv, "spmm", jnp.float32): "pallas", (arxiv, "spmm", jnp.bfloat16): "xla",
-            (arxiv, "aggregate", jnp.float32): "pallas", (pokec, "spmm", jnp.float32): "pallas",
+    want = {(arxiv, "spmm", jnp.float32): "pallas", (arxiv, "spmm", jnp.bfloat16): "pallas",
+            (arxiv, "aggregate", jnp.float32): "pallas", (arxiv, "aggregate", jnp.bfloat16): "pallas",
+            (arxiv, "gatv2", jnp.bfloat16): "pallas", (pokec, "spmm", jnp.float32): "pallas",
             (pokec, "aggregate", jnp.float32): "pallas", (pokec, "aggregate", jnp.bfloat16): "pallas",
             (twitch, "spmm", jnp.float32): "pallas", (twitch, "aggregate", jnp.float32): "xla"}  # fmt: skip
     for (stats, op, dtype), first in want.items():
         assert choice(op, stats, 128, dtype, kind=H200).impls[0] == first, (stats, op, dtype)
+    assert choice("spmm", arxiv, 128, jnp.bfloat16, kind=H200).measured.results == FULL_BF16
+    for op in ("gatv2", "graph_attention"):
+        assert choice(op, arxiv, 128, jnp.bfloat16, "fwd+bwd", kind=H200).measured is None
     # 64 features are near enough to the 128 measured; 16 are not
     assert choice("aggregate", twitch, 64, jnp.float32, kind=H200).impls[0] == "xla"
     assert choice("aggregate", twitch, 16, jnp.float32, kind=H200).measured is None
@@ -204,8 +231,8 @@ def test_community_graph_is_not_measured():
 
 def test_the_ops_dispatch_by_the_choice():
     """On the road-like graph under the interpreter (where the kernels would run) the default traces the kernels
-    for SpMM, max (with its gradient) and the forward-only GATv2, XLA for GATv2 and graph attention under grad; an
-    explicit implementation or a config is obeyed."""
+    for SpMM, max (with its gradient) and the forward-only GATv2, XLA for GATv2 and graph attention under grad (in
+    bfloat16: XLA for max alone and GATv2's forward); an explicit implementation or a config is obeyed."""
     g = bs.gnn.paper_graph("city-roads-L")
     n = g.num_nodes
     x = jax.ShapeDtypeStruct((n, 128), jnp.float32)
@@ -228,6 +255,12 @@ def test_the_ops_dispatch_by_the_choice():
     assert ran(attn_grad, xs) == {"graph_attention": "xla", "graph_attention_bwd": "xla"}
     max_grad = jax.grad(lambda x: bs.gnn.aggregate(g, x, "max").sum())  # measured with the arg-max: kernels
     assert ran(max_grad, x) == {"aggregate": "pallas"}
+    # bfloat16 features: XLA for max alone and GATv2's forward, the kernels for SpMM and max under grad
+    x16, xs16, att16 = (jax.ShapeDtypeStruct(a.shape, jnp.bfloat16) for a in (x, xs, att))
+    assert ran(lambda x: bs.gnn.aggregate(g, x, "max"), x16) == {"aggregate": "xla"}
+    assert ran(max_grad, x16) == {"aggregate": "pallas"}
+    assert ran(lambda x: bs.gnn.spmm(g, x), x16) == {"spmm": "pallas"}
+    assert ran(lambda xs, a: bs.gnn.gatv2(g, xs, xs, a), xs16, att16) == {"gatv2": "xla"}
 
 
 def test_graph_stats():
@@ -382,3 +415,64 @@ def test_a_runs_json_becomes_tuned_data():
         assert (m.graph, m.nodes, m.edges, m.max_in_degree, m.feat, m.faster) == ("pokec", 1000, 20000, 900, 128, "xla")
         assert m.results == "gnn_graphs_full_h200.json" and m.cell.startswith("pokec bfloat16 as generated")
         assert choice(family, GraphStats(1000, 20000, 900), 128, dtype, pass_).measured is None  # not pasted yet
+
+
+# ---------------------------------------------------------------------------------- the docs' tables of the full runs
+_DOC_OPS = {"SpMM sum": "spmm_sum", "SpMM mean": "spmm_mean", "SpMM GCN": "spmm_gcn", "max": "max", "min": "min",
+            "GATv2": "gatv2", "graph attention": "graph_attention"}  # fmt: skip
+_DOC_PEERS = ("segment", "bcsr", "torch-csr", "pyg-scatter")
+
+
+def _first(g, prm) -> str:
+    """The backend the default picks now for a full run's cell (SpMM: g's forward product; the test above checks
+    that g.T's agrees)."""
+    op, dtype = _FAMILY[prm["op"]], jnp.dtype(prm["dtype"])
+    pass_ = "fwd" if op == "spmm" else prm["pass"]
+    return choice(op, order.graph_stats(g), prm["feat"], dtype, pass_, kind=H200).impls[0]
+
+
+@pytest.mark.parametrize(("heading", "name", "columns"), [
+    ("### The full table: city-roads-L and ogbn-arxiv, bfloat16", FULL_BF16, 11),
+    ("### The full table: the power-law graph, float32", FULL_POWER_LAW, 9)])  # fmt: skip
+def test_docs_full_tables_are_the_jsons(heading, name, columns):
+    """docs/gnn.md's table of a full run holds its JSON's numbers as printed: the run's default, the new default
+    (the backend the tuned data picks now, timed by the run's column of that backend), each peer, the JSON's
+    ``speedup_vs_best_peer`` and best peer / new default; the cells the run did not reach say so."""
+    text = (ROOT / "docs" / "gnn.md").read_text()
+    rows, start = [], text.index(heading)
+    for line in text[start:].splitlines()[1:]:
+        if line.startswith("|"):
+            rows.append([c.strip() for c in line.strip("|").split("|")])
+        elif rows:
+            break
+    rows = rows[2:]
+    assert rows and all(len(r) == columns for r in rows), rows
+    doc = _json(name)
+    cells = {r["label"]: r for r in doc["results"]}
+    dtype = doc["results"][0]["params"]["dtype"]
+    graphs, graph, seen = {}, None, set()
+    for row in rows:
+        graph = row[0] or graph
+        op, pass_ = row[1].rsplit(" ", 1)
+        label = suite.label(graph, dtype, "as generated", _DOC_OPS[op], pass_)
+        if row[2] == "not measured (cut short)":
+            assert label not in cells and not any(row[3:]), row
+            continue
+        seen.add(label)
+        prm, met = cells[label]["params"], cells[label]["metrics"]
+        g = graphs.setdefault(graph, suite.graph(graph))
+        pick = _first(g, prm)
+        assert row[2].split()[-1] == f"{met['loop_ms']:.3f}", row
+        if columns == 11:
+            new, peers, speedup, ratio = row[3], row[4:8], row[8], row[9]
+            assert new == f"{pick} {met[f'{pick}_loop_ms']:.3f}", (row, pick)
+            assert ratio == f"{met['best_peer_ms'] / met[f'{pick}_loop_ms']:.2f}", row
+        else:  # the run's default is the new default: the kernels, and the xla backend's column
+            assert row[2].split()[0] == pick == "pallas" and met["implementation"].endswith("pallas"), row
+            assert row[3] == f"{met['xla_loop_ms']:.3f}", row
+            peers, speedup = row[4:8], row[8]
+        for peer, shown in zip(_DOC_PEERS, peers, strict=True):
+            ms = met.get(f"{peer}_loop_ms")
+            assert shown == ("" if ms is None else f"{ms:.3f}"), (row, peer)
+        assert speedup == f"{met['speedup_vs_best_peer']:.2f}", row
+    assert seen == set(cells)

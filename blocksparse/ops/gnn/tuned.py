@@ -211,6 +211,10 @@ _POKEC = dict(graph="pokec", nodes=1_632_803, edges=30_622_564, max_in_degree=13
 _POWER_LAW = dict(graph="power-law", nodes=262_144, edges=8_388_608, max_in_degree=149_288, feat=128)
 _GRAPHS_RUN = "gnn_graphs_h200.json"  # its twitch-views cells (its city-roads-L and ogbn-arxiv: replaced, below)
 _FULL_SMALL = "gnn_full_small_float32_h200.json"  # city-roads-L, ogbn-arxiv: every op and pass, float32, one run
+# city-roads-L, ogbn-arxiv in bfloat16 (cut short: no ogbn-arxiv GATv2 fwd+bwd, graph attention), one run
+_FULL_SMALL_BF16 = "gnn_full_small_bfloat16_h200.json"
+# power-law in float32 (cut short: no GATv2 fwd+bwd, graph attention), one run
+_FULL_POWER_LAW = "gnn_full_power_law_float32_h200.json"
 _SEGMENT = "XLA's side: the suite's sorted segment op in the features' dtype (jax-segment), as the xla backend runs it"
 
 
@@ -226,12 +230,26 @@ def _full(stats, faster, op, pass_, results=_FULL_SMALL, dtype="float32"):
     return Measured(**stats, faster=faster, results=results, cell=f"{label}: pallas_loop_ms vs xla_loop_ms")
 
 
+def _half(stats, faster, op, pass_):
+    """A bfloat16 cell of the full table's run on city-roads-L and ogbn-arxiv."""
+    return _full(stats, faster, op, pass_, _FULL_SMALL_BF16, "bfloat16")
+
+
+def _pl(faster, op, pass_):
+    """A float32 cell of the full table's run on the power-law graph."""
+    return _full(_POWER_LAW, faster, op, pass_, _FULL_POWER_LAW)
+
+
 _GAT_SEGMENT = ("XLA's side: JAX's autodiff of the suite's segment GATv2 (jax-segment); the xla backend runs the same "
                 "segment ops and recomputes the forward in its backward")  # fmt: skip
 
-# float32 on city-roads-L and ogbn-arxiv: the full table's run (gnn_full_small_float32_h200.json) replaced the
-# older runs' entries for those two graphs (gnn_graphs_h200.json: SpMM and max forward, GATv2 forward + backward,
-# measured against the segment ops); the other graphs and bfloat16 keep their older runs.
+# The full table's runs replaced the older runs' entries for the graphs, dtypes, ops and passes they measured with
+# both backends named: float32 on city-roads-L and ogbn-arxiv (gnn_full_small_float32_h200.json; replaced
+# gnn_graphs_h200.json's SpMM and max forward and GATv2 forward + backward there), bfloat16 on those two graphs
+# (gnn_full_small_bfloat16_h200.json; replaced spmm_packed_h200.json's ogbn-arxiv SpMM), float32 on the power-law
+# graph (gnn_full_power_law_float32_h200.json; replaced gather_defaults_h200.json's SpMM and max forward and
+# gather_with_arg_h200.json's max with the arg-max there). The other graphs, and the power-law graph in bfloat16,
+# keep their older runs; the cells those runs did not reach (cut short) have no entry.
 H200_CHOICES = {
     ("spmm", "float32", "fwd"): (
         _full(_ROADS, "pallas", "spmm_sum", "fwd"),
@@ -239,15 +257,13 @@ H200_CHOICES = {
         _paper(_TWITCH, "pallas", _GRAPHS_RUN, "spmm_sum"),
         _paper(_PRODUCTS, "pallas", "gnn_graphs_products_h200.json", "spmm_sum"),
         _paper(_POKEC, "pallas", "gnn_graphs_pokec_h200.json", "spmm_sum"),
-        Measured(**_POWER_LAW, faster="pallas", results="gather_defaults_h200.json",
-                 cell="spmm/float32/default vs spmm/float32/xla"),
+        _pl("pallas", "spmm_sum", "fwd"),
     ),
     ("spmm", "bfloat16", "fwd"): (
+        _half(_ROADS, "pallas", "spmm_sum", "fwd"),
+        _half(_ARXIV, "pallas", "spmm_sum", "fwd"),
         Measured(**_POWER_LAW, faster="pallas", results="gather_defaults_h200.json",
                  cell="spmm/bfloat16/default vs spmm/bfloat16/xla"),
-        Measured(**_ARXIV, faster="xla", results="spmm_packed_h200.json",
-                 cell="arxiv-like/bfloat16/pallas (every nodes_per_program) vs arxiv-like/bfloat16/xla",
-                 note="the Pallas side had four warps per program, before the one-warp default (spmm.variant)"),
     ),
     ("aggregate", "float32", "fwd"): (
         _full(_ROADS, "pallas", "max", "fwd"),
@@ -255,10 +271,11 @@ H200_CHOICES = {
         _paper(_TWITCH, "xla", _GRAPHS_RUN, "max"),
         _paper(_PRODUCTS, "xla", "gnn_graphs_products_h200.json", "max"),
         _paper(_POKEC, "pallas", "gnn_graphs_pokec_h200.json", "max"),
-        Measured(**_POWER_LAW, faster="pallas", results="gather_defaults_h200.json",
-                 cell="max/float32/default vs max/float32/xla"),
+        _pl("pallas", "max", "fwd"),
     ),
     ("aggregate", "bfloat16", "fwd"): (
+        _half(_ROADS, "xla", "max", "fwd"),
+        _half(_ARXIV, "pallas", "max", "fwd"),
         _paper(_POKEC, "pallas", "gnn_graphs_pokec_h200.json", "max", "bfloat16"),
         Measured(**_POWER_LAW, faster="pallas", results="gather_defaults_h200.json",
                  cell="max/bfloat16/default vs max/bfloat16/xla"),
@@ -267,16 +284,22 @@ H200_CHOICES = {
     ("aggregate", "float32", "fwd+bwd"): (
         _full(_ROADS, "pallas", "max", "fwd+bwd"),
         _full(_ARXIV, "pallas", "max", "fwd+bwd"),
-        Measured(**_POWER_LAW, faster="pallas", results="gather_with_arg_h200.json",
-                 cell="max/float32/w1 vs max/float32/xla (--with-arg)"),
+        _pl("pallas", "max", "fwd+bwd"),
     ),
     ("aggregate", "bfloat16", "fwd+bwd"): (
+        _half(_ROADS, "pallas", "max", "fwd+bwd"),
+        _half(_ARXIV, "pallas", "max", "fwd+bwd"),
         Measured(**_POWER_LAW, faster="pallas", results="gather_with_arg_h200.json",
                  cell="max/bfloat16/w1 vs max/bfloat16/xla (--with-arg)"),
     ),
     ("gatv2", "float32", "fwd"): (
         _full(_ROADS, "pallas", "gatv2", "fwd"),
         _full(_ARXIV, "pallas", "gatv2", "fwd"),
+        _pl("pallas", "gatv2", "fwd"),
+    ),
+    ("gatv2", "bfloat16", "fwd"): (
+        _half(_ROADS, "xla", "gatv2", "fwd"),
+        _half(_ARXIV, "pallas", "gatv2", "fwd"),
     ),
     ("gatv2", "float32", "fwd+bwd"): (
         _full(_ROADS, "xla", "gatv2", "fwd+bwd"),
@@ -286,13 +309,22 @@ H200_CHOICES = {
         _paper(_PRODUCTS, "pallas", "gnn_graphs_products_h200.json", "gatv2",
                note="XLA's side (jax-segment) ran out of device memory: the kernels were the only ones to run"),
     ),
+    ("gatv2", "bfloat16", "fwd+bwd"): (
+        _half(_ROADS, "xla", "gatv2", "fwd+bwd"),
+    ),
     ("graph_attention", "float32", "fwd"): (
         _full(_ROADS, "pallas", "graph_attention", "fwd"),
         _full(_ARXIV, "pallas", "graph_attention", "fwd"),
     ),
+    ("graph_attention", "bfloat16", "fwd"): (
+        _half(_ROADS, "xla", "graph_attention", "fwd"),
+    ),
     ("graph_attention", "float32", "fwd+bwd"): (
         _full(_ROADS, "xla", "graph_attention", "fwd+bwd"),
         _full(_ARXIV, "pallas", "graph_attention", "fwd+bwd"),
+    ),
+    ("graph_attention", "bfloat16", "fwd+bwd"): (
+        _half(_ROADS, "xla", "graph_attention", "fwd+bwd"),
     ),
 }  # fmt: skip
 
