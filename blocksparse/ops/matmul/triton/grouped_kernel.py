@@ -25,8 +25,8 @@ the unit's end (``s0 + c // bw >= unit_start[u + 1]``) masked to zero in both op
 the unit's last slab so that nothing past the unit is read (at most ``k - 1`` slabs of zeros per unit and tile).
 At ``k = 1`` the step is the single-slab body as measured below (``x``'s slab a plain tile load, no tail).
 
-Then it splits the accumulator into its ``g`` slots (``b x tn`` each) and slot ``k`` writes output block row
-``unit_rows[u, k]`` (a ``-1`` pad slot writes nothing) with the fused epilogue (:func:`~.common._finish`: bias
+Then it splits the accumulator into its ``g`` slots (``b x tn`` each) and slot ``i`` writes output block row
+``unit_rows[u, i]`` (a ``-1`` pad slot writes nothing) with the fused epilogue (:func:`~.common._finish`: bias
 along either axis, the activation) and the cast. The units partition the output block rows, so every output row
 is written exactly once: a row of ``W`` without blocks, or a unit without slabs, writes zeros (plus the bias).
 No partials, no atomics, one launch: deterministic.
@@ -37,7 +37,7 @@ No partials, no atomics, one launch: deterministic.
 ``tb x k bh`` operand (a ``(tb, k, bh)`` load reshaped) and the unit's blocks of those block rows as one
 ``k bh x g bw`` operand (row ``q``, column ``c`` is row ``q % bh``, column ``c % bw`` of block
 ``step_ids[s0 + q // bh, c // bw]``, a ``(k, bh, g, bw)`` load read in place from ``W.data``: no transposed copy),
-one dot into ``tb x g bw``, the tail masked alike, and slot ``k`` writes output block column ``unit_rows[u, k]``.
+one dot into ``tb x g bw``, the tail masked alike, and slot ``i`` writes output block column ``unit_rows[u, i]``.
 
 The plan groups rows where it moves fewer modelled bytes (:attr:`~..grouped.GroupedPlan.group` ``> 1``). Where it
 does not (blocks of 128, or rows that share no columns), :func:`takes` declines and the dispatch keeps the
@@ -221,8 +221,8 @@ def _dsd_kernel(start_ref, col_ref, id_ref, dest_ref, w_ref, x_ref, *refs, b, bw
 
         steps = (end - start + slabs - 1) // slabs
         acc = lax.fori_loop(0, steps, body, jnp.zeros((h, tn), jnp.float32))
-    for k, part in enumerate(jnp.split(acc, g, axis=0) if g > 1 else [acc]):  # slot k: (b, tn)
-        dest = dest_ref[u * g + k]
+    for i, part in enumerate(jnp.split(acc, g, axis=0) if g > 1 else [acc]):  # slot i: (b, tn)
+        dest = dest_ref[u * g + i]
 
         @pl.when(dest >= 0)
         def _(part=part, dest=dest):
@@ -287,8 +287,8 @@ def _dds_kernel(start_ref, col_ref, id_ref, dest_ref, w_ref, x_ref, *refs, bh, b
 
         steps = (end - start + slabs - 1) // slabs
         acc = lax.fori_loop(0, steps, body, jnp.zeros((tb, wide), jnp.float32))
-    for k, part in enumerate(jnp.split(acc, g, axis=1) if g > 1 else [acc]):  # slot k: (tb, bw)
-        dest = dest_ref[u * g + k]
+    for i, part in enumerate(jnp.split(acc, g, axis=1) if g > 1 else [acc]):  # slot i: (tb, bw)
+        dest = dest_ref[u * g + i]
 
         @pl.when(dest >= 0)
         def _(part=part, dest=dest):
