@@ -133,10 +133,11 @@ def test_grouped_matches_the_dense_product(kind, op, block, gm, gk, n, density, 
     _check(op, p, dtype, rng, n, grouping=o, config=cfg)
 
 
-@sweep("kind", KINDS, quick=[k for k in KINDS if k not in ("one_full_row", "one_col")])
+@sweep("kind", KINDS, quick=["empty", "full", "power_law"])
 def test_adversarial_patterns(kind):
     """Each kind for both products, at both block sizes and dtypes (rotated so each kind runs quickly). The quick run
-    leaves out ``one_full_row`` and ``one_col``: :func:`test_slabs_per_step_on_edge_units` has a unit of each."""
+    keeps ``empty``, ``full`` and ``power_law``: :func:`test_slabs_per_step_on_edge_units` has a unit with one full
+    row, one with one block column and an empty one, the hypothesis sweep draws the rest."""
     rng = np.random.default_rng(KINDS.index(kind))
     b = (16, 32)[KINDS.index(kind) % 2]
     dtype = (jnp.float32, jnp.bfloat16)[KINDS.index(kind) // 2 % 2]
@@ -243,10 +244,8 @@ def test_default_slabs_per_step():
 
 
 # ------------------------------------------------------------------------------------------------ epilogue
-@pytest.mark.parametrize(
-    "op, axis, activation",
-    [("dsd", 1, "gelu"), ("dsd", 0, "silu"), ("dds", 1, "relu"), ("dds", 1, None)],
-)
+@sweep("op, axis, activation", [("dsd", 1, "gelu"), ("dsd", 0, "silu"), ("dds", 1, "relu"), ("dds", 1, None)],
+       quick=[("dsd", 0, "silu"), ("dds", 1, "relu")])  # fmt: skip
 def test_fused_epilogue_matches_the_reference(op, axis, activation):
     rng = np.random.default_rng(5)
     p = _pattern("empty_rows", rng, (8, 4), 16)  # empty rows: zero products get the bias and the activation too
@@ -271,7 +270,7 @@ def test_empty_pattern_is_the_epilogue_of_zero():
 
 
 # ------------------------------------------------------------------------------------------------ through bs.matmul
-@pytest.mark.parametrize("op", ["W @ x", "x @ W"])
+@sweep("op", ["W @ x", "x @ W"], quick=["x @ W"])  # W @ x: make test-slow (its kernel: the sweeps above)
 def test_matmul_with_grouped_config_and_gradients_match_dense(op):
     rng = np.random.default_rng(8)
     p = _pattern("power_law", rng, (8, 6), 16, 0.4)
