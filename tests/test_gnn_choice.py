@@ -89,14 +89,12 @@ FULL = "gnn_full_small_float32_h200.json"  # the full table's run: city-roads-L 
 FULL_BF16 = "gnn_full_small_bfloat16_h200.json"  # the same graphs in bfloat16 (cut short after 25 of 28 cells)
 FULL_POWER_LAW = "gnn_full_power_law_float32_h200.json"  # the power-law graph, float32 (cut short: 11 of 14 cells)
 #: The full runs' JSONs: (the cells each holds, the entries per tuned key it gives, the cells where the default does
-#: not run the faster backend). SpMM is one family, chosen by its ``spmm_sum`` cell (measured_from), and on
-#: city-roads-L the GCN norm's XLA path was the faster one, in both dtypes.
+#: not run the faster backend). SpMM is chosen by its ``spmm_sum`` cell (measured_from), SpMM with the GCN norm by
+#: its ``spmm_gcn`` cell: on city-roads-L its XLA path is the faster one, in both dtypes.
 FULL_RUNS = {
-    FULL: (28, {2: 7}, {"city-roads-L float32 as generated spmm_gcn fwd",
-                        "city-roads-L float32 as generated spmm_gcn fwd+bwd"}),
-    FULL_BF16: (25, {2: 4, 1: 3}, {"city-roads-L bfloat16 as generated spmm_gcn fwd",
-                                   "city-roads-L bfloat16 as generated spmm_gcn fwd+bwd"}),
-    FULL_POWER_LAW: (11, {1: 4}, set()),
+    FULL: (28, {2: 8}, set()),
+    FULL_BF16: (25, {2: 5, 1: 3}, set()),
+    FULL_POWER_LAW: (11, {1: 5}, set()),
 }  # fmt: skip
 _FAMILY = {"spmm_sum": "spmm", "spmm_mean": "spmm", "spmm_gcn": "spmm", "max": "aggregate", "min": "aggregate",
            "gatv2": "gatv2", "graph_attention": "graph_attention"}  # fmt: skip
@@ -124,7 +122,8 @@ def test_the_full_runs_cells_are_the_tuned_data(name):
         g, op, pass_, dtype = graphs[prm["graph"]], _FAMILY[prm["op"]], prm["pass"], jnp.dtype(prm["dtype"])
         assert order.graph_stats(g) == GraphStats(met["nodes"], met["edges"], met["max_in_degree"])
         if op == "spmm":  # one forward product each way: g's and g.T's choice
-            picks = {choice(op, order.graph_stats(g, transpose=t), prm["feat"], dtype, kind=H200).impls[0]
+            norm = "both" if prm["op"] == "spmm_gcn" else None
+            picks = {choice(op, order.graph_stats(g, transpose=t), prm["feat"], dtype, kind=H200, norm=norm).impls[0]
                      for t in (False, pass_ == "fwd+bwd")}  # fmt: skip
         else:
             picks = {choice(op, order.graph_stats(g), prm["feat"], dtype, pass_, kind=H200).impls[0]}
@@ -231,8 +230,9 @@ def test_community_graph_is_not_measured():
 
 def test_the_ops_dispatch_by_the_choice():
     """On the road-like graph under the interpreter (where the kernels would run) the default traces the kernels
-    for SpMM, max (with its gradient) and the forward-only GATv2, XLA for GATv2 and graph attention under grad (in
-    bfloat16: XLA for max alone and GATv2's forward); an explicit implementation or a config is obeyed."""
+    for SpMM, max (with its gradient) and the forward-only GATv2, XLA for SpMM with the GCN norm (forward and
+    backward), GATv2 and graph attention under grad (in bfloat16: XLA for max alone and GATv2's forward); an
+    explicit implementation or a config is obeyed."""
     g = bs.gnn.paper_graph("city-roads-L")
     n = g.num_nodes
     x = jax.ShapeDtypeStruct((n, 128), jnp.float32)
@@ -244,7 +244,11 @@ def test_the_ops_dispatch_by_the_choice():
             jax.eval_shape(fn, *args)
         return dict(log)
 
-    assert ran(lambda x: bs.gnn.spmm(g, x, norm="both"), x) == {"spmm": "pallas"}
+    assert ran(lambda x: bs.gnn.spmm(g, x), x) == {"spmm": "pallas"}
+    assert ran(lambda x: bs.gnn.spmm(g, x, norm="right"), x) == {"spmm": "pallas"}  # SpMM's own measurements
+    assert ran(lambda x: bs.gnn.spmm(g, x, norm="both"), x) == {"spmm": "xla"}  # the GCN norm's: XLA faster here
+    assert ran(jax.grad(lambda x: bs.gnn.spmm(g, x, norm="both").sum()), x) == {"spmm": "xla"}
+    assert ran(jax.grad(lambda x: bs.gnn.spmm(g, x).sum()), x) == {"spmm": "pallas"}
     assert ran(lambda x: bs.gnn.aggregate(g, x, "max"), x) == {"aggregate": "pallas"}
     assert ran(lambda x: bs.gnn.spmm(g, x, implementation="xla"), x) == {"spmm": "xla"}
     assert ran(lambda x: bs.gnn.spmm(g, x, config=bs.gnn.GatherConfig()), x) == {"spmm": "pallas"}
@@ -260,6 +264,7 @@ def test_the_ops_dispatch_by_the_choice():
     assert ran(lambda x: bs.gnn.aggregate(g, x, "max"), x16) == {"aggregate": "xla"}
     assert ran(max_grad, x16) == {"aggregate": "pallas"}
     assert ran(lambda x: bs.gnn.spmm(g, x), x16) == {"spmm": "pallas"}
+    assert ran(lambda x: bs.gnn.spmm(g, x, norm="both"), x16) == {"spmm": "xla"}
     assert ran(lambda xs, a: bs.gnn.gatv2(g, xs, xs, a), xs16, att16) == {"gatv2": "xla"}
 
 
@@ -325,6 +330,7 @@ def test_choice_at_and_near_a_measured_graph_is_its_measurement(key, data):
     """At a measured graph's statistics, or within a factor 1.5 of them (nearer to it than to any other), the
     choice is what was measured there."""
     family, dtype, pass_ = key
+    op, norm = ("spmm", "both") if family == "spmm_gcn" else (family, None)  # the GCN norm's own measurements
     m = data.draw(st.sampled_from(tuned.CHOICES[H200][key]))
     f = [data.draw(st.floats(1 / 1.5, 1.5)) for _ in range(3)]
     nodes = max(1, round(m.nodes * f[0]))
@@ -333,9 +339,9 @@ def test_choice_at_and_near_a_measured_graph_is_its_measurement(key, data):
     others = [o for o in tuned.CHOICES[H200][key] if o is not m]
     if any(distance(stats, m.feat, o) <= distance(stats, m.feat, m) for o in others):
         return  # another measured graph is as near: the nearest decides (the test above)
-    assert choice(family, stats, m.feat, dtype, pass_, kind=H200).impls[0] == m.faster
+    assert choice(op, stats, m.feat, dtype, pass_, kind=H200, norm=norm).impls[0] == m.faster
     exact = GraphStats(m.nodes, m.edges, m.max_in_degree)
-    assert choice(family, exact, m.feat, dtype, pass_, kind=H200).measured == m
+    assert choice(op, exact, m.feat, dtype, pass_, kind=H200, norm=norm).measured == m
 
 
 # ---------------------------------------------------------------------------------- the suite's new cells
@@ -428,7 +434,8 @@ def _first(stats, prm) -> str:
     forward product; the test above checks that the transpose's agrees)."""
     op, dtype = _FAMILY[prm["op"]], jnp.dtype(prm["dtype"])
     pass_ = "fwd" if op == "spmm" else prm["pass"]
-    return choice(op, stats, prm["feat"], dtype, pass_, kind=H200).impls[0]
+    norm = "both" if prm["op"] == "spmm_gcn" else None
+    return choice(op, stats, prm["feat"], dtype, pass_, kind=H200, norm=norm).impls[0]
 
 
 @pytest.mark.parametrize(("heading", "name", "columns"), [

@@ -606,11 +606,12 @@ def measured_from(doc: dict, results: str) -> dict:
     """The tuned data a run of this suite measured: ``(family, dtype, pass) -> [Measured, ...]`` for
     :data:`blocksparse.ops.gnn.tuned.CHOICES`, one per graph, from the cells as generated where both backends ran
     (``faster_backend``). SpMM takes its ``spmm_sum`` forward (its backward is a forward product over the
-    transpose), aggregate its ``max`` cells; ``results`` names the JSON under ``benchmarks/results/``."""
+    transpose), SpMM with the GCN norm its ``spmm_gcn`` forward (``spmm_gcn``), aggregate its ``max`` cells;
+    ``results`` names the JSON under ``benchmarks/results/``."""
     from ..ops.gnn import tuned
 
-    take = {"spmm_sum": ("spmm", ("fwd",)), "max": ("aggregate", PASSES), "gatv2": ("gatv2", PASSES),
-            "graph_attention": ("graph_attention", PASSES)}  # fmt: skip
+    take = {"spmm_sum": ("spmm", ("fwd",)), "spmm_gcn": ("spmm_gcn", ("fwd",)), "max": ("aggregate", PASSES),
+            "gatv2": ("gatv2", PASSES), "graph_attention": ("graph_attention", PASSES)}  # fmt: skip
     out: dict = {}
     for r in doc.get("results", []):
         prm, m = r.get("params", {}), r.get("metrics", {})

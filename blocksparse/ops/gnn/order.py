@@ -85,6 +85,7 @@ def implementations(
     feat: int | None = None,
     pass_: str = "fwd",
     transpose: bool = False,
+    norm: str | None = None,
 ) -> tuple[str, ...]:
     """The backends ``op`` tries, in order: ``implementation`` resolved against the registry.
 
@@ -97,7 +98,7 @@ def implementations(
             config's backend runs (no silent fallback); an explicit ``implementation`` must include it.
         graph, feat, pass_: the graph, the features per node and the pass (``"fwd"``, ``"fwd+bwd"``) the order
             is for (:func:`choice`); ``graph=None``: the default order. ``transpose``: for the op on ``graph.T``
-            (its in-degrees are ``graph``'s out-degrees).
+            (its in-degrees are ``graph``'s out-degrees). ``norm``: SpMM's degree normalisation (:func:`choice`).
 
     Raises:
         TypeError: a config of another type. ValueError: an unknown name, or a config whose backend is not
@@ -108,7 +109,7 @@ def implementations(
     if config is not None and implementation is None:
         return (config.backend,)
     if implementation is None and graph is not None and feat is not None:
-        return choice(op, graph_stats(graph, transpose=transpose), feat, dtype, pass_).impls
+        return choice(op, graph_stats(graph, transpose=transpose), feat, dtype, pass_, norm=norm).impls
     impls = _dispatch.resolve(implementation, _default(op, dtype), known)
     if config is not None and config.backend not in impls:
         raise ValueError(
@@ -189,10 +190,14 @@ def distance(stats: GraphStats, feat: int, m: tuned.Measured) -> float:
     return max(_log_ratio(a, b) for a, b in pairs)
 
 
-def choice(op: str, stats: GraphStats | None, feat: int, dtype, pass_: str = "fwd", kind: str | None = None) -> Choice:
+def choice(op: str, stats: GraphStats | None, feat: int, dtype, pass_: str = "fwd", kind: str | None = None,
+           norm: str | None = None) -> Choice:  # fmt: skip
     """The backends ``op`` tries on a graph of ``stats`` with ``feat`` features per node of ``dtype``, for
     ``pass_`` (``"fwd"``, ``"fwd+bwd"``), on device ``kind`` (default :func:`blocksparse.hardware.gpu`'s).
 
+    The family is the op's name, except SpMM with the GCN norm (``norm="both"``), which follows its own measurements
+    (``spmm_gcn``: its two degree scalings are separate launches around the Pallas kernel and fused into XLA's
+    gather and segment sum, so the faster backend can differ) where the device has any, else SpMM's.
     The nearest graph of :func:`blocksparse.ops.gnn.tuned.measured` ``(family, dtype, pass_)`` within
     :data:`COVERAGE` in every statistic (:func:`distance`) decides: XLA first where XLA was faster there, else the
     default order. No such graph (none measured for this key or device, or none near enough; ``stats`` ``None``:
@@ -208,8 +213,11 @@ def choice(op: str, stats: GraphStats | None, feat: int, dtype, pass_: str = "fw
     default = _default(op, dtype)
     if stats is None:
         return Choice(default, "not measured: the default (the graph's degrees are traced, unknown on the host)")
-    points = tuned.measured(op, name, pass_, kind)  # CHOICES is keyed by the op's name
-    key = f"{op}/{name}/{pass_}"
+    family = op
+    if op == "spmm" and norm == "both" and tuned.measured("spmm_gcn", name, pass_, kind):
+        family = "spmm_gcn"
+    points = tuned.measured(family, name, pass_, kind)  # CHOICES is keyed by the op's name (SpMM: and its norm)
+    key = f"{family}/{name}/{pass_}"
     if not points:
         return Choice(default, f"not measured: the default (no graph measured for {key} on this device)")
     best = min(points, key=lambda m: distance(stats, feat, m))  # the first of equals: the table's order

@@ -20,7 +20,9 @@ the plain kernels are the ones every test checks, and the settings the H200 meas
 
 :data:`CHOICES` holds the other kind of measured fact: on which graphs XLA's segment ops were faster than the
 Pallas kernels. Key layout: ``CHOICES[device_kind][(family, dtype, pass)] -> tuple[Measured, ...]``, ``family``
-one of ``spmm`` (every ``reduce`` / ``norm``: one product kernel), ``aggregate`` (max and min: one kernel),
+one of ``spmm`` (every ``reduce`` / ``norm``: one product kernel), ``spmm_gcn`` (SpMM with ``norm="both"``
+where it was measured: its degree scalings are separate launches around the Pallas kernel and fused into XLA's
+ops, so the faster backend can differ), ``aggregate`` (max and min: one kernel),
 ``gatv2``, ``graph_attention``; ``dtype`` ``float32`` or ``bfloat16``; ``pass`` ``fwd`` or ``fwd+bwd``. Each
 :class:`Measured` is one graph of one run: its statistics (what the host knows of a graph) and the backend that
 was faster there, naming the results JSON and its cell. :func:`blocksparse.ops.gnn.order.choice` reads them; a
@@ -258,6 +260,16 @@ H200_CHOICES = {
         _paper(_PRODUCTS, "pallas", "gnn_graphs_products_h200.json", "spmm_sum"),
         _paper(_POKEC, "pallas", "gnn_graphs_pokec_h200.json", "spmm_sum"),
         _pl("pallas", "spmm_sum", "fwd"),
+    ),
+    # SpMM with the GCN norm (norm="both"): its two degree scalings run around the Pallas kernel, inside XLA's ops
+    ("spmm_gcn", "float32", "fwd"): (
+        _full(_ROADS, "xla", "spmm_gcn", "fwd"),
+        _full(_ARXIV, "pallas", "spmm_gcn", "fwd"),
+        _pl("pallas", "spmm_gcn", "fwd"),
+    ),
+    ("spmm_gcn", "bfloat16", "fwd"): (
+        _half(_ROADS, "xla", "spmm_gcn", "fwd"),
+        _half(_ARXIV, "pallas", "spmm_gcn", "fwd"),
     ),
     ("spmm", "bfloat16", "fwd"): (
         _half(_ROADS, "pallas", "spmm_sum", "fwd"),

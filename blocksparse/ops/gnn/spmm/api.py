@@ -177,10 +177,10 @@ def spmm(
         )
     x = g.check_features(x, "features", ndim=tuple(range(1, 8)))
     feat = max(math.prod(x.shape[1:]), 1)
-    impls = order.implementations("spmm", implementation, x.dtype, config, graph=g, feat=feat)
+    impls = order.implementations("spmm", implementation, x.dtype, config, graph=g, feat=feat, norm=norm)
     # the backward is a product over g.T: chosen by its own degrees where the choice is the default's
     auto = implementation is None and config is None
-    bwd = order.implementations("spmm", None, x.dtype, graph=g, feat=feat, transpose=True) if auto else impls
+    bwd = order.implementations("spmm", None, x.dtype, graph=g, feat=feat, transpose=True, norm=norm) if auto else impls
     s = SpmmStatic(impls, config=config, bwd_impls=None if bwd == impls else bwd)
     weights = ()
     if edge_weight is not None:
