@@ -408,6 +408,14 @@ class _Generation:
 
         return prune_decoder(self.model, b, d)
 
+    @functools.cache  # noqa: B019
+    def fused(self, b: int, d: float):
+        """The pruned model with q, k, v and gate, up fused into one product each (one object per pruning, so the
+        ``generate`` and ``generate_steps`` cells share its compiled programs)."""
+        from ..models import fuse_projections
+
+        return fuse_projections(self.pruned(b, d))
+
     @functools.cached_property
     def run(self):
         """The generation every cell checks and times: one function object, so its jitted program is compiled once
@@ -482,9 +490,7 @@ def _timed_variant(ctx: _Generation, run, model, prompts, batch: int, timer: Tim
 
 def _generate_steps(ctx: _Generation, batch: int, b, d, timer: Timer) -> dict:
     """A ``generate_steps`` cell: the pruned model fused, with its Pallas steps, against the dense model."""
-    from ..models import fuse_projections
-
-    model = fuse_projections(ctx.pruned(b, d)).with_attention("pallas")
+    model = ctx.fused(b, d).with_attention("pallas")
     prompts = ctx.prompts(batch)
     iters = min(timer.iters, GENERATE_ITERS)
     with bs.dispatch_log() as log:
@@ -527,9 +533,7 @@ def _generate(ctx: _Generation, batch: int, b, d, timer: Timer) -> dict:
         out["tokens_equal"] = float(np.mean(np.asarray(tokens) == np.asarray(ref_tokens)))
         out["block_density"] = block_density(model)
     if b is not None:  # the same pruned model with q, k, v and gate, up fused into one product each
-        from ..models import fuse_projections
-
-        fused = fuse_projections(model)
+        fused = ctx.fused(b, d)
         out.update(_timed_variant(ctx, run, fused, prompts, batch, timer, iters, "fused_", "fused generation"))
         out["fused_calls_ms"] = timer.calls(run, fused, prompts, iters=iters)
         # ... and its one-token steps' attention in one launch per layer (decode_step_attention; XLA off the GPU)

@@ -128,6 +128,13 @@ SIZES = {
 }  # fmt: skip
 
 
+def _recovers(s: Sizes, b: int, d: float, balance) -> bool:
+    """Whether a quality cell of block ``b``, density ``d`` is distilled after pruning (a magnitude cell also needs its
+    scope among ``s.recover_scopes``): unbalanced patterns of the recovered block sizes and densities."""
+    return (b in s.recover and s.steps > 0 and balance is None
+            and (s.recover_densities is None or d in s.recover_densities))  # fmt: skip
+
+
 def density_label(d: float) -> str:
     return f"1/{round(1 / d)}" if d < 1 else "1"
 
@@ -145,8 +152,7 @@ def cells(*, full: bool, weights: str | None = None, sizes: Sizes | None = None)
         for d in s.densities:
             for scope in s.scopes:
                 for balance in s.balances if scope == "layer" else (None,):
-                    rec = (b in s.recover and scope in s.recover_scopes and s.steps > 0 and balance is None
-                           and (s.recover_densities is None or d in s.recover_densities))  # fmt: skip
+                    rec = scope in s.recover_scopes and _recovers(s, b, d, balance)
                     label = _balanced(f"quality b={b} d={density_label(d)} {scope}", balance)
                     params = dict(kind="quality", block_size=b, density=d, scope=scope, balance=balance,
                                   recovery_steps=s.steps if rec else 0)  # fmt: skip
@@ -154,8 +160,7 @@ def cells(*, full: bool, weights: str | None = None, sizes: Sizes | None = None)
                     out.append(Cell("model", label + (" +recovery" if rec else ""), params, run))
             if b in s.reconstruct and (s.reconstruct_densities is None or d in s.reconstruct_densities):
                 for balance in s.balances:
-                    rec = (b in s.recover and s.steps > 0 and balance is None
-                           and (s.recover_densities is None or d in s.recover_densities))  # fmt: skip
+                    rec = _recovers(s, b, d, balance)
                     params = dict(kind="quality", block_size=b, density=d, scope="reconstruct", balance=balance,
                                   recovery_steps=s.steps if rec else 0, calibration_sentences=s.calibration_sentences,
                                   **dict(s.reconstruct_options))  # fmt: skip

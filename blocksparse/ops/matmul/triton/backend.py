@@ -40,6 +40,17 @@ def _gates_in_load(op: str, s, x, dt) -> bool:
     return x.dtype == dt and stream.gates_in_load(op, n, s.pattern, _cfg(s))
 
 
+def _plain(op: str, n: int, s, cfg: TritonConfig | None, dt):
+    """The kernel of a static ``op`` (``"dsd"`` / ``"dds"``) with ``n`` tokens and no gated input: the stream kernel
+    where it :func:`.stream.takes` the product, the grouped kernel where the config asks and its plan groups
+    (:func:`.grouped_kernel.takes`), else the work list's."""
+    if stream.takes(op, n, s.pattern, cfg):
+        return getattr(stream, op)
+    if grouped_kernel.takes(op, n, s.pattern, cfg, dt, s.out_dtype):
+        return getattr(grouped_kernel, op)
+    return dsd if op == "dsd" else dds
+
+
 class PallasBackend:
     """Backend object for :mod:`blocksparse.ops.matmul.api` (``implementation="pallas"``; see the module docstring)."""
 
@@ -70,12 +81,7 @@ class PallasBackend:
                 return _epilogue.gate_first(self.dsd_fused, s, 1, 0, data, x, bias)
             return stream.dsd(s.pattern, data.astype(dt), x, s.out_dtype, exact=_exact(s), config=cfg, epi=s.epilogue,
                               bias=bias, gate=s.input_gate)  # fmt: skip
-        if stream.takes("dsd", x.shape[1], s.pattern, cfg):
-            run = stream.dsd
-        elif grouped_kernel.takes("dsd", x.shape[1], s.pattern, cfg, dt, s.out_dtype):
-            run = grouped_kernel.dsd
-        else:
-            run = dsd
+        run = _plain("dsd", x.shape[1], s, cfg, dt)
         return run(s.pattern, data.astype(dt), x.astype(dt), s.out_dtype, exact=_exact(s), config=cfg, epi=s.epilogue,
                    bias=bias)  # fmt: skip
 
@@ -87,12 +93,7 @@ class PallasBackend:
                 return _epilogue.gate_first(self.dds_fused, s, 0, 1, x, data, bias)
             return stream.dds(x, s.pattern, data.astype(dt), s.out_dtype, exact=_exact(s), config=cfg, epi=s.epilogue,
                               bias=bias, gate=s.input_gate)  # fmt: skip
-        if stream.takes("dds", x.shape[0], s.pattern, cfg):
-            run = stream.dds
-        elif grouped_kernel.takes("dds", x.shape[0], s.pattern, cfg, dt, s.out_dtype):
-            run = grouped_kernel.dds
-        else:
-            run = dds
+        run = _plain("dds", x.shape[0], s, cfg, dt)
         return run(x.astype(dt), s.pattern, data.astype(dt), s.out_dtype, exact=_exact(s), config=cfg, epi=s.epilogue,
                    bias=bias)  # fmt: skip
 
