@@ -50,7 +50,7 @@ patterns, ``benchmarks/results/grouped_gpu_check_h200.json``, before ``k`` exist
 against the float32 product, as dense bf16) but **2-3x slower than the default work-list kernel**. ``W @ x``,
 uniform: b = 16, d = 1/4 (``g`` = 8) 2.40 ms against 1.01 (dense ``jnp.dot`` 0.69); b = 32, d = 1/4 (``g`` = 4)
 1.18 against 0.57; d = 1/16: 0.89 against 0.29 (b = 16), 0.40 against 0.17 (b = 32); ``x @ W`` alike (0.35-0.56x
-the default's speed). At b = 16, d = 1/4 it issues 27,565 slabs x 32 column tiles of 128 x 128 x 16 dots,
+the default's speed). At b = 16, d = 1/4 it runs 27,565 slabs x 32 column tiles of 128 x 128 x 16 dots,
 4.6e11 tensor-core flops in 2.4 ms (193 TFLOP/s issued, 57 useful at a fill of 0.30), and moves about 7 GB
 through L2 (3 TB/s, well below L2's bandwidth): neither is the limit. Each loop step is one ``K = b`` = 16 (or 32)
 dot behind a dependent chain (index loads, then the gather, then the dot), and that per-step fixed cost
