@@ -293,6 +293,25 @@ def test_pruned_model_equals_the_dense_model_of_its_weights(ckpt):
     assert _llama.block_density(g) == pytest.approx(0.25, abs=0.01)
 
 
+@pytest.mark.parametrize("balance", ["cols", "rows"])
+def test_balanced_pruning_keeps_equal_walks_and_fuses_to_them(ckpt, balance):
+    m = ckpt["model"]
+    p = prune_decoder(m, 8, 0.5, balance=balance)
+    for L in p.layers:
+        for name in _llama.DECODER_PROJECTIONS:
+            W = getattr(L, name).weight
+            mask = W.pattern.mask()
+            counts = mask.sum(axis=0 if balance == "cols" else 1)  # the weight is (in, out): x @ W walks columns
+            assert (counts == round(0.5 * mask.shape[0 if balance == "cols" else 1])).all(), (name, counts)
+    np.testing.assert_allclose(p(IDS), densified(p)(IDS), rtol=1e-5, atol=1e-5)
+    if balance == "cols":  # q, k, v (and gate, up) share the input: fused, every column still keeps as many blocks
+        fused = _llama.fuse_projections(p)
+        counts = fused.layers[0].qkv.weight.pattern.mask().sum(axis=0)
+        assert len(set(counts.tolist())) == 1
+    with pytest.raises(ValueError, match="balance"):
+        prune_decoder(m, 8, 0.5, balance="diagonal")
+
+
 @pytest.mark.slow
 def test_fused_projections_give_the_same_model_with_fewer_products(ckpt, tmp_path):
     m = ckpt["model"]
@@ -427,10 +446,13 @@ def test_decode_suite_layers_cell_checks_every_product_of_the_sequence():
     assert cell.params["count"] == 2 and cell.label.startswith("layers 2 x x (2, 128)")
     m = _run_checked(cell)
     assert m["rel_err"] < 1e-4 and m["dense_rel_err"] < 1e-4 and m["dense_loop_ms"] > 0 and m["speedup_vs_dense"] > 0
+    assert m["balanced_rel_err"] < 1e-4 and m["balanced_loop_ms"] > 0  # column-balanced patterns, checked
     if jax.default_backend() == "gpu":  # per product, from a trace; the variants checked and timed
         assert m["kernel_us"] > 0 and m["busy_us"] >= m["kernel_us"] and m["group1_rel_err"] < 1e-4
+        assert m["balanced_kernel_us"] > 0 and m["ordered_rel_err"] < 1e-4 and m["ordered_kernel_us"] > 0
     else:  # the variants need the Triton kernels on a GPU: skipped, with the reason
         assert "kernel_us" not in m and "needs a GPU" in m["group1_skipped"] and "needs a GPU" in m["worklist_skipped"]
+        assert "needs a GPU" in m["ordered_skipped"]
     full = [c for c in decode.cells(full=True) if c.params["kind"] == "layers"]
     assert {(c.params["K"], c.params["N"]) for c in full} == set(decode.LAYERS_1B)
     assert {c.params["count"] for c in full} == {16} and {c.params["n"] for c in full} == {1, 8}
@@ -440,11 +462,13 @@ def test_decode_suite_layers_cell_checks_every_product_of_the_sequence():
 def test_decode_suite_steps_cell_times_the_fastest_pruned_model_checked():
     from blocksparse.bench import decode
 
-    (cell,) = [c for c in decode.suite(**decode.SIZES["tiny"]) if c.params["kind"] == "generate_steps"]
-    m = _run_checked(cell)
+    plain, balanced = [c for c in decode.suite(**decode.SIZES["tiny"]) if c.params["kind"] == "generate_steps"]
+    assert plain.params["balance"] is None and balanced.params["balance"] == "cols" and " cols " in balanced.label
+    m = _run_checked(balanced)
     assert m["tokens_per_s"] > 0 and m["dense_tokens_per_s"] > 0 and m["speedup_vs_dense"] > 0
     full = [c.label for c in decode.cells(full=True) if c.params["kind"] == "generate_steps"]
     assert "generate b=64 d=1/8 batch=32 fused, Pallas steps [random weights]" in full
+    assert "generate b=64 d=1/8 cols batch=1 fused, Pallas steps [random weights]" in full
 
 
 @pytest.mark.slow  # about eight compilations (generation checked twice, timed three ways): `make test-slow`

@@ -570,6 +570,8 @@ def test_bench_model_suite_runs_and_checks(tiny):
     assert -1 <= rec["recovered_spearman"] <= 1 and cells[2].params["recovery_steps"] == 2
     assert "recovery_steps" in cells[3].params and cells[3].params["recovery_steps"] == 0  # balanced: not distilled
     assert results[5].metrics["min_cosine_vs_densified"] > 0.999 and results[8].metrics["rel_err"] < 1e-5
+    # the pruned FFN against the same layers on uniformly random patterns of as many blocks, checked too
+    assert results[8].metrics["random_rel_err"] < 1e-5 and results[8].metrics["time_vs_random"] > 0
     assert all(r.metrics["loop_ms"] > 0 and "implementation" in r.metrics for r in results[4:])
 
 

@@ -93,6 +93,29 @@ def test_stream_matches_the_dense_product(kind, gm, gk, block, n, density, op, g
     assert _rel(got.astype(jnp.float32), want) <= TOL[jnp.dtype(dtype)]
 
 
+@settings(max_examples=examples(8), deadline=None)
+@given(
+    kind=st.sampled_from(["random", "one_full_row", "one_full_col", "empty_rows", "single"]),
+    gm=st.integers(1, 4),
+    gk=st.integers(1, 4),
+    block=st.sampled_from([16, 32]),
+    n=st.sampled_from([1, 3, 16]),
+    split=st.sampled_from([None, 2]),
+    seed=st.integers(0, 2**16),
+)
+def test_blocks_in_walk_order_match_the_dense_product(kind, gm, gk, block, n, split, seed):
+    # x @ W with W's blocks handed over block column after block column (`ordered`): no index load before a block's
+    rng = np.random.default_rng(seed)
+    p = _pattern(kind, rng, (gm, gk), block, 0.5)
+    data = jnp.asarray(rng.standard_normal((p.nnz_blocks, block, block)), jnp.float32)
+    x = jnp.asarray(rng.standard_normal((n, p.shape[0])), jnp.float32)
+    walk = data[np.asarray(p.transpose()[1], np.int64)]
+    got = stream.dds(x, p, walk, jnp.float32, exact=True, config=TritonConfig(stream=True, stream_split=split),
+                     ordered=True)  # fmt: skip
+    want = x @ bs.BlockSparseMatrix(p, data).to_dense()
+    assert _rel(got, want) <= TOL[jnp.dtype(jnp.float32)]
+
+
 @sweep("op", ["x @ W", "W @ x"])
 def test_fused_epilogue_and_gradients_match_dense(op):
     rng = np.random.default_rng(1)

@@ -21,13 +21,17 @@ Two kinds of cells:
   where the kernel loads ``x`` (``bs.matmul(x, W, input_glu="silu")``), against dense ``jnp.dot`` after the gate in
   XLA, and the same sparse product after the gate in XLA (``gate_first_*``);
 - ``layers``: a decoder layer's product ``x (n, K) @ W (K, N)`` at the 1B config's shapes (q/k/v fused, o, gate/up
-  fused, down), ``count`` times in a row with one pattern and ``count`` distinct weights, as a model's step runs it
-  (the weights of a 1B model do not stay in L2 from one layer to the next, where a loop over one product keeps
-  them there). Each product is checked against the float32 dense product; on a GPU ``kernel_us`` is the
-  products' own kernels (named ``bs_*``) and ``busy_us`` every launch of the sequence, per product, from a profiler
-  trace of the Timer's loop; dense ``jnp.dot`` on the same ``count`` weights beside them (``dense_busy_us``). The
-  few-token kernel's launch variants of ``layer_variants`` (sub-tile, parts, warps, blocks per step) and the work
-  list as ``{name}_*``;
+  fused, down), ``count`` times in a row with ``count`` distinct random patterns and weights, as a model's step runs
+  it (neither the weights nor the walks' indices of a 1B model stay in L2 from one layer to the next, where a loop
+  over one product keeps them there). Each product is checked against the float32 dense product; on a GPU
+  ``kernel_us`` is the products' own kernels (named ``bs_*``) and ``busy_us`` every launch of the sequence, per
+  product, from a profiler trace of the Timer's loop; dense ``jnp.dot`` on the same ``count`` weights beside them
+  (``dense_busy_us``). The few-token kernel's launch variants of ``layer_variants`` (sub-tile, parts, warps, blocks
+  per step) and the work list as ``{name}_*``; ``balanced_*``: the same on column-balanced patterns (every block
+  column of ``W`` keeps the same blocks, as ``prune_decoder(..., balance="cols")`` prunes: every walk of ``x @ W``
+  equally long); ``ordered_*`` (GPU): those with ``W``'s blocks handed to the kernel in walk order
+  (:func:`blocksparse.ops.matmul.triton.stream.dds`'s ``ordered``: no index load before a block's), what a
+  column-ordered storage would give;
 - ``generate``: :func:`blocksparse.models.generate` of a Llama decoder with **random weights** (said in
   every row's label): a prompt then greedy decoding as one jitted program, ``tokens_per_s`` = batch x new
   tokens / the program's time (prefill included; ``prefill_ms`` alone beside it). Dense, and pruned by
@@ -42,7 +46,8 @@ Two kinds of cells:
   fused model with its one-token steps' rotary embedding, cache update and attention in one launch per layer
   (:func:`blocksparse.ops.attention.decode_step_attention`, ``fused_attention_*``), checked the same way;
 - ``generate_steps``: the fastest pruned model alone (fused, Pallas steps: the last variant of a ``generate``
-  cell), its greedy tokens checked against its own logits, timed against the dense model in the same process
+  cell), also pruned with ``balance="cols"`` (every walk of its ``x @ W`` products equally long), its greedy tokens
+  checked against its own logits, timed against the dense model in the same process
   (``speedup_vs_dense``) and traced; a cell that fits one short command where the ``generate`` cell at batch 32
   (five models compiled and timed) does not.
 
@@ -117,7 +122,8 @@ SIZES = {
                              variants={"group1": dict(stream_group=1)}),
                  model=dict(LLAMA_TINY, vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=32),
                  batches=(2,), prompt=4, new_tokens=4, gen_blocks=(16,),
-                 gen_densities=(1 / 4,), steps=dict(batches=(2,), prunings=((16, 1 / 4),)), dtype="float32"),
+                 gen_densities=(1 / 4,), steps=dict(batches=(2,), prunings=((16, 1 / 4), (16, 1 / 2, "cols"))),
+                 dtype="float32"),
     "quick": dict(products=((256, 512), (512, 256)), ns=(1, 16), blocks=(32,), densities=(1 / 4,),
                   ops=("x @ W", "W @ x"), variants={"group1": dict(stream_group=1)}, tune=None,
                   gated=(dict(K=256, N=512, n=1, block_size=32, density=1 / 4),),
@@ -137,7 +143,7 @@ SIZES = {
                              variants=LAYER_VARIANTS),
                  model=LLAMA_1B, batches=(1, 8, 32), prompt=128, new_tokens=128,
                  gen_blocks=(32, 64), gen_densities=(1 / 4, 1 / 8),
-                 steps=dict(batches=(1, 8, 32), prunings=((64, 1 / 8),)), dtype="bfloat16"),
+                 steps=dict(batches=(1, 8, 32), prunings=((64, 1 / 8), (64, 1 / 8, "cols"))), dtype="bfloat16"),
 }  # fmt: skip
 
 #: Columns of this suite's table: (header, metric key, format).
@@ -209,12 +215,14 @@ def suite(*, products, ns, blocks, densities, ops, variants, tune, gated, gated_
                     out.append(Cell("decode", label, params, functools.partial(_layers, params)))
     ctx = _Generation(model, prompt, new_tokens, dtype)
     for batch in steps["batches"]:
-        for b, d in steps["prunings"]:
+        for b, d, *balance in steps["prunings"]:
+            balance = balance[0] if balance else None
             params = dict(kind="generate_steps", batch=batch, prompt=prompt, new_tokens=new_tokens, block_size=b,
-                          density=d, dtype=dtype, weights="random",
+                          density=d, balance=balance, dtype=dtype, weights="random",
                           **{f"model_{k}": v for k, v in model.items()})  # fmt: skip
-            label = f"generate b={b} d={density_label(d)} batch={batch} fused, Pallas steps [random weights]"
-            out.append(Cell("decode", label, params, functools.partial(_generate_steps, ctx, batch, b, d)))
+            what = f"b={b} d={density_label(d)}" + (f" {balance}" if balance else "")
+            label = f"generate {what} batch={batch} fused, Pallas steps [random weights]"
+            out.append(Cell("decode", label, params, functools.partial(_generate_steps, ctx, batch, b, d, balance)))
     for batch in batches:
         for b, d in [(None, None)] + [(b, d) for b in gen_blocks for d in gen_densities]:
             params = dict(kind="generate", batch=batch, prompt=prompt, new_tokens=new_tokens, block_size=b, density=d,
@@ -336,23 +344,43 @@ def _product(p: dict, timer: Timer) -> dict:
 
 
 def _layers(p: dict, timer: Timer) -> dict:
-    """A ``layers`` cell (see the module docstring): ``count`` products of one pattern, distinct weights."""
-    from ..ops.matmul.triton import TritonConfig
+    """A ``layers`` cell (see the module docstring): ``count`` products of distinct patterns and weights, random and
+    column-balanced."""
+    from ..ops.matmul.triton import TritonConfig, stream
+    from ..prune import keep_count, top_blocks
 
     dtype = jnp.dtype(p["dtype"])
     k, n_out, n, b, d, count = p["K"], p["N"], p["n"], p["block_size"], p["density"], p["count"]
-    pattern = bs.BlockPattern.random(0, (k, n_out), (b, b), d)
-    shape = (pattern.nnz_blocks, b, b)
-    Ws = [bs.BlockSparseMatrix(pattern, (0.05 * jax.random.normal(jax.random.key(i), shape)).astype(dtype))
-          for i in range(count)]  # fmt: skip
+    grid = (k // b, n_out // b)
+
+    def balanced(seed):  # every block column keeps the same blocks, chosen at random
+        scores = np.random.default_rng(seed).random(grid)
+        return bs.BlockPattern.from_mask(top_blocks(scores, keep_count(d, grid, "cols"), "cols"), b)
+
+    def weights(patterns):
+        normal = lambda i, q: 0.05 * jax.random.normal(jax.random.key(i), (q.nnz_blocks, b, b))  # noqa: E731
+        return [bs.BlockSparseMatrix(q, normal(i, q).astype(dtype)) for i, q in enumerate(patterns)]
+
+    Ws = weights([bs.BlockPattern.random(i, (k, n_out), (b, b), d) for i in range(count)])
+    Wb = weights([balanced(i) for i in range(count)])
     x = jax.random.normal(jax.random.key(count), (n, k), jnp.float32).astype(dtype)
     dense_ws = [W.to_dense() for W in Ws]
-    want = [jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
-            for w in dense_ws]  # fmt: skip
+
+    def oracle(ws):
+        return [jnp.dot(x.astype(jnp.float32), w.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST) for w in ws]
+
+    want, want_b = oracle(dense_ws), oracle([W.to_dense() for W in Wb])
     tol = None if dtype == jnp.float32 else 2 * tolerance(dtype)
 
     def sequence(x, Ws, config=None):
         return [bs.matmul(x, W, config=config) for W in Ws]
+
+    # W's blocks in walk order (block column after block column), permuted once here, outside the timed products
+    ordered = [W.data[np.asarray(W.pattern.transpose()[1])] for W in Wb]
+
+    def ordered_sequence(x, datas):
+        return [stream.dds(x, W.pattern, data, x.dtype, config=TritonConfig(stream=True), ordered=True)
+                for W, data in zip(Wb, datas, strict=True)]  # fmt: skip
 
     def dense_sequence(x, ws):
         return [_dense(x, w) for w in ws]
@@ -380,6 +408,15 @@ def _layers(p: dict, timer: Timer) -> dict:
             got.update({f"{name}_{k}": v for k, v in per_product(run, x, Ws).items()})
         out.update(got)
         ratio(out, f"{name}_busy_us", "busy_us", f"{name}_time_ratio")  # > 1: the default is faster
+    for name, run, args, ok in (("balanced", sequence, (x, Wb), want_b), ("ordered", ordered_sequence, (x, ordered),
+                                                                           want_b)):  # fmt: skip
+        got = variant(timer, name, run, *args, needs=None if name == "balanced" else "gpu", want=ok, dtype=dtype,
+                      tol=tol, what=f"{count} {name} products")  # fmt: skip
+        if gpu and f"{name}_loop_ms" in got:
+            got.update({f"{name}_{k}": v for k, v in per_product(run, *args).items()})
+        out.update(got)
+        ratio(out, f"{name}_busy_us", "busy_us", f"{name}_time_ratio")
+        ratio(out, "dense_busy_us", f"{name}_busy_us", f"{name}_busy_speedup_vs_dense")
     out["speedup_vs_dense"] = out["dense_loop_ms"] / out["loop_ms"]
     return out
 
@@ -403,18 +440,18 @@ class _Generation:
         return jax.random.randint(jax.random.key(batch), (batch, self.prompt), 0, vocab, jnp.int32)
 
     @functools.cache  # noqa: B019
-    def pruned(self, b: int, d: float):
+    def pruned(self, b: int, d: float, balance: str | None = None):
         from ..models import prune_decoder
 
-        return prune_decoder(self.model, b, d)
+        return prune_decoder(self.model, b, d, balance=balance)
 
     @functools.cache  # noqa: B019
-    def fused(self, b: int, d: float):
+    def fused(self, b: int, d: float, balance: str | None = None):
         """The pruned model with q, k, v and gate, up fused into one product each (one object per pruning, so the
         ``generate`` and ``generate_steps`` cells share its compiled programs)."""
         from ..models import fuse_projections
 
-        return fuse_projections(self.pruned(b, d))
+        return fuse_projections(self.pruned(b, d, balance))
 
     @functools.cached_property
     def run(self):
@@ -488,9 +525,10 @@ def _timed_variant(ctx: _Generation, run, model, prompts, batch: int, timer: Tim
     return out
 
 
-def _generate_steps(ctx: _Generation, batch: int, b, d, timer: Timer) -> dict:
-    """A ``generate_steps`` cell: the pruned model fused, with its Pallas steps, against the dense model."""
-    model = ctx.fused(b, d).with_attention("pallas")
+def _generate_steps(ctx: _Generation, batch: int, b, d, balance, timer: Timer) -> dict:
+    """A ``generate_steps`` cell: the pruned model (``balance``: see :func:`blocksparse.models.prune_decoder`) fused,
+    with its Pallas steps, against the dense model."""
+    model = ctx.fused(b, d, balance).with_attention("pallas")
     prompts = ctx.prompts(batch)
     iters = min(timer.iters, GENERATE_ITERS)
     with bs.dispatch_log() as log:

@@ -442,6 +442,14 @@ def _ffn_triton(fields):
     return f
 
 
+def _randomized(layer, seed: int):
+    """``layer`` with its weight's blocks placed uniformly at random (as many, the same values in storage order)."""
+    W = layer.weight
+    gm, gk = W.pattern.grid
+    q = bs.BlockPattern.random(seed, W.shape, W.pattern.block_size, W.pattern.nnz_blocks / (gm * gk))
+    return layer._replace(weight=bs.BlockSparseMatrix(q, W.data))
+
+
 def _ffn(ctx: _Context, b, d, balance, variants: bool, timer: Timer) -> dict:
     x, dense_in, dense_out = ctx.ffn_dense
     rows, h = x.shape
@@ -477,6 +485,14 @@ def _ffn(ctx: _Context, b, d, balance, variants: bool, timer: Timer) -> dict:
     check = dict(want=want, dtype=x.dtype, tol=tol)
     out.update(variant(timer, "unfused", _ffn_unfused, layer_in, layer_out, x, what="unfused FFN", **check))
     ratio(out, "unfused_loop_ms", "loop_ms", "fused_speedup")
+    # The same layers on uniformly random patterns of as many blocks (the kept values in storage order): what the
+    # pruned patterns cost against patterns of their density (> 1: the pruned ones are slower).
+    rand_in, rand_out = (_randomized(p, seed) for seed, p in enumerate((layer_in, layer_out)))
+    ref = (bs.nn.Linear(p.weight.to_dense(), p.bias, p.activation) for p in (rand_in, rand_out))
+    want_rand = jax.jit(_ffn_fn)(*ref, x)
+    out.update(variant(timer, "random", _ffn_fn, rand_in, rand_out, x, what="FFN on random patterns", want=want_rand,
+                       dtype=x.dtype, tol=tol))  # fmt: skip
+    ratio(out, "loop_ms", "random_loop_ms", "time_vs_random")
     for name, fields in FFN_TRITON_VARIANTS.items() if variants else ():
         out.update(variant(timer, name, _ffn_triton(fields), layer_in, layer_out, x, needs="gpu", **check))
     return out

@@ -773,7 +773,8 @@ def _generate(model, tokens, pad, key, temperature, eos, *, max_new_tokens, cach
 
 # -- pruning ------------------------------------------------------------------------------------------
 def prune_decoder(model: LlamaModel, block_size, density: float, *, scope: str = "layer",
-                  targets=DECODER_PROJECTIONS, norm: str = "l2", implementation=None) -> LlamaModel:  # fmt: skip
+                  targets=DECODER_PROJECTIONS, norm: str = "l2", balance: str | None = None,
+                  implementation=None) -> LlamaModel:  # fmt: skip
     """Block-prune the projections of ``model`` by magnitude; a copy whose ``targets`` are ``SparseLinear``.
 
     Arguments:
@@ -786,6 +787,10 @@ def prune_decoder(model: LlamaModel, block_size, density: float, *, scope: str =
         targets: names among :data:`DECODER_PROJECTIONS`, plus ``"lm_head"`` (an untied head only); the
             others stay dense.
         norm: the block norm, ``"l2"``, ``"l1"`` or ``"max"``.
+        balance: ``None``, ``"rows"`` or ``"cols"`` (:data:`blocksparse.prune.BALANCES`): every block row or column of
+            each weight ``(in, out)`` keeps the same number of blocks. ``"cols"`` suits decoding: ``x @ W`` walks
+            ``W``'s block columns, and equal walks let the few-token kernel read no walk bounds and run a loop of
+            static length (see docs/decoder.md).
         implementation: passed to each ``SparseLinear`` (``None``: the fastest available).
     """
     from .. import prune as _prune
@@ -824,9 +829,9 @@ def prune_decoder(model: LlamaModel, block_size, density: float, *, scope: str =
                 num_blocks(density, (w.shape[0] // bh) * (w.shape[1] // bw))
             except ValueError as e:
                 raise ValueError(f"{name} ({w.shape[0]} x {w.shape[1]}): {e}") from None
-            mats.append(_prune.magnitude(w, block_size, density, norm=norm))
+            mats.append(_prune.magnitude(w, block_size, density, norm=norm, balance=balance))
     else:
-        mats = _prune.magnitude_global(weights, block_size, density, norm=norm)
+        mats = _prune.magnitude_global(weights, block_size, density, norm=norm, balance=balance)
     layers = list(model.layers)
     head = model.lm_head
     for (i, t), p, W in zip(where, projs, mats, strict=True):

@@ -214,14 +214,15 @@ def _walk(pattern: BlockPattern, op: str) -> tuple[np.ndarray, np.ndarray, np.nd
 
 
 def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, rows, n, nnz, group, split, exact, epi,
-            half, gate, value_offset, fma):  # fmt: skip
+            half, gate, value_offset, fma, ordered):  # fmt: skip
     """Program ``p``: part ``p // Q`` of sub-tile ``p % Q`` (``Q`` sub-tiles), which is sub-tile ``q % sub`` of
     output block ``q // sub`` (see the module docstring); gated (``half``: the output blocks, half of ``W``'s),
     also of output block ``q // sub + half`` for the value. ``gate``: an input gate (``x``'s contracted dimension is
     twice ``W``'s: each slab is gated with its value slab ``value_offset`` further on as it is loaded). ``nnz``: the
     blocks (the index arrays hold two unread trailing elements past them). ``fma``: one token, its slab one row
     (column) of ``x``, each step's products added elementwise to a block-shaped accumulator summed once by
-    ``reduce``."""
+    ``reduce``. ``ordered``: ``x @ W`` with ``W``'s blocks given in walk order (block ``j`` of the walks is
+    ``data[j]``: no index load before a block's; see :func:`dds`)."""
     from jax.experimental.pallas import triton as plgpu
 
     if split > 1:
@@ -252,7 +253,7 @@ def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, ro
             live = lax.broadcasted_iota(jnp.int32, (rows, bh), 0) < n
 
         def step(j, acc):
-            r, d = kb_ref[j], id_ref[j]
+            r, d = kb_ref[j], (j if ordered else id_ref[j])
             w = w_ref[pl.ds(pl.multiple_of(d * bh, bh), bh), pl.ds(t0, tile)]  # (bh, tile)
             if fma:  # (bh, tile) += x[0, slab] as a column * W_block
                 xs = slab(lambda at: x_ref.at[pl.ds(0, 1), at], r * bh, bh)
@@ -367,7 +368,7 @@ def _kernel(start_ref, kb_ref, id_ref, w_ref, x_ref, *refs, op, bh, bw, tile, ro
         store(totals)
 
 
-def _call(op, pattern, data, x, out_dtype, n, out_shape, *, exact, config, epi, bias, gate):
+def _call(op, pattern, data, x, out_dtype, n, out_shape, *, exact, config, epi, bias, gate, ordered=False):
     bh, bw = pattern.block_size
     if pattern.nnz_blocks == 0:  # the epilogue of a zero product (W's whole width: gated, halved again)
         full = (n, pattern.shape[1]) if op == "dds" else (pattern.shape[0], n)
@@ -379,7 +380,7 @@ def _call(op, pattern, data, x, out_dtype, n, out_shape, *, exact, config, epi, 
     kernel = functools.partial(_kernel, op=op, bh=bh, bw=bw, tile=pl_.tile, rows=pl_.rows, n=n, group=pl_.group,
                                split=pl_.split, exact=exact, epi=epi, half=units // 2 if glu else None, gate=gate,
                                value_offset=pattern.shape[0] if op == "dds" else pattern.shape[1],
-                               nnz=pattern.nnz_blocks, fma=pl_.fma)  # fmt: skip
+                               nnz=pattern.nnz_blocks, fma=pl_.fma, ordered=ordered)  # fmt: skip
     b1 = _bias_operand(bias, epi, pattern.shape[1] if op == "dds" else pattern.shape[0])
     name = f"bs_{op}_stream_{bh}x{bw}_t{pl_.tile}_g{pl_.group}" + (f"_s{pl_.split}" if pl_.split > 1 else "")
     name += ("_glu" if glu else "_epi") if epi is not None else ""
@@ -428,15 +429,18 @@ def _contracted(op: str, pattern: BlockPattern, x, gate) -> None:
 
 
 def dds(x, pattern: BlockPattern, data, out_dtype, *, exact: bool = False, config: TritonConfig | None = None,
-        epi=None, bias=None, gate=None):  # fmt: skip
+        epi=None, bias=None, gate=None, ordered: bool = False):  # fmt: skip
     """``x @ W`` (``x``: ``(n, K)``, few rows) in one launch; ``data`` and ``x`` of one supported dtype. ``gate``: an
-    :class:`~..epilogue.InputGate`, ``x`` then ``(n, 2 K)``, gated as each slab is loaded."""
+    :class:`~..epilogue.InputGate`, ``x`` then ``(n, 2 K)``, gated as each slab is loaded. ``ordered``: ``data`` holds
+    ``W``'s blocks in walk order, block column after block column (``data[pattern.transpose()[1]]``), so that a step
+    reads its block with no index load first: what a column-ordered storage of ``W`` would give (the decode suite's
+    ``layers`` cells measure it; no layer stores its weight so)."""
     _contracted("dds", pattern, x, gate)
     n, features = x.shape[0], _gated("dds", pattern, epi)
     if n == 0:
         return jnp.zeros((0, features), out_dtype)
     return _call("dds", pattern, data, x, out_dtype, n, (n, features), exact=exact, config=config, epi=epi,
-                 bias=bias, gate=gate)  # fmt: skip
+                 bias=bias, gate=gate, ordered=ordered)  # fmt: skip
 
 
 def dsd(pattern: BlockPattern, data, x, out_dtype, *, exact: bool = False, config: TritonConfig | None = None,
