@@ -220,6 +220,8 @@ def plot_decode_products(paths, out: str) -> str:
 _ATT = "decode_attention_1b_h200.json"
 _GEN = "decode_gen_norms_h200.json"
 _STEP = "decode_step_attention_1b_h200.json"
+_BALANCED = "decode_gen_balanced_h200.json"  # rounds of generation loops; balanced: prune_decoder(balance="cols")
+_BALANCED_STEPS = "decode_steps_balanced_h200.json"  # the suite's generate_steps cell, balanced, batch 8
 _BATCHES = "decode_gen_batches_h200.json"
 GENERATION_BARS = {
     "pruned, fused, XLA attention": {1: ((_ATT, "attention_xla_vs_cudnn", "b1_fused_xla"),
@@ -243,6 +245,11 @@ GENERATION_BARS = {
         8: ((_GEN, "generate b=64 d=1/8 batch=8 [random weights]", "fused_attention_tokens_per_s"),
             (_GEN, "generate b=64 d=1/8 batch=8 [random weights]", "dense_tokens_per_s")),  # its own run's dense
         32: ((_BATCHES, 32, "base"), (_BATCHES, 32, "dense"))},
+    "Pallas steps, balanced columns": {
+        1: ((_BALANCED, 1, "balanced"), (_BALANCED, 1, "dense")),
+        8: ((_BALANCED_STEPS, "generate b=64 d=1/8 cols batch=8 fused, Pallas steps [random weights]", "tokens_per_s"),
+            (_BALANCED_STEPS, "generate b=64 d=1/8 cols batch=8 fused, Pallas steps [random weights]",
+             "dense_tokens_per_s"))},
 }  # fmt: skip
 
 
