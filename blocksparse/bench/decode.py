@@ -28,8 +28,8 @@ Two kinds of cells:
   product, from a profiler trace of the Timer's loop; dense ``jnp.dot`` on the same ``count`` weights beside them
   (``dense_busy_us``). The few-token kernel's launch variants of ``layer_variants`` (sub-tile, parts, warps, blocks
   per step) and the work list as ``{name}_*``; ``balanced_*``: the same on column-balanced patterns (every block
-  column of ``W`` keeps the same blocks, as ``prune_decoder(..., balance="cols")`` prunes: every walk of ``x @ W``
-  equally long); ``ordered_*`` (GPU): those with ``W``'s blocks handed to the kernel in walk order
+  column of ``W`` keeps the same number of blocks, as ``prune_decoder(..., balance="cols")`` prunes: every walk of
+  ``x @ W`` equally long); ``ordered_*`` (GPU): those with ``W``'s blocks handed to the kernel in walk order
   (:func:`blocksparse.ops.matmul.triton.stream.dds`'s ``ordered``: no index load before a block's), what a
   column-ordered storage would give;
 - ``generate``: :func:`blocksparse.models.generate` of a Llama decoder with **random weights** (said in
@@ -353,7 +353,7 @@ def _layers(p: dict, timer: Timer) -> dict:
     k, n_out, n, b, d, count = p["K"], p["N"], p["n"], p["block_size"], p["density"], p["count"]
     grid = (k // b, n_out // b)
 
-    def balanced(seed):  # every block column keeps the same blocks, chosen at random
+    def balanced(seed):  # every block column keeps the same number of blocks, chosen at random
         scores = np.random.default_rng(seed).random(grid)
         return bs.BlockPattern.from_mask(top_blocks(scores, keep_count(d, grid, "cols"), "cols"), b)
 
@@ -439,16 +439,22 @@ class _Generation:
         vocab = self.fields["vocab_size"]
         return jax.random.randint(jax.random.key(batch), (batch, self.prompt), 0, vocab, jnp.int32)
 
-    @functools.cache  # noqa: B019
     def pruned(self, b: int, d: float, balance: str | None = None):
+        return self._pruned(b, d, balance)  # one cache key however the balance is passed
+
+    def fused(self, b: int, d: float, balance: str | None = None):
+        """The pruned model with q, k, v and gate, up fused into one product each (one object per pruning, so the
+        ``generate`` and ``generate_steps`` cells share its compiled programs)."""
+        return self._fused(b, d, balance)
+
+    @functools.cache  # noqa: B019
+    def _pruned(self, b: int, d: float, balance: str | None):
         from ..models import prune_decoder
 
         return prune_decoder(self.model, b, d, balance=balance)
 
     @functools.cache  # noqa: B019
-    def fused(self, b: int, d: float, balance: str | None = None):
-        """The pruned model with q, k, v and gate, up fused into one product each (one object per pruning, so the
-        ``generate`` and ``generate_steps`` cells share its compiled programs)."""
+    def _fused(self, b: int, d: float, balance: str | None):
         from ..models import fuse_projections
 
         return fuse_projections(self.pruned(b, d, balance))

@@ -30,7 +30,7 @@ import numpy as np
 from .. import nn as _nn
 from .._checkpoint import register_checkpoint_type
 from .._matrix import concatenate as bs_concatenate
-from .._pattern import check_block_size, check_density, num_blocks
+from .._pattern import check_block_size, check_density
 from .._safetensors import read_safetensors
 from .._safetensors import write as write_safetensors
 from .._util import Pytree
@@ -789,8 +789,8 @@ def prune_decoder(model: LlamaModel, block_size, density: float, *, scope: str =
         norm: the block norm, ``"l2"``, ``"l1"`` or ``"max"``.
         balance: ``None``, ``"rows"`` or ``"cols"`` (:data:`blocksparse.prune.BALANCES`): every block row or column of
             each weight ``(in, out)`` keeps the same number of blocks. ``"cols"`` suits decoding: ``x @ W`` walks
-            ``W``'s block columns, and equal walks let the few-token kernel read no walk bounds and run a loop of
-            static length (see docs/decoder.md).
+            ``W``'s block columns, one program per column slice, and equal columns make every walk as long as the
+            average, so no program waits on a long column (see docs/decoder.md).
         implementation: passed to each ``SparseLinear`` (``None``: the fastest available).
     """
     from .. import prune as _prune
@@ -807,6 +807,7 @@ def prune_decoder(model: LlamaModel, block_size, density: float, *, scope: str =
         raise ValueError(f"Expected density in (0, 1] (a fraction of each projection's blocks kept). Got {density}.")
     if scope not in ("layer", "global"):
         raise ValueError(f"Expected scope 'layer' or 'global'. Got {scope!r}.")
+    _prune.check_balance(balance)
     for i, L in enumerate(model.layers):
         fused = [n for n in FUSED_PROJECTIONS if getattr(L, n) is not None]
         if fused:
@@ -826,7 +827,7 @@ def prune_decoder(model: LlamaModel, block_size, density: float, *, scope: str =
         for name, w in zip(names, weights, strict=True):
             bh, bw = check_block_size(w.shape, block_size)
             try:
-                num_blocks(density, (w.shape[0] // bh) * (w.shape[1] // bw))
+                _prune.keep_count(density, (w.shape[0] // bh, w.shape[1] // bw), balance)
             except ValueError as e:
                 raise ValueError(f"{name} ({w.shape[0]} x {w.shape[1]}): {e}") from None
             mats.append(_prune.magnitude(w, block_size, density, norm=norm, balance=balance))

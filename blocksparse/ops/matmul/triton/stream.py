@@ -386,6 +386,7 @@ def _call(op, pattern, data, x, out_dtype, n, out_shape, *, exact, config, epi, 
     name += ("_glu" if glu else "_epi") if epi is not None else ""
     name += "_gated_x" if gate is not None else ""
     name += "_fma" if pl_.fma else ""
+    name += "_ordered" if ordered else ""
     args = (kernel_constant(start), kernel_constant(kb), kernel_constant(ids), data.reshape(-1, bw), x, *b1)
     y = jax.ShapeDtypeStruct(out_shape, out_dtype)
     if pl_.split == 1:
