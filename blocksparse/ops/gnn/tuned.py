@@ -18,16 +18,16 @@ H200 chose an opt-in variant (fewer warps per program, int32 key reductions, the
 16-edge attention steps). Those variants won on the H200 by trading occupancy against latency on its SMs;
 the plain kernels are the ones every test checks, and the settings the H200 measured its variants against.
 
-:data:`CHOICES` holds the other kind of measured fact: on which graphs XLA's segment ops were faster than the
-Pallas kernels. Key layout: ``CHOICES[device_kind][(family, dtype, pass)] -> tuple[Measured, ...]``, ``family``
-one of ``spmm`` (every ``reduce`` / ``norm``: one product kernel), ``spmm_gcn`` (SpMM with ``norm="both"``
-where it was measured: its degree scalings are separate launches around the Pallas kernel and fused into XLA's
-ops, so the faster backend can differ), ``aggregate`` (max and min: one kernel),
-``gatv2``, ``graph_attention``; ``dtype`` ``float32`` or ``bfloat16``; ``pass`` ``fwd`` or ``fwd+bwd``. Each
-:class:`Measured` is one graph of one run: its statistics (what the host knows of a graph) and the backend that
-was faster there, naming the results JSON and its cell. :func:`blocksparse.ops.gnn.order.choice` reads them; a
-key without measurements, a device without a table (every GPU but the H200) and a graph far from every measured
-one take the default order (Pallas first).
+:data:`CHOICES` holds the other kind of measured fact: on which graphs XLA's segment ops were faster than the Pallas
+kernels. Key layout: ``CHOICES[device_kind][(family, dtype, pass)] -> tuple[Measured, ...]``, ``family`` one of
+``spmm`` (every ``reduce`` / ``norm``: one product kernel), ``spmm_gcn`` (SpMM with ``norm="both"`` where it was
+measured: its degree scalings were then separate launches around the Pallas kernel and fused into XLA's ops, so the
+faster backend could differ; a static graph's norm now rides on the edge weights instead), ``aggregate`` (max and
+min: one kernel), ``gatv2``, ``graph_attention``; ``dtype`` ``float32`` or ``bfloat16``; ``pass`` ``fwd`` or
+``fwd+bwd``. Each :class:`Measured` is one graph of one run: its statistics (what the host knows of a graph) and the
+backend that was faster there, naming the results JSON and its cell. :func:`blocksparse.ops.gnn.order.choice` reads
+them; a key without measurements, a device without a table (every GPU but the H200) and a graph far from every
+measured one take the default order (Pallas first).
 """
 
 from __future__ import annotations
@@ -261,7 +261,9 @@ H200_CHOICES = {
         _paper(_POKEC, "pallas", "gnn_graphs_pokec_h200.json", "spmm_sum"),
         _pl("pallas", "spmm_sum", "fwd"),
     ),
-    # SpMM with the GCN norm (norm="both"): its two degree scalings run around the Pallas kernel, inside XLA's ops
+    # SpMM with the GCN norm (norm="both"), measured when its two degree scalings ran as passes over the features
+    # around the Pallas kernel (fused into XLA's ops); a static graph's norm now rides on the edge weights of both
+    # backends (spmm.api.norm_edge_weight), which these cells predate: the next full run re-measures them
     ("spmm_gcn", "float32", "fwd"): (
         _full(_ROADS, "xla", "spmm_gcn", "fwd"),
         _full(_ARXIV, "pallas", "spmm_gcn", "fwd"),

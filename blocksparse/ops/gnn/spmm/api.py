@@ -8,17 +8,19 @@ j -> i``; its backward is ``dx = A^T dout`` through the cached transposed CSR (`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ....graph import DynamicGraph, Graph, check_graph, nan_unless, poison
 from ... import _dispatch
 from .. import order, registry
 from ..config import SPMM_NODES_PER_PROGRAM, GatherConfig
 
-__all__ = ["SpmmStatic", "accumulate", "inverse_degree_power", "spmm"]
+__all__ = ["NORM_POWERS", "SpmmStatic", "accumulate", "inverse_degree_power", "norm_edge_weight", "spmm"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +115,27 @@ def inverse_degree_power(deg, p):
     return jnp.asarray(deg, jnp.float32).clip(1.0) ** (-p)
 
 
+#: ``norm`` -> the powers ``(p_src, p_dst)`` of ``out_deg(src)^-p_src in_deg(dst)^-p_dst``, each edge's factor.
+NORM_POWERS = {"left": (1.0, 0.0), "right": (0.0, 1.0), "both": (0.5, 0.5)}
+
+
+@functools.lru_cache(maxsize=8)
+def norm_edge_weight(g: Graph, norm: str) -> np.ndarray:
+    """A static graph's degree normalisation as one float32 factor per edge, in the order of its edges (host data,
+    computed once per graph and norm): ``out_deg(src)^-p_src * in_deg(dst)^-p_dst`` with the powers of
+    :data:`NORM_POWERS`, degrees clamped to at least 1. ``spmm`` multiplies the edges' weights by it instead of
+    scaling ``x`` before the product and the output after it (two passes over the features each way)."""
+    p_src, p_dst = NORM_POWERS[norm]
+    w = np.ones(g.num_edges, np.float64)
+    if p_src:
+        w *= np.maximum(g.out_degree, 1).astype(np.float64)[g.src] ** -p_src
+    if p_dst:
+        w *= np.maximum(g.in_degree, 1).astype(np.float64)[g.dst] ** -p_dst
+    w = w.astype(np.float32)
+    w.setflags(write=False)
+    return w
+
+
 def spmm(
     g: Graph | DynamicGraph,
     x: jax.Array,
@@ -185,18 +208,24 @@ def spmm(
     weights = ()
     if edge_weight is not None:
         weights = (_checked_weight(g, edge_weight),)
+    # A static graph's norm rides on the edge weights (one factor per edge, host data): no pass over x before the
+    # product nor over its output after it. A dynamic graph's degrees are traced: its rows are scaled around it.
+    fold = norm is not None and isinstance(g, Graph) and g.num_edges > 0
+    if fold:
+        factor = jnp.asarray(norm_edge_weight(g, norm))
+        weights = (factor if not weights else weights[0].astype(jnp.float32) * factor,)
     valid = g.validity() if isinstance(g, DynamicGraph) else None  # NaN out (and NaN gradients) if invalid
     x = poison(valid, x)
     weights = tuple(poison(valid, w) for w in weights)
     shape = x.shape
     x2 = x.reshape(shape[0], math.prod(shape[1:]))
-    if norm in ("left", "both"):
+    if norm in ("left", "both") and not fold:
         x2 = (x2 * inverse_degree_power(g.out_degree, 1.0 if norm == "left" else 0.5)[:, None]).astype(x.dtype)
     if g.edge_capacity == 0 or g.num_nodes == 0 or x2.shape[1] == 0:
         out = jnp.zeros_like(x2)
     else:
         out = _spmm(s, g, x2, *weights)
-    post = {"both": 0.5, "right": 1.0}.get(norm, 1.0 if reduce == "mean" else None)
+    post = None if fold else {"both": 0.5, "right": 1.0}.get(norm, 1.0 if reduce == "mean" else None)
     if post is not None:
         out = (out * inverse_degree_power(g.in_degree, post)[:, None]).astype(x.dtype)
     return nan_unless(valid, out.reshape(shape))
