@@ -43,22 +43,24 @@ def test_spmm_gradients():
     jax.test_util.check_grads(lambda x: gnn.spmm(g, x, "sum", "both"), (x,), order=2, modes=["rev"], eps=1e-2)
 
 
-@pytest.mark.parametrize("norm", ["left", "right", "both"])
+@pytest.mark.parametrize("norm", ["left", "right", "both", "mean"])
 def test_spmm_norm_rides_on_the_edge_weights(norm):
     # a static graph's degree normalisation is one factor per edge (host data): the normalised product is the
     # weighted one, in its value and its gradients, with no pass over the features before or after the product
+    # (reduce="mean" divides by the in-degree: norm "right"'s factor)
     from blocksparse.ops.gnn.spmm.api import NORM_POWERS, norm_edge_weight
 
+    reduce, norm = ("mean", None) if norm == "mean" else ("sum", norm)
     g = gnn.power_law(40, 300, seed=4)
     x, w = _x(g, 6), jnp.asarray(np.random.default_rng(5).uniform(0.5, 1.5, g.num_edges), jnp.float32)
-    p_src, p_dst = NORM_POWERS[norm]
-    factor = norm_edge_weight(g, norm)
+    p_src, p_dst = NORM_POWERS[norm or "right"]
+    factor = norm_edge_weight(g, norm or "right")
     want = np.maximum(g.out_degree, 1.0)[g.src] ** -p_src * np.maximum(g.in_degree, 1.0)[g.dst] ** -p_dst
     np.testing.assert_allclose(factor, want, rtol=1e-6)
-    assert norm_edge_weight(g, norm) is factor  # once per graph and norm
+    assert norm_edge_weight(g, norm or "right") is factor  # once per graph and norm
 
     def normed(x, w):
-        return jnp.sum(gnn.spmm(g, x, norm=norm, edge_weight=w) ** 2)
+        return jnp.sum(gnn.spmm(g, x, reduce, norm, edge_weight=w) ** 2)
 
     def weighted(x, w):
         return jnp.sum(gnn.spmm(g, x, edge_weight=w * factor) ** 2)
@@ -66,7 +68,7 @@ def test_spmm_norm_rides_on_the_edge_weights(norm):
     np.testing.assert_allclose(normed(x, w), weighted(x, w), rtol=1e-6)
     for got, ref in zip(jax.grad(normed, (0, 1))(x, w), jax.grad(weighted, (0, 1))(x, w), strict=True):
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
-    jaxpr = jax.make_jaxpr(lambda x: gnn.spmm(g, x, norm=norm))(x)
+    jaxpr = jax.make_jaxpr(lambda x: gnn.spmm(g, x, reduce, norm))(x)
     assert [e.primitive.name for e in jaxpr.eqns] == ["custom_vjp_call"]  # the product alone
 
 

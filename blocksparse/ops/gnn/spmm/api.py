@@ -208,11 +208,13 @@ def spmm(
     weights = ()
     if edge_weight is not None:
         weights = (_checked_weight(g, edge_weight),)
-    # A static graph's norm rides on the edge weights (one factor per edge, host data): no pass over x before the
-    # product nor over its output after it. A dynamic graph's degrees are traced: its rows are scaled around it.
-    fold = norm is not None and isinstance(g, Graph) and g.num_edges > 0
+    # A static graph's norm (and the mean's division by the in-degree, norm "right"'s) rides on the edge weights (one
+    # factor per edge, host data): no pass over x before the product nor over its output after it. A dynamic
+    # graph's degrees are traced: its rows are scaled around the product.
+    scaling = "right" if reduce == "mean" else norm
+    fold = scaling is not None and isinstance(g, Graph) and g.num_edges > 0
     if fold:
-        factor = jnp.asarray(norm_edge_weight(g, norm))
+        factor = jnp.asarray(norm_edge_weight(g, scaling))
         weights = (factor if not weights else weights[0].astype(jnp.float32) * factor,)
     valid = g.validity() if isinstance(g, DynamicGraph) else None  # NaN out (and NaN gradients) if invalid
     x = poison(valid, x)
