@@ -310,6 +310,11 @@ def test_balanced_pruning_keeps_equal_walks_and_fuses_to_them(ckpt, balance):
         assert len(set(counts.tolist())) == 1
     with pytest.raises(ValueError, match="balance"):
         prune_decoder(m, 8, 0.5, balance="diagonal")
+    g = prune_decoder(m, 8, 0.5, scope="global", targets=("gate", "up"), balance=balance)  # ranked together
+    for L in g.layers:
+        for name in ("gate", "up"):
+            mask = getattr(L, name).weight.pattern.mask()
+            assert len(set(mask.sum(axis=0 if balance == "cols" else 1).tolist())) == 1, name
 
 
 @pytest.mark.slow
