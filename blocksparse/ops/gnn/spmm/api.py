@@ -8,7 +8,6 @@ j -> i``; its backward is ``dx = A^T dout`` through the cached transposed CSR (`
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import jax
@@ -119,12 +118,18 @@ def inverse_degree_power(deg, p):
 NORM_POWERS = {"left": (1.0, 0.0), "right": (0.0, 1.0), "both": (0.5, 0.5)}
 
 
-@functools.lru_cache(maxsize=8)
 def norm_edge_weight(g: Graph, norm: str) -> np.ndarray:
     """A static graph's degree normalisation as one float32 factor per edge, in the order of its edges (host data,
-    computed once per graph and norm): ``out_deg(src)^-p_src * in_deg(dst)^-p_dst`` with the powers of
-    :data:`NORM_POWERS`, degrees clamped to at least 1. ``spmm`` multiplies the edges' weights by it instead of
-    scaling ``x`` before the product and the output after it (two passes over the features each way)."""
+    computed once per graph and norm and kept with the graph): ``out_deg(src)^-p_src * in_deg(dst)^-p_dst`` with the
+    powers of :data:`NORM_POWERS`, degrees clamped to at least 1. ``spmm`` multiplies the edges' weights by it
+    instead of scaling ``x`` before the product and the output after it (two passes over the features each way)."""
+    kept = g.__dict__.setdefault("_norm_edge_weights", {})
+    if norm not in kept:
+        kept[norm] = _norm_edge_weight(g, norm)
+    return kept[norm]
+
+
+def _norm_edge_weight(g: Graph, norm: str) -> np.ndarray:
     p_src, p_dst = NORM_POWERS[norm]
     w = np.ones(g.num_edges, np.float64)
     if p_src:
