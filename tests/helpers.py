@@ -7,6 +7,9 @@ hypothesis test at its full sweep. One switch tells them apart, the hypothesis p
 
 - :func:`examples` is a hypothesis test's example count: ``@settings(max_examples=examples(25))``.
 - :func:`sweep` is ``pytest.mark.parametrize`` whose cases beyond the quick ones are marked ``slow``.
+
+And the kernels' oracle checks: :func:`relative_error`, and :func:`check_product_and_gradients` for a sparse product
+against its dense expression, value and both gradients.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Collection, Iterable, Sequence
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -66,3 +70,28 @@ def _same(a, b) -> bool:
         return bool(a == b)
     except Exception:  # arrays and other values without a plain equality: identity only
         return a is b
+
+
+def relative_error(got, want) -> float:
+    """``||got - want|| / ||want||`` in float64 (the largest ``|got|`` where ``want`` is zero); the shapes must match
+    and every value of ``got`` be finite (a NaN is an output the kernel never wrote, in the interpreter)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape
+    assert np.isfinite(got).all(), "an output value the kernel never wrote (NaN in the interpreter) or not finite"
+    scale = np.linalg.norm(want)
+    return float(np.linalg.norm(got - want) / scale) if scale else float(np.abs(got).max())
+
+
+def check_product_and_gradients(sparse, ref, W, x, tol: float = 1e-5) -> None:
+    """``sparse(W, x)`` against ``ref(W.to_dense(), x)`` (float32 oracle, ``"highest"`` precision), and the gradients of
+    the sum of squares: ``x``'s, and ``W``'s at its blocks."""
+    import jax
+
+    dense = W.to_dense()
+    with jax.default_matmul_precision("highest"):
+        got, want = sparse(W, x), ref(dense, x)
+        gW, gx = jax.grad(lambda W, x: (sparse(W, x) ** 2).sum(), argnums=(0, 1))(W, x)
+        rW, rx = jax.grad(lambda w, x: (ref(w, x) ** 2).sum(), argnums=(0, 1))(dense, x)
+    assert relative_error(got, want) <= tol
+    assert relative_error(gx, rx) <= tol
+    assert relative_error(gW.to_dense(), rW * (dense != 0)) <= tol

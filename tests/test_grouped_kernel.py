@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import has_gpu
-from helpers import examples, sweep
+from helpers import check_product_and_gradients, examples, relative_error, sweep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_gnn_pallas import _lower_for_cuda
@@ -62,14 +62,6 @@ def _pattern(kind: str, rng, grid, block, density: float = 0.3) -> bs.BlockPatte
     return bs.BlockPattern.from_mask(mask, (bh, bw))
 
 
-def _rel(got, want) -> float:
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    assert got.shape == want.shape
-    assert np.isfinite(got).all(), "an output value the kernel never wrote (NaN in the interpreter) or not finite"
-    scale = np.linalg.norm(want)
-    return float(np.linalg.norm(got - want) / scale) if scale else float(np.abs(got).max())
-
-
 def _operands(rng, p: bs.BlockPattern, op: str, n: int, dtype):
     """``(data, x, dense W in float32)`` of the product ``op`` with a dense operand of ``n`` columns / rows."""
     data = jnp.asarray(rng.standard_normal((p.nnz_blocks, *p.block_size)), dtype)
@@ -95,7 +87,7 @@ def _check(op, p, dtype, rng, n, grouping=None, config=None, slabs=None) -> floa
     data, x, w = _operands(rng, p, op, n, dtype)
     got = _run(op, p, data, x, dtype, grouping, config, slabs=slabs)
     assert got.dtype == jnp.dtype(dtype)
-    err = _rel(got.astype(jnp.float32), _dense(op, w, x))
+    err = relative_error(got.astype(jnp.float32), _dense(op, w, x))
     assert err <= TOL[jnp.dtype(dtype)], err
     return err
 
@@ -257,7 +249,7 @@ def test_fused_epilogue_matches_the_reference(op, axis, activation):
     got = _run(op, p, data, x, jnp.bfloat16, epi=epi, bias=bias)
     assert got.dtype == jnp.bfloat16
     want = _epilogue.reference(_dense(op, w, x), bias, epi, jnp.float32)
-    assert _rel(got.astype(jnp.float32), want) <= TOL[jnp.dtype(jnp.bfloat16)]
+    assert relative_error(got.astype(jnp.float32), want) <= TOL[jnp.dtype(jnp.bfloat16)]
 
 
 def test_empty_pattern_is_the_epilogue_of_zero():
@@ -275,7 +267,6 @@ def test_matmul_with_grouped_config_and_gradients_match_dense(op):
     rng = np.random.default_rng(8)
     p = _pattern("power_law", rng, (8, 6), 16, 0.4)
     W = bs.BlockSparseMatrix(p, jnp.asarray(rng.standard_normal((p.nnz_blocks, 16, 16)), jnp.float32))
-    dense = W.to_dense()
     n = 72  # above the stream kernel's tokens: the grouped kernel runs
     cfg = TritonConfig(grouped=True)
     out = 96 if op == "x @ W" else n
@@ -292,13 +283,7 @@ def test_matmul_with_grouped_config_and_gradients_match_dense(op):
     x = jnp.asarray(rng.standard_normal((96, n) if op == "W @ x" else (n, 128)), jnp.float32)
     product = "dsd" if op == "W @ x" else "dds"
     assert any(k.startswith(f"bs_{product}_grouped_16x16_g") for k in _kernels(sparse, W, x)), _kernels(sparse, W, x)
-    with jax.default_matmul_precision("highest"):
-        got, want = sparse(W, x), ref(dense, x)
-        gW, gx = jax.grad(lambda W, x: (sparse(W, x) ** 2).sum(), argnums=(0, 1))(W, x)
-        rW, rx = jax.grad(lambda w, x: (ref(w, x) ** 2).sum(), argnums=(0, 1))(dense, x)
-    assert _rel(got, want) <= 1e-5
-    assert _rel(gx, rx) <= 1e-5
-    assert _rel(gW.to_dense(), rW * (dense != 0)) <= 1e-5
+    check_product_and_gradients(sparse, ref, W, x)
 
 
 def test_dispatch_runs_grouped_only_when_asked():

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import has_gpu
-from helpers import examples, sweep
+from helpers import check_product_and_gradients, examples, relative_error, sweep
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from test_gnn_pallas import _lower_for_cuda
@@ -48,13 +48,6 @@ def _pattern(kind: str, rng, grid, block, density):
     elif kind == "single":
         mask[rng.integers(gm), rng.integers(gk)] = True
     return bs.BlockPattern.from_mask(mask, block)
-
-
-def _rel(got, want):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    assert got.shape == want.shape and np.isfinite(got).all()
-    scale = np.linalg.norm(want)
-    return np.linalg.norm(got - want) / scale if scale else np.abs(got).max()
 
 
 @settings(max_examples=examples(12), deadline=None)
@@ -90,7 +83,7 @@ def test_stream_matches_the_dense_product(kind, gm, gk, block, n, density, op, g
         got = bs.matmul(W, x, implementation="pallas", precision=HIGHEST, config=cfg)
         want = W.to_dense().astype(jnp.float32) @ x.astype(jnp.float32)
     assert got.dtype == jnp.dtype(dtype)
-    assert _rel(got.astype(jnp.float32), want) <= TOL[jnp.dtype(dtype)]
+    assert relative_error(got.astype(jnp.float32), want) <= TOL[jnp.dtype(dtype)]
 
 
 def _walk_ordered(p, data):
@@ -122,7 +115,7 @@ def test_blocks_in_walk_order_match_the_dense_product(kind, gm, gk, block, n, sp
     cfg = TritonConfig(stream=True, stream_split=split, stream_fma=fma)
     got = stream.dds(x, p, walk, jnp.float32, exact=True, config=cfg, ordered=True)
     want = jnp.dot(x, bs.BlockSparseMatrix(p, data).to_dense(), precision=HIGHEST)
-    assert _rel(got, want) <= TOL[jnp.dtype(jnp.float32)]
+    assert relative_error(got, want) <= TOL[jnp.dtype(jnp.float32)]
 
 
 def test_blocks_in_walk_order_are_read_in_that_order():
@@ -136,16 +129,15 @@ def test_blocks_in_walk_order_are_read_in_that_order():
     x = jnp.asarray(rng.standard_normal((2, 48)), jnp.float32)
     want = jnp.dot(x, bs.BlockSparseMatrix(p, data).to_dense(), precision=HIGHEST)
     cfg = TritonConfig(stream=True)
-    assert _rel(stream.dds(x, p, walk, jnp.float32, exact=True, config=cfg, ordered=True), want) <= 2e-5
-    assert _rel(stream.dds(x, p, data, jnp.float32, exact=True, config=cfg), want) <= 2e-5
-    assert _rel(stream.dds(x, p, walk, jnp.float32, exact=True, config=cfg), want) > 0.1
+    assert relative_error(stream.dds(x, p, walk, jnp.float32, exact=True, config=cfg, ordered=True), want) <= 2e-5
+    assert relative_error(stream.dds(x, p, data, jnp.float32, exact=True, config=cfg), want) <= 2e-5
+    assert relative_error(stream.dds(x, p, walk, jnp.float32, exact=True, config=cfg), want) > 0.1
 
 
 @sweep("op", ["x @ W", "W @ x"])
 def test_fused_epilogue_and_gradients_match_dense(op):
     rng = np.random.default_rng(1)
     W = bs.random(jax.random.key(2), (128, 64) if op == "x @ W" else (64, 128), 32, 0.5)
-    dense = W.to_dense()
     bias = jnp.asarray(rng.standard_normal(64), jnp.float32)
 
     def sparse(W, x):
@@ -159,13 +151,8 @@ def test_fused_epilogue_and_gradients_match_dense(op):
         return jax.nn.gelu(out + (bias if op == "x @ W" else bias[:, None]))
 
     x = jnp.asarray(rng.standard_normal((3, 128) if op == "x @ W" else (128, 3)), jnp.float32)
-    with bs.dispatch_log() as log, jax.default_matmul_precision("highest"):  # the oracle in float32 too
-        got, want = sparse(W, x), ref(dense, x)
-        gW, gx = jax.grad(lambda W, x: (sparse(W, x) ** 2).sum(), argnums=(0, 1))(W, x)
-        rW, rx = jax.grad(lambda w, x: (ref(w, x) ** 2).sum(), argnums=(0, 1))(dense, x)
-    assert _rel(got, want) <= 1e-5
-    assert _rel(gx, rx) <= 1e-5
-    assert _rel(gW.to_dense(), rW * (dense != 0)) <= 1e-5
+    with bs.dispatch_log() as log:
+        check_product_and_gradients(sparse, ref, W, x)
     assert any("pallas" in str(e) for e in log)
 
 
@@ -195,7 +182,7 @@ def test_gated_store_matches_dense(op, split):
         x = jnp.asarray(rng.standard_normal(64), jnp.float32)
         got = bs.matmul(W, x, bias=bias, activation="silu", glu=True, precision=HIGHEST, config=cfg)
         want = _gated_dense(dense @ np.asarray(x, np.float64) + np.asarray(bias), "silu")
-    assert _rel(got, want) <= TOL[jnp.dtype(jnp.float32)]
+    assert relative_error(got, want) <= TOL[jnp.dtype(jnp.float32)]
 
 
 @pytest.mark.skipif(ON_GPU, reason="the GPU runs the kernels for real")
@@ -215,7 +202,8 @@ def test_gated_product_is_one_launch_and_odd_halves_gate_after():
     assert not re.search(r"bs_dds_stream_\w*_glu", txt) and "stablehlo.multiply" in txt
     with bs.interpret():
         got = bs.matmul(x, W3, activation="silu", glu=True, config=cfg, precision=HIGHEST)
-    assert _rel(got, _gated_dense(np.asarray(x, np.float64) @ np.asarray(W3.to_dense(), np.float64), "silu")) <= 2e-5
+    want = _gated_dense(np.asarray(x, np.float64) @ np.asarray(W3.to_dense(), np.float64), "silu")
+    assert relative_error(got, want) <= 2e-5
     with pytest.raises(ValueError, match="even number of output blocks to gate.*Got 3"):
         stream.dds(x, W3.pattern, W3.data, jnp.float32, epi=Epilogue("silu", glu=True))
 
@@ -274,7 +262,7 @@ def test_gated_input_matches_dense(kind, gm, gk, block, n, density, op, activati
     elif epilogue == "glu":
         want = _gated_dense(want + np.asarray(bias, np.float64), "silu")
     assert got.dtype == jnp.dtype(dtype)
-    assert _rel(got.astype(jnp.float32), want) <= TOL[jnp.dtype(dtype)]
+    assert relative_error(got.astype(jnp.float32), want) <= TOL[jnp.dtype(dtype)]
 
 
 @pytest.mark.skipif(ON_GPU, reason="the GPU runs the kernels for real")
@@ -416,7 +404,7 @@ def test_split_walks_on_the_gpu(op, split):
         f = jax.jit(lambda x: bs.matmul(W, x, config=cfg))
         want = W.to_dense().astype(jnp.float32) @ x.astype(jnp.float32)
     runs = [np.asarray(f(x).astype(jnp.float32)) for _ in range(20)]
-    assert _rel(runs[0], want) <= TOL[jnp.dtype(jnp.bfloat16)]
+    assert relative_error(runs[0], want) <= TOL[jnp.dtype(jnp.bfloat16)]
     assert all((r == runs[0]).all() for r in runs)
 
 
@@ -434,7 +422,7 @@ def test_gated_decode_shapes_on_the_gpu(n):
         with bs.dispatch_log() as log:
             got = jax.jit(lambda x, cfg=cfg: bs.matmul(x, W, bias=bias, activation="silu", glu=True, config=cfg))(x)
         assert log == [("dds+epilogue", "pallas")]
-        assert _rel(got.astype(jnp.float32), want) <= TOL[jnp.dtype(jnp.bfloat16)]
+        assert relative_error(got.astype(jnp.float32), want) <= TOL[jnp.dtype(jnp.bfloat16)]
 
 
 @pytest.mark.gpu
@@ -449,7 +437,7 @@ def test_gated_input_decode_shapes_on_the_gpu(n):
         with bs.dispatch_log() as log:
             got = jax.jit(lambda y, cfg=cfg: bs.matmul(y, W, input_glu="silu", config=cfg))(y)
         assert log == [("dds+input_glu", "pallas")]
-        assert _rel(got.astype(jnp.float32), want) <= TOL[jnp.dtype(jnp.bfloat16)]
+        assert relative_error(got.astype(jnp.float32), want) <= TOL[jnp.dtype(jnp.bfloat16)]
 
 
 @pytest.mark.gpu
@@ -465,4 +453,4 @@ def test_decode_shapes_on_the_gpu(op, b):
         else:
             x = jax.random.normal(jax.random.key(1), (1024, n)).astype(dtype)
             got, want = bs.matmul(W, x), W.to_dense().astype(jnp.float32) @ x.astype(jnp.float32)
-        assert _rel(got.astype(jnp.float32), want) <= TOL[jnp.dtype(dtype)]
+        assert relative_error(got.astype(jnp.float32), want) <= TOL[jnp.dtype(dtype)]
