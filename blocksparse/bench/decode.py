@@ -439,22 +439,17 @@ class _Generation:
         vocab = self.fields["vocab_size"]
         return jax.random.randint(jax.random.key(batch), (batch, self.prompt), 0, vocab, jnp.int32)
 
-    def pruned(self, b: int, d: float, balance: str | None = None):
-        return self._pruned(b, d, balance)  # one cache key however the balance is passed
-
-    def fused(self, b: int, d: float, balance: str | None = None):
-        """The pruned model with q, k, v and gate, up fused into one product each (one object per pruning, so the
-        ``generate`` and ``generate_steps`` cells share its compiled programs)."""
-        return self._fused(b, d, balance)
-
+    # The balance is always passed, positionally: functools.cache keys on the arguments as given.
     @functools.cache  # noqa: B019
-    def _pruned(self, b: int, d: float, balance: str | None):
+    def pruned(self, b: int, d: float, balance: str | None):
         from ..models import prune_decoder
 
         return prune_decoder(self.model, b, d, balance=balance)
 
     @functools.cache  # noqa: B019
-    def _fused(self, b: int, d: float, balance: str | None):
+    def fused(self, b: int, d: float, balance: str | None):
+        """The pruned model with q, k, v and gate, up fused into one product each (one object per pruning, so the
+        ``generate`` and ``generate_steps`` cells share its compiled programs)."""
         from ..models import fuse_projections
 
         return fuse_projections(self.pruned(b, d, balance))
@@ -550,7 +545,7 @@ def _generate_steps(ctx: _Generation, batch: int, b, d, balance, timer: Timer) -
 def _generate(ctx: _Generation, batch: int, b, d, timer: Timer) -> dict:
     from ..models import block_density, densified
 
-    model = ctx.model if b is None else ctx.pruned(b, d)
+    model = ctx.model if b is None else ctx.pruned(b, d, None)
     prompts = ctx.prompts(batch)
     run = ctx.run
     iters = min(timer.iters, GENERATE_ITERS)
@@ -577,7 +572,7 @@ def _generate(ctx: _Generation, batch: int, b, d, timer: Timer) -> dict:
         out["tokens_equal"] = float(np.mean(np.asarray(tokens) == np.asarray(ref_tokens)))
         out["block_density"] = block_density(model)
     if b is not None:  # the same pruned model with q, k, v and gate, up fused into one product each
-        fused = ctx.fused(b, d)
+        fused = ctx.fused(b, d, None)
         out.update(_timed_variant(ctx, run, fused, prompts, batch, timer, iters, "fused_", "fused generation"))
         out["fused_calls_ms"] = timer.calls(run, fused, prompts, iters=iters)
         # ... and its one-token steps' attention in one launch per layer (decode_step_attention; XLA off the GPU)
