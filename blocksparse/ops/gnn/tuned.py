@@ -22,7 +22,7 @@ the plain kernels are the ones every test checks, and the settings the H200 meas
 kernels. Key layout: ``CHOICES[device_kind][(family, dtype, pass)] -> tuple[Measured, ...]``, ``family`` one of
 ``spmm`` (every ``reduce`` / ``norm``: one product kernel), ``spmm_gcn`` (SpMM with ``norm="both"`` where it was
 measured: its degree scalings were then separate launches around the Pallas kernel and fused into XLA's ops, so the
-faster backend could differ; a static graph's norm now rides on the edge weights instead), ``aggregate`` (max and
+faster backend could differ; the norm now rides on the edge weights instead), ``aggregate`` (max and
 min: one kernel), ``gatv2``, ``graph_attention``; ``dtype`` ``float32`` or ``bfloat16``; ``pass`` ``fwd`` or
 ``fwd+bwd``. Each :class:`Measured` is one graph of one run: its statistics (what the host knows of a graph) and the
 backend that was faster there, naming the results JSON and its cell. :func:`blocksparse.ops.gnn.order.choice` reads
@@ -262,7 +262,7 @@ H200_CHOICES = {
         _pl("pallas", "spmm_sum", "fwd"),
     ),
     # SpMM with the GCN norm (norm="both"), measured when its two degree scalings ran as passes over the features
-    # around the Pallas kernel (fused into XLA's ops); a static graph's norm now rides on the edge weights of both
+    # around the Pallas kernel (fused into XLA's ops); the norm now rides on the edge weights of both
     # backends (spmm.api.norm_edge_weight), which these cells predate: the next full run re-measures them
     ("spmm_gcn", "float32", "fwd"): (
         _full(_ROADS, "xla", "spmm_gcn", "fwd"),

@@ -213,26 +213,28 @@ def spmm(
     weights = ()
     if edge_weight is not None:
         weights = (_checked_weight(g, edge_weight),)
-    # A static graph's norm (and the mean's division by the in-degree, norm "right"'s) rides on the edge weights (one
-    # factor per edge, host data): no pass over x before the product nor over its output after it. A dynamic
-    # graph's degrees are traced: its rows are scaled around the product.
+    # The norm (and the mean's division by the in-degree, norm "right"'s) rides on the edge weights, one factor per
+    # edge: no pass over x before the product nor over its output after it.
     scaling = "right" if reduce == "mean" else norm
-    fold = scaling is not None and isinstance(g, Graph) and g.num_edges > 0
-    if fold:
-        factor = jnp.asarray(norm_edge_weight(g, scaling))
+    if scaling is not None:
+        factor = _edge_factor(g, scaling)
         weights = (factor if not weights else weights[0].astype(jnp.float32) * factor,)
     valid = g.validity() if isinstance(g, DynamicGraph) else None  # NaN out (and NaN gradients) if invalid
     x = poison(valid, x)
     weights = tuple(poison(valid, w) for w in weights)
     shape = x.shape
     x2 = x.reshape(shape[0], math.prod(shape[1:]))
-    if norm in ("left", "both") and not fold:
-        x2 = (x2 * inverse_degree_power(g.out_degree, 1.0 if norm == "left" else 0.5)[:, None]).astype(x.dtype)
     if g.edge_capacity == 0 or g.num_nodes == 0 or x2.shape[1] == 0:
         out = jnp.zeros_like(x2)
     else:
         out = _spmm(s, g, x2, *weights)
-    post = None if fold else {"both": 0.5, "right": 1.0}.get(norm, 1.0 if reduce == "mean" else None)
-    if post is not None:
-        out = (out * inverse_degree_power(g.in_degree, post)[:, None]).astype(x.dtype)
     return nan_unless(valid, out.reshape(shape))
+
+
+def _edge_factor(g: Graph | DynamicGraph, norm: str) -> jax.Array:
+    """The norm's factor of each edge (:data:`NORM_POWERS`): a static graph's from the host
+    (:func:`norm_edge_weight`), a dynamic one's from its traced degrees (its padding edges' factors unused)."""
+    if isinstance(g, Graph):
+        return jnp.asarray(norm_edge_weight(g, norm))
+    p_src, p_dst = NORM_POWERS[norm]
+    return inverse_degree_power(g.out_degree, p_src)[g.src] * inverse_degree_power(g.in_degree, p_dst)[g.dst]
