@@ -72,6 +72,42 @@ def test_spmm_norm_rides_on_the_edge_weights(norm):
     assert [e.primitive.name for e in jaxpr.eqns] == ["custom_vjp_call"]  # the product alone
 
 
+def _eqns(jaxpr):
+    """Every equation of ``jaxpr`` and of the jaxprs in its equations' parameters, recursively."""
+    for e in jaxpr.eqns:
+        yield e
+        for v in e.params.values():
+            for sub in v if isinstance(v, (tuple, list)) else (v,):
+                sub = getattr(sub, "jaxpr", sub)
+                if hasattr(sub, "eqns"):
+                    yield from _eqns(sub)
+
+
+@pytest.mark.parametrize("norm", ["left", "right", "both", "mean"])
+def test_spmm_norm_factors_reach_the_product_in_its_order(norm, kernels_here):
+    # a static graph's factors reach the product as host data already in the CSR order of the graph it runs on (g
+    # forward, g.T backward): the program gathers nothing of one value per edge for them (XLA folds a gather of a
+    # constant by a constant at every compilation: seconds on a graph of millions of edges)
+    from blocksparse.ops.gnn.spmm.api import TRANSPOSED_NORM, csr_norm_factor, norm_edge_weight
+
+    reduce, norm = ("mean", None) if norm == "mean" else ("sum", norm)
+    norm_ = norm or "right"
+    g = gnn.power_law(40, 300, seed=6)
+    factor = norm_edge_weight(g, norm_)
+    np.testing.assert_array_equal(csr_norm_factor(g, norm_), factor[g.edge_perm])
+    # on g.T an edge keeps its factor: the transposed norm's there (in- and out-degrees swap roles)
+    np.testing.assert_array_equal(csr_norm_factor(g.T, TRANSPOSED_NORM[norm_]), factor[g.T.edge_perm])
+    assert csr_norm_factor(g, norm_) is csr_norm_factor(g, norm_)  # once per graph and norm
+    for impl in ("xla", "pallas"):
+
+        def loss(x, impl=impl):
+            return jnp.sum(gnn.spmm(g, x, reduce, norm, implementation=impl) ** 2)
+
+        eqns = _eqns(jax.make_jaxpr(jax.grad(loss))(_x(g, 4)).jaxpr)
+        shapes = [v.aval.shape for e in eqns if e.primitive.name == "gather" for v in e.outvars]
+        assert (g.num_edges,) not in shapes, (impl, shapes)
+
+
 @given(graphs(), st.sampled_from(["max", "min"]))
 @settings(max_examples=examples(6))
 def test_aggregate_matches_oracle_and_routes_gradient(g, reduce):

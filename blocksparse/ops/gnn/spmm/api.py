@@ -2,7 +2,7 @@
 
 The core is one differentiable op, ``out = A x`` with ``A[i, j] = sum of w_e over edges
 j -> i``; its backward is ``dx = A^T dout`` through the cached transposed CSR (``g.T``) and
-``dw_e = dout[dst_e] . x[src_e]``. Normalisations are diagonal scalings around it.
+``dw_e = dout[dst_e] . x[src_e]``. Normalisations are one factor per edge, multiplied into the weights.
 """
 
 from __future__ import annotations
@@ -19,7 +19,16 @@ from ... import _dispatch
 from .. import order, registry
 from ..config import SPMM_NODES_PER_PROGRAM, GatherConfig
 
-__all__ = ["NORM_POWERS", "SpmmStatic", "accumulate", "inverse_degree_power", "norm_edge_weight", "spmm"]
+__all__ = [
+    "NORM_POWERS",
+    "TRANSPOSED_NORM",
+    "SpmmStatic",
+    "accumulate",
+    "csr_norm_factor",
+    "inverse_degree_power",
+    "norm_edge_weight",
+    "spmm",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +40,10 @@ class SpmmStatic:
         accumulate: the arrays are ``(g, x, init, *w)`` and the result ``init + A x``.
         config: the Pallas kernel's :class:`~..config.GatherConfig` (``None``: its defaults; XLA ignores it).
         bwd_impls: the backward's (the product over ``g.T``); ``None``: ``impls``.
+        norm: a static graph's degree normalisation (a key of :data:`NORM_POWERS`), multiplied into the edges'
+            weights as host data already in the CSR order of the graph the product runs on
+            (:func:`csr_norm_factor`): the program holds the factors as one constant and gathers nothing. A dynamic
+            graph's factors are traced: they come in the weights instead.
 
     The graph is the op's first array argument: a :class:`Graph` (a pytree without leaves, so
     static) or a :class:`DynamicGraph` (traced index arrays).
@@ -40,6 +53,7 @@ class SpmmStatic:
     accumulate: bool = False
     config: GatherConfig | None = None
     bwd_impls: tuple[str, ...] | None = None
+    norm: str | None = None
 
 
 def _table(name: str):
@@ -48,6 +62,9 @@ def _table(name: str):
     def call(s: SpmmStatic, g, x, *rest):
         init, w = (rest[0], rest[1:]) if s.accumulate else (None, rest)
         w_csr = w[0][jnp.asarray(g.edge_perm)] if w else None
+        if s.norm is not None:
+            factor = jnp.asarray(csr_norm_factor(g, s.norm))
+            w_csr = factor if w_csr is None else w_csr.astype(jnp.float32) * factor
         kw = {}
         if name == "pallas" and s.config is not None:
             kw = dict(nodes_per_program=s.config.nodes_per_program, variant=s.config.variant)
@@ -59,13 +76,17 @@ def _table(name: str):
 def _backward(s: SpmmStatic, arrays, _, dout):
     g, x, *rest = arrays
     init, w = ((rest[0],), rest[1:]) if s.accumulate else ((), rest)
-    # edge ids are shared by g and g.T; the defaults' kernel, on the backward's backends
-    dx = _spmm(SpmmStatic(s.bwd_impls or s.impls), g.T, dout, *w)
+    # edge ids are shared by g and g.T; the defaults' kernel, on the backward's backends; an edge's norm factor on
+    # g.T is the transposed norm's there (the degrees swap roles)
+    norm_t = None if s.norm is None else TRANSPOSED_NORM[s.norm]
+    dx = _spmm(SpmmStatic(s.bwd_impls or s.impls, norm=norm_t), g.T, dout, *w)
     d_init = tuple(dout.astype(i.dtype) for i in init)
     if not w:
         return None, dx, *d_init
     src, dst = jnp.asarray(g.src), jnp.asarray(g.dst)
     dw = jnp.sum(dout[dst].astype(jnp.float32) * x[src].astype(jnp.float32), axis=-1)
+    if s.norm is not None:
+        dw = dw * jnp.asarray(norm_edge_weight(g, s.norm))
     if isinstance(g, DynamicGraph):
         dw = jnp.where(g.edge_mask, dw, 0.0)
     return None, dx, *d_init, dw.astype(w[0].dtype)
@@ -116,6 +137,8 @@ def inverse_degree_power(deg, p):
 
 #: ``norm`` -> the powers ``(p_src, p_dst)`` of ``out_deg(src)^-p_src in_deg(dst)^-p_dst``, each edge's factor.
 NORM_POWERS = {"left": (1.0, 0.0), "right": (0.0, 1.0), "both": (0.5, 0.5)}
+#: ``norm`` -> the norm giving each edge the same factor on the transposed graph (whose in- and out-degrees swap).
+TRANSPOSED_NORM = {"left": "right", "right": "left", "both": "both"}
 
 
 def norm_edge_weight(g: Graph, norm: str) -> np.ndarray:
@@ -126,6 +149,16 @@ def norm_edge_weight(g: Graph, norm: str) -> np.ndarray:
     kept = g.__dict__.setdefault("_norm_edge_weights", {})
     if norm not in kept:
         kept[norm] = _norm_edge_weight(g, norm)
+    return kept[norm]
+
+
+def csr_norm_factor(g: Graph, norm: str) -> np.ndarray:
+    """:func:`norm_edge_weight` in ``g``'s CSR order (``[g.edge_perm]``), the order the product reads its weights
+    in: host data, computed once per graph and norm and kept with the graph."""
+    kept = g.__dict__.setdefault("_csr_norm_factors", {})
+    if norm not in kept:
+        kept[norm] = norm_edge_weight(g, norm)[g.edge_perm]
+        kept[norm].setflags(write=False)
     return kept[norm]
 
 
@@ -209,16 +242,18 @@ def spmm(
     # the backward is a product over g.T: chosen by its own degrees where the choice is the default's
     auto = implementation is None and config is None
     bwd = order.implementations("spmm", None, x.dtype, graph=g, feat=feat, transpose=True, norm=norm) if auto else impls
-    s = SpmmStatic(impls, config=config, bwd_impls=None if bwd == impls else bwd)
     weights = ()
     if edge_weight is not None:
         weights = (_checked_weight(g, edge_weight),)
     # The norm (and the mean's division by the in-degree, norm "right"'s) rides on the edge weights, one factor per
-    # edge: no pass over x before the product nor over its output after it.
+    # edge: no pass over x before the product nor over its output after it. A static graph's factors are host data
+    # the product multiplies in (SpmmStatic.norm); a dynamic graph's are traced from its degrees.
     scaling = "right" if reduce == "mean" else norm
-    if scaling is not None:
-        factor = _edge_factor(g, scaling)
+    if scaling is not None and isinstance(g, DynamicGraph):
+        factor = _dynamic_edge_factor(g, scaling)
         weights = (factor if not weights else weights[0].astype(jnp.float32) * factor,)
+        scaling = None
+    s = SpmmStatic(impls, config=config, bwd_impls=None if bwd == impls else bwd, norm=scaling)
     valid = g.validity() if isinstance(g, DynamicGraph) else None  # NaN out (and NaN gradients) if invalid
     x = poison(valid, x)
     weights = tuple(poison(valid, w) for w in weights)
@@ -231,10 +266,8 @@ def spmm(
     return nan_unless(valid, out.reshape(shape))
 
 
-def _edge_factor(g: Graph | DynamicGraph, norm: str) -> jax.Array:
-    """The norm's factor of each edge (:data:`NORM_POWERS`): a static graph's from the host
-    (:func:`norm_edge_weight`), a dynamic one's from its traced degrees (its padding edges' factors unused)."""
-    if isinstance(g, Graph):
-        return jnp.asarray(norm_edge_weight(g, norm))
+def _dynamic_edge_factor(g: DynamicGraph, norm: str) -> jax.Array:
+    """The norm's factor of each edge of a dynamic graph (:data:`NORM_POWERS`), from its traced degrees (its padding
+    edges' factors unused)."""
     p_src, p_dst = NORM_POWERS[norm]
     return inverse_degree_power(g.out_degree, p_src)[g.src] * inverse_degree_power(g.in_degree, p_dst)[g.dst]
