@@ -21,8 +21,8 @@ the plain kernels are the ones every test checks, and the settings the H200 meas
 :data:`CHOICES` holds the other kind of measured fact: on which graphs XLA's segment ops were faster than the Pallas
 kernels. Key layout: ``CHOICES[device_kind][(family, dtype, pass)] -> tuple[Measured, ...]``, ``family`` one of
 ``spmm`` (every ``reduce`` / ``norm``: one product kernel), ``spmm_gcn`` (SpMM with ``norm="both"`` where it was
-measured: its degree scalings were then separate launches around the Pallas kernel and fused into XLA's ops, so the
-faster backend could differ; the norm now rides on the edge weights instead), ``aggregate`` (max and
+measured: a weighted product, the norm riding on the edge weights, whose faster backend can differ from the
+unweighted one's), ``aggregate`` (max and
 min: one kernel), ``gatv2``, ``graph_attention``; ``dtype`` ``float32`` or ``bfloat16``; ``pass`` ``fwd`` or
 ``fwd+bwd``. Each :class:`Measured` is one graph of one run: its statistics (what the host knows of a graph) and the
 backend that was faster there, naming the results JSON and its cell. :func:`blocksparse.ops.gnn.order.choice` reads
@@ -217,6 +217,13 @@ _FULL_SMALL = "gnn_full_small_float32_h200.json"  # city-roads-L, ogbn-arxiv: ev
 _FULL_SMALL_BF16 = "gnn_full_small_bfloat16_h200.json"
 # power-law in float32 (cut short: no GATv2 fwd+bwd, graph attention), one run
 _FULL_POWER_LAW = "gnn_full_power_law_float32_h200.json"
+# SpMM (sum, mean, the GCN norm) on city-roads-L and ogbn-arxiv in both dtypes, the norms on the edge weights
+_FULL_NORMS = "gnn_full_small_spmm_norms_h200.json"
+_FULL_TWITCH = "gnn_full_twitch_float32_h200.json"  # twitch-views, float32 (cut short: SpMM only)
+_FULL_TWITCH_BF16 = "gnn_full_twitch_bfloat16_h200.json"  # twitch-views, bfloat16 (cut short: SpMM only)
+_FULL_POWER_LAW_BF16 = "gnn_full_power_law_bfloat16_h200.json"  # power-law, bfloat16 (cut short: SpMM sum only)
+_FULL_ARXIV_BF16_ATTN = "gnn_full_arxiv_bfloat16_attn_h200.json"  # ogbn-arxiv's bfloat16 attention, both passes
+_FULL_POWER_LAW_ATTN = "gnn_full_power_law_float32_attn_h200.json"  # power-law, float32 (cut short: GATv2 fwd only)
 _SEGMENT = "XLA's side: the suite's sorted segment op in the features' dtype (jax-segment), as the xla backend runs it"
 
 
@@ -225,11 +232,16 @@ def _paper(stats, faster, results, op, dtype="float32", note=_SEGMENT):
                     cell=f"{stats['graph']}/{dtype}/as generated/{op}: ours vs jax-segment", note=note)  # fmt: skip
 
 
-def _full(stats, faster, op, pass_, results=_FULL_SMALL, dtype="float32"):
+_TIE = "a tie: XLA faster by at most 2%, the default order kept"  # blocksparse.bench.gnn_graphs.TIE_NOTE
+
+
+def _full(stats, faster, op, pass_, results=_FULL_SMALL, dtype="float32", note=""):
     """A cell of the full ``gnn-graphs`` table, as ``blocksparse.bench.gnn_graphs.measured_from`` reads it: both
-    backends named (``pallas_loop_ms`` against ``xla_loop_ms``) in the same cell."""
+    backends named (``pallas_loop_ms`` against ``xla_loop_ms``) in the same cell; ``faster="pallas"`` with
+    ``note=_TIE`` where XLA won by at most 2%."""
     label = f"{stats['graph']} {dtype} as generated {op} {pass_}"
-    return Measured(**stats, faster=faster, results=results, cell=f"{label}: pallas_loop_ms vs xla_loop_ms")
+    return Measured(**stats, faster=faster, results=results, cell=f"{label}: pallas_loop_ms vs xla_loop_ms",
+                    note=note)  # fmt: skip
 
 
 def _half(stats, faster, op, pass_):
@@ -250,34 +262,40 @@ _GAT_SEGMENT = ("XLA's side: JAX's autodiff of the suite's segment GATv2 (jax-se
 # gnn_graphs_h200.json's SpMM and max forward and GATv2 forward + backward there), bfloat16 on those two graphs
 # (gnn_full_small_bfloat16_h200.json; replaced spmm_packed_h200.json's ogbn-arxiv SpMM), float32 on the power-law
 # graph (gnn_full_power_law_float32_h200.json; replaced gather_defaults_h200.json's SpMM and max forward and
-# gather_with_arg_h200.json's max with the arg-max there). The other graphs, and the power-law graph in bfloat16,
-# keep their older runs; the cells those runs did not reach (cut short) have no entry.
+# gather_with_arg_h200.json's max with the arg-max there). Later runs replaced some of those in turn: SpMM and SpMM
+# with the GCN norm on city-roads-L and ogbn-arxiv in both dtypes, re-measured with the norms on the edge weights
+# (gnn_full_small_spmm_norms_h200.json), ogbn-arxiv's bfloat16 attention (gnn_full_arxiv_bfloat16_attn_h200.json),
+# the power-law graph's GATv2 forward (gnn_full_power_law_float32_attn_h200.json); and twitch-views' SpMM in both
+# dtypes (gnn_full_twitch_*_h200.json; replaced gnn_graphs_h200.json's float32 SpMM) and the power-law graph's
+# bfloat16 SpMM (gnn_full_power_law_bfloat16_h200.json; replaced gather_defaults_h200.json's). The other graphs
+# keep their older runs; the cells no run reached (cut short) have no entry.
 H200_CHOICES = {
     ("spmm", "float32", "fwd"): (
-        _full(_ROADS, "pallas", "spmm_sum", "fwd"),
-        _full(_ARXIV, "pallas", "spmm_sum", "fwd"),
-        _paper(_TWITCH, "pallas", _GRAPHS_RUN, "spmm_sum"),
+        _full(_ROADS, "pallas", "spmm_sum", "fwd", _FULL_NORMS),
+        _full(_ARXIV, "pallas", "spmm_sum", "fwd", _FULL_NORMS),
+        _full(_TWITCH, "xla", "spmm_sum", "fwd", _FULL_TWITCH),
         _paper(_PRODUCTS, "pallas", "gnn_graphs_products_h200.json", "spmm_sum"),
         _paper(_POKEC, "pallas", "gnn_graphs_pokec_h200.json", "spmm_sum"),
         _pl("pallas", "spmm_sum", "fwd"),
     ),
-    # SpMM with the GCN norm (norm="both"), measured when its two degree scalings ran as passes over the features
-    # around the Pallas kernel (fused into XLA's ops); the norm now rides on the edge weights of both
-    # backends (spmm.api.norm_edge_weight), which these cells predate: the next full run re-measures them
+    # SpMM with the GCN norm (norm="both"): a weighted product (the norm rides on the edge weights), whose faster
+    # backend differs from the unweighted one's on some graphs. The power-law cell predates the edge weights (its
+    # degree scalings were then passes over the features around the Pallas kernel).
     ("spmm_gcn", "float32", "fwd"): (
-        _full(_ROADS, "xla", "spmm_gcn", "fwd"),
-        _full(_ARXIV, "pallas", "spmm_gcn", "fwd"),
+        _full(_ROADS, "xla", "spmm_gcn", "fwd", _FULL_NORMS),
+        _full(_ARXIV, "pallas", "spmm_gcn", "fwd", _FULL_NORMS, note=_TIE),
+        _full(_TWITCH, "xla", "spmm_gcn", "fwd", _FULL_TWITCH),
         _pl("pallas", "spmm_gcn", "fwd"),
     ),
     ("spmm_gcn", "bfloat16", "fwd"): (
-        _half(_ROADS, "xla", "spmm_gcn", "fwd"),
-        _half(_ARXIV, "pallas", "spmm_gcn", "fwd"),
+        _full(_ROADS, "pallas", "spmm_gcn", "fwd", _FULL_NORMS, "bfloat16"),
+        _full(_ARXIV, "pallas", "spmm_gcn", "fwd", _FULL_NORMS, "bfloat16"),
     ),
     ("spmm", "bfloat16", "fwd"): (
-        _half(_ROADS, "pallas", "spmm_sum", "fwd"),
-        _half(_ARXIV, "pallas", "spmm_sum", "fwd"),
-        Measured(**_POWER_LAW, faster="pallas", results="gather_defaults_h200.json",
-                 cell="spmm/bfloat16/default vs spmm/bfloat16/xla"),
+        _full(_ROADS, "xla", "spmm_sum", "fwd", _FULL_NORMS, "bfloat16"),
+        _full(_ARXIV, "pallas", "spmm_sum", "fwd", _FULL_NORMS, "bfloat16", note=_TIE),
+        _full(_TWITCH, "pallas", "spmm_sum", "fwd", _FULL_TWITCH_BF16, "bfloat16"),
+        _full(_POWER_LAW, "pallas", "spmm_sum", "fwd", _FULL_POWER_LAW_BF16, "bfloat16"),
     ),
     ("aggregate", "float32", "fwd"): (
         _full(_ROADS, "pallas", "max", "fwd"),
@@ -309,11 +327,11 @@ H200_CHOICES = {
     ("gatv2", "float32", "fwd"): (
         _full(_ROADS, "pallas", "gatv2", "fwd"),
         _full(_ARXIV, "pallas", "gatv2", "fwd"),
-        _pl("pallas", "gatv2", "fwd"),
+        _full(_POWER_LAW, "pallas", "gatv2", "fwd", _FULL_POWER_LAW_ATTN),
     ),
     ("gatv2", "bfloat16", "fwd"): (
         _half(_ROADS, "xla", "gatv2", "fwd"),
-        _half(_ARXIV, "pallas", "gatv2", "fwd"),
+        _full(_ARXIV, "pallas", "gatv2", "fwd", _FULL_ARXIV_BF16_ATTN, "bfloat16"),
     ),
     ("gatv2", "float32", "fwd+bwd"): (
         _full(_ROADS, "xla", "gatv2", "fwd+bwd"),
@@ -325,6 +343,7 @@ H200_CHOICES = {
     ),
     ("gatv2", "bfloat16", "fwd+bwd"): (
         _half(_ROADS, "xla", "gatv2", "fwd+bwd"),
+        _full(_ARXIV, "xla", "gatv2", "fwd+bwd", _FULL_ARXIV_BF16_ATTN, "bfloat16"),
     ),
     ("graph_attention", "float32", "fwd"): (
         _full(_ROADS, "pallas", "graph_attention", "fwd"),
@@ -332,6 +351,7 @@ H200_CHOICES = {
     ),
     ("graph_attention", "bfloat16", "fwd"): (
         _half(_ROADS, "xla", "graph_attention", "fwd"),
+        _full(_ARXIV, "pallas", "graph_attention", "fwd", _FULL_ARXIV_BF16_ATTN, "bfloat16"),
     ),
     ("graph_attention", "float32", "fwd+bwd"): (
         _full(_ROADS, "xla", "graph_attention", "fwd+bwd"),
@@ -339,6 +359,7 @@ H200_CHOICES = {
     ),
     ("graph_attention", "bfloat16", "fwd+bwd"): (
         _half(_ROADS, "xla", "graph_attention", "fwd+bwd"),
+        _full(_ARXIV, "pallas", "graph_attention", "fwd+bwd", _FULL_ARXIV_BF16_ATTN, "bfloat16"),
     ),
 }  # fmt: skip
 
