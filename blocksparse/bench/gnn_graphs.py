@@ -621,13 +621,13 @@ TIE_NOTE = f"a tie: XLA faster by at most {TIE:.0%}, the default order kept"
 def measured_from(doc: dict, results: str) -> dict:
     """The tuned data a run of this suite measured: ``(family, dtype, pass) -> [Measured, ...]`` for
     :data:`blocksparse.ops.gnn.tuned.CHOICES`, one per graph, from the cells as generated where both backends ran
-    (``faster_backend``). SpMM takes its ``spmm_sum`` forward (its backward is a forward product over the
-    transpose), SpMM with the GCN norm its ``spmm_gcn`` forward (``spmm_gcn``), aggregate its ``max`` cells;
+    (``faster_backend``). SpMM takes its ``spmm_sum`` cells (the forward + backward cell: both products on one
+    backend), SpMM with the GCN norm its ``spmm_gcn`` cells (``spmm_gcn``), aggregate its ``max`` cells;
     ``results`` names the JSON under ``benchmarks/results/``. A cell where XLA won by at most :data:`TIE` keeps the
     default order (``faster="pallas"``, noted)."""
     from ..ops.gnn import tuned
 
-    take = {"spmm_sum": ("spmm", ("fwd",)), "spmm_gcn": ("spmm_gcn", ("fwd",)), "max": ("aggregate", PASSES),
+    take = {"spmm_sum": ("spmm", PASSES), "spmm_gcn": ("spmm_gcn", PASSES), "max": ("aggregate", PASSES),
             "gatv2": ("gatv2", PASSES), "graph_attention": ("graph_attention", PASSES)}  # fmt: skip
     out: dict = {}
     for r in doc.get("results", []):

@@ -291,6 +291,29 @@ H200_CHOICES = {
         _full(_ROADS, "pallas", "spmm_gcn", "fwd", _FULL_NORMS, "bfloat16"),
         _full(_ARXIV, "pallas", "spmm_gcn", "fwd", _FULL_NORMS, "bfloat16"),
     ),
+    # SpMM under jax.grad: the forward + backward cells (the product over g and its backward over g.T, both on one
+    # backend), which can differ from the forward's (city-roads-L: XLA's forward, the kernels' forward + backward)
+    ("spmm", "float32", "fwd+bwd"): (
+        _full(_ROADS, "pallas", "spmm_sum", "fwd+bwd", _FULL_NORMS),
+        _full(_ARXIV, "pallas", "spmm_sum", "fwd+bwd", _FULL_NORMS),
+        _full(_TWITCH, "xla", "spmm_sum", "fwd+bwd", _FULL_TWITCH),
+        _pl("pallas", "spmm_sum", "fwd+bwd"),
+    ),
+    ("spmm", "bfloat16", "fwd+bwd"): (
+        _full(_ROADS, "pallas", "spmm_sum", "fwd+bwd", _FULL_NORMS, "bfloat16"),
+        _full(_ARXIV, "pallas", "spmm_sum", "fwd+bwd", _FULL_NORMS, "bfloat16"),
+        _full(_TWITCH, "pallas", "spmm_sum", "fwd+bwd", _FULL_TWITCH_BF16, "bfloat16"),
+        _full(_POWER_LAW, "pallas", "spmm_sum", "fwd+bwd", _FULL_POWER_LAW_BF16, "bfloat16"),
+    ),
+    ("spmm_gcn", "float32", "fwd+bwd"): (
+        _full(_ROADS, "pallas", "spmm_gcn", "fwd+bwd", _FULL_NORMS),
+        _full(_ARXIV, "pallas", "spmm_gcn", "fwd+bwd", _FULL_NORMS),
+        _pl("pallas", "spmm_gcn", "fwd+bwd"),
+    ),
+    ("spmm_gcn", "bfloat16", "fwd+bwd"): (
+        _full(_ROADS, "pallas", "spmm_gcn", "fwd+bwd", _FULL_NORMS, "bfloat16"),
+        _full(_ARXIV, "pallas", "spmm_gcn", "fwd+bwd", _FULL_NORMS, "bfloat16"),
+    ),
     ("spmm", "bfloat16", "fwd"): (
         _full(_ROADS, "xla", "spmm_sum", "fwd", _FULL_NORMS, "bfloat16"),
         _full(_ARXIV, "pallas", "spmm_sum", "fwd", _FULL_NORMS, "bfloat16", note=_TIE),

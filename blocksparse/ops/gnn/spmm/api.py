@@ -40,6 +40,7 @@ class SpmmStatic:
         accumulate: the arrays are ``(g, x, init, *w)`` and the result ``init + A x``.
         config: the Pallas kernel's :class:`~..config.GatherConfig` (``None``: its defaults; XLA ignores it).
         bwd_impls: the backward's (the product over ``g.T``); ``None``: ``impls``.
+        grad_impls: the forward product's under ``jax.grad`` (a gradient follows it); ``None``: ``impls``.
         norm: a static graph's degree normalisation (a key of :data:`NORM_POWERS`), multiplied into the edges'
             weights as host data already in the CSR order of the graph the product runs on
             (:func:`csr_norm_factor`): the program holds the factors as one constant and gathers nothing. A dynamic
@@ -54,6 +55,7 @@ class SpmmStatic:
     config: GatherConfig | None = None
     bwd_impls: tuple[str, ...] | None = None
     norm: str | None = None
+    grad_impls: tuple[str, ...] | None = None
 
 
 def _table(name: str):
@@ -93,7 +95,13 @@ def _backward(s: SpmmStatic, arrays, _, dout):
 
 
 # (static, graph, x (N, F)[, init (N, F)][, w (E,) in edge order]) -> [init +] A x
-_spmm = _dispatch.differentiable("spmm", _table, _backward)
+def _forward(s: SpmmStatic, *arrays):
+    """The forward product that a gradient follows: on ``s.grad_impls`` where the choice for a forward + backward
+    differs from the forward alone's."""
+    return _dispatch.run("spmm", s.grad_impls or s.impls, _table, s, *arrays), None
+
+
+_spmm = _dispatch.differentiable("spmm", _table, _backward, _forward)
 
 
 def accumulate(
@@ -203,7 +211,9 @@ def spmm(
         implementation: ``None`` (the order of :func:`blocksparse.ops.gnn.order.implementations`: on a GPU
             Pallas, for every feature dtype, except on graphs like those where the tuned data measured XLA faster,
             :func:`blocksparse.ops.gnn.order.choice`; elsewhere XLA), ``"pallas"``, ``"xla"`` or a sequence tried
-            in order. The backward's product over ``g.T`` is chosen alike by ``g.T``'s degrees.
+            in order. Under ``jax.grad`` both products (the forward over ``g``, the backward over ``g.T``) follow
+            the tuned data's forward + backward measurement of a graph like ``g`` where there is one; else the
+            backward's product over ``g.T`` is chosen alike by ``g.T``'s degrees.
         config: ``None`` or a :class:`~blocksparse.gnn.GatherConfig` for the Pallas kernel (light nodes per
             program, a gather variant); with ``implementation=None`` only the Pallas backend then runs. It
             applies to the forward product; the backward's SpMM over ``g.T`` takes the defaults.
@@ -242,6 +252,12 @@ def spmm(
     # the backward is a product over g.T: chosen by its own degrees where the choice is the default's
     auto = implementation is None and config is None
     bwd = order.implementations("spmm", None, x.dtype, graph=g, feat=feat, transpose=True, norm=norm) if auto else impls
+    # under jax.grad both products follow the graph's forward + backward measurement where there is one (the cell
+    # timed the forward over g and the backward over g.T together, on each backend)
+    grad = None
+    if auto and isinstance(g, Graph):
+        c = order.choice("spmm", order.graph_stats(g), feat, x.dtype, "fwd+bwd", norm=norm)
+        grad = c.impls if c.measured is not None else None
     weights = ()
     if edge_weight is not None:
         weights = (_checked_weight(g, edge_weight),)
@@ -253,7 +269,10 @@ def spmm(
         factor = _dynamic_edge_factor(g, scaling)
         weights = (factor if not weights else weights[0].astype(jnp.float32) * factor,)
         scaling = None
-    s = SpmmStatic(impls, config=config, bwd_impls=None if bwd == impls else bwd, norm=scaling)
+    if grad is not None:
+        bwd = grad
+    s = SpmmStatic(impls, config=config, bwd_impls=None if bwd == impls else bwd, norm=scaling,
+                   grad_impls=None if grad in (None, impls) else grad)  # fmt: skip
     valid = g.validity() if isinstance(g, DynamicGraph) else None  # NaN out (and NaN gradients) if invalid
     x = poison(valid, x)
     weights = tuple(poison(valid, w) for w in weights)
