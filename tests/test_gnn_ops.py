@@ -41,6 +41,10 @@ def test_spmm_gradients():
     np.testing.assert_allclose(dx, a.T @ np.asarray(ct), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(dw, np.sum(np.asarray(ct)[g.dst] * np.asarray(x)[g.src], -1), rtol=1e-5, atol=1e-5)
     jax.test_util.check_grads(lambda x: gnn.spmm(g, x, "sum", "both"), (x,), order=2, modes=["rev"], eps=1e-2)
+    # the norms whose transpose is the other one (left <-> right on g.T) and the mean, in x and the weights
+    for reduce, norm in (("sum", "left"), ("sum", "right"), ("mean", None)):
+        jax.test_util.check_grads(lambda x, w, r=reduce, n=norm: gnn.spmm(g, x, r, n, edge_weight=w), (x, w), order=2,
+                                  modes=["rev"], eps=1e-2)  # fmt: skip
 
 
 @pytest.mark.parametrize("norm", ["left", "right", "both", "mean"])
@@ -97,6 +101,7 @@ def test_spmm_norm_factors_reach_the_product_in_its_order(norm, kernels_here):
     np.testing.assert_array_equal(csr_norm_factor(g, norm_), factor[g.edge_perm])
     # on g.T an edge keeps its factor: the transposed norm's there (in- and out-degrees swap roles)
     np.testing.assert_array_equal(csr_norm_factor(g.T, TRANSPOSED_NORM[norm_]), factor[g.T.edge_perm])
+    assert norm_edge_weight(g.T, TRANSPOSED_NORM[norm_]) is factor  # the same factors, kept once for both
     assert csr_norm_factor(g, norm_) is csr_norm_factor(g, norm_)  # once per graph and norm
     for impl in ("xla", "pallas"):
 

@@ -204,6 +204,56 @@ def test_padding_does_not_change_the_embedding(extra, data):
     np.testing.assert_allclose(a, b, atol=2e-6)
 
 
+def _xla_fused(monkeypatch):
+    """jax.nn.dot_product_attention with implementation="cudnn" run by its XLA implementation (no cuDNN here):
+    the encoder's cuDNN path (its mask, layout and dtypes) checked on any device."""
+    real = jax.nn.dot_product_attention
+    seen = []
+
+    def fake(*args, implementation=None, **kw):
+        seen.append(implementation)
+        return real(*args, implementation="xla", **kw)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", fake)
+    return seen
+
+
+def test_encoder_cudnn_attention_matches_the_einsums(tiny, monkeypatch):
+    # the same token states as the einsums' path; a sentence of padding only gets finite states (it attends to every
+    # key rather than to none) and a zero embedding, as there
+    model, tok = tiny
+    half = model.astype(jnp.bfloat16)
+    t = tok(SENTENCES)
+    ids, mask = np.asarray(t["input_ids"]), np.array(t["attention_mask"])
+    mask[-1] = 0  # no real token
+    want = half.hidden_states(ids, mask)
+    seen = _xla_fused(monkeypatch)
+    got = np.asarray(half.hidden_states(ids, mask, attention="cudnn"), np.float32)
+    assert seen == ["cudnn"] * len(half.layers)
+    np.testing.assert_allclose(got[:-1], np.asarray(want[:-1], np.float32), atol=0.05, rtol=0.05)
+    e = half(ids, mask, attention="cudnn")
+    np.testing.assert_allclose(e[:-1], half(ids, mask)[:-1], atol=0.02)
+    assert np.isfinite(got).all() and np.array_equal(e[-1], np.zeros_like(e[-1]))
+
+
+def test_encoder_attention_bad_input(tiny):
+    model, tok = tiny
+    t = tok(SENTENCES)
+    with pytest.raises(ValueError, match="Expected attention one of 'xla', 'cudnn'. Got 'flash'"):
+        model(t["input_ids"], t["attention_mask"], attention="flash")
+    with pytest.raises(ValueError, match="float16 or bfloat16 activations for attention='cudnn'.*Got float32"):
+        model(t["input_ids"], t["attention_mask"], attention="cudnn")
+
+
+@pytest.mark.gpu
+def test_encoder_cudnn_attention_on_the_gpu(tiny):
+    model, tok = tiny
+    half = model.astype(jnp.bfloat16)
+    t = tok(SENTENCES)
+    want, got = half(t["input_ids"], t["attention_mask"]), half(t["input_ids"], t["attention_mask"], attention="cudnn")
+    assert float(jnp.min(jnp.sum(got * want, -1))) > 0.999
+
+
 def test_shapes_dtypes_and_bad_input(tiny):
     model, tok = tiny
     t = tok(SENTENCES)
@@ -590,3 +640,29 @@ def test_model_suite_reconstruction_cells_carry_both_targets():
     assert balanced == {"spearman": 0.99, "recovered_spearman": 0.99}  # the targets are for unbalanced patterns
     labels = [c.label for c in model.cells(full=True, weights="(not loaded)") if c.params.get("scope") == "reconstruct"]
     assert "quality b=32 d=1/8 reconstruct +recovery" in labels and "quality b=32 d=1/8 reconstruct cols" in labels
+
+
+def test_model_suite_encoder_cells_with_cudnn_attention(tiny, monkeypatch):
+    # full mode times the encoder with cuDNN's fused attention too; here its calls run XLA's implementation
+    import dataclasses
+
+    from blocksparse.bench import Timer, model, run_cell
+
+    labels = [c.label for c in model.cells(full=True, weights="(not loaded)") if c.params.get("kind") == "encoder"]
+    assert {"encoder dense", "encoder dense cudnn", "encoder b=64 d=1/8 cols", "encoder b=64 d=1/8 cols cudnn"} <= {
+        *labels
+    }
+    sizes = dataclasses.replace(
+        model.SIZES["quick"], speed_block_sizes=(8,), densities=(1 / 2,), speed_batch=2, speed_length=8,
+        speed_dtype="bfloat16", speed_attention=("xla", "cudnn"),
+    )  # fmt: skip
+    cells = [c for c in model.cells(full=False, weights=str(TINY), sizes=sizes) if c.params["kind"] == "encoder"]
+    assert [c.label for c in cells] == ["encoder dense", "encoder b=8 d=1/2", "encoder dense cudnn",
+                                        "encoder b=8 d=1/2 cudnn"]  # fmt: skip
+    seen = _xla_fused(monkeypatch)
+    results = [run_cell(c, Timer(iters=1, trials=1, warmup=0)) for c in cells[2:]]
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    assert seen and set(seen) == {"cudnn"}
+    dense, pruned = (r.metrics for r in results)
+    assert dense["min_cosine_vs_xla"] > 0.99 and pruned["min_cosine_vs_densified"] > 0.99
+    assert all(m["speedup_vs_dense_xla"] > 0 and m["loop_ms"] > 0 for m in (dense, pruned))

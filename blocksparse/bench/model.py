@@ -9,7 +9,9 @@ Three kinds of cells (see :mod:`blocksparse.models`):
   and the Spearman correlation of the pairwise similarity scores, before and (for the recovered
   block sizes) after distillation;
 - ``encoder``: sentences per second of the whole encoder, dense and pruned (per layer), with both
-  timings of :class:`~blocksparse.bench.Timer`; checked against the same pruned weights held densely;
+  timings of :class:`~blocksparse.bench.Timer`; checked against the same pruned weights held densely; in
+  full mode also with cuDNN's fused attention (labels ending ``cudnn``: ``speedup_vs_dense`` against the dense
+  encoder with the same attention, ``speedup_vs_dense_xla`` against its einsums);
 - ``ffn``: the FFN alone, ``gelu(x @ W1 + b1) @ W2 + b2`` with layer 0's weights, dense and pruned,
   checked against the dense product of the pruned weights: the cell's own times with the bias and GELU
   fused into the products (:class:`blocksparse.nn.SparseLinear`), ``unfused_*`` with ``bs.matmul`` then the
@@ -110,6 +112,7 @@ class Sizes:
     calibration_sentences: int = 32  # training-split sentences the reconstruction is calibrated on
     # (name, value) pairs passed to prune_encoder_reconstruct, and recorded in the cells' params
     reconstruct_options: tuple = (("objective", "residual"), ("refit_bias", True), ("method", "greedy"))
+    speed_attention: tuple = ("xla",)  # the encoder speed cells' attention (models.ENCODER_ATTENTION)
 
 
 SIZES = {
@@ -124,7 +127,7 @@ SIZES = {
                   recover_densities=None, recover_scopes=("layer",), steps=300,
                   batch_size=32, learning_rate=1e-3, speed_block_sizes=(16, 32, 64), speed_batch=256,
                   speed_length=128, speed_dtype="bfloat16", ffn_rows=32768, balances=(None, "cols"),
-                  reconstruct=(16, 32, 64), calibration_sentences=2000),
+                  reconstruct=(16, 32, 64), calibration_sentences=2000, speed_attention=("xla", "cudnn")),
 }  # fmt: skip
 
 
@@ -167,15 +170,18 @@ def cells(*, full: bool, weights: str | None = None, sizes: Sizes | None = None)
                     run = functools.partial(_quality, ctx, b, d, "reconstruct", balance, rec)
                     label = _balanced(f"quality b={b} d={density_label(d)} reconstruct", balance)
                     out.append(Cell("model", label + (" +recovery" if rec else ""), params, run))
-    speed = dict(batch=s.speed_batch, length=s.speed_length, dtype=s.speed_dtype)
-    run = functools.partial(_encoder, ctx, None, None, None)
-    out.append(Cell("model", "encoder dense", dict(kind="encoder", **speed), run))
-    for b in s.speed_block_sizes:
-        for d in s.densities:
-            for balance in s.balances:
-                params = dict(kind="encoder", block_size=b, density=d, balance=balance, **speed)
-                run = functools.partial(_encoder, ctx, b, d, balance)
-                out.append(Cell("model", _balanced(f"encoder b={b} d={density_label(d)}", balance), params, run))
+    for attention in s.speed_attention:
+        speed = dict(batch=s.speed_batch, length=s.speed_length, dtype=s.speed_dtype, attention=attention)
+        tail = "" if attention == "xla" else f" {attention}"
+        run = functools.partial(_encoder, ctx, None, None, None, attention)
+        out.append(Cell("model", "encoder dense" + tail, dict(kind="encoder", **speed), run))
+        for b in s.speed_block_sizes:
+            for d in s.densities:
+                for balance in s.balances:
+                    params = dict(kind="encoder", block_size=b, density=d, balance=balance, **speed)
+                    run = functools.partial(_encoder, ctx, b, d, balance, attention)
+                    label = _balanced(f"encoder b={b} d={density_label(d)}", balance) + tail
+                    out.append(Cell("model", label, params, run))
     ffn = dict(rows=s.ffn_rows, dtype=s.speed_dtype)
     run = functools.partial(_ffn, ctx, None, None, None, False)
     out.append(Cell("model", "ffn dense", dict(kind="ffn", **ffn), run))
@@ -276,10 +282,11 @@ class _Context:
         return self.model.astype(jnp.dtype(self.s.speed_dtype))
 
     @functools.cache  # noqa: B019 - one context per suite run
-    def dense_time(self, kind: str, timer: Timer) -> tuple[float, float]:
-        """``(loop_ms, calls_ms)`` of the dense encoder or FFN, measured once (the dense cell and every ratio)."""
+    def dense_time(self, kind: str, timer: Timer, attention: str = "xla") -> tuple[float, float]:
+        """``(loop_ms, calls_ms)`` of the dense encoder (with ``attention``) or FFN, measured once (the dense cell
+        and every ratio)."""
         if kind == "encoder":
-            return _time_encoder(self.speed_model, self.speed_tokens, timer)
+            return _time_encoder(self.speed_model, self.speed_tokens, timer, attention)
         x, layer_in, layer_out = self.ffn_dense
         return timer.loop(_ffn_fn, layer_in, layer_out, x), timer.calls(_ffn_fn, layer_in, layer_out, x)
 
@@ -371,13 +378,14 @@ def _check_unit(emb, what: str) -> None:
         raise CellFailed(f"{what}: expected finite unit vectors; got norms in [{norms.min():.4g}, {norms.max():.4g}]")
 
 
-def _encode(model, ids, mask):
-    return model(ids, mask)
+def _encode(model, ids, mask, attention="xla"):
+    return model(ids, mask, attention=attention)
 
 
-def _time_encoder(model, tokens, timer: Timer) -> tuple[float, float]:
+def _time_encoder(model, tokens, timer: Timer, attention: str = "xla") -> tuple[float, float]:
     ids, mask = tokens["input_ids"], tokens["attention_mask"]
-    return timer.loop(_encode, model, ids, mask), timer.calls(_encode, model, ids, mask)
+    fn = _encode if attention == "xla" else functools.partial(_encode, attention=attention)
+    return timer.loop(fn, model, ids, mask), timer.calls(fn, model, ids, mask)
 
 
 def _densified(model):
@@ -393,27 +401,40 @@ def _densified(model):
     return model._replace(layers=tuple(layers))
 
 
-def _encoder(ctx: _Context, b, d, balance, timer: Timer) -> dict:
+def _encoder(ctx: _Context, b, d, balance, attention, timer: Timer) -> dict:
+    """One encoder speed cell: ``speedup_vs_dense`` against the dense encoder with the same ``attention``; with
+    another attention than XLA's also ``speedup_vs_dense_xla`` (against the dense encoder's einsums) and, for the
+    dense model, ``min_cosine_vs_xla`` (its embeddings against the einsums')."""
     from ..models import prune_encoder
 
     tokens = ctx.speed_tokens
-    n = int(tokens["input_ids"].shape[0])
+    ids, mask = tokens["input_ids"], tokens["attention_mask"]
+    n = int(ids.shape[0])
+    encode = jax.jit(functools.partial(_encode, attention=attention))
     if b is None:
-        loop_ms, calls_ms = ctx.dense_time("encoder", timer)
+        loop_ms, calls_ms = ctx.dense_time("encoder", timer, attention)
         out = dict(loop_ms=loop_ms, calls_ms=calls_ms, speedup_vs_dense=1.0)
         log = [("dense", "xla dot")]
+        if attention != "xla":
+            cos = float(np.min(np.sum(np.asarray(encode(ctx.speed_model, ids, mask))
+                                      * np.asarray(jax.jit(_encode)(ctx.speed_model, ids, mask)), axis=1)))  # fmt: skip
+            if not cos >= 0.99:
+                raise CellFailed(f"{attention} attention vs the einsums: expected cosine >= 0.99; got min {cos:.5f}")
+            out["min_cosine_vs_xla"] = cos
     else:
         model = prune_encoder(ctx.model, b, d, balance=balance).astype(jnp.dtype(ctx.s.speed_dtype))
         with bs.dispatch_log() as log:
-            loop_ms, calls_ms = _time_encoder(model, tokens, timer)
-        got = np.asarray(jax.jit(_encode)(model, tokens["input_ids"], tokens["attention_mask"]))
-        want = np.asarray(jax.jit(_encode)(_densified(model), tokens["input_ids"], tokens["attention_mask"]))
+            loop_ms, calls_ms = _time_encoder(model, tokens, timer, attention)
+        got = np.asarray(encode(model, ids, mask))
+        want = np.asarray(encode(_densified(model), ids, mask))
         cos = float(np.min(np.sum(got * want, axis=1)))
         tol = 0.999 if ctx.s.speed_dtype == "float32" else 0.99
         if not cos >= tol:
             raise CellFailed(f"pruned encoder vs its weights held densely: expected cosine >= {tol}; got min {cos:.5f}")
         out = dict(loop_ms=loop_ms, calls_ms=calls_ms, min_cosine_vs_densified=cos,
-                   speedup_vs_dense=ctx.dense_time("encoder", timer)[0] / loop_ms)  # fmt: skip
+                   speedup_vs_dense=ctx.dense_time("encoder", timer, attention)[0] / loop_ms)  # fmt: skip
+    if attention != "xla":
+        out["speedup_vs_dense_xla"] = ctx.dense_time("encoder", timer)[0] / out["loop_ms"]
     out.update(sentences_per_s=n / (out["loop_ms"] / 1e3), implementation=implementation(log))
     return out
 

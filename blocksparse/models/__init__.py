@@ -17,6 +17,7 @@ and ``optax`` (``blocksparse[train]``) for recovery.
 from .._safetensors import read_safetensors
 from . import corpus, minilm, study
 from ._bert import (
+    ENCODER_ATTENTION,
     PROJECTIONS,
     RECONSTRUCT_OBJECTIVES,
     STAGES,
@@ -51,6 +52,7 @@ from ._llama import (
 __all__ = [
     "ATTENTION",
     "DECODER_PROJECTIONS",
+    "ENCODER_ATTENTION",
     "FUSED_PROJECTIONS",
     "PROJECTIONS",
     "RECONSTRUCT_OBJECTIVES",

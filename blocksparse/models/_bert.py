@@ -28,6 +28,7 @@ __all__ = [
     "BertEncoder",
     "BertLayer",
     "LayerNorm",
+    "ENCODER_ATTENTION",
     "PROJECTIONS",
     "RECONSTRUCT_OBJECTIVES",
     "STAGES",
@@ -40,6 +41,10 @@ PROJECTIONS = ("query", "key", "value", "attn_out", "ffn_in", "ffn_out")
 #: The projections grouped by the input they read, in the order a layer computes them (query, key and value
 #: share the layer's input; each later one reads what the ones before it produce).
 STAGES = (("query", "key", "value"), ("attn_out",), ("ffn_in",), ("ffn_out",))
+#: How a layer computes its self-attention: ``"xla"`` (einsums and a softmax, which XLA fuses in part; the default)
+#: or ``"cudnn"`` (``jax.nn.dot_product_attention``'s cuDNN kernel: one fused launch, the scores never written to
+#: memory; an NVIDIA GPU and float16 or bfloat16 activations).
+ENCODER_ATTENTION = ("xla", "cudnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +129,15 @@ def sparse_projection(weight, bias, activation: str | None = None, implementatio
     return _nn.SparseLinear(weight, None if bias is None else jnp.asarray(bias), implementation, activation)
 
 
+def _check_attention(attention: str, dtype) -> str:
+    """A known attention (:data:`ENCODER_ATTENTION`), and half-precision activations for cuDNN's."""
+    if attention not in ENCODER_ATTENTION:
+        raise ValueError(f"Expected attention one of {', '.join(map(repr, ENCODER_ATTENTION))}. Got {attention!r}.")
+    if attention == "cudnn" and np.dtype(dtype) not in (np.dtype(jnp.float16), np.dtype(jnp.bfloat16)):
+        raise ValueError(f"Expected float16 or bfloat16 activations for attention='cudnn' (model.astype). Got {dtype}.")
+    return attention
+
+
 @dataclasses.dataclass(frozen=True)
 class BertLayer(Pytree):
     """One transformer layer: self-attention, residual + LayerNorm, GELU FFN, residual + LayerNorm (post-norm)."""
@@ -141,8 +155,9 @@ class BertLayer(Pytree):
     ffn_norm: LayerNorm
     num_heads: int
 
-    def __call__(self, x, mask_bias, taps: dict | None = None) -> jax.Array:
-        """``x (batch, length, hidden)``; ``taps``, if a dict, receives each projection's input (calibration)."""
+    def __call__(self, x, mask_bias, taps: dict | None = None, attention: str = "xla") -> jax.Array:
+        """``x (batch, length, hidden)``; ``mask_bias`` as :meth:`BertEncoder.embed` makes it; ``taps``, if a dict,
+        receives each projection's input (calibration); ``attention``: :data:`ENCODER_ATTENTION`."""
 
         def tap(name, v):
             if taps is not None:
@@ -158,9 +173,16 @@ class BertLayer(Pytree):
 
         tap("query", tap("key", tap("value", x)))
         q, k, v = (heads(_apply(p, x)) for p in (self.query, self.key, self.value))
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) / math.sqrt(hd)
-        probs = jax.nn.softmax(scores + mask_bias, axis=-1).astype(x.dtype)
-        ctx = jnp.einsum("bhqk,bkhd->bqhd", probs, v, preferred_element_type=jnp.float32).astype(x.dtype)
+        if _check_attention(attention, x.dtype) == "cudnn":
+            # the padding as a boolean key mask; a sequence without real keys attends to all of them, as the
+            # additive bias does (every score the same), instead of dividing by zero
+            keys = mask_bias == 0
+            keys = keys | ~keys.any(axis=-1, keepdims=True)
+            ctx = jax.nn.dot_product_attention(q, k, v, mask=keys, implementation="cudnn").astype(x.dtype)
+        else:
+            scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) / math.sqrt(hd)
+            probs = jax.nn.softmax(scores + mask_bias, axis=-1).astype(x.dtype)
+            ctx = jnp.einsum("bhqk,bkhd->bqhd", probs, v, preferred_element_type=jnp.float32).astype(x.dtype)
         x = self.attn_norm(x + _apply(self.attn_out, tap("attn_out", ctx.reshape(b, n, h))))
         return self.ffn_norm(x + _apply(self.ffn_out, tap("ffn_out", _apply(self.ffn_in, tap("ffn_in", x)))))
 
@@ -216,11 +238,12 @@ class BertEncoder(Pytree):
         mask_bias = jnp.where(attention_mask.astype(bool), 0.0, jnp.finfo(jnp.float32).min)[:, None, None, :]
         return self.embeddings_norm(x.astype(self.dtype)), mask_bias
 
-    def hidden_states(self, input_ids, attention_mask, token_type_ids=None) -> jax.Array:
-        """The last layer's token states ``(batch, length, hidden)`` in the compute dtype."""
+    def hidden_states(self, input_ids, attention_mask, token_type_ids=None, *, attention: str = "xla") -> jax.Array:
+        """The last layer's token states ``(batch, length, hidden)`` in the compute dtype (``attention``: as
+        ``__call__``)."""
         x, mask_bias = self.embed(input_ids, attention_mask, token_type_ids)
         for layer in self.layers:
-            x = layer(x, mask_bias)
+            x = layer(x, mask_bias, attention=attention)
         return x
 
     def input_norms(self, input_ids, attention_mask, token_type_ids=None) -> list[dict[str, np.ndarray]]:
@@ -237,9 +260,12 @@ class BertEncoder(Pytree):
             out.append({k: np.sqrt(np.mean(np.square(np.asarray(v, np.float32)[m]), axis=0)) for k, v in taps.items()})
         return out
 
-    def __call__(self, input_ids, attention_mask, token_type_ids=None) -> jax.Array:
-        """Sentence embeddings: mean of the token states over ``attention_mask``, L2-normalised, float32."""
-        h = self.hidden_states(input_ids, attention_mask, token_type_ids).astype(jnp.float32)
+    def __call__(self, input_ids, attention_mask, token_type_ids=None, *, attention: str = "xla") -> jax.Array:
+        """Sentence embeddings: mean of the token states over ``attention_mask``, L2-normalised, float32.
+
+        ``attention``: how the layers compute self-attention, :data:`ENCODER_ATTENTION` (``"cudnn"``: cuDNN's fused
+        kernel, on an NVIDIA GPU with a half-precision model, :meth:`astype`)."""
+        h = self.hidden_states(input_ids, attention_mask, token_type_ids, attention=attention).astype(jnp.float32)
         m = jnp.asarray(attention_mask).astype(jnp.float32)[..., None]
         pooled = (h * m).sum(1) / jnp.maximum(m.sum(1), 1e-9)
         norm = jnp.linalg.norm(pooled, axis=-1, keepdims=True)

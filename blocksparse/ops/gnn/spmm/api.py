@@ -156,7 +156,10 @@ def norm_edge_weight(g: Graph, norm: str) -> np.ndarray:
     instead of scaling ``x`` before the product and the output after it (two passes over the features each way)."""
     kept = g.__dict__.setdefault("_norm_edge_weights", {})
     if norm not in kept:
-        kept[norm] = _norm_edge_weight(g, norm)
+        # an edge's factor is the transposed norm's on g.T (same edge order): computed once for both
+        twin = getattr(g, "_transpose", None)
+        shared = twin.__dict__.get("_norm_edge_weights", {}).get(TRANSPOSED_NORM[norm]) if twin is not None else None
+        kept[norm] = shared if shared is not None else _norm_edge_weight(g, norm)
     return kept[norm]
 
 
@@ -165,8 +168,9 @@ def csr_norm_factor(g: Graph, norm: str) -> np.ndarray:
     in: host data, computed once per graph and norm and kept with the graph."""
     kept = g.__dict__.setdefault("_csr_norm_factors", {})
     if norm not in kept:
-        kept[norm] = norm_edge_weight(g, norm)[g.edge_perm]
-        kept[norm].setflags(write=False)
+        factor = norm_edge_weight(g, norm)[g.edge_perm]
+        factor.setflags(write=False)
+        kept[norm] = factor
     return kept[norm]
 
 
