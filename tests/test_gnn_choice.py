@@ -1,6 +1,7 @@
 """The GNN ops' default backend by the graph (``order.choice``, data in ``tuned.CHOICES``) and the ``gnn-graphs``
 suite's cells of every op and pass at the tiny size."""
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -120,6 +121,12 @@ _FAMILY = {"spmm_sum": "spmm", "spmm_mean": "spmm", "spmm_gcn": "spmm", "max": "
            "gatv2": "gatv2", "graph_attention": "graph_attention"}  # fmt: skip
 
 
+@functools.cache
+def _graph(name: str):
+    """The suite's graph ``name``, built once for this module (the power-law graph and twitch-views take seconds)."""
+    return suite.graph(name)
+
+
 def _key(prm) -> tuple[str, str, str]:
     """The tuned data's key a cell of a full run is chosen by."""
     if prm["op"].startswith("spmm"):
@@ -163,7 +170,7 @@ def test_the_full_runs_cells_are_the_tuned_data(name):
                 replaced.add((key, m.graph))
     ours = [(k, m) for k, v in tuned.CHOICES[H200].items() for m in v if m.results == name]
     assert all(m in got.get(k, ()) for k, m in ours)
-    graphs = {g: suite.graph(g) for g in {r["params"]["graph"] for r in doc["results"]}}
+    graphs = {g: _graph(g) for g in {r["params"]["graph"] for r in doc["results"]}}
     assert len(doc["results"]) == cells
     for r in doc["results"]:
         prm, met = r["params"], r["metrics"]

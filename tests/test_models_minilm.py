@@ -642,6 +642,7 @@ def test_model_suite_reconstruction_cells_carry_both_targets():
     assert "quality b=32 d=1/8 reconstruct +recovery" in labels and "quality b=32 d=1/8 reconstruct cols" in labels
 
 
+@pytest.mark.slow  # four encoder cells timed; quick: test_encoder_cudnn_attention_matches_the_einsums
 def test_model_suite_encoder_cells_with_cudnn_attention(tiny, monkeypatch):
     # full mode times the encoder with cuDNN's fused attention too; here its calls run XLA's implementation
     import dataclasses
