@@ -253,15 +253,16 @@ def spmm(
     x = g.check_features(x, "features", ndim=tuple(range(1, 8)))
     feat = max(math.prod(x.shape[1:]), 1)
     impls = order.implementations("spmm", implementation, x.dtype, config, graph=g, feat=feat, norm=norm)
-    # the backward is a product over g.T: chosen by its own degrees where the choice is the default's
+    # With the default's choice, under jax.grad both products follow the graph's forward + backward measurement where
+    # there is one (the cell timed the forward over g and the backward over g.T together, on each backend); else the
+    # backward, a product over g.T, is chosen by g.T's own degrees.
     auto = implementation is None and config is None
-    bwd = order.implementations("spmm", None, x.dtype, graph=g, feat=feat, transpose=True, norm=norm) if auto else impls
-    # under jax.grad both products follow the graph's forward + backward measurement where there is one (the cell
-    # timed the forward over g and the backward over g.T together, on each backend)
-    grad = None
+    grad, bwd = None, impls
     if auto and isinstance(g, Graph):
         c = order.choice("spmm", order.graph_stats(g), feat, x.dtype, "fwd+bwd", norm=norm)
         grad = c.impls if c.measured is not None else None
+    if auto:
+        bwd = grad or order.implementations("spmm", None, x.dtype, graph=g, feat=feat, transpose=True, norm=norm)
     weights = ()
     if edge_weight is not None:
         weights = (_checked_weight(g, edge_weight),)
@@ -273,8 +274,6 @@ def spmm(
         factor = _dynamic_edge_factor(g, scaling)
         weights = (factor if not weights else weights[0].astype(jnp.float32) * factor,)
         scaling = None
-    if grad is not None:
-        bwd = grad
     s = SpmmStatic(impls, config=config, bwd_impls=None if bwd == impls else bwd, norm=scaling,
                    grad_impls=None if grad in (None, impls) else grad)  # fmt: skip
     valid = g.validity() if isinstance(g, DynamicGraph) else None  # NaN out (and NaN gradients) if invalid
