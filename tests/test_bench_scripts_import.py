@@ -20,6 +20,7 @@ PEERS = {
     "grouped_gpu_check": "a GPU (the opt-in grouped kernel checked against dense and timed, before any dispatch rule)",
     "plot": "matplotlib (figures of the results JSON)",
     "profile_kernels": "ncu",
+    "trace_encoder": "a GPU (jax.profiler's trace of the GPU's kernels)",
     "train_gnn": "PyG",
 }
 

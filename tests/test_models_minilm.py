@@ -210,9 +210,11 @@ def _xla_fused(monkeypatch):
     real = jax.nn.dot_product_attention
     seen = []
 
-    def fake(*args, implementation=None, **kw):
+    def fake(q, k, v, *args, implementation=None, **kw):
+        # cuDNN's own shape rule (its bias and mask have the scores' trailing shape: queries x keys)
+        assert kw["mask"].shape[-2:] == (q.shape[1], k.shape[1]), kw["mask"].shape
         seen.append(implementation)
-        return real(*args, implementation="xla", **kw)
+        return real(q, k, v, *args, implementation="xla", **kw)
 
     monkeypatch.setattr(jax.nn, "dot_product_attention", fake)
     return seen
@@ -226,6 +228,7 @@ def test_encoder_cudnn_attention_matches_the_einsums(tiny, monkeypatch):
     t = tok(SENTENCES)
     ids, mask = np.asarray(t["input_ids"]), np.array(t["attention_mask"])
     mask[-1] = 0  # no real token
+    ids[0], mask[0] = ids[0, ::-1], mask[0, ::-1]  # padding first
     want = half.hidden_states(ids, mask)
     seen = _xla_fused(monkeypatch)
     got = np.asarray(half.hidden_states(ids, mask, attention="cudnn"), np.float32)
@@ -250,8 +253,15 @@ def test_encoder_cudnn_attention_on_the_gpu(tiny):
     model, tok = tiny
     half = model.astype(jnp.bfloat16)
     t = tok(SENTENCES)
-    want, got = half(t["input_ids"], t["attention_mask"]), half(t["input_ids"], t["attention_mask"], attention="cudnn")
-    assert float(jnp.min(jnp.sum(got * want, -1))) > 0.999
+    ids, mask = np.asarray(t["input_ids"]), np.array(t["attention_mask"])
+    ids[0], mask[0] = ids[0, ::-1], mask[0, ::-1]  # padding first
+    mask[-1] = 0  # no real token
+    want, got = half(ids, mask), half(ids, mask, attention="cudnn")
+    assert float(jnp.min(jnp.sum(got[:-1] * want[:-1], -1))) > 0.999 and not np.any(got[-1])
+    real = mask.astype(bool)
+    want, got = half.hidden_states(ids, mask), half.hidden_states(ids, mask, attention="cudnn")
+    np.testing.assert_allclose(np.asarray(got, np.float32)[real], np.asarray(want, np.float32)[real], atol=0.05,
+                               rtol=0.05)  # fmt: skip
 
 
 def test_shapes_dtypes_and_bad_input(tiny):

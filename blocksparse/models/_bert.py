@@ -176,9 +176,13 @@ class BertLayer(Pytree):
         if _check_attention(attention, x.dtype) == "cudnn":
             # the padding as a boolean key mask; a sequence without real keys attends to all of them, as the
             # additive bias does (every score the same), instead of dividing by zero
-            keys = mask_bias == 0
+            keys = (mask_bias == 0)[:, 0, 0, :]
             keys = keys | ~keys.any(axis=-1, keepdims=True)
-            ctx = jax.nn.dot_product_attention(q, k, v, mask=keys, implementation="cudnn").astype(x.dtype)
+            # cuDNN takes a mask of the scores' shape (batch, 1, queries, keys). The sequence lengths, which would
+            # let it skip the tiles past each sentence's last token, made it slower at 128 tokens (H200: 124 against
+            # 110 us a layer at 14 real tokens a sentence), so the mask alone says where the padding is.
+            mask = jnp.broadcast_to(keys[:, None, None, :], (b, 1, n, n))
+            ctx = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="cudnn").astype(x.dtype)
         else:
             scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) / math.sqrt(hd)
             probs = jax.nn.softmax(scores + mask_bias, axis=-1).astype(x.dtype)
