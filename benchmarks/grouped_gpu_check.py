@@ -1,6 +1,8 @@
 """GPU check of the grouped kernel (``TritonConfig(grouped=True)``): right against dense, and its time per variant.
 
-For each pattern (``uniform`` random, ``power_law``), block ``b`` and density ``1/d``: ``W`` is ``m x m`` (bf16,
+For each pattern (``uniform`` random, ``power_law``, ``clustered``: block rows in clusters of ``128 / b`` that keep
+the same uniformly random block columns, the rows shuffled, so a unit can share every slab once the plan finds its
+cluster; for ``x @ W`` the same in block columns), block ``b`` and density ``1/d``: ``W`` is ``m x m`` (bf16,
 seed 0), ``x`` is ``m x n`` (bf16). Each variant of the grouped kernel (``--variants``, named in :data:`VARIANTS`)
 runs ``W @ x`` (``x @ W`` with ``--ops dds``, ``x`` then ``n x m``), checked against the float32 dense product
 (:func:`blocksparse.bench.check_close`, bf16's tolerance) and confirmed to have run (its kernel, with its slabs per
@@ -27,7 +29,7 @@ import argparse
 import re
 import sys
 
-PATTERNS = ("uniform", "power_law")
+PATTERNS = ("uniform", "power_law", "clustered")
 
 #: Named variants of the grouped kernel: the ``TritonConfig`` fields each sets besides ``grouped=True``.
 VARIANTS = {
@@ -50,11 +52,32 @@ def _operands(kind: str, op: str, m: int, n: int, b: int, d: int):
 
     import blocksparse as bs
 
-    make = bs.BlockPattern.random if kind == "uniform" else bs.BlockPattern.power_law
-    p = make(0, (m, m), (b, b), 1.0 / d)
+    if kind == "clustered":
+        p = _clustered(0, m, b, d, transpose=op == "dds")
+    else:
+        make = bs.BlockPattern.random if kind == "uniform" else bs.BlockPattern.power_law
+        p = make(0, (m, m), (b, b), 1.0 / d)
     W = bs.BlockSparseMatrix(p, jax.random.normal(jax.random.key(0), (p.nnz_blocks, b, b), jnp.bfloat16))
     x = jax.random.normal(jax.random.key(1), (m, n) if op == "dsd" else (n, m), jnp.bfloat16)
     return W, x
+
+
+def _clustered(seed: int, m: int, b: int, d: int, transpose: bool):
+    """An ``m x m`` pattern of ``b x b`` blocks whose block rows (``transpose``: columns) come in clusters of
+    ``128 / b`` keeping the same block columns (each with probability ``1 / d``, at least one), in shuffled order."""
+    import numpy as np
+
+    import blocksparse as bs
+
+    rng = np.random.default_rng(seed)
+    grid, size = m // b, max(1, 128 // b)
+    mask = np.zeros((grid, grid), bool)
+    for start in range(0, grid, size):
+        cols = rng.random(grid) < 1.0 / d
+        cols[rng.integers(grid)] = True
+        mask[start : start + size] = cols
+    mask = mask[rng.permutation(grid)]
+    return bs.BlockPattern.from_mask(mask.T if transpose else mask, (b, b))
 
 
 def _cell(kind: str, op: str, m: int, n: int, b: int, d: int, variants, timer) -> dict:

@@ -3,7 +3,8 @@
 The model suite's encoder cells (256 sentences x 128 tokens, bf16) under ``jax.profiler``: for the dense encoder
 and the pruned ones (per-layer block magnitude, ``balance="cols"``), with the einsums' attention (``xla``) and
 cuDNN's fused one (``cudnn``), the span of one call inside the Timer's jitted loop (device time), the time some
-kernel ran, each kernel's time per call, and the embeddings' minimum cosine to the dense encoder's (einsums).
+kernel ran, each kernel's time per call, the embeddings' minimum cosine to the dense encoder's (einsums), and what
+the first call of ``jax.jit`` pays: ``lower_s`` (tracing and lowering) and ``compile_s`` (compiling, then one call).
 ``cudnn-lengths`` is cuDNN's attention also given the sequence lengths, which let it skip the tiles past each
 sentence's last token (the speed sentences have 14 real tokens on average, padded to 128).
 
@@ -17,6 +18,7 @@ import dataclasses
 import functools
 import os
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -47,6 +49,8 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pruned", nargs="*", default=["32:0.125", "32:0.25"], help="block:density, balance='cols'")
+    p.add_argument("--attention", nargs="+", default=["xla", "cudnn", "cudnn-lengths"],
+                   choices=["xla", "cudnn", "cudnn-lengths"])  # fmt: skip
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--json")
@@ -70,14 +74,18 @@ def main(argv=None) -> int:
     print(out["meta"], flush=True)
     for name, model in models.items():
         model = model.astype(jnp.bfloat16)
-        for att in ("xla", "cudnn", "cudnn-lengths"):
+        for att in a.attention:
             real, patched = _with_lengths()
             if att == "cudnn-lengths":
                 jax.nn.dot_product_attention = patched
             try:
                 fn = functools.partial(suite._encode, attention=att.split("-")[0])
+                t0 = time.perf_counter()
+                lowered = jax.jit(fn).lower(model, ids, mask)
+                t1 = time.perf_counter()
+                emb = np.asarray(lowered.compile()(model, ids, mask))
+                compile_s = {"lower_s": t1 - t0, "compile_s": time.perf_counter() - t1}
                 t = trace_loop(fn, (model, ids, mask), timer, a.iters)
-                emb = np.asarray(jax.jit(fn)(model, ids, mask))
             except Exception as e:  # noqa: BLE001 - recorded, the other variants still run
                 out["results"][f"{name} {att}"] = {"error": f"{type(e).__name__}: {e}"[:500]}
                 print(name, att, "failed:", e, flush=True)
@@ -90,9 +98,14 @@ def main(argv=None) -> int:
                 continue
             cos = float(np.min(np.sum(emb * ref, axis=1)))
             events = dict(list(t["events"].items())[:30])
-            row = {"span_us": t["span_us"], "busy_us": t["busy_us"], "min_cosine_vs_dense": cos, "events": events}
+            row = {"span_us": t["span_us"], "busy_us": t["busy_us"], "min_cosine_vs_dense": cos, **compile_s,
+                   "events": events}  # fmt: skip
             out["results"][f"{name} {att}"] = row
-            print(f"{name} {att}: span {t['span_us']:.0f} us, busy {t['busy_us']:.0f} us, cos {cos:.5f}", flush=True)
+            first = f"lowered in {compile_s['lower_s']:.1f} s, compiled and run in {compile_s['compile_s']:.1f} s"
+            print(
+                f"{name} {att}: span {t['span_us']:.0f} us, busy {t['busy_us']:.0f} us, cos {cos:.5f}; {first}",
+                flush=True,
+            )
             for k, (c, us) in list(events.items())[:12]:
                 print(f"    {us:8.1f} us  x{c:4.1f}  {k[:90]}", flush=True)
             if a.json:  # after every variant: a run cut short keeps what it measured
