@@ -16,7 +16,8 @@ Three kinds of cells (see :mod:`blocksparse.models`):
   checked against the dense product of the pruned weights: the cell's own times with the bias and GELU
   fused into the products (:class:`blocksparse.nn.SparseLinear`), ``unfused_*`` with ``bs.matmul`` then the
   bias and GELU in XLA, and (full mode, on a GPU) the fused FFN with each Triton tiling of
-  :data:`FFN_TRITON_VARIANTS` (``config=TritonConfig(...)``).
+  :data:`FFN_TRITON_VARIANTS` (``config=TritonConfig(...)``) and, at blocks of 16 and 32, the grouped kernel's
+  variants of :data:`FFN_GROUPED_VARIANTS` (on the pruned patterns, balanced or not).
 
 The quality cells of block size 32, per-layer pruning, carry the study's targets (:data:`TARGETS`):
 ``target`` and ``target_met`` (Spearman of the pairwise similarity scores, without recovery at density 1/2,
@@ -82,6 +83,11 @@ FFN_TRITON_VARIANTS = {
     for w in (4, 8)
     for s in (2, 3, 4)
 }
+
+
+#: The grouped kernel's variants (full mode, GPU, blocks of 16 and 32, every pruned FFN cell, balanced too): name ->
+#: ``TritonConfig`` fields (units of block columns that share block rows; see ``blocksparse.ops.matmul.grouped``).
+FFN_GROUPED_VARIANTS = {"grouped": dict(grouped=True), "grouped_k1": dict(grouped=True, grouped_slabs=1)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,12 +189,12 @@ def cells(*, full: bool, weights: str | None = None, sizes: Sizes | None = None)
                     label = _balanced(f"encoder b={b} d={density_label(d)}", balance) + tail
                     out.append(Cell("model", label, params, run))
     ffn = dict(rows=s.ffn_rows, dtype=s.speed_dtype)
-    run = functools.partial(_ffn, ctx, None, None, None, False)
+    run = functools.partial(_ffn, ctx, None, None, None, False, False)
     out.append(Cell("model", "ffn dense", dict(kind="ffn", **ffn), run))
     for b in s.speed_block_sizes:
         for d in s.densities:
             for balance in s.balances:
-                run = functools.partial(_ffn, ctx, b, d, balance, full and balance is None)  # tilings: once
+                run = functools.partial(_ffn, ctx, b, d, balance, full and balance is None, full and b <= 32)
                 params = dict(kind="ffn", block_size=b, density=d, balance=balance, **ffn)
                 out.append(Cell("model", _balanced(f"ffn b={b} d={density_label(d)}", balance), params, run))
     for c in out:
@@ -478,7 +484,9 @@ def _randomized(layer, seed: int):
     return layer._replace(weight=bs.BlockSparseMatrix(q, W.data))
 
 
-def _ffn(ctx: _Context, b, d, balance, variants: bool, timer: Timer) -> dict:
+def _ffn(ctx: _Context, b, d, balance, variants: bool, grouped: bool, timer: Timer) -> dict:
+    """One FFN cell; ``variants``: also each Triton tiling (:data:`FFN_TRITON_VARIANTS`), ``grouped``: each grouped
+    kernel's variant (:data:`FFN_GROUPED_VARIANTS`), both on a GPU only."""
     x, dense_in, dense_out = ctx.ffn_dense
     rows, h = x.shape
     flops = 2 * 2 * rows * h * dense_in.out_features  # two products of rows x h x f
@@ -521,6 +529,7 @@ def _ffn(ctx: _Context, b, d, balance, variants: bool, timer: Timer) -> dict:
     out.update(variant(timer, "random", _ffn_fn, rand_in, rand_out, x, what="FFN on random patterns", want=want_rand,
                        dtype=x.dtype, tol=tol))  # fmt: skip
     ratio(out, "loop_ms", "random_loop_ms", "time_vs_random")
-    for name, fields in FFN_TRITON_VARIANTS.items() if variants else ():
+    tilings = {**(FFN_TRITON_VARIANTS if variants else {}), **(FFN_GROUPED_VARIANTS if grouped else {})}
+    for name, fields in tilings.items():
         out.update(variant(timer, name, _ffn_triton(fields), layer_in, layer_out, x, needs="gpu", **check))
     return out
