@@ -11,10 +11,12 @@ step ``_s<k>``, in the jaxpr); then it is timed with ``dense`` (``jnp.dot`` on `
 (:meth:`blocksparse.bench.Timer.loop`). The default variants are ``k1`` (one slab per loop step, the form measured
 first: ``benchmarks/results/grouped_gpu_check_h200.json``) and ``kdef`` (the default slabs per step, ``64 //
 b``: 4 at b = 16, 2 at 32), so one run compares them; ``tn64`` / ``tn256`` (the dense operand's tile) and ``w4`` /
-``w8`` (warps) are optional. A row records per variant ``grouped_<name>_loop_ms``, ``_vs_default`` (> 1: faster
-than ``implementation=None``), ``_kernel``, ``_slabs_per_step`` and ``_loop_steps`` (loop steps per column tile,
-the masked tails included), the fastest variant, and the plan the kernel ran (unit size, method, modelled bytes and
-fill, :mod:`blocksparse.ops.matmul.grouped`). A variant that fails records why (``grouped_<name>_failed``) and the
+``w8`` (warps) and ``packed`` / ``packed_k1`` / ``packed_tn256`` (``W`` read from its packed copy, made by one XLA
+gather inside the timed call: ``grouped_packed=True``) are optional. A row records per variant
+``grouped_<name>_loop_ms``, ``_vs_default`` (> 1: faster than ``implementation=None``), ``_kernel``,
+``_slabs_per_step`` and ``_loop_steps`` (loop steps per column tile, the masked tails included), the fastest
+variant, and the plan the kernel ran (unit size, method, modelled bytes and fill,
+:mod:`blocksparse.ops.matmul.grouped`). A variant that fails records why (``grouped_<name>_failed``) and the
 others still run. Needs a GPU.
 
 Usage (on the GPU machine)::
@@ -42,6 +44,9 @@ VARIANTS = {
     "tn256": dict(tn=256, tb=256),
     "w4": dict(num_warps=4),  # Triton warps per program, default slabs
     "w8": dict(num_warps=8),
+    "packed": dict(grouped_packed=True),  # W from its packed copy (one contiguous tile a step), default slabs
+    "packed_k1": dict(grouped_packed=True, grouped_slabs=1),
+    "packed_tn256": dict(grouped_packed=True, tn=256, tb=256),
 }
 DEFAULT_VARIANTS = ("k1", "kdef")
 

@@ -3,7 +3,8 @@
 CPU (CI): its logic in Pallas' interpreter against the dense product (blocks of 16 and 32, square and not,
 float32 and bfloat16, empty and full patterns, adversarial ones, power-law ones, both grouping methods and every
 unit size, ``g = 1`` included; 1, 2 and 4 slabs per loop step, on units whose slab count is not a multiple of it,
-empty units, a unit of one full row and one of a single block column), the fused epilogue against the XLA
+empty units, a unit of one full row and one of a single block column; ``W`` gathered in the kernel or read from its
+packed copy), the fused epilogue against the XLA
 reference, gradients through ``bs.matmul``, the dispatch (only ``TritonConfig(grouped=True)`` runs it, the stream
 kernel keeps priority, a plan that does not group keeps the work list), the default slabs per step, its errors, and
 its Triton lowering (one launch; per loop step, the stacked operand one masked gather load, ``x``'s slab or slabs
@@ -111,14 +112,15 @@ def _kernels(fn, *args) -> list[str]:
     methods=st.sampled_from([("contiguous", "greedy"), ("contiguous",), ("greedy",)]),
     tile=st.sampled_from([None, 16, 64]),
     slabs=st.sampled_from([1, 2, 4]),
+    packed=st.booleans(),
     dtype=st.sampled_from([jnp.float32, jnp.bfloat16]),
     seed=st.integers(0, 2**16),
 )
-def test_grouped_matches_the_dense_product(kind, op, block, gm, gk, n, density, heights, methods, tile, slabs, dtype,
-                                           seed):  # fmt: skip
+def test_grouped_matches_the_dense_product(kind, op, block, gm, gk, n, density, heights, methods, tile, slabs, packed,
+                                           dtype, seed):  # fmt: skip
     rng = np.random.default_rng(seed)
     p = _pattern(kind, rng, (gm, gk), block, density)
-    cfg = TritonConfig(tn=tile, tb=tile, grouped_slabs=slabs)  # slabs per loop step through the config
+    cfg = TritonConfig(tn=tile, tb=tile, grouped_slabs=slabs, grouped_packed=packed)  # both through the config
     o = Grouping(op=op, n=n, tn=tile or 128, heights=heights, methods=methods)
     plan = group(p, o)
     assert plan.method in (*methods, "ungrouped")
@@ -218,6 +220,24 @@ def test_slabs_per_step_on_edge_units(op, slabs, b, dtype):
     assert (plan.group, np.diff(plan.unit_start).tolist()) == (g, EDGE_SLABS), plan
     rng = np.random.default_rng(slabs * b)
     _check(op, p, jnp.float32 if dtype == "f32" else jnp.bfloat16, rng, 40, grouping=o, slabs=slabs)
+
+
+@sweep("op, slabs, b", [(op, k, b) for op in ("dsd", "dds") for k in (1, 2, 4) for b in (16, 32)],
+       quick=[("dsd", 2, 16), ("dds", 4, 32)])  # fmt: skip
+def test_packed_operand_on_edge_units(op, slabs, b):
+    """``W`` read from its packed copy (one contiguous tile a step) on the same units: the tails masked, the next
+    unit's slabs never read into this one's, an empty unit writing zeros, the last unit's step inside the array."""
+    g = 64 // b
+    p = _edge_pattern(g, b, op)
+    o = Grouping(op=op, n=40, methods=("contiguous",), heights=(64,))
+    rng = np.random.default_rng(slabs + b)
+    data, x, w = _operands(rng, p, op, 40, jnp.float32)
+    got = _run(op, p, data, x, jnp.float32, o, TritonConfig(grouped_packed=True), slabs=slabs)
+    assert relative_error(got, _dense(op, w, x)) <= TOL[jnp.dtype(jnp.float32)]
+    plan = group(p, o)
+    packed = grouped_kernel._pack(op, plan, data, slabs)
+    slab_side = b * (plan.slabs + slabs)
+    assert packed.shape == ((g * b, slab_side) if op == "dsd" else (slab_side, g * b))
 
 
 def test_default_slabs_per_step():
@@ -326,6 +346,8 @@ def test_invalid_inputs_name_expected_and_actual():
         grouped_kernel.dsd(p, data, x, jnp.float32, epi=Epilogue("silu", False, 1, True))
     with pytest.raises(ValueError, match=r"TritonConfig\.tn a power of two >= 16 .* Got 24"):
         grouped_kernel.dsd(p, data, x, jnp.float32, config=TritonConfig(tn=24))
+    with pytest.raises(ValueError, match=r"Expected grouped_packed None, True or False\. Got 1"):
+        TritonConfig(grouped_packed=1)
     for bad in (0, 3, True, 2.0):
         with pytest.raises(ValueError, match=rf"Expected grouped_slabs None or a power of two >= 1\. Got {bad!r}"):
             TritonConfig(grouped_slabs=bad)
@@ -341,13 +363,14 @@ def test_invalid_inputs_name_expected_and_actual():
 @pytest.mark.skipif(ON_GPU, reason="the GPU runs the kernels for real")
 @pytest.mark.parametrize("op", ["dsd", "dds"])
 @pytest.mark.parametrize("b", [16, 32])
-@pytest.mark.parametrize("slabs", [1, None])
-def test_lowers_to_one_triton_kernel_stacking_the_unit(op, b, slabs, monkeypatch, capsys):
+@pytest.mark.parametrize("slabs, packed", [(1, False), (None, False), (None, True)])
+def test_lowers_to_one_triton_kernel_stacking_the_unit(op, b, slabs, packed, monkeypatch, capsys):
     """The real (not interpreted) kernel through Pallas' Triton lowering: one launch per product; in the loop, per
     step, the unit's blocks loaded as one ``g b``-row (``dds``: column) masked gather, ``x`` in one load, and one dot
     of the stacked operand (its Triton IR, printed by the lowering with ``debug=True``). At one slab per step the
     dot's contracted side is ``b``; at the default, ``k = 64 / b`` slabs make it 64: the gather a 4-D load
-    ``(g, b, k, b)`` (``dds``: ``(k, b, g, b)``) reshaped to the operand, ``x``'s ``k`` slabs one masked load."""
+    ``(g, b, k, b)`` (``dds``: ``(k, b, g, b)``) reshaped to the operand, ``x``'s ``k`` slabs one masked load.
+    Packed (``grouped_packed``), the unit's blocks are one masked 2-D load of the operand's shape, no gather."""
     from jax.experimental import pallas as pl
 
     from blocksparse.ops.matmul.triton import common
@@ -368,15 +391,18 @@ def test_lowers_to_one_triton_kernel_stacking_the_unit(op, b, slabs, monkeypatch
     monkeypatch.setattr(common.pl, "pallas_call", recording)
     epi = Epilogue("gelu", True, 0) if op == "dsd" else Epilogue("silu", True, 1)
     if op == "dsd":
-        fn = lambda d, x: grouped_kernel.dsd(p, d, x, jnp.bfloat16, epi=epi, bias=bias, slabs=slabs)  # noqa: E731
+        fn = lambda d, x: grouped_kernel.dsd(p, d, x, jnp.bfloat16, epi=epi, bias=bias, slabs=slabs,  # noqa: E731
+                                             packed=packed)  # fmt: skip
         gather = f"128x{b}" if k == 1 else f"{g}x{b}x{k}x{b}"
     else:
-        fn = lambda d, x: grouped_kernel.dds(x.T, p, d, jnp.bfloat16, epi=epi, bias=bias, slabs=slabs)  # noqa: E731
+        fn = lambda d, x: grouped_kernel.dds(x.T, p, d, jnp.bfloat16, epi=epi, bias=bias, slabs=slabs,  # noqa: E731
+                                             packed=packed)  # fmt: skip
         gather = f"{b}x128" if k == 1 else f"{k}x{b}x{g}x{b}"
     depth = k * b
     txt = _lower_for_cuda(fn, data, x)
     assert txt.count("__gpu$xla.gpu.triton") == 1
-    assert names == [f"bs_{op}_grouped_{b}x{b}_g{g}_s{k}_{'tn' if op == 'dsd' else 'tb'}128_epi"]
+    tile = f"{'tn' if op == 'dsd' else 'tb'}128" + ("_packed" if packed else "")
+    assert names == [f"bs_{op}_grouped_{b}x{b}_g{g}_s{k}_{tile}_epi"]
     ir = capsys.readouterr().out
     loop = ir[ir.index("scf.for") :]
     loop = loop[: loop.index("scf.yield")]
@@ -387,6 +413,11 @@ def test_lowers_to_one_triton_kernel_stacking_the_unit(op, b, slabs, monkeypatch
         xs = (f"{depth}x128", "get" if k == 1 else "masked_load")
     else:  # one column block (k = 1), else k column blocks as (rows, slab, column), reshaped
         xs = (f"128x{b}", "get") if k == 1 else (f"128x{k}x{b}", "masked_load")
+    if packed:  # the unit's blocks: one contiguous tile of the packed operand, the slabs past the unit masked
+        operand = f"128x{depth}" if op == "dsd" else f"{depth}x128"
+        assert sorted(loads) == sorted([(operand, "masked_load"), xs]), loads
+        assert not re.search(rf"tt\.reshape .*-> tensor<{operand}xbf16>", loop), loop
+        return
     assert sorted(loads) == sorted([(gather, "masked_load"), xs]), loads  # the unit's blocks: one gather
     if k > 1:  # the 4-D gather reshaped into the dot's stacked operand
         operand = f"128x{depth}" if op == "dsd" else f"{depth}x128"

@@ -87,7 +87,11 @@ FFN_TRITON_VARIANTS = {
 
 #: The grouped kernel's variants (full mode, GPU, blocks of 16 and 32, every pruned FFN cell, balanced too): name ->
 #: ``TritonConfig`` fields (units of block columns that share block rows; see ``blocksparse.ops.matmul.grouped``).
-FFN_GROUPED_VARIANTS = {"grouped": dict(grouped=True), "grouped_k1": dict(grouped=True, grouped_slabs=1)}
+FFN_GROUPED_VARIANTS = {
+    "grouped": dict(grouped=True),
+    "grouped_k1": dict(grouped=True, grouped_slabs=1),
+    "grouped_packed": dict(grouped=True, grouped_packed=True),  # W from its packed copy (one tile a step)
+}
 
 
 @dataclasses.dataclass(frozen=True)

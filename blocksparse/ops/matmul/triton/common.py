@@ -60,14 +60,18 @@ class TritonConfig:
             :func:`~..grouped.group`, each unit's blocks of a column stacked into one 64- or 128-row dot against a
             slab of ``x`` loaded once. ``True``: wherever the plan groups (``group > 1``; else the work-list
             kernel runs), the stream kernel keeping priority where it runs (few tokens). ``None`` / ``False``: never
-            (the default: at one slab per loop step it measured 2-3x slower than the work-list kernel on an H200;
-            several slabs per step, ``grouped_slabs``, are not yet measured). Its tile is ``tn`` (``W @ x``) or
+            (the default: on an H200 it measured 1.35-3x slower than the work-list kernel at every slab count,
+            ``grouped_slabs``). Its tile is ``tn`` (``W @ x``) or
             ``tb`` (``x @ W``).
         grouped_slabs: ``k``, the slabs (distinct block columns of a unit; ``x @ W``: block rows) the grouped kernel
             takes per loop step: one gather-loaded operand ``k`` blocks wide and one dot contracted over ``k b``
             (a power of two >= 1; a unit's last step masks the slabs past its end). ``None``: ``64 // b`` of the
             contracted block side (4 at b = 16, 2 at 32, 1 from 64); ``1``: one ``K = b`` dot per step, the form
             measured on the H200.
+        grouped_packed: the grouped kernel reads ``W`` from a *packed* copy, made by one XLA gather per call:
+            each slab's stacked ``g b x bw`` operand (zeros where a row lacks the column) laid side by side, so a
+            loop step's operand is one contiguous tile instead of a gather of ``g k`` scattered blocks (``1 /
+            fill`` times ``W``'s bytes, written once). ``None`` / ``False``: gathered in the kernel.
     """
 
     tn: int | None = None
@@ -86,6 +90,7 @@ class TritonConfig:
     stream_fma: bool | None = None
     grouped: bool | None = None
     grouped_slabs: int | None = None
+    grouped_packed: bool | None = None
 
     #: The backend this config configures (``implementation="pallas"``).
     backend: ClassVar[str] = "pallas"
@@ -101,6 +106,8 @@ class TritonConfig:
             raise ValueError(f"Expected stream_split >= 1. Got {self.stream_split}.")
         if self.grouped not in (None, True, False):
             raise ValueError(f"Expected grouped None, True or False. Got {self.grouped!r}.")
+        if self.grouped_packed is not None and not isinstance(self.grouped_packed, bool):
+            raise ValueError(f"Expected grouped_packed None, True or False. Got {self.grouped_packed!r}.")
         k = self.grouped_slabs
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1 or k & (k - 1)):
             raise ValueError(f"Expected grouped_slabs None or a power of two >= 1. Got {k!r}.")

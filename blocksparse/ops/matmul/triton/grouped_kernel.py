@@ -55,13 +55,17 @@ the default's speed). At b = 16, d = 1/4 it runs 27,565 slabs x 32 column tiles 
 through L2 (3 TB/s, well below L2's bandwidth): neither is the limit. Each loop step is one ``K = b`` = 16 (or 32)
 dot behind a dependent chain (index loads, then the gather, then the dot), and that per-step fixed cost
 dominates; the work-list kernel multiplies several blocks per step. Hence ``k`` slabs per step: the same bytes and
-flops in ``k`` times fewer steps, each a ``K = k b`` dot behind one chain. It is the next candidate, **not yet
-measured on a GPU** (``benchmarks/grouped_gpu_check.py`` times ``k = 1`` against the default in one run).
+flops in ``k`` times fewer steps, each a ``K = k b`` dot behind one chain. Measured too
+(``grouped_gpu_check_slabs_h200.json``): faster for ``x @ W`` at b = 16, slower for ``W @ x`` at b = 32, and no
+variant reached the work list (0.36-0.74x its speed). Next, ``packed`` (``TritonConfig(grouped_packed=True)``):
+``W`` read from :func:`_pack`'s copy, each slab's stacked operand laid side by side by one XLA gather per call, so a
+step's operand is one contiguous tile (masked past the unit's end) instead of a gather of ``g k`` scattered blocks;
+not yet timed.
 
 Selection: ``TritonConfig(grouped=True)`` asks for this kernel for static products (:func:`takes`); the stream
 kernel keeps priority where it runs (few tokens). ``grouped=None`` or ``False`` (the default) never runs it: it
-measured slower than the work list at one slab per step, and ``k`` slabs per step are unmeasured, so the dispatch
-does not choose it by itself. The plan is :func:`~..grouped.group` with :func:`options`'s options (the op, the
+measured slower than the work list at every slab count, so the dispatch does not choose it by itself.
+The plan is :func:`~..grouped.group` with :func:`options`'s options (the op, the
 dense operand's size, the tile, the dtypes), cached per pattern and options; it does not depend on ``k``.
 
 Tiles: ``tn`` (``dsd``) and ``tb`` (``dds``) from the config, else 128 (powers of two >= 16, ``n`` padded to a
@@ -156,9 +160,8 @@ def plan(op: str, pattern: BlockPattern, n: int, config: TritonConfig | None = N
 def takes(op: str, n: int, pattern: BlockPattern, config: TritonConfig | None, dtype=jnp.bfloat16,
           out_dtype=None) -> bool:  # fmt: skip
     """Whether ``op`` with a dense operand of ``n`` columns (``dsd``) or rows (``dds``) runs this kernel: only where
-    ``config.grouped`` is true (never by default: measured slower than the work list at one slab per step, ``k``
-    slabs per step not yet measured), the product is not empty, and the plan groups (``group > 1``; else the
-    work-list kernel runs)."""
+    ``config.grouped`` is true (never by default: measured slower than the work list at every slab count), the
+    product is not empty, and the plan groups (``group > 1``; else the work-list kernel runs)."""
     if config is None or not config.grouped or n == 0 or pattern.nnz_blocks == 0:
         return False
     return plan(op, pattern, n, config, dtype, out_dtype).group > 1
@@ -167,9 +170,10 @@ def takes(op: str, n: int, pattern: BlockPattern, config: TritonConfig | None, d
 # --------------------------------------------------------------------------------------------
 # dsd: y (m, n) = W (m, k) @ x (k, n)
 # --------------------------------------------------------------------------------------------
-def _dsd_kernel(start_ref, col_ref, id_ref, dest_ref, w_ref, x_ref, *refs, b, bw, g, tn, slabs, exact, epi):
+def _dsd_kernel(start_ref, col_ref, id_ref, dest_ref, w_ref, x_ref, *refs, b, bw, g, tn, slabs, exact, epi,
+                packed=False):  # fmt: skip
     """Program ``(u, j)``: unit ``u``'s ``g`` block rows, columns ``[j tn, (j + 1) tn)``, ``slabs`` slabs per loop
-    step (the module docstring)."""
+    step (the module docstring); ``packed``: ``w_ref`` is :func:`_pack`'s ``(g b, slabs bw)`` operand."""
     from jax.experimental.pallas import triton as plgpu
 
     bias_ref, (y_ref,) = _split_refs(refs, epi)
@@ -178,7 +182,7 @@ def _dsd_kernel(start_ref, col_ref, id_ref, dest_ref, w_ref, x_ref, *refs, b, bw
     h = g * b  # the stacked operand's rows: one tensor-core tile
     start, end = start_ref[u], start_ref[u + 1]
 
-    if slabs == 1:  # one slab per step (the form measured on the H200)
+    if slabs == 1 and not packed:  # one slab per step (the form measured on the H200)
         slot = lax.broadcasted_iota(jnp.int32, (h,), 0) // b  # the slot of each stacked row
         within = lax.broadcasted_iota(jnp.int32, (h, bw), 0) % b  # its row inside the slot's block
         col = lax.broadcasted_iota(jnp.int32, (h, bw), 1)
@@ -203,15 +207,22 @@ def _dsd_kernel(start_ref, col_ref, id_ref, dest_ref, w_ref, x_ref, *refs, b, bw
         row_x = lax.broadcasted_iota(jnp.int32, (wide, tn), 0) % bw
         col_x = n0 + lax.broadcasted_iota(jnp.int32, (wide, tn), 1)
 
+        slab_w = lax.broadcasted_iota(jnp.int32, (h, wide), 1) // bw  # packed: the slab of each operand column
+
         def body(i, acc):
             s0 = start + i * slabs
-            step = s0 + lax.broadcasted_iota(jnp.int32, (g, slabs), 1)  # (g, slabs): each slot's slab
-            ids = id_ref[jnp.minimum(step, end - 1) * g + slot4]  # clamped: never read past the unit
-            live = (ids >= 0) & (step < end)
-            ids = jnp.broadcast_to(jnp.maximum(ids, 0)[:, None, :, None], shape4)
-            live = jnp.broadcast_to(live[:, None, :, None], shape4)
-            w = plgpu.load(w_ref.at[ids * b + rows4, cols4], mask=live, other=0)  # (g, b, slabs, bw) gathered
-            w = w.reshape(h, wide)  # row r, column c: row r % b, column c % bw of block step_ids[s0 + c // bw, r // b]
+            if packed:  # one contiguous tile; the slabs past the unit's end (the next unit's, or padding) masked
+                cols = pl.ds(pl.multiple_of(s0 * bw, bw), wide)
+                w = plgpu.load(w_ref.at[:, cols], mask=s0 + slab_w < end, other=0)  # (h, wide)
+            else:
+                step = s0 + lax.broadcasted_iota(jnp.int32, (g, slabs), 1)  # (g, slabs): each slot's slab
+                ids = id_ref[jnp.minimum(step, end - 1) * g + slot4]  # clamped: never read past the unit
+                live = (ids >= 0) & (step < end)
+                ids = jnp.broadcast_to(jnp.maximum(ids, 0)[:, None, :, None], shape4)
+                live = jnp.broadcast_to(live[:, None, :, None], shape4)
+                w = plgpu.load(w_ref.at[ids * b + rows4, cols4], mask=live, other=0)  # (g, b, slabs, bw) gathered
+                # row r, column c: row r % b, column c % bw of block step_ids[s0 + c // bw, r // b]
+                w = w.reshape(h, wide)
             sx = s0 + step_x
             cx = col_ref[jnp.minimum(sx, end - 1)]  # (wide,): the block row of x each operand row comes from
             rows = jnp.broadcast_to((cx * bw)[:, None], (wide, tn)) + row_x
@@ -233,9 +244,10 @@ def _dsd_kernel(start_ref, col_ref, id_ref, dest_ref, w_ref, x_ref, *refs, b, bw
 # --------------------------------------------------------------------------------------------
 # dds: y (B, k) = x (B, m) @ W (m, k)
 # --------------------------------------------------------------------------------------------
-def _dds_kernel(start_ref, col_ref, id_ref, dest_ref, w_ref, x_ref, *refs, bh, bw, g, tb, slabs, exact, epi):
+def _dds_kernel(start_ref, col_ref, id_ref, dest_ref, w_ref, x_ref, *refs, bh, bw, g, tb, slabs, exact, epi,
+                packed=False):  # fmt: skip
     """Program ``(u, j)``: unit ``u``'s ``g`` block columns of ``W``, rows ``[j tb, (j + 1) tb)`` of ``x``,
-    ``slabs`` slabs per loop step."""
+    ``slabs`` slabs per loop step; ``packed``: ``w_ref`` is :func:`_pack`'s ``(slabs bh, g bw)`` operand."""
     from jax.experimental.pallas import triton as plgpu
 
     bias_ref, (y_ref,) = _split_refs(refs, epi)
@@ -244,7 +256,7 @@ def _dds_kernel(start_ref, col_ref, id_ref, dest_ref, w_ref, x_ref, *refs, bh, b
     wide = g * bw  # the stacked operand's columns: one tensor-core tile
     start, end = start_ref[u], start_ref[u + 1]
 
-    if slabs == 1:  # one slab per step (the form measured on the H200)
+    if slabs == 1 and not packed:  # one slab per step (the form measured on the H200)
         slot = lax.broadcasted_iota(jnp.int32, (wide,), 0) // bw
         row = lax.broadcasted_iota(jnp.int32, (bh, wide), 0)
         within = lax.broadcasted_iota(jnp.int32, (bh, wide), 1) % bw  # its column inside the slot's block
@@ -265,6 +277,7 @@ def _dds_kernel(start_ref, col_ref, id_ref, dest_ref, w_ref, x_ref, *refs, bh, b
         slot4 = lax.broadcasted_iota(jnp.int32, (slabs, g), 1)
         rows4 = lax.broadcasted_iota(jnp.int32, shape4, 1)
         cols4 = lax.broadcasted_iota(jnp.int32, shape4, 3)
+        slab_w = lax.broadcasted_iota(jnp.int32, (tall, wide), 0) // bh  # packed: the slab of each operand row
         shape3 = (tb, slabs, bh)  # the x operand as (row, slab, column in block)
         rows3 = b0 + lax.broadcasted_iota(jnp.int32, shape3, 0)
         cols3 = lax.broadcasted_iota(jnp.int32, shape3, 2)
@@ -278,11 +291,16 @@ def _dds_kernel(start_ref, col_ref, id_ref, dest_ref, w_ref, x_ref, *refs, bh, b
             xcols = jnp.broadcast_to((cx * bh)[None, :, None], shape3) + cols3
             xmask = jnp.broadcast_to(inside[None, :, None], shape3)
             xs = plgpu.load(x_ref.at[rows3, xcols], mask=xmask, other=0).reshape(tb, tall)  # the slabs side by side
-            ids = id_ref[last[:, None] * g + slot4]  # (slabs, g)
-            live = jnp.broadcast_to(((ids >= 0) & inside[:, None])[:, None, :, None], shape4)
-            ids = jnp.broadcast_to(jnp.maximum(ids, 0)[:, None, :, None], shape4)
-            w = plgpu.load(w_ref.at[ids * bh + rows4, cols4], mask=live, other=0)  # (slabs, bh, g, bw) gathered
-            w = w.reshape(tall, wide)  # row q, column c: row q % bh, column c % bw of step_ids[s0 + q // bh, c // bw]
+            if packed:  # one contiguous tile; the slabs past the unit's end (the next unit's, or padding) masked
+                rows = pl.ds(pl.multiple_of(s0 * bh, bh), tall)
+                w = plgpu.load(w_ref.at[rows, :], mask=s0 + slab_w < end, other=0)  # (tall, wide)
+            else:
+                ids = id_ref[last[:, None] * g + slot4]  # (slabs, g)
+                live = jnp.broadcast_to(((ids >= 0) & inside[:, None])[:, None, :, None], shape4)
+                ids = jnp.broadcast_to(jnp.maximum(ids, 0)[:, None, :, None], shape4)
+                w = plgpu.load(w_ref.at[ids * bh + rows4, cols4], mask=live, other=0)  # (slabs, bh, g, bw) gathered
+                # row q, column c: row q % bh, column c % bw of step_ids[s0 + q // bh, c // bw]
+                w = w.reshape(tall, wide)
             return acc + _dot(xs, w, exact=exact)  # (tb, wide)
 
         steps = (end - start + slabs - 1) // slabs
@@ -322,8 +340,24 @@ def _checked(op: str, pattern: BlockPattern, data, x, epi, grouping: Grouping | 
             raise ValueError(f"Expected a Grouping of op {op!r} for {op}. Got op {grouping.op!r}.")
 
 
+def _pack(op: str, p: GroupedPlan, data, slabs: int) -> jax.Array:
+    """``W``'s blocks as the grouped kernel's operands, slab after slab (one XLA gather; zeros where a slot's row
+    lacks the slab's column): ``dsd`` ``(g bh, (S + slabs) bw)``, slab ``s`` in columns ``[s bw, (s + 1) bw)``;
+    ``dds`` ``((S + slabs) bh, g bw)``, slab ``s`` in rows ``[s bh, (s + 1) bh)``; ``slabs`` slabs of zeros past
+    the end, so a loop step's tile never leaves the array."""
+    ids = jnp.asarray(p.step_ids, jnp.int32)  # (S, g)
+    num, g = ids.shape
+    bh, bw = data.shape[1:]
+    blocks = jnp.where((ids >= 0)[:, :, None, None], data[jnp.maximum(ids, 0)], 0)  # (S, g, bh, bw)
+    blocks = jnp.pad(blocks, ((0, slabs), (0, 0), (0, 0), (0, 0)))
+    if op == "dsd":  # row slot * bh + r, column s * bw + c
+        return blocks.transpose(1, 2, 0, 3).reshape(g * bh, (num + slabs) * bw)
+    return blocks.transpose(0, 2, 1, 3).reshape((num + slabs) * bh, g * bw)  # row s * bh + r, column slot * bw + c
+
+
 def _launch(kernel, p: GroupedPlan, grid, out_shape, out_dtype, data, x, bias, num_warps, num_stages, name):
-    """One program per (unit, tile of the dense operand); the plan's arrays as whole-array int32 operands."""
+    """One program per (unit, tile of the dense operand); the plan's arrays as whole-array int32 operands; ``data``
+    is ``W.data`` (``(nnz, bh, bw)``, read as rows) or :func:`_pack`'s 2-D operand."""
     return _pallas_call(
         kernel,
         grid=grid,
@@ -336,20 +370,22 @@ def _launch(kernel, p: GroupedPlan, grid, out_shape, out_dtype, data, x, bias, n
         kernel_constant(p.step_col),
         kernel_constant(p.step_ids.reshape(-1)),
         kernel_constant(p.unit_rows.reshape(-1)),
-        data.reshape(-1, data.shape[-1]),
+        data if data.ndim == 2 else data.reshape(-1, data.shape[-1]),
         x,
         *bias,
     )
 
 
 def dsd(pattern: BlockPattern, data, x, out_dtype, *, exact: bool = False, config: TritonConfig | None = None,
-        epi=None, bias=None, grouping: Grouping | None = None, slabs: int | None = None):  # fmt: skip
+        epi=None, bias=None, grouping: Grouping | None = None, slabs: int | None = None,
+        packed: bool | None = None):  # fmt: skip
     """``W @ x`` with the grouped kernel; ``data`` and ``x`` already of one supported dtype.
 
     ``epi``: an optional :class:`~..epilogue.Epilogue` (not gated) applied in the store, ``bias`` its array (along
     the output's columns, ``bias_axis=1``, or rows, ``0``). ``grouping``: the plan's options (op ``"dsd"``; default
     :func:`options`'s), to force its methods or tile heights. ``slabs``: slabs per loop step (a power of two;
-    default :func:`slabs_per_step`'s).
+    default :func:`slabs_per_step`'s). ``packed``: read ``W`` from :func:`_pack`'s copy (default: the config's
+    ``grouped_packed``).
     """
     _checked("dsd", pattern, data, x, epi, grouping)
     cfg = config or TritonConfig()
@@ -367,20 +403,26 @@ def dsd(pattern: BlockPattern, data, x, out_dtype, *, exact: bool = False, confi
     xp = _pad_to(x, 1, tn)
     nw = cfg.num_warps or (8 if g * bh * tn >= 128 * 128 else 4)
     ns = cfg.num_stages or 3
-    kernel = functools.partial(_dsd_kernel, b=bh, bw=bw, g=g, tn=tn, slabs=steps, exact=exact, epi=epi)
+    packed = bool(cfg.grouped_packed if packed is None else packed)
+    kernel = functools.partial(_dsd_kernel, b=bh, bw=bw, g=g, tn=tn, slabs=steps, exact=exact, epi=epi,
+                               packed=packed)  # fmt: skip
     b1 = _bias_operand(bias, epi, xp.shape[1] if epi is not None and epi.bias_axis == 1 else m)
-    name = f"bs_dsd_grouped_{bh}x{bw}_g{g}_s{steps}_tn{tn}" + ("_epi" if epi is not None else "")
-    y = _launch(kernel, p, (p.num_units, xp.shape[1] // tn), (m, xp.shape[1]), out_dtype, data, xp, b1, nw, ns, name)
+    name = f"bs_dsd_grouped_{bh}x{bw}_g{g}_s{steps}_tn{tn}" + ("_packed" if packed else "")
+    name += "_epi" if epi is not None else ""
+    w = _pack("dsd", p, data, steps) if packed else data
+    y = _launch(kernel, p, (p.num_units, xp.shape[1] // tn), (m, xp.shape[1]), out_dtype, w, xp, b1, nw, ns, name)
     return y[:, :n] if xp.shape[1] != n else y
 
 
 def dds(x, pattern: BlockPattern, data, out_dtype, *, exact: bool = False, config: TritonConfig | None = None,
-        epi=None, bias=None, grouping: Grouping | None = None, slabs: int | None = None):  # fmt: skip
+        epi=None, bias=None, grouping: Grouping | None = None, slabs: int | None = None,
+        packed: bool | None = None):  # fmt: skip
     """``x @ W`` with the grouped kernel (units of ``W``'s block columns; its blocks read in place).
 
     ``epi``: an optional :class:`~..epilogue.Epilogue` (not gated; bias along the output's columns) applied in the
     store. ``grouping``: the plan's options (op ``"dds"``; default :func:`options`'s). ``slabs``: slabs per loop
-    step (a power of two; default :func:`slabs_per_step`'s).
+    step (a power of two; default :func:`slabs_per_step`'s). ``packed``: read ``W`` from :func:`_pack`'s copy
+    (default: the config's ``grouped_packed``).
     """
     _checked("dds", pattern, data, x, epi, grouping)
     cfg = config or TritonConfig()
@@ -398,8 +440,12 @@ def dds(x, pattern: BlockPattern, data, out_dtype, *, exact: bool = False, confi
     xp = _pad_to(x, 0, tb)
     nw = cfg.num_warps or (8 if g * bw * tb >= 128 * 128 else 4)
     ns = cfg.num_stages or 3
-    kernel = functools.partial(_dds_kernel, bh=bh, bw=bw, g=g, tb=tb, slabs=steps, exact=exact, epi=epi)
+    packed = bool(cfg.grouped_packed if packed is None else packed)
+    kernel = functools.partial(_dds_kernel, bh=bh, bw=bw, g=g, tb=tb, slabs=steps, exact=exact, epi=epi,
+                               packed=packed)  # fmt: skip
     b1 = _bias_operand(bias, epi, k)
-    name = f"bs_dds_grouped_{bh}x{bw}_g{g}_s{steps}_tb{tb}" + ("_epi" if epi is not None else "")
-    y = _launch(kernel, p, (p.num_units, xp.shape[0] // tb), (xp.shape[0], k), out_dtype, data, xp, b1, nw, ns, name)
+    name = f"bs_dds_grouped_{bh}x{bw}_g{g}_s{steps}_tb{tb}" + ("_packed" if packed else "")
+    name += "_epi" if epi is not None else ""
+    w = _pack("dds", p, data, steps) if packed else data
+    y = _launch(kernel, p, (p.num_units, xp.shape[0] // tb), (xp.shape[0], k), out_dtype, w, xp, b1, nw, ns, name)
     return y[:rows] if xp.shape[0] != rows else y
