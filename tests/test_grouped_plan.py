@@ -153,6 +153,21 @@ def test_greedy_finds_the_shared_rows():
     assert sorted(plan.row_order.tolist()) == list(range(gm))
 
 
+@pytest.mark.parametrize("op", ["dsd", "dds"])
+def test_greedy_finds_shuffled_clusters(op):
+    """The GPU check's ``clustered`` patterns (block rows, or columns for ``x @ W``, in clusters of ``128 / b`` that
+    keep the same columns, shuffled): the greedy grouping puts each cluster in one unit, fill 1.0, every slab read
+    once per cluster."""
+    from bench_scripts import load
+
+    clustered = load("grouped_gpu_check")._clustered
+    for b in (16, 32):
+        p = clustered(0, 1024, b, 4, transpose=op == "dds")
+        plan = group(p, Grouping(op=op, n=256))
+        assert (plan.group, plan.method, plan.fill) == (128 // b, "greedy", 1.0), plan
+        assert plan.slabs * plan.group == p.nnz_blocks
+
+
 def test_options_and_errors():
     p = bs.BlockPattern.random(0, (256, 256), (16, 16), 0.25)
     assert group(p, Grouping(n=64)) is group(p, Grouping(n=64))  # cached

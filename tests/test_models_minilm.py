@@ -633,6 +633,18 @@ def test_bench_model_suite_runs_and_checks(tiny):
     # the pruned FFN against the same layers on uniformly random patterns of as many blocks, checked too
     assert results[8].metrics["random_rel_err"] < 1e-5 and results[8].metrics["time_vs_random"] > 0
     assert all(r.metrics["loop_ms"] > 0 and "implementation" in r.metrics for r in results[4:])
+    run = cells[8].run  # the FFN cell with the grouped kernel's variants: skipped without a GPU, each saying so
+    grouped = run.func(*run.args[:5], True, Timer(iters=1, trials=1, warmup=0))
+    assert {f"{v}_skipped" for v in model.FFN_GROUPED_VARIANTS} <= set(grouped), grouped
+
+
+def test_model_suite_full_ffn_cells_time_the_grouped_kernel_at_small_blocks():
+    from blocksparse.bench import model
+
+    ffn = {c.label: c.run.args for c in model.cells(full=True, weights="(not loaded)") if c.params["kind"] == "ffn"}
+    # (ctx, b, d, balance, Triton tilings, grouped variants): tilings once per (b, d), grouped at b <= 32, balanced too
+    assert ffn["ffn b=32 d=1/8"][4:] == (True, True) and ffn["ffn b=32 d=1/8 cols"][4:] == (False, True)
+    assert ffn["ffn b=16 d=1/4"][5] and not ffn["ffn b=64 d=1/8"][5] and ffn["ffn dense"][4:] == (False, False)
 
 
 def test_model_suite_reconstruction_cells_carry_both_targets():

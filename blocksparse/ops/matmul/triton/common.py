@@ -60,7 +60,7 @@ class TritonConfig:
             :func:`~..grouped.group`, each unit's blocks of a column stacked into one 64- or 128-row dot against a
             slab of ``x`` loaded once. ``True``: wherever the plan groups (``group > 1``; else the work-list
             kernel runs), the stream kernel keeping priority where it runs (few tokens). ``None`` / ``False``: never
-            (the default: on an H200 it measured 1.35-3x slower than the work-list kernel at every slab count,
+            (the default: on an H200 it measured 1.35-3.6x slower than the work-list kernel at every slab count,
             ``grouped_slabs``). Its tile is ``tn`` (``W @ x``) or
             ``tb`` (``x @ W``).
         grouped_slabs: ``k``, the slabs (distinct block columns of a unit; ``x @ W``: block rows) the grouped kernel

@@ -60,7 +60,8 @@ flops in ``k`` times fewer steps, each a ``K = k b`` dot behind one chain. Measu
 variant reached the work list (0.36-0.74x its speed). Next, ``packed`` (``TritonConfig(grouped_packed=True)``):
 ``W`` read from :func:`_pack`'s copy, each slab's stacked operand laid side by side by one XLA gather per call, so a
 step's operand is one contiguous tile (masked past the unit's end) instead of a gather of ``g k`` scattered blocks;
-not yet timed.
+not yet timed. Packed, every ``k`` (1 included) takes the general step: ``x``'s slabs a masked gather there too,
+where the gathered form at ``k = 1`` loads one plain tile (so ``packed`` at ``k = 1`` against ``k1`` changes both).
 
 Selection: ``TritonConfig(grouped=True)`` asks for this kernel for static products (:func:`takes`); the stream
 kernel keeps priority where it runs (few tokens). ``grouped=None`` or ``False`` (the default) never runs it: it
@@ -70,7 +71,8 @@ dense operand's size, the tile, the dtypes), cached per pattern and options; it 
 
 Tiles: ``tn`` (``dsd``) and ``tb`` (``dds``) from the config, else 128 (powers of two >= 16, ``n`` padded to a
 multiple); ``num_warps`` 8 for accumulators of at least 128 x 128, else 4; ``num_stages`` 3. The kernel's name
-records ``g``, ``k`` and the tile: ``bs_dsd_grouped_16x16_g8_s4_tn128``.
+records ``g``, ``k``, the tile and the packed operand: ``bs_dsd_grouped_16x16_g8_s4_tn128``,
+``bs_dds_grouped_32x32_g4_s2_tb128_packed``.
 """
 
 from __future__ import annotations
@@ -173,7 +175,8 @@ def takes(op: str, n: int, pattern: BlockPattern, config: TritonConfig | None, d
 def _dsd_kernel(start_ref, col_ref, id_ref, dest_ref, w_ref, x_ref, *refs, b, bw, g, tn, slabs, exact, epi,
                 packed=False):  # fmt: skip
     """Program ``(u, j)``: unit ``u``'s ``g`` block rows, columns ``[j tn, (j + 1) tn)``, ``slabs`` slabs per loop
-    step (the module docstring); ``packed``: ``w_ref`` is :func:`_pack`'s ``(g b, slabs bw)`` operand."""
+    step (the module docstring); ``packed``: ``w_ref`` is :func:`_pack`'s whole ``(g b, (S + slabs) bw)`` array, a
+    step's operand its columns ``[s0 bw, (s0 + slabs) bw)``."""
     from jax.experimental.pallas import triton as plgpu
 
     bias_ref, (y_ref,) = _split_refs(refs, epi)
@@ -247,7 +250,8 @@ def _dsd_kernel(start_ref, col_ref, id_ref, dest_ref, w_ref, x_ref, *refs, b, bw
 def _dds_kernel(start_ref, col_ref, id_ref, dest_ref, w_ref, x_ref, *refs, bh, bw, g, tb, slabs, exact, epi,
                 packed=False):  # fmt: skip
     """Program ``(u, j)``: unit ``u``'s ``g`` block columns of ``W``, rows ``[j tb, (j + 1) tb)`` of ``x``,
-    ``slabs`` slabs per loop step; ``packed``: ``w_ref`` is :func:`_pack`'s ``(slabs bh, g bw)`` operand."""
+    ``slabs`` slabs per loop step; ``packed``: ``w_ref`` is :func:`_pack`'s whole ``((S + slabs) bh, g bw)`` array,
+    a step's operand its rows ``[s0 bh, (s0 + slabs) bh)``."""
     from jax.experimental.pallas import triton as plgpu
 
     bias_ref, (y_ref,) = _split_refs(refs, epi)
