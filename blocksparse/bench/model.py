@@ -396,14 +396,10 @@ def _encode(model, ids, mask, attention="xla"):
     return model(ids, mask, attention=attention)
 
 
-def _encoder_fn(attention: str = "xla"):
+@functools.cache  # the attention always named (no default), so one key per attention
+def _encoder_fn(attention: str):
     """One function object per attention: ``jax.jit`` of the same object reuses its compilation, so a cell's timed
     calls and its checks compile the model's program once (a pruned encoder's holds 36 products' kernels)."""
-    return _encoder_fns(attention)
-
-
-@functools.cache  # keyed by the attention as passed: _encoder_fn gives the default its name first
-def _encoder_fns(attention: str):
     return functools.partial(_encode, attention=attention)
 
 
@@ -424,6 +420,17 @@ def _densified(model):
                 kw[n] = bs.nn.Linear(p.weight.to_dense(), p.bias, p.activation)
         layers.append(L._replace(**kw))
     return model._replace(layers=tuple(layers))
+
+
+def _cosine_vs_densified(model, ids, mask, attention: str, tol: float) -> float:
+    """The minimum cosine of a pruned encoder's embeddings to those of its weights held densely (:func:`_densified`),
+    both with ``attention``; :class:`CellFailed` below ``tol``."""
+    encode = jax.jit(_encoder_fn(attention))
+    got, want = np.asarray(encode(model, ids, mask)), np.asarray(encode(_densified(model), ids, mask))
+    cos = float(np.min(np.sum(got * want, axis=1)))
+    if not cos >= tol:
+        raise CellFailed(f"pruned encoder vs its weights held densely: expected cosine >= {tol}; got min {cos:.5f}")
+    return cos
 
 
 def _encoder(ctx: _Context, b, d, balance, attention, timer: Timer) -> dict:
@@ -450,12 +457,7 @@ def _encoder(ctx: _Context, b, d, balance, attention, timer: Timer) -> dict:
         model = prune_encoder(ctx.model, b, d, balance=balance).astype(jnp.dtype(ctx.s.speed_dtype))
         with bs.dispatch_log() as log:
             loop_ms, calls_ms = _time_encoder(model, tokens, timer, attention)
-        got = np.asarray(encode(model, ids, mask))
-        want = np.asarray(encode(_densified(model), ids, mask))
-        cos = float(np.min(np.sum(got * want, axis=1)))
-        tol = 0.999 if ctx.s.speed_dtype == "float32" else 0.99
-        if not cos >= tol:
-            raise CellFailed(f"pruned encoder vs its weights held densely: expected cosine >= {tol}; got min {cos:.5f}")
+        cos = _cosine_vs_densified(model, ids, mask, attention, 0.999 if ctx.s.speed_dtype == "float32" else 0.99)
         out = dict(loop_ms=loop_ms, calls_ms=calls_ms, min_cosine_vs_densified=cos,
                    speedup_vs_dense=ctx.dense_time("encoder", timer, attention)[0] / loop_ms)  # fmt: skip
     if attention != "xla":
