@@ -250,6 +250,38 @@ def test_bands_lower_for_cuda():
         assert f"bs_mgpu_bands_{b}" in txt
 
 
+def test_products_of_one_configuration_share_one_kernel():
+    """Two products whose patterns differ but whose static configuration is the same (shape, blocks, their count;
+    step counts 109 and 106, both taken as 128 schedule rows) lower the kernel once and call it twice: a pruned
+    model's projections of one shape compile it once. A third product of another shape gets its own."""
+    b = 32
+    same = [bs.BlockPattern.random(seed, (512, 512), (b, b), 0.25) for seed in (0, 1)]
+    other = bs.BlockPattern.random(2, (512, 256), (b, b), 0.25)
+    assert [pb.bands(p, 4).meta.shape[0] for p in same] == [109, 106] and same[0] != same[1]
+    data = jnp.zeros((same[0].nnz_blocks, b, b), jnp.bfloat16)
+    data2 = jnp.zeros((other.nnz_blocks, b, b), jnp.bfloat16)
+    x = jnp.zeros((256, 512), jnp.bfloat16)
+
+    def two(d, x):
+        return pb.dds(same[0], d, x, interpret=False) + pb.dds(same[1], d, x, interpret=False)
+
+    def three(d, d2, x):
+        return jnp.sum(two(d, x)) + jnp.sum(pb.dds(other, d2, x, interpret=False))
+
+    txt = jax.jit(two).trace(data, x).lower(lowering_platforms=("cuda",)).as_text()
+    assert txt.count("mosaic_gpu_v2") == 1 and txt.count("bs_mgpu_bands_32") >= 1
+    txt = jax.jit(three).trace(data, data2, x).lower(lowering_platforms=("cuda",)).as_text()
+    assert txt.count("mosaic_gpu_v2") == 2
+    with bs.interpret():  # and the shared kernel computes each product with its own schedule
+        w = [bs.BlockSparseMatrix(p, jax.random.normal(jax.random.key(i), (p.nnz_blocks, b, b), jnp.bfloat16))
+             for i, p in enumerate(same)]  # fmt: skip
+        xs = jax.random.normal(jax.random.key(9), (64, 512), jnp.bfloat16)
+        for m in w:
+            got = pb.dds(m.pattern, m.data, xs)
+            want = np.asarray(xs, np.float32) @ np.asarray(m.to_dense(), np.float32)
+            np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=3e-2, atol=3e-1)
+
+
 # ----------------------------------------------------------------------------- the GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("b", [16, 32])

@@ -362,18 +362,21 @@ def _kernel(bstart_g, meta_g, w_g, x_g, *refs, b, group, tm, stages, epi, w_tran
     with_bias_buffer(run, bias_g, width if epi is not None and epi.bias_axis == 1 else tm)
 
 
-def _launch(p: BandPlan, data, xp, out_dtype, *, interpret, epi=None, bias=(), w_transposed=False):
+@functools.lru_cache(maxsize=256)
+def _kernel_fn(b: int, group: int, tm: int, width: int, stages: int, tiles: int, num_bands: int, m_pad: int,
+               n_pad: int, out_dtype, epi, w_transposed: bool, interpret):  # fmt: skip
+    """The kernel for one static configuration, jitted: products of the same configuration (a balanced pruned
+    model's projections of one shape) call the same function on operands of the same shapes, so a program that
+    holds several lowers and compiles it once. The schedule is an operand, never part of the kernel."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    b = data.shape[-1]
-    s = p.sched
-    body = functools.partial(_kernel, b=b, group=s.group, tm=p.tm, stages=p.stages, epi=epi, w_transposed=w_transposed)
+    body = functools.partial(_kernel, b=b, group=group, tm=tm, stages=stages, epi=epi, w_transposed=w_transposed)
     kernel = plgpu.kernel(
         body,
-        out_type=jax.ShapeDtypeStruct((p.m_pad, p.n_pad), out_dtype),
-        grid=(p.tiles, s.num_bands),
+        out_type=jax.ShapeDtypeStruct((m_pad, n_pad), out_dtype),
+        grid=(tiles, num_bands),
         grid_names=("t", "g"),
-        kernel_name=f"bs_mgpu_bands_{b}_tm{p.tm}_w{p.width}"
+        kernel_name=f"bs_mgpu_bands_{b}_tm{tm}_w{width}"
         + ("_epi" if epi is not None else "")
         + ("_wt" if w_transposed else ""),
         interpret=plgpu.InterpretGPUParams() if interpret is True else interpret,
@@ -381,7 +384,24 @@ def _launch(p: BandPlan, data, xp, out_dtype, *, interpret, epi=None, bias=(), w
         # here: shared memory is written by TMA copies only, except the output tile, whose commit_smem syncs.
         compiler_params=plgpu.CompilerParams(unsafe_no_auto_barriers=True),
     )
-    return kernel(kernel_constant(s.band_start), jnp.asarray(s.meta), data.reshape(-1, b), xp, *bias)
+    return jax.jit(kernel)
+
+
+def _meta_rows(n: int) -> int:
+    """The schedule's rows as the kernel takes them: a power of two (rows past the steps are zeros, never read as
+    steps), so products of one configuration whose step counts differ a little share the kernel's shapes."""
+    return 1 << max(int(n) - 1, 1).bit_length()
+
+
+def _launch(p: BandPlan, data, xp, out_dtype, *, interpret, epi=None, bias=(), w_transposed=False):
+    b = data.shape[-1]
+    s = p.sched
+    meta = s.meta
+    if meta.shape[0] != _meta_rows(meta.shape[0]):
+        meta = np.pad(meta, ((0, _meta_rows(meta.shape[0]) - meta.shape[0]), (0, 0)))
+    fn = _kernel_fn(b, s.group, p.tm, p.width, p.stages, p.tiles, s.num_bands, p.m_pad, p.n_pad, jnp.dtype(out_dtype),
+                    epi, bool(w_transposed), interpret)  # fmt: skip
+    return fn(kernel_constant(s.band_start), jnp.asarray(meta), data.reshape(-1, b), xp, *bias)
 
 
 def _run(pattern, data, xt, out_dtype, epi, bias, config, interpret, transposed):
