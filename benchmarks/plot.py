@@ -5,6 +5,7 @@ Usage::
     python benchmarks/plot.py --matmul benchmarks/results/matmul_h200_run4.json \
         --gnn benchmarks/results/gnn_h200_run2.json --out docs/img
     python benchmarks/plot.py --bench matmul.json gnn.json --out figs   # `blocksparse bench --json` files
+    python benchmarks/plot.py --out docs/img   # every figure of the docs' recorded runs (the defaults below)
 
 ``--bench`` draws the figures of ``blocksparse bench --plot`` (:func:`blocksparse.bench.figures`) from
 ``blocksparse bench --json`` files (and the peer scripts', which write the same layout): throughput against
@@ -19,6 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+
+import numpy as np
 
 from blocksparse.bench import figures, require_matplotlib
 
@@ -299,6 +303,40 @@ def plot_decode_generation(results: str, out: str) -> str:
     return dest
 
 
+def plot_minilm_speed(path: str, out: str) -> str:
+    """``check_minilm.py --speed``'s cell as horizontal bars: ms per call of sentence-transformers fp16 and of each
+    JAX encoder (the jitted loop's time and the back-to-back calls'), each labelled with its speedup over torch and
+    over the dense encoder with the same attention (loop over loop)."""
+    with open(path) as f:
+        doc = json.load(f)
+    cell = next((r for r in doc["results"] if r["label"].startswith("encoder speed") and r.get("ok")), None)
+    if cell is None:
+        raise ValueError(f"{path}: no passed 'encoder speed' cell (check_minilm.py --speed writes it)")
+    m = cell["metrics"]
+    keys = [k[: -len("_loop_ms")] for k in m if k.endswith("_loop_ms")]
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(keys) + 1.6))
+    y = np.arange(len(keys) + 1)
+    ax.barh(y[0], m["torch_fp16_ms"], color="0.6", label="torch fp16 (eager, CUDA events)")
+    ax.barh(y[1:] - 0.2, [m[k + "_loop_ms"] for k in keys], height=0.4, label="JAX bf16: one jitted loop")
+    ax.barh(y[1:] + 0.2, [m[k + "_calls_ms"] for k in keys], height=0.4, label="JAX bf16: back-to-back calls")
+    for i, k in enumerate(keys, 1):
+        same = "dense_" + k.rsplit("_", 1)[1]
+        ax.text(max(m[k + "_loop_ms"], m[k + "_calls_ms"]) + 0.05, i,
+                f"{m[k + '_loop_vs_torch']:.2f}x torch, {m[same + '_loop_ms'] / m[k + '_loop_ms']:.2f}x dense",
+                va="center", fontsize=8)  # fmt: skip
+    names = [re.sub(r"b(\d+)_d1_(\d+)", r"b=\1 d=1/\2", k).replace("_", " ").rsplit(" ", 1) for k in keys]
+    ax.set_yticks(y, ["sentence-transformers fp16"] + [f"{model}, {attention}" for model, attention in names])
+    ax.invert_yaxis()
+    ax.set_xlabel(f"ms per call ({m['batch']} sentences x {m['length']} tokens)")
+    ax.set_xlim(0, 1.75 * max(m["torch_fp16_ms"], *(m[k + "_calls_ms"] for k in keys)))
+    ax.set_title(f"all-MiniLM-L6-v2 encoder, bf16 JAX vs fp16 torch ({doc['meta'].get('device', '?')})", fontsize=9)
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    dest = os.path.join(out, "model_encoder_vs_torch.png")
+    fig.savefig(dest, dpi=110)
+    return dest
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", nargs="+", default=None, help="`blocksparse bench --json` files, merged")
@@ -316,6 +354,7 @@ def main(argv=None):
         nargs="+",
         default=["benchmarks/results/decode_stream_products_h200.json"],  # d = 1/4, 1/16 (1/8: the table)
     )
+    ap.add_argument("--minilm-speed", default="benchmarks/results/check_minilm_speed_h200.json")
     ap.add_argument("--out", default="docs/img")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -330,7 +369,8 @@ def main(argv=None):
         dests = [plot_matmul(args.matmul, args.out), plot_gnn(args.gnn, args.out),
                  plot_mosaic(args.mosaic, args.out), plot_sharded_gnn(args.sharded_gnn, args.out),
                  plot_sdd(args.sdd, args.out), plot_decode_products(args.decode, args.out),
-                 plot_decode_generation("benchmarks/results", args.out)]  # fmt: skip
+                 plot_decode_generation("benchmarks/results", args.out),
+                 plot_minilm_speed(args.minilm_speed, args.out)]  # fmt: skip
     for dest in dests:
         print(dest)
 
