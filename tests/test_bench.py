@@ -451,6 +451,7 @@ def test_gnn_variant_cells_run_their_configs_in_the_interpreter(monkeypatch):
     monkeypatch.setattr(bench_gnn_variants, "_TABLES", {"spmm": bench_gnn_variants.SPMM, "max": bench_gnn_variants.MAX})
     monkeypatch.setattr(bench_gnn_variants, "ATTENTION", {"be16": (dict(edges_per_step=16), False)})
     monkeypatch.setattr(bench_gnn_variants, "NODES_PER_PROGRAM", (1, 2))
+    monkeypatch.setitem(bench_gnn_variants.HALF, "max", {"narrow": dict(num_warps=2, narrow_loads=True)})
     cells = [c for c in bench_gnn_variants.suite(**bench_gnn_variants.SIZES["tiny"]) if c.params["kind"] != "dynamic"]
     for r in _interpreted(cells):
         assert r.ok, (r.label, r.error)

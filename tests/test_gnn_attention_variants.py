@@ -108,6 +108,30 @@ def test_graph_attention_variant_matches_reference(graph, name):
     _close(got, want, f"graph_attention {name}")
 
 
+@sweep("op", ["gatv2", "graph_attention"], quick=["gatv2"])
+@sweep("shape", [(1, 128), (8, 16)], quick=[(1, 128)], ids=lambda s: f"H{s[0]}xD{s[1]}")
+def test_narrow_loads_change_no_bit(graph, op, shape):
+    # 2-byte rows gathered 4 features a lane: the same column ids, so the forward and all three gradients are
+    # bit-identical to the wide loads' (and float32 inputs take the same kernel either way)
+    h, d = shape
+    xs, xd, att, ct, v = _inputs(h, d, seed=11)
+    third = att if op == "gatv2" else v
+    args = [a.astype(jnp.bfloat16) for a in (xs, xd, third, ct)]
+    run = _gat if op == "gatv2" else _dot
+    with gnn.interpret():
+        wide = run(graph, *args, "pallas", C(narrow_loads=False))
+        narrow = run(graph, *args, "pallas", C(narrow_loads=True))
+    for i, (a, b) in enumerate(zip(narrow, wide, strict=True)):
+        assert a.dtype == jnp.bfloat16, i
+        np.testing.assert_array_equal(np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32)), str(i))
+    want = run(graph, *[a.astype(jnp.float32) for a in args], "xla")  # float32 on the same (rounded) inputs
+    for i, (a, w) in enumerate(zip(narrow, want, strict=True)):
+        w = np.asarray(w)
+        np.testing.assert_allclose(np.asarray(a.astype(jnp.float32)), w, rtol=0, atol=0.03 * np.abs(w).max(),
+                                   err_msg=f"{op} narrow bf16 [{i}]")  # fmt: skip
+    assert K._Shape(h, d, C(narrow_loads=True)).view != K._Shape(h, d, C(narrow_loads=False)).view  # own kernels
+
+
 @sweep("name", ["default", "groups"], quick=1)
 def test_one_head_layouts_with_two_head_blocks_and_padding(graph, name):
     # H = 2 heads of 100 features: padded to 128, one head per program, two head blocks (nblk = 2), so

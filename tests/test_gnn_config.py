@@ -53,9 +53,10 @@ def test_kernel_defaults_on_the_h200_and_elsewhere():
     with hardware.fake(hardware.H200):
         assert order.spmm_variant(None) == order.spmm_variant(1) == GatherVariant(num_warps=1)
         assert order.aggregate_variant(jnp.float32, False) == (1, GatherVariant(key_reduce=True))
-        assert order.aggregate_variant(jnp.bfloat16, False) == (None, GatherVariant(num_warps=2))
-        assert order.aggregate_variant(jnp.float16, True) == (None, GatherVariant(num_warps=1))
+        assert order.aggregate_variant(jnp.bfloat16, False) == (2, GatherVariant(num_warps=2, narrow_loads=True))
+        assert order.aggregate_variant(jnp.float16, True) == (None, GatherVariant(num_warps=1, narrow_loads=True))
         assert order.attention_layout(True) == "flat" and order.attention_edges_per_step(128) == 16
+        assert order.attention_narrow_loads() is True
         h200 = [order.spmm_edges_per_step(e, 100, 128) for e in (3200, 3201)]
     assert h200 == [16, 32]
     with hardware.fake(OTHER):  # the plain kernels; the structural rules as measured
@@ -63,10 +64,12 @@ def test_kernel_defaults_on_the_h200_and_elsewhere():
         assert order.aggregate_variant(jnp.float32, False) == (None, GatherVariant())
         assert order.aggregate_variant(jnp.bfloat16, True) == (None, GatherVariant())
         assert order.attention_layout(True) == "heads" and order.attention_edges_per_step(128) == 32
+        assert order.attention_narrow_loads() is False
         assert [order.spmm_edges_per_step(e, 100, 128) for e in (3200, 3201)] == h200
         assert order.aggregate_nodes_per_program(32) == 2 and order.aggregate_one_node_edges(128) == 16
     assert order.spmm_variant(2) is None and order.attention_layout(False) == "heads"
     assert order.attention_edges_per_step(128, gnn.AttentionConfig(edges_per_step=64)) == 64
+    assert order.attention_narrow_loads(gnn.AttentionConfig(narrow_loads=False)) is False
 
 
 def test_cpu_runs_the_planning_default():
@@ -180,4 +183,8 @@ def test_config_errors(graph):
     with pytest.raises(ValueError, match="op"):
         order.implementations("matmul")
     assert GatherConfig().label == "default" and GatherConfig(2, GatherVariant(num_warps=1)).label == "G2+w1"
+    assert GatherConfig(1, GatherVariant(narrow_loads=True)).label == "G1+narrow"
+    assert gnn.AttentionConfig(narrow_loads=True).label == "default+narrow"
+    with pytest.raises(ValueError, match="narrow_loads"):
+        gnn.AttentionConfig(narrow_loads=1)
     assert GatherConfig.backend == gnn.AttentionConfig.backend == "pallas"

@@ -102,7 +102,7 @@ def _applying(variants, dtype):
 # ---------------------------------------------------------------------------------- the helpers
 def test_variant_validation_and_fallbacks():
     assert check_variant(None) == V() and V().tag() == "" and EVERYTHING.tag() == "pairs+bytes+prefetch+key+w2"
-    for bad in (dict(pairs=1), dict(num_warps=3), dict(num_warps=True), dict(key_reduce=None)):
+    for bad in (dict(pairs=1), dict(num_warps=3), dict(num_warps=True), dict(key_reduce=None), dict(narrow_loads=1)):
         with pytest.raises(ValueError, match="Expected GatherVariant"):
             V(**bad)
     with pytest.raises(ValueError, match="Expected variant None or a GatherVariant"):
@@ -179,6 +179,24 @@ def test_spmm_pairs_two_feature_blocks_and_odd_features(graph, interp):
 def test_spmm_default_variant_is_the_default_kernel(graph, interp):
     x = _normal((graph.num_nodes, 20), 6, jnp.bfloat16)
     np.testing.assert_array_equal(S.csr_sum(graph, None, x, variant=V()), S.csr_sum(graph, None, x))
+
+
+@sweep("dtype", [jnp.bfloat16, jnp.float16], quick=[jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
+def test_narrow_loads_change_no_bit(graph, interp, dtype):
+    # 2-byte rows gathered 4 features a lane: the same column ids, so every kernel's result is bit-identical
+    n, f = graph.num_nodes, 40  # one-node kernels: two feature blocks, the second padded; packed: masked
+    x, w, ties = _normal((n, f), 9, dtype), _normal((graph.edge_capacity,), 10, dtype), _ties(n, f, 11, dtype)
+    for nodes, base in ((None, V()), (2, V(num_warps=1, prefetch=True))):
+        narrow = dataclasses.replace(base, narrow_loads=True)
+        got = S.csr_sum(graph, w, x, x, nodes_per_program=nodes, variant=narrow)
+        want = S.csr_sum(graph, w, x, x, nodes_per_program=nodes, variant=base)
+        np.testing.assert_array_equal(got, want, f"spmm G={nodes} {narrow.tag()}")
+    for nodes, with_arg, base in ((1, True, V()), (4, False, V(key_reduce=True))):
+        narrow = dataclasses.replace(base, narrow_loads=True)
+        got = A.segment_extreme(graph, ties, True, with_arg=with_arg, nodes_per_program=nodes, variant=narrow)
+        want = A.segment_extreme(graph, ties, True, with_arg=with_arg, nodes_per_program=nodes, variant=base)
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a, b, f"max G={nodes} arg={with_arg}")
 
 
 # ---------------------------------------------------------------------------------- max / min
@@ -299,7 +317,8 @@ def test_with_arg_sweep_rows_lower_to_triton():
 
 # ---------------------------------------------------------------------------------- CUDA lowering (CPU)
 LOWERED = (
-    V(pairs=True), V(tile_bytes=True), V(prefetch=True), V(num_warps=2), V(key_reduce=True), EVERYTHING,
+    V(pairs=True), V(tile_bytes=True), V(prefetch=True), V(num_warps=2), V(key_reduce=True), V(narrow_loads=True),
+    EVERYTHING,
 )  # fmt: skip
 
 
@@ -327,8 +346,9 @@ def test_spmm_variants_lower_to_triton():
 
 def test_default_variant_lowers_to_the_measured_kernels(monkeypatch):
     # variant=None is the measured default of each entry point, op for op the same Triton IR as naming it:
-    # one warp for the one-node SpMM, the plain packed SpMM, two warps for the values-only 2-byte max, the
-    # plain kernel with arg-max given one node per program, one warp for the packed arg-max kernel by default
+    # one warp for the one-node SpMM, the plain packed SpMM, two nodes per program on two warps with narrow loads
+    # for the values-only 2-byte max, the plain kernel with arg-max given one node per program, one warp and
+    # narrow loads for the packed arg-max kernel by default
     from test_gnn_pallas import _lower_for_cuda, lowering_graph
 
     try:
@@ -346,10 +366,10 @@ def test_default_variant_lowers_to_the_measured_kernels(monkeypatch):
 
     monkeypatch.setattr(reg.lowering, "lower_jaxpr_to_triton_module", capture)
 
-    def kernels(spmm, packed, values, with_arg, arg_default=None):
+    def kernels(spmm, packed, values, with_arg, arg_default=None, values_nodes=None):
         def run(xb):
             outs = [S.csr_sum(g, w, xb, xb, variant=spmm), S.csr_sum(g, None, xb, nodes_per_program=2, variant=packed)]
-            outs += [A.segment_extreme(g, xb, True, with_arg=False, variant=values)[0]]
+            outs += [A.segment_extreme(g, xb, True, with_arg=False, nodes_per_program=values_nodes, variant=values)[0]]
             outs += list(A.segment_extreme(g, xb, True, variant=arg_default))
             return outs + list(A.segment_extreme(g, xb, False, nodes_per_program=1, variant=with_arg))
 
@@ -362,12 +382,14 @@ def test_default_variant_lowers_to_the_measured_kernels(monkeypatch):
         spmm_default, half_values = order.spmm_variant(None), order.aggregate_variant(jnp.bfloat16, False)
         values_f32, arg_f32 = order.aggregate_variant(jnp.float32, False), order.aggregate_variant(jnp.float32, True)
         arg_bf16 = order.aggregate_variant(jnp.bfloat16, True)
-    assert spmm_default == V(num_warps=1) and half_values == (None, V(num_warps=2))
-    assert kernels(V(num_warps=1), V(), V(num_warps=2), V(), V(num_warps=1)) == default
-    assert kernels(V(), V(), V(num_warps=2), V()) != default  # the one-node SpMM's default is not the plain kernel
-    assert kernels(V(num_warps=1), V(), V(num_warps=2), V(), V()) != default  # nor the arg-max's
+    w2n, w1n = V(num_warps=2, narrow_loads=True), V(num_warps=1, narrow_loads=True)
+    assert spmm_default == V(num_warps=1) and half_values == (2, w2n)
+    assert kernels(V(num_warps=1), V(), w2n, V(), w1n, values_nodes=2) == default
+    assert kernels(V(), V(), w2n, V(), values_nodes=2) != default  # the one-node SpMM's default is not the plain one
+    assert kernels(V(num_warps=1), V(), w2n, V(), V(), values_nodes=2) != default  # nor the arg-max's
+    assert kernels(V(num_warps=1), V(), w2n, V(), V(num_warps=1), values_nodes=2) != default  # narrow: its own IR
     assert values_f32 == (1, V(key_reduce=True))
-    assert arg_f32 == arg_bf16 == (None, V(num_warps=1))
+    assert arg_f32 == arg_bf16 == (None, w1n)
     assert order.spmm_variant(2) is None  # the packed SpMM: the plain kernel
 
 

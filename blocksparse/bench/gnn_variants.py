@@ -12,6 +12,10 @@ variant checked against the XLA result (SpMM and attention: relative error; max:
   ``AttentionConfig`` of :data:`ATTENTION`;
 - ``packed``: SpMM sum with ``nodes_per_program`` of :data:`NODES_PER_PROGRAM` on a power-law graph of mean
   in-degree 32 and an ogbn-arxiv-like one (mean in-degree 6.9);
+- ``half``: bfloat16 features on a graph (the power-law one and paper-like ones): each op's default, the same op
+  on float32 features (``float32_*``; ``vs_float32``: the float32 time over the bfloat16 one, > 1 when bfloat16 is
+  faster), and the variants of :data:`HALF` (2-byte rows gathered 4 features a lane, ``narrow``, against Triton's 8,
+  ``wide``, and the max's tilings with them);
 - ``dynamic``: each op on a static :class:`~blocksparse.gnn.Graph` (``static_*``), a prebuilt
   :class:`~blocksparse.gnn.DynamicGraph` argument (the cell's own times), and the graph built inside the timed
   function (``build_*``: what a step with a new graph costs); plus the build alone.
@@ -33,17 +37,20 @@ import blocksparse as bs
 from ._core import Cell, Timer, check_close, measure, ratio, variant
 
 #: ``modes``: of the gatv2 and dynamic cells; ``graphs``: of the packed cells; ``gather``: the gather cells' ops;
-#: ``dynamic`` / ``dynamic_modes``: the dynamic cells' ops and modes (the CPU sizes keep a few cells).
+#: ``dynamic`` / ``dynamic_modes``: the dynamic cells' ops and modes (the CPU sizes keep a few cells); ``half``:
+#: the half cells' graphs (``power-law``: the suite's own; else a :data:`~.gnn_graphs.GRAPHS` name at
+#: ``half_scale``) and ``half_ops`` their ops.
 SIZES = {
     "tiny": dict(nodes=96, edges=1536, feat=16, dtypes=("float32",), shapes=((2, 8),), arxiv_scale=0.002,
                  dynamic_feat=16, heads=2, modes=("fwd",), graphs=("arxiv-like",), gather=("spmm", "max"),
-                 dynamic=("spmm_sum",)),
+                 dynamic=("spmm_sum",), half=("power-law",), half_ops=("max",)),
     "quick": dict(nodes=512, edges=16_384, feat=32, dtypes=("float32",), shapes=((4, 8),), arxiv_scale=0.005,
                   dynamic_feat=32, heads=2, modes=("fwd+bwd",), graphs=("power-law-32", "arxiv-like"),
-                  dynamic=("spmm_sum", "max", "gatv2"), dynamic_modes=("fwd",)),
+                  dynamic=("spmm_sum", "max", "gatv2"), dynamic_modes=("fwd",), half=("power-law",),
+                  half_ops=("max", "gatv2")),
     "full": dict(nodes=262_144, edges=8_388_608, feat=128, dtypes=("float32", "bfloat16"),
                  shapes=((1, 128), (8, 16)), arxiv_scale=1.0, dynamic_feat=128, heads=8, modes=("fwd", "fwd+bwd"),
-                 graphs=("power-law-32", "arxiv-like")),
+                 graphs=("power-law-32", "arxiv-like"), half=("ogbn-arxiv", "city-roads-L", "power-law")),
 }  # fmt: skip
 
 COLUMNS = (
@@ -113,6 +120,25 @@ ATTENTION = {
     "flat+w8": (dict(layout="flat", num_warps=8), True),
     "be64": (dict(edges_per_step=64), False),
 }
+#: The half cells' variants per op (pass): name -> the op's ``config=`` fields. ``wide`` is the default's kernel
+#: as it was before ``narrow_loads`` (the tuned variant without it), ``narrow`` the same with it.
+HALF = {
+    "spmm": {"wide": dict(num_warps=1), "narrow": dict(num_warps=1, narrow_loads=True)},
+    "max": {
+        "wide": dict(num_warps=2),
+        "narrow": dict(num_warps=2, narrow_loads=True),
+        **{f"G{k}+w2+narrow": dict(nodes_per_program=k, num_warps=2, narrow_loads=True) for k in (2, 4)},
+        "G1+key+narrow": dict(nodes_per_program=1, key_reduce=True, narrow_loads=True),
+    },
+    "max_with_arg": {
+        "wide": dict(num_warps=1),
+        "narrow": dict(num_warps=1, narrow_loads=True),
+        **{f"G{k}+w1+narrow": dict(nodes_per_program=k, num_warps=1, narrow_loads=True) for k in (2, 4)},
+    },
+    "gatv2": {"wide": dict(narrow_loads=False), "narrow": dict(narrow_loads=True)},
+    "graph_attention": {"wide": dict(narrow_loads=False), "narrow": dict(narrow_loads=True)},
+}
+HALF_OPS = tuple(HALF)
 NODES_PER_PROGRAM = (1, 2, 4, 8, 16)
 DYNAMIC_OPS = ("spmm_sum", "spmm_gcn_w", "max", "gatv2", "graph_attention")
 _TABLES = {"spmm": SPMM, "max": MAX, "max_with_arg": MAX_WITH_ARG}
@@ -141,7 +167,7 @@ def cells(*, full: bool) -> list[Cell]:
 
 def suite(
     *, nodes, edges, feat, dtypes, shapes, arxiv_scale, dynamic_feat, heads, modes, graphs, gather=None, dynamic=None,
-    dynamic_modes=None, seed: int = 0,
+    dynamic_modes=None, half=(), half_ops=HALF_OPS, half_scale=1.0, seed: int = 0,
 ) -> list[Cell]:  # fmt: skip
     graph = functools.cache(lambda: bs.gnn.power_law(nodes, edges, seed=seed))
     base = dict(nodes=nodes, edges=edges, graph="power_law")
@@ -162,6 +188,13 @@ def suite(
             out.append(
                 Cell("gnn-variants", f"packed spmm {name} {dtype}", params, _packed(graph_of, feat, dtype, seed))
             )
+    for name in half:
+        graph_of = graph if name == "power-law" else functools.cache(lambda name=name: _paper(name, half_scale))
+        where = base if name == "power-law" else dict(graph=name, scale=half_scale)
+        for op in half_ops:
+            params = dict(where, kind="half", op=op, dtype="bfloat16", feat=feat, variants=sorted(HALF[op]),
+                          mode="fwd+bwd" if op in ("max_with_arg", "gatv2", "graph_attention") else "fwd")  # fmt: skip
+            out.append(Cell("gnn-variants", f"half {op} {name}", params, _half(op, graph_of, feat, seed)))
     dyn = dict(base, kind="dynamic", feat=dynamic_feat, heads=heads, dtype="float32")
     out.append(Cell("gnn-variants", "dynamic build", dict(dyn, op="build"), _build(graph)))
     for op in dynamic or DYNAMIC_OPS:
@@ -176,6 +209,77 @@ def _arxiv(scale):
 
     src, dst, n = paper_graph_edges("ogbn-arxiv", scale=scale)
     return bs.gnn.Graph.from_edges(src, dst, n, name="arxiv-like")
+
+
+def _paper(name, scale):
+    from .gnn_graphs import graph
+
+    return graph(name, scale)
+
+
+def _half(op, graph_of, feat, seed):
+    """bfloat16 ``op`` (``max_with_arg``: the max's forward + backward; attention: forward + VJP, ``feat`` as 8 heads
+    of ``feat / 8``) on ``graph_of()``: the default, the float32 default and the :data:`HALF` variants, each checked
+    against XLA's float32 result on the same values within bfloat16's tolerance (the max: exactly XLA's result in
+    the same dtype)."""
+    from ..gnn import AttentionConfig
+    from ..ops.gnn import order
+
+    attention = op in ("gatv2", "graph_attention")
+
+    def fn_of(g, **kw):
+        if op == "spmm":
+            return lambda x: bs.gnn.spmm(g, x, **kw)
+        if op in ("max", "max_with_arg"):
+            fwd = lambda x: bs.gnn.aggregate(g, x, "max", **kw)  # noqa: E731
+            if op == "max":
+                return fwd
+            return lambda x: jax.value_and_grad(lambda x: jnp.sum(fwd(x).astype(jnp.float32)))(x)
+        f = bs.gnn.gatv2 if op == "gatv2" else bs.gnn.graph_attention
+
+        def fb(a, b, c, ct):
+            y, vjp = jax.vjp(lambda a, b, c: f(g, a, b, c, **kw), a, b, c)
+            return (y, *vjp(ct))
+
+        return fb
+
+    def config(fields):
+        return AttentionConfig(**fields) if attention else gather_config(fields)
+
+    def run(timer: Timer) -> dict:
+        g = graph_of()
+        ks = jax.random.split(jax.random.key(seed), 4)
+        heads = (8, feat // 8)
+        if not attention:
+            args32 = (jax.random.normal(ks[0], (g.num_nodes, feat), jnp.float32),)
+        else:  # gatv2: (x_src, x_dst, att); graph_attention: (k, q, v); then the output's cotangent
+            third = heads if op == "gatv2" else (g.num_nodes, *heads)
+            shapes = [(g.num_nodes, *heads)] * 2 + [third, (g.num_nodes, *heads)]
+            args32 = tuple(jax.random.normal(k, s, jnp.float32) for k, s in zip(ks, shapes, strict=True))
+            if op == "gatv2":
+                args32 = (*args32[:2], args32[2] / 4, args32[3])
+        args = tuple(a.astype(jnp.bfloat16) for a in args32)
+        args32 = tuple(a.astype(jnp.float32) for a in args)  # the same values: one float32 reference for both
+        exact = op in ("max", "max_with_arg")
+        want = jax.jit(fn_of(g, implementation="xla"))(*args32)
+        # the max: XLA's in bfloat16, exactly (its gradient's scatter-add rounds in bfloat16 on either backend)
+        want_half = jax.jit(fn_of(g, implementation="xla"))(*args) if exact else want
+        check = dict(want=want_half, tol=0.0 if exact else None, dtype=jnp.dtype(jnp.bfloat16))
+        out = measure(timer, fn_of(g), *args, what=f"{op} bfloat16 default", **check)
+        out.update(variant(timer, "xla", fn_of(g, implementation="xla"), *args))
+        out.update(variant(timer, "float32", fn_of(g), *args32, what=f"{op} float32 default", want=want,
+                           tol=0.0 if exact else None, dtype=jnp.dtype(jnp.float32)))  # fmt: skip
+        ratio(out, "float32_loop_ms", "loop_ms", "vs_float32")
+        for name, fields in HALF[op].items():
+            fn = lambda *a, fields=fields: fn_of(g, implementation="pallas", config=config(fields))(*a)  # noqa: E731
+            out.update(variant(timer, name, fn, *args, needs="gpu", what=f"{op} {name}", **check))
+        ratio(out, "wide_loop_ms", "narrow_loop_ms", "narrow_speedup")
+        stats = order.graph_stats(g)  # what the host knows of the graph (the choice's statistics)
+        out.update(nodes=stats.nodes, edges=stats.edges, max_in_degree=stats.max_in_degree)
+        _best(out, HALF[op])
+        return out
+
+    return run
 
 
 def _best(out: dict, names) -> None:

@@ -65,6 +65,9 @@ class GatherVariant:
             packed max / min kernel has its own ``prefetch`` argument, which this also turns on).
         key_reduce: max / min without ``with_arg``: reduce one order-preserving int32 key per element (NaN
             mapped to the top / bottom) instead of a float max plus a separate NaN-flag reduction.
+        narrow_loads: gather 2-byte ``x`` 4 features (8 bytes) a lane instead of Triton's 8 (16 bytes), so a
+            128-feature row spans a whole warp, as a float32 row does, and the reductions over a step's edges
+            stay inside each thread; float32 ``x`` and the ``pairs`` gather are unchanged.
     """
 
     pairs: bool = False
@@ -72,9 +75,10 @@ class GatherVariant:
     num_warps: int | None = None
     prefetch: bool = False
     key_reduce: bool = False
+    narrow_loads: bool = False
 
     def __post_init__(self):
-        for name in ("pairs", "tile_bytes", "prefetch", "key_reduce"):
+        for name in ("pairs", "tile_bytes", "prefetch", "key_reduce", "narrow_loads"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Expected GatherVariant.{name} a bool. Got {getattr(self, name)!r}.")
         w = self.num_warps
@@ -96,7 +100,7 @@ class GatherVariant:
     def tag(self) -> str:
         """A short name for kernel names and tables: ``""`` for the default."""
         parts = [n for n, on in (("pairs", self.pairs), ("bytes", self.tile_bytes), ("prefetch", self.prefetch),
-                                 ("key", self.key_reduce)) if on]  # fmt: skip
+                                 ("key", self.key_reduce), ("narrow", self.narrow_loads)) if on]  # fmt: skip
         parts += [] if self.num_warps is None else [f"w{self.num_warps}"]
         return "+".join(parts)
 
@@ -183,6 +187,8 @@ class AttentionConfig:
             sums in the backward) across the loop and reduce over the edge axis once after it,
             instead of reducing across warps at every step; GATv2's source pass sums ``dx_src`` in one
             accumulator. ``None``: with the ``flat`` layout.
+        narrow_loads: gather 2-byte features 4 a lane (8 bytes) instead of 8 (16 bytes), as
+            ``GatherVariant.narrow_loads``; ``None``: the tuned entry ``attention.narrow_loads``.
     """
 
     backend: ClassVar[str] = "pallas"
@@ -191,6 +197,7 @@ class AttentionConfig:
     edges_per_step: int | None = None
     num_warps: int | None = None
     deferred: bool | None = None
+    narrow_loads: bool | None = None
 
     def __post_init__(self):
         if self.layout is not None and self.layout not in LAYOUTS:
@@ -201,6 +208,8 @@ class AttentionConfig:
                 raise ValueError(f"Expected {name} None or one of {allowed}. Got {v!r}.")
         if self.deferred is not None and not isinstance(self.deferred, bool):
             raise ValueError(f"Expected deferred None or a bool. Got {self.deferred!r}.")
+        if self.narrow_loads is not None and not isinstance(self.narrow_loads, bool):
+            raise ValueError(f"Expected narrow_loads None or a bool. Got {self.narrow_loads!r}.")
 
     @property
     def label(self) -> str:
@@ -212,4 +221,6 @@ class AttentionConfig:
             parts.append(f"w{self.num_warps}")
         if self.deferred is not None:
             parts.append("deferred" if self.deferred else "eager")
+        if self.narrow_loads is not None:
+            parts.append("narrow" if self.narrow_loads else "wide")
         return "+".join(parts)

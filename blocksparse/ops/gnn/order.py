@@ -40,6 +40,7 @@ __all__ = [
     "aggregate_variant",
     "attention_edges_per_step",
     "attention_layout",
+    "attention_narrow_loads",
     "choice",
     "config_type",
     "graph_stats",
@@ -281,6 +282,14 @@ def attention_layout(one_head: bool, config: AttentionConfig | None = None) -> s
     if not one_head:
         return "heads"
     return (config.layout if config is not None else None) or tuned.get("attention.one_head_layout")
+
+
+def attention_narrow_loads(config: AttentionConfig | None = None) -> bool:
+    """Whether the attention kernels gather 2-byte features 4 a lane: ``config.narrow_loads``, else tuned
+    ``attention.narrow_loads`` (no effect on float32 features)."""
+    if config is not None and config.narrow_loads is not None:
+        return config.narrow_loads
+    return tuned.get("attention.narrow_loads")
 
 
 def attention_edges_per_step(width: int, config: AttentionConfig | None = None) -> int:

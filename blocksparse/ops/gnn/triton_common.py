@@ -80,8 +80,21 @@ def load_ids(ref, off, mask, be: int):
     return plgpu.load(ref.at[pl.ds(off, be)], mask=mask, other=0)
 
 
-def gather(ref, rows, cols, mask2):
-    """``ref[rows[:, None], cols[None, :]]`` with masked-out rows read as 0, in float32."""
+def lanes(ref, cols, narrow: bool):
+    """The column ids ``cols`` (non-negative) of a gather from ``ref``; with ``narrow`` and 2-byte ``ref``, the same
+    values written as ``(cols // 4) * 4 + cols % 4``, whose known contiguity is 4: Triton then loads 4 features (8
+    bytes) a lane instead of 8 (16 bytes), so a 128-feature row spans a whole warp, as a float32 row does, and the
+    reductions over a step's edges stay inside each thread instead of shuffling between lanes
+    (``GatherVariant.narrow_loads``, ``AttentionConfig.narrow_loads``)."""
+    if not narrow or jnp.dtype(ref.dtype).itemsize != 2:
+        return cols
+    four = jnp.int32(4)
+    return lax.div(cols, four) * four + lax.rem(cols, four)
+
+
+def gather(ref, rows, cols, mask2, narrow: bool = False):
+    """``ref[rows[:, None], cols[None, :]]`` with masked-out rows read as 0, in float32 (``narrow``: :func:`lanes`)."""
+    cols = lanes(ref, cols, narrow)
     return plgpu.load(ref.at[rows[:, None], cols[None, :]], mask=mask2, other=0).astype(jnp.float32)
 
 
@@ -147,8 +160,10 @@ def load_at(ref, pos, mask):
     return plgpu.load(ref.at[pos], mask=mask, other=0)
 
 
-def gather_tiles(ref, ids, cols, mask3, other):
-    """``ref[ids[:, :, None], cols[None, None, :]]``: a ``(units, be, bf)`` gather (float32; ``other`` where masked)."""
+def gather_tiles(ref, ids, cols, mask3, other, narrow: bool = False):
+    """``ref[ids[:, :, None], cols[None, None, :]]``: a ``(units, be, bf)`` gather (float32; ``other`` where masked;
+    ``narrow``: :func:`lanes`)."""
+    cols = lanes(ref, cols, narrow)
     rows = plgpu.load(ref.at[ids[:, :, None], cols[None, None, :]], mask=mask3, other=other)
     return rows.astype(jnp.float32)
 
@@ -190,11 +205,14 @@ def unpack_pairs(u: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
     return lo.astype(jnp.float32), hi.astype(jnp.float32)
 
 
-def gather_parts(ref, idx, cols, mask, other, pairs) -> tuple[jax.Array, ...]:
+def gather_parts(ref, idx, cols, mask, other, pairs, narrow: bool = False) -> tuple[jax.Array, ...]:
     """:func:`gather` (``idx`` of rank 1, ``other`` 0) or :func:`gather_tiles` (rank 2) as a 1-tuple; with
-    ``pairs`` (the dtype whose pairs ``ref``'s uint32 hold) the (low, high) float32 halves of a pair gather."""
+    ``pairs`` (the dtype whose pairs ``ref``'s uint32 hold) the (low, high) float32 halves of a pair gather
+    (``narrow``: :func:`lanes`, a no-op for the uint32 pairs)."""
     if pairs is None:
-        return (gather(ref, idx, cols, mask),) if idx.ndim == 1 else (gather_tiles(ref, idx, cols, mask, other),)
+        if idx.ndim == 1:
+            return (gather(ref, idx, cols, mask, narrow),)
+        return (gather_tiles(ref, idx, cols, mask, other, narrow),)
     ix = (idx[:, None], cols[None, :]) if idx.ndim == 1 else (idx[:, :, None], cols[None, None, :])
     return unpack_pairs(plgpu.load(ref.at[ix], mask=mask, other=pair_bits(other, pairs)), pairs)
 

@@ -123,20 +123,23 @@ H200 = {
         note="elements of the one-node kernel's (edges, features) tile: 16 edges per step at 128 features",
     ),
     "aggregate.values_only": Entry(
-        {"float32": (1, GatherVariant(key_reduce=True)), "half": (None, GatherVariant(num_warps=2))},
+        {"float32": (1, GatherVariant(key_reduce=True)), "half": (2, GatherVariant(num_warps=2, narrow_loads=True))},
         suite="gnn-variants",
-        cell="max/float32/G1+key vs max/float32/default; max/bfloat16/w2 vs max/bfloat16/default",
-        results="gather_defaults_h200.json",
+        cell="max/float32/G1+key vs max/float32/default (gather_defaults_h200.json); half max <graph>: G2+w2+narrow "
+        "vs narrow vs wide vs G4+w2+narrow vs G1+key+narrow",
+        results="gnn_half_loads_h200.json",
         note="(nodes per program, variant) of max / min without the arg-max, by feature width: float32 one node "
-        "per program reducing int32 keys, 2-byte features the packed kernel with two warps",
+        "per program reducing int32 keys; 2-byte features two nodes per program on two warps, the rows gathered 4 "
+        "features a lane (fastest on the power-law graph, ogbn-arxiv and city-roads-L)",
     ),
     "aggregate.with_arg": Entry(
-        (None, GatherVariant(num_warps=1)),
+        (None, GatherVariant(num_warps=1, narrow_loads=True)),
         suite="gnn-variants",
-        cell="max/float32/w1 vs max/float32/default vs max/float32/w2 (--with-arg)",
-        results="gather_with_arg_h200.json",
+        cell="max/float32/w1 vs max/float32/default vs max/float32/w2 (--with-arg, gather_with_arg_h200.json); "
+        "half max_with_arg <graph>: narrow vs wide",
+        results="gnn_half_loads_h200.json",
         note="(nodes per program, variant) of max / min with the arg-max (the forward under grad): the default "
-        "nodes per program with one warp, both dtypes",
+        "nodes per program with one warp, both dtypes; 2-byte rows gathered 4 features a lane (float32: no effect)",
     ),
     # ------------------------------------------------------------------ attention kernels
     "attention.one_head_layout": Entry(
@@ -154,6 +157,14 @@ H200 = {
         results="gatv2_defaults_h200.json",
         note="edges per step of a program of 128 or more features (one head of 128, eight of 16)",
     ),
+    "attention.narrow_loads": Entry(
+        True,
+        suite="gnn-variants",
+        cell="half gatv2 <graph> fwd+bwd: narrow vs wide; half graph_attention <graph> fwd+bwd: narrow vs wide",
+        results="gnn_half_loads_h200.json",
+        note="2-byte features gathered 4 a lane (a 128-feature row per warp) against Triton's 8 a lane (half a "
+        "warp, reductions shuffling between lanes), GATv2 and dot-product attention, forward and backward",
+    ),
 }
 
 #: A GPU without a table (see the module docstring): plain kernels, the same orders and structural rules.
@@ -167,6 +178,7 @@ DEFAULT = {
     "aggregate.with_arg": Entry((None, GatherVariant()), note="the nodes-per-program rule and the plain kernel"),
     "attention.one_head_layout": Entry("heads", note="the (edges, heads, head size) view of every shape"),
     "attention.wide_edges_per_step": Entry(None, note="the tile-size rule of every program width"),
+    "attention.narrow_loads": Entry(False, note="Triton's own vector width"),
 }
 
 #: Device kind -> entries.
@@ -213,8 +225,6 @@ _POKEC = dict(graph="pokec", nodes=1_632_803, edges=30_622_564, max_in_degree=13
 _POWER_LAW = dict(graph="power-law", nodes=262_144, edges=8_388_608, max_in_degree=149_288, feat=128)
 _GRAPHS_RUN = "gnn_graphs_h200.json"  # its twitch-views cells (its city-roads-L and ogbn-arxiv: replaced, below)
 _FULL_SMALL = "gnn_full_small_float32_h200.json"  # city-roads-L, ogbn-arxiv: every op and pass, float32, one run
-# city-roads-L, ogbn-arxiv in bfloat16 (cut short: no ogbn-arxiv GATv2 fwd+bwd, graph attention), one run
-_FULL_SMALL_BF16 = "gnn_full_small_bfloat16_h200.json"
 # power-law in float32 (cut short: no GATv2 fwd+bwd, graph attention), one run
 _FULL_POWER_LAW = "gnn_full_power_law_float32_h200.json"
 # SpMM (sum, mean, the GCN norm) on city-roads-L and ogbn-arxiv in both dtypes, the norms on the edge weights
@@ -222,7 +232,8 @@ _FULL_NORMS = "gnn_full_small_spmm_norms_h200.json"
 _FULL_TWITCH = "gnn_full_twitch_float32_h200.json"  # twitch-views, float32 (cut short: SpMM only)
 _FULL_TWITCH_BF16 = "gnn_full_twitch_bfloat16_h200.json"  # twitch-views, bfloat16 (cut short: SpMM only)
 _FULL_POWER_LAW_BF16 = "gnn_full_power_law_bfloat16_h200.json"  # power-law, bfloat16 (cut short: SpMM sum only)
-_FULL_ARXIV_BF16_ATTN = "gnn_full_arxiv_bfloat16_attn_h200.json"  # ogbn-arxiv's bfloat16 attention, both passes
+# city-roads-L, ogbn-arxiv in bfloat16 after the narrow loads: max, min and both attentions, both passes
+_FULL_SMALL_BF16_NARROW = "gnn_full_small_bfloat16_narrow_h200.json"
 _FULL_POWER_LAW_ATTN = "gnn_full_power_law_float32_attn_h200.json"  # power-law, float32 (cut short: GATv2 fwd only)
 _SEGMENT = "XLA's side: the suite's sorted segment op in the features' dtype (jax-segment), as the xla backend runs it"
 
@@ -244,9 +255,10 @@ def _full(stats, faster, op, pass_, results=_FULL_SMALL, dtype="float32", note="
                     note=note)  # fmt: skip
 
 
-def _half(stats, faster, op, pass_):
-    """A bfloat16 cell of the full table's run on city-roads-L and ogbn-arxiv."""
-    return _full(stats, faster, op, pass_, _FULL_SMALL_BF16, "bfloat16")
+def _narrow(stats, faster, op, pass_):
+    """A bfloat16 cell of the full table's run on city-roads-L and ogbn-arxiv with the 2-byte rows gathered 4 features
+    a lane (``narrow_loads``, the max's two nodes per program)."""
+    return _full(stats, faster, op, pass_, _FULL_SMALL_BF16_NARROW, "bfloat16")
 
 
 def _pl(faster, op, pass_):
@@ -267,8 +279,11 @@ _GAT_SEGMENT = ("XLA's side: JAX's autodiff of the suite's segment GATv2 (jax-se
 # (gnn_full_small_spmm_norms_h200.json), ogbn-arxiv's bfloat16 attention (gnn_full_arxiv_bfloat16_attn_h200.json),
 # the power-law graph's GATv2 forward (gnn_full_power_law_float32_attn_h200.json); and twitch-views' SpMM in both
 # dtypes (gnn_full_twitch_*_h200.json; replaced gnn_graphs_h200.json's float32 SpMM) and the power-law graph's
-# bfloat16 SpMM (gnn_full_power_law_bfloat16_h200.json; replaced gather_defaults_h200.json's). The other graphs
-# keep their older runs; the cells no run reached (cut short) have no entry.
+# bfloat16 SpMM (gnn_full_power_law_bfloat16_h200.json; replaced gather_defaults_h200.json's). Then the 2-byte rows
+# gathered 4 features a lane changed the bfloat16 kernels: max / min and both attentions on city-roads-L and
+# ogbn-arxiv were measured again (gnn_full_small_bfloat16_narrow_h200.json; replaced gnn_full_small_bfloat16_h200.json's
+# and gnn_full_arxiv_bfloat16_attn_h200.json's cells there). The other graphs keep their older runs; the cells no run
+# reached (cut short) have no entry.
 H200_CHOICES = {
     ("spmm", "float32", "fwd"): (
         _full(_ROADS, "pallas", "spmm_sum", "fwd", _FULL_NORMS),
@@ -329,8 +344,8 @@ H200_CHOICES = {
         _pl("pallas", "max", "fwd"),
     ),
     ("aggregate", "bfloat16", "fwd"): (
-        _half(_ROADS, "xla", "max", "fwd"),
-        _half(_ARXIV, "pallas", "max", "fwd"),
+        _narrow(_ROADS, "pallas", "max", "fwd"),
+        _narrow(_ARXIV, "pallas", "max", "fwd"),
         _paper(_POKEC, "pallas", "gnn_graphs_pokec_h200.json", "max", "bfloat16"),
         Measured(**_POWER_LAW, faster="pallas", results="gather_defaults_h200.json",
                  cell="max/bfloat16/default vs max/bfloat16/xla"),
@@ -342,8 +357,8 @@ H200_CHOICES = {
         _pl("pallas", "max", "fwd+bwd"),
     ),
     ("aggregate", "bfloat16", "fwd+bwd"): (
-        _half(_ROADS, "pallas", "max", "fwd+bwd"),
-        _half(_ARXIV, "pallas", "max", "fwd+bwd"),
+        _narrow(_ROADS, "pallas", "max", "fwd+bwd"),
+        _narrow(_ARXIV, "pallas", "max", "fwd+bwd"),
         Measured(**_POWER_LAW, faster="pallas", results="gather_with_arg_h200.json",
                  cell="max/bfloat16/w1 vs max/bfloat16/xla (--with-arg)"),
     ),
@@ -353,8 +368,8 @@ H200_CHOICES = {
         _full(_POWER_LAW, "pallas", "gatv2", "fwd", _FULL_POWER_LAW_ATTN),
     ),
     ("gatv2", "bfloat16", "fwd"): (
-        _half(_ROADS, "xla", "gatv2", "fwd"),
-        _full(_ARXIV, "pallas", "gatv2", "fwd", _FULL_ARXIV_BF16_ATTN, "bfloat16"),
+        _narrow(_ROADS, "xla", "gatv2", "fwd"),
+        _narrow(_ARXIV, "pallas", "gatv2", "fwd"),
     ),
     ("gatv2", "float32", "fwd+bwd"): (
         _full(_ROADS, "xla", "gatv2", "fwd+bwd"),
@@ -365,24 +380,24 @@ H200_CHOICES = {
                note="XLA's side (jax-segment) ran out of device memory: the kernels were the only ones to run"),
     ),
     ("gatv2", "bfloat16", "fwd+bwd"): (
-        _half(_ROADS, "xla", "gatv2", "fwd+bwd"),
-        _full(_ARXIV, "xla", "gatv2", "fwd+bwd", _FULL_ARXIV_BF16_ATTN, "bfloat16"),
+        _narrow(_ROADS, "xla", "gatv2", "fwd+bwd"),
+        _narrow(_ARXIV, "pallas", "gatv2", "fwd+bwd"),
     ),
     ("graph_attention", "float32", "fwd"): (
         _full(_ROADS, "pallas", "graph_attention", "fwd"),
         _full(_ARXIV, "pallas", "graph_attention", "fwd"),
     ),
     ("graph_attention", "bfloat16", "fwd"): (
-        _half(_ROADS, "xla", "graph_attention", "fwd"),
-        _full(_ARXIV, "pallas", "graph_attention", "fwd", _FULL_ARXIV_BF16_ATTN, "bfloat16"),
+        _narrow(_ROADS, "xla", "graph_attention", "fwd"),
+        _narrow(_ARXIV, "pallas", "graph_attention", "fwd"),
     ),
     ("graph_attention", "float32", "fwd+bwd"): (
         _full(_ROADS, "xla", "graph_attention", "fwd+bwd"),
         _full(_ARXIV, "pallas", "graph_attention", "fwd+bwd"),
     ),
     ("graph_attention", "bfloat16", "fwd+bwd"): (
-        _half(_ROADS, "xla", "graph_attention", "fwd+bwd"),
-        _full(_ARXIV, "pallas", "graph_attention", "fwd+bwd", _FULL_ARXIV_BF16_ATTN, "bfloat16"),
+        _narrow(_ROADS, "xla", "graph_attention", "fwd+bwd"),
+        _narrow(_ARXIV, "pallas", "graph_attention", "fwd+bwd"),
     ),
 }  # fmt: skip
 

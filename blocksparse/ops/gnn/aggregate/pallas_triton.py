@@ -40,10 +40,12 @@ _BIG = 2**31 - 1
 
 
 def _kernel(
-    starts_ref, ends_ref, indices_ref, x_ref, o_ref, *a_ref, be: int, bf: int, is_max: bool, pairs=None, key=False
-):
+    starts_ref, ends_ref, indices_ref, x_ref, o_ref, *a_ref, be: int, bf: int, is_max: bool, pairs=None, key=False,
+    narrow=False,
+):  # fmt: skip
     """``pairs``: the 2-byte dtype whose uint32 pairs ``x_ref`` holds, reduced as two float32 halves of ``bf / 2``
-    columns each; ``key``: without the arg, reduce :func:`~..triton_common.order_key` keys (see ``GatherVariant``)."""
+    columns each; ``key``: without the arg, reduce :func:`~..triton_common.order_key` keys (see ``GatherVariant``);
+    ``narrow``: 2-byte rows gathered 4 features a lane (:func:`..triton_common.lanes`)."""
     u, fb = pl.program_id(0), pl.program_id(1)
     start, end = starts_ref[u], ends_ref[u]
     width, parts = (bf, 1) if pairs is None else (bf // 2, 2)  # x_ref's columns per program; float32 halves
@@ -54,7 +56,7 @@ def _kernel(
         off, pos, m = P.edge_tile(start, c, end, be)
         idx = P.load_ids(indices_ref, off, m, be)
         m2 = jnp.broadcast_to(m[:, None], (be, width))
-        return pos, m2, [jnp.where(m2, r, ident) for r in P.gather_parts(x_ref, idx, cols, m2, 0, pairs)]
+        return pos, m2, [jnp.where(m2, r, ident) for r in P.gather_parts(x_ref, idx, cols, m2, 0, pairs, narrow)]
 
     if key and not a_ref:  # values only, one integer reduction per step
 
@@ -106,7 +108,7 @@ def _call(
     fp = x.shape[1] * (1 if pairs is None else 2)  # features
     spec = pl.BlockSpec((1, bf), lambda u, f: (u, f))
     return pl.pallas_call(
-        functools.partial(_kernel, be=be, bf=bf, is_max=is_max, pairs=pairs, key=v.key_reduce),
+        functools.partial(_kernel, be=be, bf=bf, is_max=is_max, pairs=pairs, key=v.key_reduce, narrow=v.narrow_loads),
         grid=(num_units, fp // bf),
         out_specs=[spec, spec][: 1 + with_arg],
         out_shape=[jax.ShapeDtypeStruct((num_units, fp), out_dtype), jax.ShapeDtypeStruct((num_units, fp), jnp.int32)][
@@ -160,9 +162,9 @@ def packed_tiles(nodes: int, f: int, be: int | None = None, scale: int = 1) -> t
 
 def _packed_kernel(
     *refs, num_units: int, f: int, nodes: int, be: int, bf: int, is_max: bool, ordered: bool, prefetch: bool,
-    pairs=None, key: bool = False,
+    pairs=None, key: bool = False, narrow: bool = False,
 ):  # fmt: skip
-    """``pairs`` / ``key``: as in :func:`_kernel` (``x_ref`` then has ``f / 2`` uint32 columns)."""
+    """``pairs`` / ``key`` / ``narrow``: as in :func:`_kernel` (``x_ref`` then has ``f / 2`` uint32 columns)."""
     if ordered:
         starts_ref, ends_ref, order_ref, indices_ref, x_ref, o_ref, *a_ref = refs
     else:
@@ -186,7 +188,7 @@ def _packed_kernel(
         idx = P.load_at(indices_ref, pos, m) if idx is None else idx
         m3 = jnp.broadcast_to(m[:, :, None], shape) & jnp.broadcast_to(xmask[None, None, :], shape)
         # masked-out entries read the identity, so they never win (a real +-inf ties with it: see `hit`)
-        return pos, m3, P.gather_parts(x_ref, idx, xcols, m3, ident, pairs)
+        return pos, m3, P.gather_parts(x_ref, idx, xcols, m3, ident, pairs, narrow)
 
     def each_part(body, k):
         """``body`` (``k`` carry entries) applied to each part (half) with its own slice of the carry."""
@@ -267,6 +269,7 @@ def _packed_call(
     kernel = functools.partial(
         _packed_kernel, num_units=num_units, f=f, nodes=nodes, be=be, bf=bf, is_max=is_max,
         ordered=order is not None, prefetch=prefetch or v.prefetch, pairs=pairs, key=v.key_reduce,
+        narrow=v.narrow_loads,
     )  # fmt: skip
     return pl.pallas_call(
         kernel,

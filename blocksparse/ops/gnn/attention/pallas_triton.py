@@ -30,7 +30,7 @@ from ...._util import next_power_of_2
 from ....graph import DynamicGraph, Graph
 from .. import triton_common as P
 from ..config import AttentionConfig
-from ..order import attention_edges_per_step, attention_layout
+from ..order import attention_edges_per_step, attention_layout, attention_narrow_loads
 
 _NEG = -1e30  # finite start of the running max: exp(-inf - -inf) would be NaN
 
@@ -52,8 +52,8 @@ class _View:
     ``delta`` arrays come flattened to ``(N * Hp,)`` (node ``i``, head ``h`` at ``i * Hp + h``).
     """
 
-    def __init__(self, layout: str, be: int, hb: int, dp: int, heads: int):
-        self.layout, self.be, self.hb, self.dp, self.heads = layout, be, hb, dp, heads
+    def __init__(self, layout: str, be: int, hb: int, dp: int, heads: int, narrow: bool = False):
+        self.layout, self.be, self.hb, self.dp, self.heads, self.narrow = layout, be, hb, dp, heads, narrow
         self.w = hb * dp
         self.one = layout != "heads"
         self.tshape = {"heads": (be, hb, dp), "flat": (be, dp), "groups": (be, dp // 16, 16)}[layout]
@@ -62,7 +62,7 @@ class _View:
         self.hshape = (hb,) if layout == "heads" else ()
 
     def __hash__(self):  # a static kernel argument
-        return hash((self.layout, self.be, self.hb, self.dp, self.heads))
+        return hash((self.layout, self.be, self.hb, self.dp, self.heads, self.narrow))
 
     def __eq__(self, other):
         return isinstance(other, _View) and hash(self) == hash(other)
@@ -74,8 +74,8 @@ class _View:
         return x if self.layout == "flat" else x.reshape(shape)
 
     def tile(self, ref, idx, cols, m2):
-        """The ``(be, w)`` gather of rows ``idx``, in the tile shape."""
-        return self._shape(P.gather(ref, idx, cols, m2), self.tshape)
+        """The ``(be, w)`` gather of rows ``idx``, in the tile shape (``narrow``: :func:`..triton_common.lanes`)."""
+        return self._shape(P.gather(ref, idx, cols, m2, self.narrow), self.tshape)
 
     def row(self, ref, node, blk):
         return self._shape(ref[node, pl.ds(blk * self.w, self.w)].astype(jnp.float32), self.rshape)
@@ -202,7 +202,7 @@ class _Shape:
         one = self.hb == 1 and dp >= 32  # flat / groups: one head per program
         self.layout = attention_layout(one, config)
         self.deferred = config.deferred if config.deferred is not None else self.layout == "flat"
-        self.view = _View(self.layout, self.be, self.hb, dp, heads)
+        self.view = _View(self.layout, self.be, self.hb, dp, heads, attention_narrow_loads(config))
 
     def kw(self):
         return dict(view=self.view, deferred=self.deferred)

@@ -34,10 +34,12 @@ from ..order import spmm_edges_per_step, spmm_variant
 
 
 def _kernel(
-    starts_ref, ends_ref, indices_ref, *rest, be: int, bf: int, weighted: bool, init: bool, pairs=None, prefetch=False
-):
+    starts_ref, ends_ref, indices_ref, *rest, be: int, bf: int, weighted: bool, init: bool, pairs=None, prefetch=False,
+    narrow=False,
+):  # fmt: skip
     """``pairs``: the 2-byte dtype whose uint32 pairs ``x_ref`` holds (``GatherVariant.pairs``), reduced as two
-    float32 halves of ``bf / 2`` columns each; ``prefetch``: the next step's edge ids ride in the loop carry."""
+    float32 halves of ``bf / 2`` columns each; ``prefetch``: the next step's edge ids ride in the loop carry;
+    ``narrow``: 2-byte rows gathered 4 features a lane (:func:`..triton_common.lanes`)."""
     w_ref = rest[0] if weighted else None
     x_ref = rest[int(weighted)]
     init_ref = rest[-2] if init else None
@@ -56,7 +58,7 @@ def _kernel(
         off, _, m = P.edge_tile(start, c, end, be)
         nxt = ids(c + 1) if prefetch else None
         idx = P.load_ids(indices_ref, off, m, be) if idx is None else idx
-        rows = P.gather_parts(x_ref, idx, cols, jnp.broadcast_to(m[:, None], (be, width)), 0, pairs)
+        rows = P.gather_parts(x_ref, idx, cols, jnp.broadcast_to(m[:, None], (be, width)), 0, pairs, narrow)
         if weighted:
             w = P.load_ids(w_ref, off, m, be).astype(jnp.float32)
             rows = [r * w[:, None] for r in rows]
@@ -83,8 +85,9 @@ def _call(starts, ends, indices, w, x, num_units, out_dtype, be, bf, interpret, 
         extra = dict(in_specs=[pl.no_block_spec] * len(args) + [rows], input_output_aliases={len(args): 0})
         args = args + (init,)
     kernel = functools.partial(
-        _kernel, be=be, bf=bf, weighted=w is not None, init=init is not None, pairs=pairs, prefetch=v.prefetch
-    )
+        _kernel, be=be, bf=bf, weighted=w is not None, init=init is not None, pairs=pairs, prefetch=v.prefetch,
+        narrow=v.narrow_loads,
+    )  # fmt: skip
     return pl.pallas_call(
         kernel,
         grid=(num_units, fp // bf),
@@ -100,9 +103,9 @@ def _call(starts, ends, indices, w, x, num_units, out_dtype, be, bf, interpret, 
 # ---------------------------------------------------------------------------------- packed kernel
 def _packed_kernel(
     *refs, num_units: int, f: int, nodes: int, be: int, bf: int, flags: tuple[bool, bool, bool], pairs=None,
-    prefetch=False,
+    prefetch=False, narrow=False,
 ):  # fmt: skip
-    """``pairs`` / ``prefetch``: as in :func:`_kernel` (``x_ref`` then has ``f / 2`` uint32 columns)."""
+    """``pairs`` / ``prefetch`` / ``narrow``: as in :func:`_kernel` (``x_ref`` then has ``f / 2`` uint32 columns)."""
     ordered, weighted, init = flags
     refs = list(refs)
     starts_ref, ends_ref = refs.pop(0), refs.pop(0)
@@ -128,7 +131,7 @@ def _packed_kernel(
         nxt = ids(c + 1) if prefetch else None
         idx = P.load_at(indices_ref, pos, m) if idx is None else idx
         m3 = jnp.broadcast_to(m[:, :, None], shape) & jnp.broadcast_to(xmask[None, None, :], shape)
-        rows = P.gather_parts(x_ref, idx, xcols, m3, 0.0, pairs)
+        rows = P.gather_parts(x_ref, idx, xcols, m3, 0.0, pairs, narrow)
         if weighted:
             w = P.load_at(w_ref, pos, m).astype(jnp.float32)[:, :, None]
             rows = [r * w for r in rows]
@@ -159,6 +162,7 @@ def _packed_call(
     kernel = functools.partial(
         _packed_kernel, num_units=num_units, f=f, nodes=nodes, be=be, bf=bf,
         flags=(order is not None, w is not None, init is not None), pairs=pairs, prefetch=v.prefetch,
+        narrow=v.narrow_loads,
     )  # fmt: skip
     return pl.pallas_call(
         kernel,
