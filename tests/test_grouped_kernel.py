@@ -423,3 +423,60 @@ def test_lowers_to_one_triton_kernel_stacking_the_unit(op, b, slabs, packed, mon
     if k > 1:  # the 4-D gather reshaped into the dot's stacked operand
         operand = f"128x{depth}" if op == "dsd" else f"{depth}x128"
         assert re.search(rf"tt\.reshape .*tensor<{gather}xbf16> -> tensor<{operand}xbf16>", loop), loop
+
+
+# ------------------------------------------------------------------------------------------------ the measured default
+def _clustered(rng, grid: int, b: int, size: int, density: float, transpose: bool) -> bs.BlockPattern:
+    """Block rows (``transpose``: columns) in clusters of ``size`` keeping the same random block columns, shuffled:
+    rows that share their columns, which the greedy grouping finds (fill 1.0)."""
+    mask = np.zeros((grid, grid), bool)
+    for start in range(0, grid, size):
+        cols = rng.random(grid) < density
+        cols[rng.integers(grid)] = True
+        mask[start : start + size] = cols
+    mask = mask[rng.permutation(grid)]
+    return bs.BlockPattern.from_mask(mask.T if transpose else mask, (b, b))
+
+
+def test_the_measured_rule_claims_small_blocks_whose_rows_share_columns():
+    from blocksparse import hardware
+    from blocksparse.ops.matmul import order
+
+    rng = np.random.default_rng(0)
+    clustered = {op: _clustered(rng, 64, 16, 8, 0.25, op == "dds") for op in ("dsd", "dds")}
+    uniform = bs.BlockPattern.random(1, (1024, 1024), (16, 16), 1 / 16)
+    bf16 = jnp.bfloat16
+    assert not grouped_kernel.claims("dds", 4096, clustered["dds"], bf16)  # no GPU here: the measured rule is off
+    with hardware.fake(hardware.H200):
+        for op in ("dsd", "dds"):
+            p = clustered[op]
+            assert grouped_kernel.plan(op, p, 4096, grouped_kernel.CLAIMED, bf16).fill == 1.0
+            assert grouped_kernel.claims(op, 4096, p, bf16) and order.default(op, p, 4096, bf16, bf16) == order.DEFAULT
+            assert not grouped_kernel.claims(op, 2048, p, bf16)  # below the sizes measured
+            assert not grouped_kernel.claims(op, 4096, p, jnp.float32)  # bfloat16 was measured
+        assert grouped_kernel.plan("dds", uniform, 4096, grouped_kernel.CLAIMED, bf16).fill < 0.29
+        assert not grouped_kernel.claims("dds", 4096, uniform, bf16)  # too little sharing: the old path
+        p32 = _clustered(rng, 32, 32, 4, 0.25, False)
+        assert not grouped_kernel.claims("dsd", 4096, p32, bf16)  # W @ x at b = 32: slower everywhere
+    with hardware.fake(hardware.Device(kind="NVIDIA A100-SXM4-80GB", compute_capability="8.0", num_sms=108)):
+        assert not grouped_kernel.claims("dds", 4096, clustered["dds"], bf16)  # nobody measured it: never
+
+
+def test_the_default_runs_the_claimed_kernel(monkeypatch):
+    # the rule's size threshold lowered so that the interpreter runs it: the Triton backend with no config takes
+    # the grouped kernel with the packed operand, and the product is the dense one
+    from blocksparse import hardware
+    from blocksparse.ops.matmul import tuned
+    from blocksparse.ops.tuning import Entry
+
+    monkeypatch.setitem(tuned.H200._entries, "GROUPED_PREFER_MIN", Entry(32, "test"))
+    rng = np.random.default_rng(1)
+    p = _clustered(rng, 16, 16, 8, 0.3, True)
+    data, x, w = _operands(rng, p, "dds", 256, jnp.bfloat16)  # past the few-token (stream) kernel
+    W = bs.BlockSparseMatrix(p, data)
+    with hardware.fake(hardware.H200), bs.interpret():
+        assert grouped_kernel.claims("dds", 256, p, jnp.bfloat16)
+        names = _kernels(lambda x, W: bs.matmul(x, W, implementation="pallas"), x, W)
+        got = bs.matmul(x, W, implementation="pallas")
+    assert any(n.startswith("bs_dds_grouped_16x16") and n.endswith("_packed") for n in names), names
+    assert relative_error(got.astype(jnp.float32), _dense("dds", w, x)) <= TOL[jnp.dtype(jnp.bfloat16)]

@@ -19,6 +19,9 @@ measured tables of :mod:`.tuned` for the device (a device nobody measured has no
 - ``dds`` (``x @ W``, ``size`` = the rows of ``x``): square blocks of 64 or 128 where ``size >= PREFER_MIN_M``
   and the nearest ``MOSAIC_DDS_SPEEDUP`` cell (by ``W``'s rows ``k``) is at least ``PREFER_MARGIN``; the banded
   kernel where ``size >= BANDS_PREFER_MIN["dds"]`` and the nearest ``BANDS_DDS_SPEEDUP`` cell (by ``k``) is.
+- ``dsd`` and ``dds`` both: the Triton kernels first, ahead of any Mosaic claim, where the grouped kernel claims the
+  product (:func:`.triton.grouped_kernel.claims`: blocks and plan fill of ``GROUPED_MIN_FILL``, ``size >=
+  GROUPED_PREFER_MIN``); the Triton backend then runs it.
 - ``sdd`` (``size`` = the contracted dimension): square blocks of ``SDD_PREFER_BLOCKS`` where ``size >=
   SDD_PREFER_MIN_K`` and the Mosaic kernel's default plan splits the contracted dimension at least
   ``SDD_PREFER_MIN_SPLITS`` ways.
@@ -73,6 +76,8 @@ def default(op: str, pattern: BlockPattern, size: int, w_dtype, x_dtype, *, fuse
         w_dtype, x_dtype: the two operands' dtypes (for ``sdd``: ``a``'s and ``b``'s).
         fused: an epilogue (bias, activation) is fused into the product.
     """
+    if op in ("dsd", "dds") and _grouped_claims(op, pattern, size, w_dtype, x_dtype):
+        return DEFAULT
     if op == "dsd":
         claimed = _mosaic_dsd_claims(pattern, size, w_dtype, x_dtype, fused) or _bands_claims(
             pattern, size, w_dtype, x_dtype, "dsd"
@@ -141,6 +146,14 @@ def _mosaic_sdd_claims(pattern: BlockPattern, k: int, a_dtype, b_dtype) -> bool:
     if _density(pattern, k, t.SDD_PREFER_MIN_K, a_dtype, b_dtype, t.SDD_PREFER_BLOCKS) is None:
         return False
     return _mosaic_sdd.plan(pattern, k, jnp.dtype(a_dtype).itemsize).splits >= t.SDD_PREFER_MIN_SPLITS
+
+
+def _grouped_claims(op: str, pattern: BlockPattern, size: int, w_dtype, x_dtype) -> bool:
+    from .triton import grouped_kernel
+
+    if jnp.dtype(w_dtype) != jnp.dtype(x_dtype):
+        return False
+    return grouped_kernel.claims(op, size, pattern, w_dtype)
 
 
 def _bands_claims(pattern: BlockPattern, size: int, w_dtype, x_dtype, op: str) -> bool:

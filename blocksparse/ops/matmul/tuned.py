@@ -306,6 +306,21 @@ H200 = Table(
             f"{_DECODE}: by block: 5 stages faster than 3 in 10 of the 11 cells of b=32..128, not at b=16 "
             f"({_R}decode_stream_tune_h200.json)",
         ),
+        # The grouped Triton kernel (packed operand) as the default of small blocks: W 8192 x 8192 of clustered
+        # (rows sharing their columns) and uniform random b x b blocks, x of 4096 columns / rows, bf16.
+        "GROUPED_MIN_FILL": Entry(
+            {("dds", 16): 0.29, ("dsd", 16): 1.0, ("dds", 32): 1.0},
+            "benchmarks/grouped_gpu_check.py --patterns clustered uniform --variants kdef packed packed_tn256: "
+            "(op, b) -> the smallest plan fill at which the packed grouped kernel beat the default; x @ W b=16: "
+            "1.09x at fill 0.30 (uniform d=1/4), 0.83x at 0.18 (d=1/16), 2.95-3.33x at 1.0 (clustered); W @ x b=16 "
+            "and x @ W b=32: faster at fill 1.0 only (1.26-1.27x, 1.05-1.10x); W @ x b=32: slower everywhere "
+            f"({_R}grouped_gpu_check_packed_h200.json)",
+        ),
+        "GROUPED_PREFER_MIN": Entry(
+            4096,
+            "benchmarks/grouped_gpu_check.py: no x of fewer than 4096 columns / rows was measured "
+            f"({_R}grouped_gpu_check_packed_h200.json)",
+        ),
         # Roofline ceilings (estimate_seconds).
         "HBM_BYTES_PER_S": Entry(
             3.5e12, f"{_MATMUL}: dense cells, a copy through JAX, read + write counted ({_R}matmul_h200_run4.json)"
@@ -337,6 +352,7 @@ def _conservative() -> Table:
             entries[name] = Entry(e.value, f"{unmeasured}; the H200's (unused without a speedup cell): {e.source}")
     entries["SKEW_SPLIT_SHARE"] = Entry(math.inf, f"{unmeasured}: no pattern is taken as skewed")
     entries["SDD_PREFER_BLOCKS"] = Entry((), f"{unmeasured}: no block size is claimed")
+    entries["GROUPED_MIN_FILL"] = Entry({}, f"{unmeasured}: the grouped kernel is never the default")
     return Table("conservative default", entries)
 
 

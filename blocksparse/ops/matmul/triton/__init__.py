@@ -2,7 +2,8 @@
 
 :mod:`.common` (the config, tiles and helpers the kernels share), :mod:`.kernels` (``dsd`` / ``dds`` with their
 combine kernel, the dynamic scan, ``sdd``), :mod:`.stream` (the one-launch few-token ``x @ W`` / ``W @ x`` of
-decoding), :mod:`.grouped_kernel` (``x @ W`` / ``W @ x`` of small blocks on the grouped plan, opt-in),
+decoding), :mod:`.grouped_kernel` (``x @ W`` / ``W @ x`` of small blocks on the grouped plan: by config, or by
+default where the measured rule claims the product),
 :mod:`.backend` (:class:`~.backend.PallasBackend`, loaded by the registry of :mod:`blocksparse.ops.matmul.registry`).
 """
 

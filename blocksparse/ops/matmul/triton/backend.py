@@ -4,7 +4,8 @@ Every product runs its kernel of :mod:`.kernels`, except the static ``x @ W`` an
 which run the one-launch kernel of :mod:`.stream` (:func:`.stream.takes`), a gated epilogue (GLU) in its store and
 a gated input (``input_glu``) where it loads ``x`` (:func:`.stream.gates_in_load`; elsewhere the gate runs in XLA
 first). ``TritonConfig(grouped=True)`` runs the grouped kernel of :mod:`.grouped_kernel` for the other static
-``x @ W`` and ``W @ x`` where its plan groups rows (:func:`.grouped_kernel.takes`); never by default.
+``x @ W`` and ``W @ x`` where its plan groups rows (:func:`.grouped_kernel.takes`); without a config it runs where
+the measured rule :func:`.grouped_kernel.claims` the product (small blocks whose rows share their columns).
 A :class:`~.common.TritonConfig` given through ``bs.matmul(..., config=)`` (``OpStatic.config``) sets the tiles
 and variants (split or not, the dynamic design, stream or not), the defaults of :mod:`.common` and the tuned
 table otherwise.
@@ -41,14 +42,17 @@ def _gates_in_load(op: str, s, x, dt) -> bool:
 
 
 def _plain(op: str, n: int, s, cfg: TritonConfig | None, dt):
-    """The kernel of a static ``op`` (``"dsd"`` / ``"dds"``) with ``n`` tokens and no gated input: the stream kernel
-    where it :func:`.stream.takes` the product, the grouped kernel where the config asks and its plan groups
-    (:func:`.grouped_kernel.takes`), else the work list's."""
+    """The kernel of a static ``op`` (``"dsd"`` / ``"dds"``) with ``n`` tokens and no gated input, and the config it
+    runs with: the stream kernel where it :func:`.stream.takes` the product, the grouped kernel where the config asks
+    and its plan groups (:func:`.grouped_kernel.takes`) or, without a config, where the measured rule
+    :func:`.grouped_kernel.claims` it (with :data:`.grouped_kernel.CLAIMED`), else the work list's."""
     if stream.takes(op, n, s.pattern, cfg):
-        return getattr(stream, op)
+        return getattr(stream, op), cfg
+    if cfg is None and grouped_kernel.claims(op, n, s.pattern, dt, s.out_dtype):
+        return getattr(grouped_kernel, op), grouped_kernel.CLAIMED
     if grouped_kernel.takes(op, n, s.pattern, cfg, dt, s.out_dtype):
-        return getattr(grouped_kernel, op)
-    return dsd if op == "dsd" else dds
+        return getattr(grouped_kernel, op), cfg
+    return (dsd if op == "dsd" else dds), cfg
 
 
 class PallasBackend:
@@ -81,7 +85,7 @@ class PallasBackend:
                 return _epilogue.gate_first(self.dsd_fused, s, 1, 0, data, x, bias)
             return stream.dsd(s.pattern, data.astype(dt), x, s.out_dtype, exact=_exact(s), config=cfg, epi=s.epilogue,
                               bias=bias, gate=s.input_gate)  # fmt: skip
-        run = _plain("dsd", x.shape[1], s, cfg, dt)
+        run, cfg = _plain("dsd", x.shape[1], s, cfg, dt)
         return run(s.pattern, data.astype(dt), x.astype(dt), s.out_dtype, exact=_exact(s), config=cfg, epi=s.epilogue,
                    bias=bias)  # fmt: skip
 
@@ -93,7 +97,7 @@ class PallasBackend:
                 return _epilogue.gate_first(self.dds_fused, s, 0, 1, x, data, bias)
             return stream.dds(x, s.pattern, data.astype(dt), s.out_dtype, exact=_exact(s), config=cfg, epi=s.epilogue,
                               bias=bias, gate=s.input_gate)  # fmt: skip
-        run = _plain("dds", x.shape[0], s, cfg, dt)
+        run, cfg = _plain("dds", x.shape[0], s, cfg, dt)
         return run(x.astype(dt), s.pattern, data.astype(dt), s.out_dtype, exact=_exact(s), config=cfg, epi=s.epilogue,
                    bias=bias)  # fmt: skip
 

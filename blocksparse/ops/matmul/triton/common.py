@@ -59,10 +59,11 @@ class TritonConfig:
             ``g`` block rows (columns) of ``W`` that share block columns (rows), as planned by
             :func:`~..grouped.group`, each unit's blocks of a column stacked into one 64- or 128-row dot against a
             slab of ``x`` loaded once. ``True``: wherever the plan groups (``group > 1``; else the work-list
-            kernel runs), the stream kernel keeping priority where it runs (few tokens). ``None`` / ``False``: never
-            (the default: on an H200 it measured 1.35-3.6x slower than the work-list kernel at every slab count,
-            ``grouped_slabs``). Its tile is ``tn`` (``W @ x``) or
-            ``tb`` (``x @ W``).
+            kernel runs), the stream kernel keeping priority where it runs (few tokens). ``False``: never. ``None``
+            (the default): where no config is given, only where the measured rule
+            :func:`.grouped_kernel.claims` the product (small blocks whose rows share their columns, with the
+            packed operand); elsewhere the work-list kernel was faster on an H200. Its tile is ``tn`` (``W @ x``)
+            or ``tb`` (``x @ W``).
         grouped_slabs: ``k``, the slabs (distinct block columns of a unit; ``x @ W``: block rows) the grouped kernel
             takes per loop step: one gather-loaded operand ``k`` blocks wide and one dot contracted over ``k b``
             (a power of two >= 1; a unit's last step masks the slabs past its end). ``None``: ``64 // b`` of the

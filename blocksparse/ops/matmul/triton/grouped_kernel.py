@@ -101,7 +101,18 @@ from .common import (
     _tile,
 )
 
-__all__ = ["DEFAULT_TILE", "STEP_DEPTH", "dds", "dsd", "options", "plan", "slabs_per_step", "takes"]
+__all__ = [
+    "CLAIMED",
+    "DEFAULT_TILE",
+    "STEP_DEPTH",
+    "claims",
+    "dds",
+    "dsd",
+    "options",
+    "plan",
+    "slabs_per_step",
+    "takes",
+]
 
 #: The dense operand's tile (``tn`` for ``dsd``, ``tb`` for ``dds``) where the config sets none.
 DEFAULT_TILE = 128
@@ -159,11 +170,36 @@ def plan(op: str, pattern: BlockPattern, n: int, config: TritonConfig | None = N
     return group(pattern, options(op, n, config, dtype, out_dtype))
 
 
+#: The config the Triton backend's default runs this kernel with where it :func:`claims` a product: the packed
+#: operand, the default slabs per step and tile (the form measured faster than the default).
+CLAIMED = TritonConfig(grouped=True, grouped_packed=True)
+
+
+def claims(op: str, n: int, pattern: BlockPattern, dtype=jnp.bfloat16, out_dtype=None) -> bool:
+    """Whether the default (no config) runs ``op`` on this kernel with :data:`CLAIMED`: on a GPU whose tuned table
+    (:mod:`..tuned`) names ``(op, b)`` in ``GROUPED_MIN_FILL`` for the pattern's square blocks of ``b``, with a dense
+    operand of at least ``GROUPED_PREFER_MIN`` columns (``dsd``) or rows (``dds``) of a half dtype, where the plan
+    groups rows (``group > 1``) and fills at least that share of its dots: patterns whose rows share their columns.
+    A GPU nobody measured has no cell: never."""
+    from .... import hardware
+    from .. import tuned
+
+    t = tuned.current()
+    bh, bw = pattern.block_size
+    need = t.GROUPED_MIN_FILL.get((op, bh)) if bh == bw else None
+    if need is None or n < t.GROUPED_PREFER_MIN or pattern.nnz_blocks == 0 or not hardware.current().is_gpu:
+        return False
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return False
+    p = plan(op, pattern, n, CLAIMED, dtype, out_dtype)
+    return p.group > 1 and p.fill >= need
+
+
 def takes(op: str, n: int, pattern: BlockPattern, config: TritonConfig | None, dtype=jnp.bfloat16,
           out_dtype=None) -> bool:  # fmt: skip
-    """Whether ``op`` with a dense operand of ``n`` columns (``dsd``) or rows (``dds``) runs this kernel: only where
-    ``config.grouped`` is true (never by default: measured slower than the work list at every slab count), the
-    product is not empty, and the plan groups (``group > 1``; else the work-list kernel runs)."""
+    """Whether ``op`` with a dense operand of ``n`` columns (``dsd``) or rows (``dds``) runs this kernel as the config
+    asks: only where ``config.grouped`` is true, the product is not empty, and the plan groups (``group > 1``; else
+    the work-list kernel runs). Without a config: :func:`claims`."""
     if config is None or not config.grouped or n == 0 or pattern.nnz_blocks == 0:
         return False
     return plan(op, pattern, n, config, dtype, out_dtype).group > 1
