@@ -9,6 +9,7 @@ variant lowers to Triton for CUDA (the ``gnn-variants`` suite's cells run in tes
 """
 
 import dataclasses
+import re
 from pathlib import Path
 
 import gnn_oracle as O
@@ -387,7 +388,9 @@ def test_default_variant_lowers_to_the_measured_kernels(monkeypatch):
     assert kernels(V(num_warps=1), V(), w2n, V(), w1n, values_nodes=2) == default
     assert kernels(V(), V(), w2n, V(), values_nodes=2) != default  # the one-node SpMM's default is not the plain one
     assert kernels(V(num_warps=1), V(), w2n, V(), V(), values_nodes=2) != default  # nor the arg-max's
-    assert kernels(V(num_warps=1), V(), w2n, V(), V(num_warps=1), values_nodes=2) != default  # narrow: its own IR
+    # the narrow loads change the kernel's body, not only its name: the same modules with the names taken out differ
+    plain = kernels(V(num_warps=1), V(), w2n, V(), V(num_warps=1), values_nodes=2)
+    assert [re.sub(r"@[\w$.]+", "@k", m) for m in plain] != [re.sub(r"@[\w$.]+", "@k", m) for m in default]
     assert values_f32 == (1, V(key_reduce=True))
     assert arg_f32 == arg_bf16 == (None, w1n)
     assert order.spmm_variant(2) is None  # the packed SpMM: the plain kernel

@@ -3,7 +3,8 @@
 A host-side plan for static ``W @ x`` (``dsd``) and its mirror ``x @ W`` (``dds``) with small blocks (16 or 32),
 made from the known pattern as PopSparse's planner makes one for IPU tiles. The Pallas (Triton) kernel of
 :mod:`.triton.grouped_kernel` consumes it (a unit's blocks of a column stacked into one 64- or 128-row dot) when
-asked, ``TritonConfig(grouped=True)``; the dispatch does not choose it by default until it is measured on a GPU.
+asked, ``TritonConfig(grouped=True)``, and by default where a measured rule claims the product
+(:func:`.triton.grouped_kernel.claims`: patterns whose rows share their columns).
 
 Why
 ---

@@ -62,10 +62,13 @@ class _View:
         self.hshape = (hb,) if layout == "heads" else ()
 
     def __hash__(self):  # a static kernel argument
-        return hash((self.layout, self.be, self.hb, self.dp, self.heads, self.narrow))
+        return hash(self._key())
+
+    def _key(self):
+        return (self.layout, self.be, self.hb, self.dp, self.heads, self.narrow)
 
     def __eq__(self, other):
-        return isinstance(other, _View) and hash(self) == hash(other)
+        return isinstance(other, _View) and self._key() == other._key()
 
     def cols(self, blk):
         return blk * self.w + jnp.arange(self.w, dtype=jnp.int32)

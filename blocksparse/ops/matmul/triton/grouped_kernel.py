@@ -59,13 +59,16 @@ flops in ``k`` times fewer steps, each a ``K = k b`` dot behind one chain. Measu
 (``grouped_gpu_check_slabs_h200.json``): faster for ``x @ W`` at b = 16, slower for ``W @ x`` at b = 32, and no
 variant reached the work list (0.36-0.74x its speed). Next, ``packed`` (``TritonConfig(grouped_packed=True)``):
 ``W`` read from :func:`_pack`'s copy, each slab's stacked operand laid side by side by one XLA gather per call, so a
-step's operand is one contiguous tile (masked past the unit's end) instead of a gather of ``g k`` scattered blocks;
-not yet timed. Packed, every ``k`` (1 included) takes the general step: ``x``'s slabs a masked gather there too,
+step's operand is one contiguous tile (masked past the unit's end) instead of a gather of ``g k`` scattered blocks:
+faster than the gathered form, most for ``x @ W`` at b = 16 (``grouped_gpu_check_packed_h200.json``). Packed,
+every ``k`` (1 included) takes the general step: ``x``'s slabs a masked gather there too,
 where the gathered form at ``k = 1`` loads one plain tile (so ``packed`` at ``k = 1`` against ``k1`` changes both).
 
 Selection: ``TritonConfig(grouped=True)`` asks for this kernel for static products (:func:`takes`); the stream
-kernel keeps priority where it runs (few tokens). ``grouped=None`` or ``False`` (the default) never runs it: it
-measured slower than the work list at every slab count, so the dispatch does not choose it by itself.
+kernel keeps priority where it runs (few tokens). ``grouped=False`` never runs it. Without a config the Triton
+backend runs it, with :data:`CLAIMED` (packed), where the measured rule :func:`claims` the product: small blocks
+whose plan fills its dots at least as much as where it beat the default on the H200 (``GROUPED_MIN_FILL``).
+Elsewhere the work list measured faster.
 The plan is :func:`~..grouped.group` with :func:`options`'s options (the op, the
 dense operand's size, the tile, the dtypes), cached per pattern and options; it does not depend on ``k``.
 
@@ -178,7 +181,7 @@ CLAIMED = TritonConfig(grouped=True, grouped_packed=True)
 def claims(op: str, n: int, pattern: BlockPattern, dtype=jnp.bfloat16, out_dtype=None) -> bool:
     """Whether the default (no config) runs ``op`` on this kernel with :data:`CLAIMED`: on a GPU whose tuned table
     (:mod:`..tuned`) names ``(op, b)`` in ``GROUPED_MIN_FILL`` for the pattern's square blocks of ``b``, with a dense
-    operand of at least ``GROUPED_PREFER_MIN`` columns (``dsd``) or rows (``dds``) of a half dtype, where the plan
+    operand of at least ``GROUPED_PREFER_MIN`` columns (``dsd``) or rows (``dds``) in bfloat16, where the plan
     groups rows (``group > 1``) and fills at least that share of its dots: patterns whose rows share their columns.
     A GPU nobody measured has no cell: never."""
     from .... import hardware
@@ -189,7 +192,7 @@ def claims(op: str, n: int, pattern: BlockPattern, dtype=jnp.bfloat16, out_dtype
     need = t.GROUPED_MIN_FILL.get((op, bh)) if bh == bw else None
     if need is None or n < t.GROUPED_PREFER_MIN or pattern.nnz_blocks == 0 or not hardware.current().is_gpu:
         return False
-    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    if jnp.dtype(dtype) != jnp.dtype(jnp.bfloat16):  # the dtype measured
         return False
     p = plan(op, pattern, n, CLAIMED, dtype, out_dtype)
     return p.group > 1 and p.fill >= need
