@@ -54,6 +54,8 @@ def test_kernel_defaults_on_the_h200_and_elsewhere():
         assert order.spmm_variant(None) == order.spmm_variant(1) == GatherVariant(num_warps=1)
         assert order.aggregate_variant(jnp.float32, False) == (1, GatherVariant(key_reduce=True))
         assert order.aggregate_variant(jnp.bfloat16, False) == (2, GatherVariant(num_warps=2, narrow_loads=True))
+        # the tuned two nodes a program, at most the rule's: one from a mean in-degree of 64 (twitch-views: 81)
+        assert [order.aggregate_variant(jnp.bfloat16, False, m)[0] for m in (3.3, 6.9, 32, 81)] == [2, 2, 2, 1]
         assert order.aggregate_variant(jnp.float16, True) == (None, GatherVariant(num_warps=1, narrow_loads=True))
         assert order.attention_layout(True) == "flat" and order.attention_edges_per_step(128) == 16
         assert order.attention_narrow_loads() is True

@@ -266,13 +266,21 @@ def aggregate_one_node_edges(bf: int, scale: int = 1) -> int:
     return scale * max(16, min(64, tuned.get("aggregate.one_node_tile") // bf))
 
 
-def aggregate_variant(dtype, with_arg: bool) -> tuple[int | None, GatherVariant | None]:
+def aggregate_variant(
+    dtype, with_arg: bool, mean_degree: float | None = None
+) -> tuple[int | None, GatherVariant | None]:
     """``(nodes_per_program, variant)`` of max / min when neither is given: tuned ``aggregate.with_arg`` with
     the arg-max (the forward under ``grad``), else tuned ``aggregate.values_only`` for float32 or 2-byte
-    features. ``nodes_per_program`` ``None`` is :func:`aggregate_nodes_per_program`'s rule."""
+    features. ``nodes_per_program`` ``None`` is :func:`aggregate_nodes_per_program`'s rule; a tuned count is at
+    most the rule's for the graph's ``mean_degree`` where it is given (graphs of a higher mean in-degree than any
+    measured take the rule's fewer nodes: one a program from a mean of 64)."""
     if with_arg:
-        return tuned.get("aggregate.with_arg")
-    return tuned.get("aggregate.values_only")["float32" if jnp.dtype(dtype).itemsize >= 4 else "half"]
+        nodes, variant = tuned.get("aggregate.with_arg")
+    else:
+        nodes, variant = tuned.get("aggregate.values_only")["float32" if jnp.dtype(dtype).itemsize >= 4 else "half"]
+    if nodes is not None and mean_degree is not None:
+        nodes = min(nodes, aggregate_nodes_per_program(mean_degree))
+    return nodes, variant
 
 
 # ------------------------------------------------------------------ the attention kernels' defaults

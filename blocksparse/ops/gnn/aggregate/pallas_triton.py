@@ -336,7 +336,7 @@ def segment_extreme(
     P.check_dtype(x)
     check_nodes_per_program(nodes_per_program)
     if variant is None and nodes_per_program is None and not prefetch:  # (prefetch: a knob of the packed kernel)
-        nodes_per_program, variant = aggregate_variant(x.dtype, with_arg)
+        nodes_per_program, variant = aggregate_variant(x.dtype, with_arg, g.edge_capacity / max(x.shape[0], 1))
     v = check_variant(variant)
     n, f = x.shape
     nodes = nodes_per_program or aggregate_nodes_per_program(g.edge_capacity / max(n, 1))
