@@ -182,22 +182,31 @@ def test_spmm_default_variant_is_the_default_kernel(graph, interp):
     np.testing.assert_array_equal(S.csr_sum(graph, None, x, variant=V()), S.csr_sum(graph, None, x))
 
 
+NARROW_CASES = [
+    ("spmm", None, False, V()),
+    ("spmm", 2, False, V(num_warps=1, prefetch=True)),
+    ("max", 1, True, V()),
+    ("max", 4, False, V(key_reduce=True)),
+]  # (op, G, with arg-max, base variant)
+
+
 @sweep("dtype", [jnp.bfloat16, jnp.float16], quick=[jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
-def test_narrow_loads_change_no_bit(graph, interp, dtype):
+@sweep("op,nodes,with_arg,base", NARROW_CASES, quick=[NARROW_CASES[0], NARROW_CASES[3]])
+def test_narrow_loads_change_no_bit(graph, interp, dtype, op, nodes, with_arg, base):
     # 2-byte rows gathered 4 features a lane: the same column ids, so every kernel's result is bit-identical
     n, f = graph.num_nodes, 40  # one-node kernels: two feature blocks, the second padded; packed: masked
-    x, w, ties = _normal((n, f), 9, dtype), _normal((graph.edge_capacity,), 10, dtype), _ties(n, f, 11, dtype)
-    for nodes, base in ((None, V()), (2, V(num_warps=1, prefetch=True))):
-        narrow = dataclasses.replace(base, narrow_loads=True)
+    narrow = dataclasses.replace(base, narrow_loads=True)
+    if op == "spmm":
+        x, w = _normal((n, f), 9, dtype), _normal((graph.edge_capacity,), 10, dtype)
         got = S.csr_sum(graph, w, x, x, nodes_per_program=nodes, variant=narrow)
         want = S.csr_sum(graph, w, x, x, nodes_per_program=nodes, variant=base)
         np.testing.assert_array_equal(got, want, f"spmm G={nodes} {narrow.tag()}")
-    for nodes, with_arg, base in ((1, True, V()), (4, False, V(key_reduce=True))):
-        narrow = dataclasses.replace(base, narrow_loads=True)
-        got = A.segment_extreme(graph, ties, True, with_arg=with_arg, nodes_per_program=nodes, variant=narrow)
-        want = A.segment_extreme(graph, ties, True, with_arg=with_arg, nodes_per_program=nodes, variant=base)
-        for a, b in zip(got, want, strict=True):
-            np.testing.assert_array_equal(a, b, f"max G={nodes} arg={with_arg}")
+        return
+    ties = _ties(n, f, 11, dtype)
+    got = A.segment_extreme(graph, ties, True, with_arg=with_arg, nodes_per_program=nodes, variant=narrow)
+    want = A.segment_extreme(graph, ties, True, with_arg=with_arg, nodes_per_program=nodes, variant=base)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b, f"max G={nodes} arg={with_arg}")
 
 
 # ---------------------------------------------------------------------------------- max / min
