@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 
+import bench_scripts
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -426,24 +427,16 @@ def test_lowers_to_one_triton_kernel_stacking_the_unit(op, b, slabs, packed, mon
 
 
 # ------------------------------------------------------------------------------------------------ the measured default
-def _clustered(rng, grid: int, b: int, size: int, density: float, transpose: bool) -> bs.BlockPattern:
-    """Block rows (``transpose``: columns) in clusters of ``size`` keeping the same random block columns, shuffled:
-    rows that share their columns, which the greedy grouping finds (fill 1.0)."""
-    mask = np.zeros((grid, grid), bool)
-    for start in range(0, grid, size):
-        cols = rng.random(grid) < density
-        cols[rng.integers(grid)] = True
-        mask[start : start + size] = cols
-    mask = mask[rng.permutation(grid)]
-    return bs.BlockPattern.from_mask(mask.T if transpose else mask, (b, b))
+def _clustered(seed: int, m: int, b: int, d: int, transpose: bool) -> bs.BlockPattern:
+    """The GPU check's clustered pattern (block rows sharing their columns, density ``1 / d``): the one measured."""
+    return bench_scripts.load("grouped_gpu_check")._clustered(seed, m, b, d, transpose)
 
 
 def test_the_measured_rule_claims_small_blocks_whose_rows_share_columns():
     from blocksparse import hardware
     from blocksparse.ops.matmul import order
 
-    rng = np.random.default_rng(0)
-    clustered = {op: _clustered(rng, 64, 16, 8, 0.25, op == "dds") for op in ("dsd", "dds")}
+    clustered = {op: _clustered(0, 1024, 16, 4, op == "dds") for op in ("dsd", "dds")}
     uniform = bs.BlockPattern.random(1, (1024, 1024), (16, 16), 1 / 16)
     bf16 = jnp.bfloat16
     with hardware.fake(hardware.Device(kind="cpu", platform="cpu")):  # off a GPU the measured rule is off
@@ -457,7 +450,7 @@ def test_the_measured_rule_claims_small_blocks_whose_rows_share_columns():
             assert not grouped_kernel.claims(op, 4096, p, jnp.float32)  # bfloat16 was measured
         assert grouped_kernel.plan("dds", uniform, 4096, grouped_kernel.CLAIMED, bf16).fill < 0.29
         assert not grouped_kernel.claims("dds", 4096, uniform, bf16)  # too little sharing: the old path
-        p32 = _clustered(rng, 32, 32, 4, 0.25, False)
+        p32 = _clustered(0, 1024, 32, 4, False)
         assert not grouped_kernel.claims("dsd", 4096, p32, bf16)  # W @ x at b = 32: slower everywhere
     with hardware.fake(hardware.Device(kind="NVIDIA A100-SXM4-80GB", compute_capability="8.0", num_sms=108)):
         assert not grouped_kernel.claims("dds", 4096, clustered["dds"], bf16)  # nobody measured it: never
@@ -472,7 +465,7 @@ def test_the_default_runs_the_claimed_kernel(monkeypatch):
 
     monkeypatch.setitem(tuned.H200._entries, "GROUPED_PREFER_MIN", Entry(32, "test"))
     rng = np.random.default_rng(1)
-    p = _clustered(rng, 16, 16, 8, 0.3, True)
+    p = _clustered(1, 256, 16, 3, True)
     data, x, w = _operands(rng, p, "dds", 256, jnp.bfloat16)  # past the few-token (stream) kernel
     W = bs.BlockSparseMatrix(p, data)
     with hardware.fake(hardware.H200), bs.interpret():

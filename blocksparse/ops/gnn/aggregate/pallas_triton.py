@@ -335,11 +335,12 @@ def segment_extreme(
     interpret = P.interpret_mode()
     P.check_dtype(x)
     check_nodes_per_program(nodes_per_program)
-    if variant is None and nodes_per_program is None and not prefetch:  # (prefetch: a knob of the packed kernel)
-        nodes_per_program, variant = aggregate_variant(x.dtype, with_arg, g.edge_capacity / max(x.shape[0], 1))
-    v = check_variant(variant)
     n, f = x.shape
-    nodes = nodes_per_program or aggregate_nodes_per_program(g.edge_capacity / max(n, 1))
+    mean_degree = g.edge_capacity / max(n, 1)
+    if variant is None and nodes_per_program is None and not prefetch:  # (prefetch: a knob of the packed kernel)
+        nodes_per_program, variant = aggregate_variant(x.dtype, with_arg, mean_degree)
+    v = check_variant(variant)
+    nodes = nodes_per_program or aggregate_nodes_per_program(mean_degree)
     indices = jnp.asarray(g.indices)
     if nodes == 1:
         be, bf = one_node_tiles(f, be, scale=v.edge_scale(x.dtype))
