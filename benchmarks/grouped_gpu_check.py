@@ -59,31 +59,13 @@ def _operands(kind: str, op: str, m: int, n: int, b: int, d: int):
     import blocksparse as bs
 
     if kind == "clustered":
-        p = _clustered(0, m, b, d, transpose=op == "dds")
+        p = bs.BlockPattern.clustered(0, (m, m), (b, b), 1.0 / d, axis=1 if op == "dds" else 0)
     else:
         make = bs.BlockPattern.random if kind == "uniform" else bs.BlockPattern.power_law
         p = make(0, (m, m), (b, b), 1.0 / d)
     W = bs.BlockSparseMatrix(p, jax.random.normal(jax.random.key(0), (p.nnz_blocks, b, b), jnp.bfloat16))
     x = jax.random.normal(jax.random.key(1), (m, n) if op == "dsd" else (n, m), jnp.bfloat16)
     return W, x
-
-
-def _clustered(seed: int, m: int, b: int, d: int, transpose: bool):
-    """An ``m x m`` pattern of ``b x b`` blocks whose block rows (``transpose``: columns) come in clusters of
-    ``128 / b`` keeping the same block columns (each with probability ``1 / d``, at least one), in shuffled order."""
-    import numpy as np
-
-    import blocksparse as bs
-
-    rng = np.random.default_rng(seed)
-    grid, size = m // b, max(1, 128 // b)
-    mask = np.zeros((grid, grid), bool)
-    for start in range(0, grid, size):
-        cols = rng.random(grid) < 1.0 / d
-        cols[rng.integers(grid)] = True
-        mask[start : start + size] = cols
-    mask = mask[rng.permutation(grid)]
-    return bs.BlockPattern.from_mask(mask.T if transpose else mask, (b, b))
 
 
 def _cell(kind: str, op: str, m: int, n: int, b: int, d: int, variants, timer) -> dict:

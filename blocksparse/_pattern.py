@@ -227,6 +227,46 @@ class BlockPattern:
         return cls(shape, (bh, bw), flat // gk, flat % gk)
 
     @classmethod
+    def clustered(
+        cls, rng, shape, block_size, density: float, cluster: int | None = None, axis: int = 0
+    ) -> BlockPattern:
+        """A pattern whose block rows (``axis=1``: block columns) come in clusters of ``cluster`` that keep the same
+        blocks, in shuffled order: what a pruned layer looks like when some inputs matter to many outputs, and
+        what the grouped kernel's planner recovers (a unit per cluster, every dot full).
+
+        Each cluster keeps each block column (row) with probability ``density``, and at least one where
+        ``density > 0``, so the count of blocks is ``density`` of the grid in expectation, not exactly. ``cluster``
+        defaults to the block rows of 128 rows of the matrix (``128 // bh``; columns: ``128 // bw``), one tile of
+        the kernels.
+
+        Example::
+
+            >>> p = BlockPattern.clustered(0, (256, 256), 16, 1 / 4)
+            >>> rows = p.mask()
+            >>> int(sum((rows == rows[0]).all(axis=1)))   # row 0's cluster: 8 rows with its columns
+            8
+        """
+        bh, bw = check_block_size(shape, block_size)
+        density = check_density(density)
+        if axis not in (0, 1):
+            raise ValueError(f"Expected axis 0 (clusters of block rows) or 1 (of block columns). Got {axis!r}.")
+        gm, gk = check_grid(check_shape(shape), (bh, bw))
+        across, along = (gm, gk) if axis == 0 else (gk, gm)
+        if cluster is None:
+            cluster = max(1, 128 // (bh if axis == 0 else bw))
+        if not _is_int(cluster) or cluster < 1:
+            raise ValueError(f"Expected cluster as a positive int (block rows or columns). Got {cluster!r}.")
+        rng = np.random.default_rng(rng)
+        mask = np.zeros((across, along), bool)
+        if along:
+            for start in range(0, across, int(cluster)):
+                keep = rng.random(along) < density
+                keep[rng.integers(along)] = density > 0
+                mask[start : start + int(cluster)] = keep
+        mask = mask[rng.permutation(across)]
+        return cls.from_mask(mask if axis == 0 else mask.T, (bh, bw))
+
+    @classmethod
     def power_law(cls, rng, shape, block_size, density: float, alpha: float = 1.2) -> BlockPattern:
         """A pattern whose row lengths follow a Zipf-like law (a few very long rows)."""
         bh, bw = check_block_size(shape, block_size)

@@ -500,3 +500,39 @@ def test_python_dash_m_exit_status_reaches_the_shell():
         f"python -m blocksparse bench: error: argument --suite: expected a suite in {', '.join(_cli.SUITES)}, all; "
         "got 'nope' (see --help)"
     )
+
+
+def test_small_block_cells_record_the_plan_beside_the_default():
+    """Off a GPU: the default (XLA) against dense, the grouped plan's modelled bytes, the kernel recorded as
+    skipped with the reason, no claim."""
+    for c in bench_matmul.small_blocks(**bench_matmul.SMALL["tiny"]):
+        r = run_cell(c, Timer(iters=1, trials=1, warmup=0))
+        assert r.ok, (r.label, r.error)
+        m = r.metrics
+        assert c.params["kind"] == "small" and m["implementation"] == f"{c.params['op']}: xla" and m["rel_err"] < 1e-5
+        assert not m["claimed"] and not m["grouped_ran"] and m["grouped_skipped"].startswith("needs a GPU")
+        assert (m["plan_group"], m["plan_fill"]) == (4, 1.0) and m["plan_bytes_per_flop"] < m["worklist_bytes_per_flop"]
+        assert m["share_of_dense"] > 0 and m["dense_loop_ms"] > 0
+
+
+@pytest.mark.slow  # two products interpreted three ways (about 11 s on 2 cores); the kernel's own tests are quick
+def test_small_block_cells_time_the_default_the_rule_replaced_and_the_grouped_kernel():
+    """The matmul suite's small-block sweep in the interpreter on a faked H200, with the rule's size threshold
+    lowered to the tiny operands: where the measured rule claims the product the default runs the grouped kernel,
+    the cell also times the default without the rule (``previous``) and records the grouped plan's modelled bytes."""
+    from blocksparse.ops.matmul import tuned
+
+    cells = bench_matmul.small_blocks(**dict(bench_matmul.SMALL["tiny"], dtype="bfloat16"))
+    labels = ["small n=256 b=16 d=1/4 W @ x clustered", "small n=256 b=16 d=1/4 x @ W clustered"]
+    assert [c.label for c in cells] == labels
+    with tuned.override(GROUPED_PREFER_MIN=256):  # n = 256: past the few-token kernel too
+        results = _interpreted(cells)
+    for r in results:
+        assert r.ok, (r.label, r.error)
+        m = r.metrics
+        assert m["claimed"] and m["grouped_ran"] and m["implementation"].endswith(": pallas"), m
+        assert m["plan_fill"] == 1.0 and m["plan_bytes_per_flop"] < m["worklist_bytes_per_flop"]
+        assert m["previous_loop_ms"] > 0 and m["speedup_vs_previous"] > 0 and m["grouped_vs_default"] > 0
+        assert 0 < m["share_of_dense"] and m["rel_err"] < 1e-2
+    (r,) = _interpreted(cells[:1])  # without the override: below the sizes measured, the old path
+    assert r.ok and not r.metrics["claimed"] and not r.metrics["grouped_ran"] and "previous_loop_ms" not in r.metrics

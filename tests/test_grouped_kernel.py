@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import re
 
-import bench_scripts
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -429,7 +428,7 @@ def test_lowers_to_one_triton_kernel_stacking_the_unit(op, b, slabs, packed, mon
 # ------------------------------------------------------------------------------------------------ the measured default
 def _clustered(seed: int, m: int, b: int, d: int, transpose: bool) -> bs.BlockPattern:
     """The GPU check's clustered pattern (block rows sharing their columns, density ``1 / d``): the one measured."""
-    return bench_scripts.load("grouped_gpu_check")._clustered(seed, m, b, d, transpose)
+    return bs.BlockPattern.clustered(seed, (m, m), (b, b), 1.0 / d, axis=1 if transpose else 0)
 
 
 def test_the_measured_rule_claims_small_blocks_whose_rows_share_columns():

@@ -155,14 +155,11 @@ def test_greedy_finds_the_shared_rows():
 
 @pytest.mark.parametrize("op", ["dsd", "dds"])
 def test_greedy_finds_shuffled_clusters(op):
-    """The GPU check's ``clustered`` patterns (block rows, or columns for ``x @ W``, in clusters of ``128 / b`` that
-    keep the same columns, shuffled): the greedy grouping puts each cluster in one unit, fill 1.0, every slab read
-    once per cluster."""
-    from bench_scripts import load
-
-    clustered = load("grouped_gpu_check")._clustered
+    """``BlockPattern.clustered`` (block rows, or columns for ``x @ W``, in clusters of ``128 / b`` that keep the same
+    columns, shuffled; the GPU check's patterns): the greedy grouping puts each cluster in one unit, fill 1.0, every
+    slab read once per cluster."""
     for b in (16, 32):
-        p = clustered(0, 1024, b, 4, transpose=op == "dds")
+        p = bs.BlockPattern.clustered(0, (1024, 1024), b, 1 / 4, axis=1 if op == "dds" else 0)
         plan = group(p, Grouping(op=op, n=256))
         assert (plan.group, plan.method, plan.fill) == (128 // b, "greedy", 1.0), plan
         assert plan.slabs * plan.group == p.nnz_blocks

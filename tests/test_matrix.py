@@ -4,7 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given
+from helpers import examples
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import blocksparse as bs
@@ -194,6 +195,39 @@ def test_power_law_pattern_is_skewed():
     assert p.nnz_blocks == 512
     lengths = p.row_lengths
     assert lengths.max() >= 8 * max(lengths.mean(), 1)
+
+
+@settings(max_examples=examples(20), deadline=None)
+@given(
+    gm=st.integers(1, 12), gk=st.integers(1, 12), bh=st.sampled_from([1, 8, 16]), bw=st.sampled_from([1, 8, 32]),
+    density=st.sampled_from([0.0, 0.1, 0.5, 1.0]), cluster=st.integers(1, 5), axis=st.sampled_from([0, 1]),
+    seed=st.integers(0, 2**16),
+)  # fmt: skip
+def test_clustered_pattern_keeps_clusters(gm, gk, bh, bw, density, cluster, axis, seed):
+    p = bs.BlockPattern.clustered(seed, (gm * bh, gk * bw), (bh, bw), density, cluster=cluster, axis=axis)
+    assert p.grid == (gm, gk) and p.block_size == (bh, bw)
+    lines = p.mask() if axis == 0 else p.mask().T  # the clustered axis first
+    distinct = {line.tobytes() for line in lines}
+    assert len(distinct) <= -(-lines.shape[0] // cluster)  # at most one set of blocks per cluster
+    if density == 0.0:
+        assert p.nnz_blocks == 0
+    elif density == 1.0:
+        assert p.nnz_blocks == gm * gk
+    else:
+        assert lines.any(axis=1).all()  # every line keeps at least one block
+    again = bs.BlockPattern.clustered(seed, (gm * bh, gk * bw), (bh, bw), density, cluster=cluster, axis=axis)
+    np.testing.assert_array_equal(again.mask(), p.mask())  # one seed, one pattern
+
+
+def test_clustered_pattern_bad_input():
+    with pytest.raises(ValueError, match="Expected axis 0 .* Got 2"):
+        bs.BlockPattern.clustered(0, (64, 64), 16, 0.5, axis=2)
+    with pytest.raises(ValueError, match="Expected cluster as a positive int .* Got 0"):
+        bs.BlockPattern.clustered(0, (64, 64), 16, 0.5, cluster=0)
+    with pytest.raises(ValueError, match="density in \\[0, 1\\]. Got 1.5"):
+        bs.BlockPattern.clustered(0, (64, 64), 16, 1.5)
+    default = bs.BlockPattern.clustered(0, (512, 64), 32, 0.5).mask()  # clusters of 128 // 32 = 4 block rows
+    assert len({row.tobytes() for row in default}) <= 4
 
 
 @given(bst.dynamic_block_sparse_matrices(dtype=bst.dtypes()))

@@ -12,6 +12,15 @@ Bow model in float16, or float32 for float32 operands).
 The full sizes add, on a GPU, each Triton tiling of :data:`TRITON_VARIANTS` to the static cells
 (``config=TritonConfig(...)``, as ``{name}_*`` metrics, the fastest as ``best``), and a ``powerlaw`` cell per
 static one: rows of power-law lengths with as many blocks, ``skew_ratio`` = its time / the uniform one's.
+
+They also add the small-block sweep (:data:`SMALL`, :func:`small_blocks`; ``kind="small"``): ``W @ x`` and ``x @ W``
+at b = 16 and 32 on uniform, clustered (:meth:`~blocksparse.BlockPattern.clustered`: rows, or for ``x @ W``
+columns, sharing their blocks) and power-law patterns. Each cell times the default against dense in the same
+orientation (``share_of_dense``: its rate on the non-zeros over dense's), records whether the grouped kernel's
+measured rule claimed the product (``claimed``) and ran it (``grouped_ran``), the grouped plan (``plan_group``,
+``plan_fill``, ``plan_bytes_per_flop`` against the ungrouped ``worklist_bytes_per_flop``: modelled L2 bytes per
+flop), the grouped kernel with its packed operand (``grouped_*``), and, where the rule claimed it, the default as
+it was without the rule (``previous_*``: the tuned ``GROUPED_MIN_FILL`` emptied).
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ import jax.numpy as jnp
 
 import blocksparse as bs
 
-from ._core import Cell, CellFailed, Timer, check_close, implementation, variant
+from ._core import Cell, CellFailed, Timer, check_close, implementation, measure, ratio, variant
 
 #: Named sizes: ``tiny`` for tests, ``quick`` for the CPU default, ``full`` for the GPU figures.
 SIZES = {
@@ -31,6 +40,14 @@ SIZES = {
     "quick": dict(m=512, ns=(128,), blocks=(16, 32), densities=(1 / 4, 1 / 16), dtype="float32"),
     "full": dict(m=8192, ns=(256, 4096), blocks=(16, 32, 64, 128), densities=(1 / 4, 1 / 16, 1 / 64), dtype="bfloat16",
                  variants=True),
+}  # fmt: skip
+
+#: The small-block sweep of the full sizes (:func:`small_blocks`); ``tiny`` for tests.
+SMALL = {
+    "tiny": dict(m=64, n=256, blocks=(16,), densities=(1 / 4,), ops=("dsd", "dds"), patterns=("clustered",),
+                 dtype="float32"),
+    "full": dict(m=8192, n=4096, blocks=(16, 32), densities=(1 / 4, 1 / 16), ops=("dsd", "dds"),
+                 patterns=("uniform", "clustered", "power_law"), dtype="bfloat16"),
 }  # fmt: skip
 
 #: Triton tilings of the static cells (full sizes, GPU): name -> ``TritonConfig`` fields.
@@ -70,7 +87,8 @@ def density_label(d: float) -> str:
 
 
 def cells(*, full: bool) -> list[Cell]:
-    return suite(**SIZES["full" if full else "quick"])
+    out = suite(**SIZES["full" if full else "quick"])
+    return out + small_blocks(**SMALL["full"]) if full else out
 
 
 def suite(*, m: int, ns, blocks, densities, dtype: str, variants: bool = False, seed: int = 0) -> list[Cell]:
@@ -210,6 +228,92 @@ def _sparse_run(params, dense_ms, seed, variants=False, static_ms=None):
             if timed:
                 metrics["best"] = min(timed, key=timed.get)
                 metrics["best_speedup"] = loop / timed[metrics["best"]]
+        return metrics
+
+    return run
+
+
+# -- the small-block sweep ----------------------------------------------------------------------------------------
+_OPS = {"dsd": "W @ x", "dds": "x @ W"}
+
+
+def small_blocks(*, m: int, n: int, blocks, densities, ops, patterns, dtype: str, seed: int = 0) -> list[Cell]:
+    """One cell per ``(op, pattern, b, d)``: ``W`` ``m x m`` (``pattern``: ``"uniform"``, ``"clustered"`` or
+    ``"power_law"``), ``x`` ``m x n`` (``W @ x``, ``op="dsd"``) or ``n x m`` (``x @ W``, ``"dds"``); see the module
+    docstring for the metrics."""
+    dense_ms: dict = {}  # op -> the dense loop ms of that orientation, shared by the sweep's cells
+    out = []
+    for op in ops:
+        for pattern in patterns:
+            for b in blocks:
+                for d in densities:
+                    p = dict(m=m, k=m, n=n, dtype=dtype, b=b, density=d, kind="small", op=op, pattern=pattern)
+                    label = f"small n={n} b={b} d={density_label(d)} {_OPS[op]} {pattern}"
+                    out.append(Cell("matmul", label, p, _small_run(p, dense_ms, seed)))
+    return out
+
+
+def _small_pattern(params, seed) -> bs.BlockPattern:
+    m, b, d, op = params["m"], params["b"], params["density"], params["op"]
+    if params["pattern"] == "clustered":  # for x @ W the block columns share their rows: the grouped units' axis
+        return bs.BlockPattern.clustered(seed, (m, m), (b, b), d, axis=1 if op == "dds" else 0)
+    if params["pattern"] == "power_law":
+        return bs.BlockPattern.power_law(seed, (m, m), (b, b), d)
+    if params["pattern"] == "uniform":
+        return bs.BlockPattern.random(seed, (m, m), (b, b), d)
+    raise ValueError(f"expected a pattern in uniform, clustered, power_law; got {params['pattern']!r}")
+
+
+def _small_run(params, dense_ms, seed):
+    def run(timer: Timer) -> dict:
+        import re
+
+        from ..ops.matmul import tuned
+        from ..ops.matmul.triton import grouped_kernel
+
+        m, n, b, op = params["m"], params["n"], params["b"], params["op"]
+        dtype = jnp.dtype(params["dtype"])
+        pattern = _small_pattern(params, seed)
+        W = bs.BlockSparseMatrix(pattern, jax.random.normal(jax.random.key(seed), (pattern.nnz_blocks, b, b), dtype))
+        x = jax.random.normal(jax.random.key(seed + 1), (m, n) if op == "dsd" else (n, m), dtype)
+        w = W.to_dense()
+        with jax.default_matmul_precision("highest"):
+            want = jnp.dot(*((w, x) if op == "dsd" else (x, w)), preferred_element_type=jnp.float32)
+
+        def make(config=None):  # a new function per variant: the Timer caches its loops by function
+            if op == "dsd":
+                return lambda W, x: bs.matmul(W, x, config=config)
+            return lambda W, x: bs.matmul(x, W, config=config)
+
+        if op not in dense_ms:
+            a = jax.random.normal(jax.random.key(seed + 2), (m, m), dtype)
+            dense_ms[op] = timer.loop(jnp.dot, *((a, x) if op == "dsd" else (x, a)))
+        dense = dense_ms[op]
+        default = make()
+        metrics = measure(timer, default, W, x, want=want, dtype=dtype, what=f"{_OPS[op]} ({params['pattern']})")
+        flops = 2.0 * pattern.nnz_blocks * b * b * n
+        plan = grouped_kernel.plan(op, pattern, n, grouped_kernel.CLAIMED, dtype)
+        claimed = grouped_kernel.claims(op, n, pattern, dtype)
+        jaxpr = str(jax.make_jaxpr(default)(W, x))
+        metrics.update(
+            tflops=flops / metrics["loop_ms"] / 1e9, dense_loop_ms=dense, speedup_vs_dense=dense / metrics["loop_ms"],
+            share_of_dense=flops / (2.0 * m * m * n) * dense / metrics["loop_ms"], nnz_blocks=pattern.nnz_blocks,
+            claimed=claimed, grouped_ran=bool(re.search(r"bs_\w+_grouped", jaxpr)), plan_group=plan.group,
+            plan_method=plan.method, plan_fill=plan.fill, plan_bytes_per_flop=plan.bytes_per_flop,
+            worklist_bytes_per_flop=plan.ungrouped_bytes_per_flop,
+        )  # fmt: skip
+        if claimed != metrics["grouped_ran"] and metrics["implementation"].endswith("pallas"):
+            raise CellFailed(f"expected the grouped kernel to run {'' if claimed else 'only '}where the rule claims "
+                             f"the product (claimed={claimed}); it ran: {metrics['grouped_ran']}")  # fmt: skip
+        if claimed:  # the default without the rule: what ran before it
+            with tuned.override(GROUPED_MIN_FILL={}):
+                metrics.update(variant(timer, "previous", make(), W, x, want=want, dtype=dtype))
+            ratio(metrics, "previous_loop_ms", "loop_ms", "speedup_vs_previous")
+        metrics.update(variant(timer, "grouped", make(grouped_kernel.CLAIMED), W, x, needs="gpu", want=want,
+                               dtype=dtype))  # fmt: skip
+        ratio(metrics, "loop_ms", "grouped_loop_ms", "grouped_vs_default")
+        if metrics.get("grouped_vs_default"):
+            metrics["grouped_share_of_dense"] = metrics["share_of_dense"] * metrics["grouped_vs_default"]
         return metrics
 
     return run

@@ -28,12 +28,14 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 
 from ... import hardware
 from ..tuning import Entry
 
-__all__ = ["CONSERVATIVE", "TABLES", "Entry", "Table", "current", "nearest", "nearest_cell"]
+__all__ = ["CONSERVATIVE", "TABLES", "Entry", "Table", "current", "nearest", "nearest_cell", "override"]
 
 
 class Table:
@@ -362,9 +364,42 @@ TABLES = {H200.kind: H200}
 CONSERVATIVE = _conservative()
 
 
+_OVERRIDES: contextvars.ContextVar[dict | None] = contextvars.ContextVar("blocksparse_tuned_overrides", default=None)
+
+
 def current() -> Table:
-    """The table of the GPU plans are made for (:func:`blocksparse.hardware.gpu`), else :data:`CONSERVATIVE`."""
-    return TABLES.get(hardware.gpu().kind, CONSERVATIVE)
+    """The table of the GPU plans are made for (:func:`blocksparse.hardware.gpu`), else :data:`CONSERVATIVE`; inside
+    :func:`override`, a copy with the values it names."""
+    table = TABLES.get(hardware.gpu().kind, CONSERVATIVE)
+    changed = _OVERRIDES.get()
+    if not changed:
+        return table
+    entries = {name: table.entry(name) for name in table.names()}
+    entries.update({name: Entry(value, "tuned.override") for name, value in changed.items()})
+    return Table(table.kind, entries)
+
+
+@contextlib.contextmanager
+def override(**values):
+    """Within the block, every table reads the named entries as ``values`` (what a benchmark uses to time the
+    default as it was before a measured rule: ``override(GROUPED_MIN_FILL={})``). Products traced inside the block
+    take the values; a name no table has raises ``KeyError`` naming the entries.
+
+    Example::
+
+        >>> from blocksparse.ops.matmul import tuned
+        >>> with tuned.override(GROUPED_PREFER_MIN=1 << 20):
+        ...     tuned.current().GROUPED_PREFER_MIN
+        1048576
+    """
+    unknown = sorted(set(values) - set(H200.names()))
+    if unknown:
+        raise KeyError(f"expected tuned entries among {', '.join(H200.names())}; got {', '.join(unknown)}")
+    token = _OVERRIDES.set({**(_OVERRIDES.get() or {}), **values})
+    try:
+        yield
+    finally:
+        _OVERRIDES.reset(token)
 
 
 def nearest(value: float, measured) -> float:
