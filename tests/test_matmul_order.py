@@ -139,6 +139,17 @@ def test_off_hopper_and_unmeasured_devices_keep_triton_first():
         assert tuned.current() is tuned.H200
 
 
+def test_override_changes_the_named_entries_inside_the_block_only():
+    with hardware.fake(hardware.H200):
+        with tuned.override(GROUPED_MIN_FILL={}), tuned.override(GROUPED_PREFER_MIN=1):  # nested: both apply
+            t = tuned.current()
+            assert t.kind == "NVIDIA H200" and t.GROUPED_MIN_FILL == {} and t.GROUPED_PREFER_MIN == 1
+            assert t.PREFER_MARGIN == tuned.H200.PREFER_MARGIN  # the rest as measured
+        assert tuned.current() is tuned.H200
+    with pytest.raises(KeyError, match="got NOT_AN_ENTRY"), tuned.override(NOT_AN_ENTRY=1):
+        pass
+
+
 def _nothing():
     import contextlib
 

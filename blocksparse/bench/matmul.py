@@ -277,8 +277,7 @@ def _small_run(params, dense_ms, seed):
         W = bs.BlockSparseMatrix(pattern, jax.random.normal(jax.random.key(seed), (pattern.nnz_blocks, b, b), dtype))
         x = jax.random.normal(jax.random.key(seed + 1), (m, n) if op == "dsd" else (n, m), dtype)
         w = W.to_dense()
-        with jax.default_matmul_precision("highest"):
-            want = jnp.dot(*((w, x) if op == "dsd" else (x, w)), preferred_element_type=jnp.float32)
+        want = _reference(*((w, x) if op == "dsd" else (x, w)))
 
         def make(config=None):  # a new function per variant: the Timer caches its loops by function
             if op == "dsd":
