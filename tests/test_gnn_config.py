@@ -56,7 +56,16 @@ def test_kernel_defaults_on_the_h200_and_elsewhere():
         assert order.aggregate_variant(jnp.bfloat16, False) == (2, GatherVariant(num_warps=2, narrow_loads=True))
         # the tuned two nodes a program, at most the rule's: one from a mean in-degree of 64 (twitch-views: 81)
         assert [order.aggregate_variant(jnp.bfloat16, False, m)[0] for m in (3.3, 6.9, 32, 81)] == [2, 2, 2, 1]
-        assert order.aggregate_variant(jnp.float16, True) == (None, GatherVariant(num_warps=1, narrow_loads=True))
+        # with the arg-max: 2-byte features four nodes a program, narrow, on the graphs of the measured range of mean
+        # in-degrees (ogbn-arxiv's 6.887 to the power-law graph's 32), the rule's count elsewhere (city-roads-L: 3.3)
+        w1n = GatherVariant(num_warps=1, narrow_loads=True)
+        assert order.aggregate_variant(jnp.float16, True) == (4, w1n)
+        means = (3.3, 6.88, 1_166_243 / 169_343, 32, 32.01)
+        assert [order.aggregate_variant(jnp.bfloat16, True, m) for m in means] == [
+            (None, w1n), (None, w1n), (4, w1n), (4, w1n), (None, w1n)]  # fmt: skip
+        assert [order.aggregate_variant(jnp.float32, True, m) for m in (3.3, 32)] == [
+            (None, GatherVariant(num_warps=1))
+        ] * 2
         assert order.attention_layout(True) == "flat" and order.attention_edges_per_step(128) == 16
         assert order.attention_narrow_loads() is True
         h200 = [order.spmm_edges_per_step(e, 100, 128) for e in (3200, 3201)]

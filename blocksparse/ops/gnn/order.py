@@ -269,15 +269,21 @@ def aggregate_one_node_edges(bf: int, scale: int = 1) -> int:
 def aggregate_variant(
     dtype, with_arg: bool, mean_degree: float | None = None
 ) -> tuple[int | None, GatherVariant | None]:
-    """``(nodes_per_program, variant)`` of max / min when neither is given: tuned ``aggregate.with_arg`` with
-    the arg-max (the forward under ``grad``), else tuned ``aggregate.values_only`` for float32 or 2-byte
-    features. ``nodes_per_program`` ``None`` is :func:`aggregate_nodes_per_program`'s rule; a tuned count is at
-    most the rule's for the graph's ``mean_degree`` where it is given (graphs of a higher mean in-degree than any
-    measured take the rule's fewer nodes: one a program from a mean of 64)."""
+    """``(nodes_per_program, variant)`` of max / min when neither is given, by the features' width (float32 or
+    2-byte): tuned ``aggregate.with_arg`` with the arg-max (the forward under ``grad``), else tuned
+    ``aggregate.values_only``. ``nodes_per_program`` ``None`` is :func:`aggregate_nodes_per_program`'s rule for the
+    graph's ``mean_degree``. Where ``mean_degree`` is given, a tuned count without the arg-max is at most the rule's
+    (graphs of a higher mean in-degree than any measured take the rule's fewer nodes: one a program from a mean of
+    64); with the arg-max it holds on graphs whose mean in-degree lies within the entry's measured range, and the
+    rule's count runs elsewhere."""
+    width = "float32" if jnp.dtype(dtype).itemsize >= 4 else "half"
     if with_arg:
-        nodes, variant = tuned.get("aggregate.with_arg")
-    else:
-        nodes, variant = tuned.get("aggregate.values_only")["float32" if jnp.dtype(dtype).itemsize >= 4 else "half"]
+        nodes, variant, means = tuned.get("aggregate.with_arg")[width]
+        if nodes is not None and mean_degree is not None and means is not None:
+            low, high = means
+            nodes = nodes if low <= mean_degree <= high else None
+        return nodes, variant
+    nodes, variant = tuned.get("aggregate.values_only")[width]
     if nodes is not None and mean_degree is not None:
         nodes = min(nodes, aggregate_nodes_per_program(mean_degree))
     return nodes, variant

@@ -134,13 +134,19 @@ H200 = {
         "city-roads-L, mean in-degrees 32, 6.9 and 3.3)",
     ),
     "aggregate.with_arg": Entry(
-        (None, GatherVariant(num_warps=1, narrow_loads=True)),
+        {
+            "float32": (None, GatherVariant(num_warps=1), None),
+            "half": (4, GatherVariant(num_warps=1, narrow_loads=True), (1_166_243 / 169_343, 8_388_608 / 262_144)),
+        },
         suite="gnn-variants",
         cell="max/float32/w1 vs max/float32/default vs max/float32/w2 (--with-arg, gather_with_arg_h200.json); "
-        "half max_with_arg <graph>: narrow vs wide",
-        results="gnn_half_loads_h200.json",
-        note="(nodes per program, variant) of max / min with the arg-max (the forward under grad): the default "
-        "nodes per program with one warp, both dtypes; 2-byte rows gathered 4 features a lane (float32: no effect)",
+        "half max_with_arg <graph>: G4+w1+narrow vs G2+w1+narrow vs narrow vs wide",
+        results="gnn_half_max_with_arg_h200.json",
+        note="(nodes per program, variant, mean in-degrees) of max / min with the arg-max (the forward under grad), "
+        "by feature width: float32 the degree rule's nodes per program on one warp; 2-byte features four nodes a "
+        "program on one warp, the rows gathered 4 features a lane, on graphs whose mean in-degree lies within the "
+        "range where four measured fastest (ogbn-arxiv's and the power-law graph's, 6.89 and 32, exactly; the "
+        "rule's count on city-roads-L, 3.3, and past the range)",
     ),
     # ------------------------------------------------------------------ attention kernels
     "attention.one_head_layout": Entry(
@@ -176,7 +182,10 @@ DEFAULT = {
         {"float32": (None, GatherVariant()), "half": (None, GatherVariant())},
         note="the nodes-per-program rule and the plain kernel",
     ),
-    "aggregate.with_arg": Entry((None, GatherVariant()), note="the nodes-per-program rule and the plain kernel"),
+    "aggregate.with_arg": Entry(
+        {"float32": (None, GatherVariant(), None), "half": (None, GatherVariant(), None)},
+        note="the nodes-per-program rule and the plain kernel",
+    ),
     "attention.one_head_layout": Entry("heads", note="the (edges, heads, head size) view of every shape"),
     "attention.wide_edges_per_step": Entry(None, note="the tile-size rule of every program width"),
     "attention.narrow_loads": Entry(False, note="Triton's own vector width"),
@@ -236,6 +245,14 @@ _FULL_POWER_LAW_BF16 = "gnn_full_power_law_bfloat16_h200.json"  # power-law, bfl
 # city-roads-L, ogbn-arxiv in bfloat16 after the narrow loads: max, min and both attentions, both passes
 _FULL_SMALL_BF16_NARROW = "gnn_full_small_bfloat16_narrow_h200.json"
 _FULL_POWER_LAW_ATTN = "gnn_full_power_law_float32_attn_h200.json"  # power-law, float32 (cut short: GATv2 fwd only)
+# power-law in bfloat16 after the narrow loads: max and min, both attentions, both passes (two runs)
+_FULL_POWER_LAW_BF16_EXTREMES = "gnn_full_power_law_bfloat16_extremes_h200.json"
+_FULL_POWER_LAW_BF16_ATTN = "gnn_full_power_law_bfloat16_attn_h200.json"
+# pokec: max, min and both attentions, both passes, float32 (XLA and PyG out of memory in GATv2's forward + backward)
+_FULL_POKEC = "gnn_full_pokec_float32_rest_h200.json"
+# the same in bfloat16 (cut short before graph attention's forward + backward), then both graph attention cells
+_FULL_POKEC_BF16 = "gnn_full_pokec_bfloat16_rest_h200.json"
+_FULL_POKEC_BF16_ATTN = "gnn_full_pokec_bfloat16_attn_h200.json"
 _SEGMENT = "XLA's side: the suite's sorted segment op in the features' dtype (jax-segment), as the xla backend runs it"
 
 
@@ -262,6 +279,21 @@ def _narrow(stats, faster, op, pass_):
     return _full(stats, faster, op, pass_, _FULL_SMALL_BF16_NARROW, "bfloat16")
 
 
+def _pl_half(op, pass_):
+    """A bfloat16 cell of the later runs on the power-law graph (max / min, or the attentions): the kernels were
+    faster in every one."""
+    results = _FULL_POWER_LAW_BF16_EXTREMES if op in ("max", "min") else _FULL_POWER_LAW_BF16_ATTN
+    return _full(_POWER_LAW, "pallas", op, pass_, results, "bfloat16")
+
+
+def _pokec(op, pass_, dtype="float32"):
+    """A cell of the full table's runs on pokec (max, min, both attentions): the kernels were faster in every one."""
+    results = {"float32": _FULL_POKEC, "bfloat16": _FULL_POKEC_BF16}[dtype]
+    if dtype == "bfloat16" and op == "graph_attention":
+        results = _FULL_POKEC_BF16_ATTN  # (its forward measured twice: the later run's)
+    return _full(_POKEC, "pallas", op, pass_, results, dtype)
+
+
 def _pl(faster, op, pass_):
     """A float32 cell of the full table's run on the power-law graph."""
     return _full(_POWER_LAW, faster, op, pass_, _FULL_POWER_LAW)
@@ -283,8 +315,12 @@ _GAT_SEGMENT = ("XLA's side: JAX's autodiff of the suite's segment GATv2 (jax-se
 # bfloat16 SpMM (gnn_full_power_law_bfloat16_h200.json; replaced gather_defaults_h200.json's). Then the 2-byte rows
 # gathered 4 features a lane changed the bfloat16 kernels: max / min and both attentions on city-roads-L and
 # ogbn-arxiv were measured again (gnn_full_small_bfloat16_narrow_h200.json; replaced gnn_full_small_bfloat16_h200.json's
-# and gnn_full_arxiv_bfloat16_attn_h200.json's cells there). The other graphs keep their older runs; the cells no run
-# reached (cut short) have no entry.
+# and gnn_full_arxiv_bfloat16_attn_h200.json's cells there). Later still, the power-law graph in bfloat16 with the
+# narrow loads: max / min and both attentions (gnn_full_power_law_bfloat16_{extremes,attn}_h200.json; replaced
+# gather_defaults_h200.json's max forward and gather_with_arg_h200.json's max with the arg-max), and pokec's max / min
+# and attentions in both dtypes (gnn_full_pokec_*_h200.json; replaced gnn_graphs_pokec_h200.json's max forward in both
+# dtypes; its GATv2 forward + backward in float32 stays, XLA out of memory in the full run's cell). The other graphs
+# keep their older runs; the cells no run reached (cut short) have no entry.
 H200_CHOICES = {
     ("spmm", "float32", "fwd"): (
         _full(_ROADS, "pallas", "spmm_sum", "fwd", _FULL_NORMS),
@@ -341,36 +377,39 @@ H200_CHOICES = {
         _full(_ARXIV, "pallas", "max", "fwd"),
         _paper(_TWITCH, "xla", _GRAPHS_RUN, "max"),
         _paper(_PRODUCTS, "xla", "gnn_graphs_products_h200.json", "max"),
-        _paper(_POKEC, "pallas", "gnn_graphs_pokec_h200.json", "max"),
+        _pokec("max", "fwd"),
         _pl("pallas", "max", "fwd"),
     ),
     ("aggregate", "bfloat16", "fwd"): (
         _narrow(_ROADS, "pallas", "max", "fwd"),
         _narrow(_ARXIV, "pallas", "max", "fwd"),
-        _paper(_POKEC, "pallas", "gnn_graphs_pokec_h200.json", "max", "bfloat16"),
-        Measured(**_POWER_LAW, faster="pallas", results="gather_defaults_h200.json",
-                 cell="max/bfloat16/default vs max/bfloat16/xla"),
+        _pokec("max", "fwd", "bfloat16"),
+        _pl_half("max", "fwd"),
     ),
     # with the arg-max: the forward that jax.grad runs (the backward is one scatter on either backend)
     ("aggregate", "float32", "fwd+bwd"): (
         _full(_ROADS, "pallas", "max", "fwd+bwd"),
         _full(_ARXIV, "pallas", "max", "fwd+bwd"),
+        _pokec("max", "fwd+bwd"),
         _pl("pallas", "max", "fwd+bwd"),
     ),
     ("aggregate", "bfloat16", "fwd+bwd"): (
         _narrow(_ROADS, "pallas", "max", "fwd+bwd"),
         _narrow(_ARXIV, "pallas", "max", "fwd+bwd"),
-        Measured(**_POWER_LAW, faster="pallas", results="gather_with_arg_h200.json",
-                 cell="max/bfloat16/w1 vs max/bfloat16/xla (--with-arg)"),
+        _pokec("max", "fwd+bwd", "bfloat16"),
+        _pl_half("max", "fwd+bwd"),
     ),
     ("gatv2", "float32", "fwd"): (
         _full(_ROADS, "pallas", "gatv2", "fwd"),
         _full(_ARXIV, "pallas", "gatv2", "fwd"),
+        _pokec("gatv2", "fwd"),
         _full(_POWER_LAW, "pallas", "gatv2", "fwd", _FULL_POWER_LAW_ATTN),
     ),
     ("gatv2", "bfloat16", "fwd"): (
         _narrow(_ROADS, "xla", "gatv2", "fwd"),
         _narrow(_ARXIV, "pallas", "gatv2", "fwd"),
+        _pokec("gatv2", "fwd", "bfloat16"),
+        _pl_half("gatv2", "fwd"),
     ),
     ("gatv2", "float32", "fwd+bwd"): (
         _full(_ROADS, "xla", "gatv2", "fwd+bwd"),
@@ -383,22 +422,30 @@ H200_CHOICES = {
     ("gatv2", "bfloat16", "fwd+bwd"): (
         _narrow(_ROADS, "xla", "gatv2", "fwd+bwd"),
         _narrow(_ARXIV, "pallas", "gatv2", "fwd+bwd"),
+        _pokec("gatv2", "fwd+bwd", "bfloat16"),
+        _pl_half("gatv2", "fwd+bwd"),
     ),
     ("graph_attention", "float32", "fwd"): (
         _full(_ROADS, "pallas", "graph_attention", "fwd"),
         _full(_ARXIV, "pallas", "graph_attention", "fwd"),
+        _pokec("graph_attention", "fwd"),
     ),
     ("graph_attention", "bfloat16", "fwd"): (
         _narrow(_ROADS, "xla", "graph_attention", "fwd"),
         _narrow(_ARXIV, "pallas", "graph_attention", "fwd"),
+        _pokec("graph_attention", "fwd", "bfloat16"),
+        _pl_half("graph_attention", "fwd"),
     ),
     ("graph_attention", "float32", "fwd+bwd"): (
         _full(_ROADS, "xla", "graph_attention", "fwd+bwd"),
         _full(_ARXIV, "pallas", "graph_attention", "fwd+bwd"),
+        _pokec("graph_attention", "fwd+bwd"),
     ),
     ("graph_attention", "bfloat16", "fwd+bwd"): (
         _narrow(_ROADS, "xla", "graph_attention", "fwd+bwd"),
         _narrow(_ARXIV, "pallas", "graph_attention", "fwd+bwd"),
+        _pokec("graph_attention", "fwd+bwd", "bfloat16"),
+        _pl_half("graph_attention", "fwd+bwd"),
     ),
 }  # fmt: skip
 
