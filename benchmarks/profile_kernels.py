@@ -21,14 +21,20 @@ For each case (an implementation of ``W @ x``, W ``m x m`` with ``b x b`` unifor
 ``loop_ms`` say how much of a short product is its kernels and how much is the gaps between them.
 
 Cases are ``IMPL:B:D:N`` with IMPL ``dense`` (``jnp.dot``), ``pallas`` (Triton), ``mosaic`` (the Mosaic backend:
-the banded kernel for b = 16 / 32, the TMA + wgmma kernel for 64 / 128) or ``default`` (``implementation=None``);
-``mosaic:B:D:N:KEY=VALUE,...`` runs the Mosaic kernel with those tiles (``MosaicConfig`` / ``BandConfig`` fields).
+the banded kernel for b = 16 / 32, the TMA + wgmma kernel for 64 / 128), ``grouped`` (the grouped Triton kernel with
+the packed operand, ``grouped_kernel.CLAIMED``, whether or not the rule claims the product) or ``default``
+(``implementation=None``); ``mosaic:B:D:N:KEY=VALUE,...`` runs the Mosaic kernel with those tiles (``MosaicConfig`` /
+``BandConfig`` fields). Any case takes ``pattern=`` (``uniform``, the default; ``clustered``: block rows in clusters
+of ``128 / b`` sharing their columns, ``BlockPattern.clustered``; ``power_law``) and ``op=`` (``dsd``: ``W @ x``, the
+default; ``dds``: ``x @ W`` with x ``n x m``, the clusters then along W's block columns).
 
 Usage (on the GPU machine; ncu reads the counters on a Firecracker machine, with ``--clock-control none``)::
 
     python3 benchmarks/profile_kernels.py --json $OUT/profile.json
     python3 benchmarks/profile_kernels.py --cases mosaic:64:4:4096 pallas:64:4:4096 --json $OUT/p.json
     python3 benchmarks/profile_kernels.py --cases mosaic:64:4:4096:tn=256,stages=4 --json $OUT/p_tn256.json
+    python3 benchmarks/profile_kernels.py --cases grouped:16:4:4096:pattern=clustered,op=dds \
+        pallas:16:4:4096:pattern=clustered,op=dds --json $OUT/p_grouped.json
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from __future__ import annotations
 import argparse
 import csv
 import ctypes
+import functools
 import io
 import os
 import shutil
@@ -87,22 +94,32 @@ def _value(text: str):
     return int(text) if text.lstrip("-").isdigit() else text
 
 
+PATTERNS = ("uniform", "clustered", "power_law")
+OPS = ("dsd", "dds")
+
+
 def parse_case(case: str) -> tuple[str, int, int, int, dict]:
     """``"IMPL:B:D:N[:KEY=VALUE,...]"`` -> ``(impl, b, d, n, config)``; ``ValueError`` naming the expected form.
 
-    A config (``mosaic`` only) sets the fields of ``MosaicConfig`` (b >= 64) or ``BandConfig`` (b = 16, 32), e.g.
+    ``pattern`` and ``op`` (any IMPL) pick W's pattern family and the orientation; the other keys (``mosaic`` only)
+    set the fields of ``MosaicConfig`` (b >= 64) or ``BandConfig`` (b = 16, 32), e.g.
     ``mosaic:64:4:4096:tn=256,consumers=2``."""
     parts = case.split(":")
-    impls = ("dense", "pallas", "mosaic", "default")
+    impls = ("dense", "pallas", "mosaic", "grouped", "default")
     form = f"Expected a case IMPL:B:D:N[:KEY=VALUE,...] with IMPL in {impls}, positive integers"
     if len(parts) not in (4, 5) or parts[0] not in impls or not all(p.isdigit() and int(p) > 0 for p in parts[1:4]):
         raise ValueError(f"{form}. Got {case!r}.")
     config = {}
     if len(parts) == 5:
         items = [kv.split("=", 1) for kv in parts[4].split(",")]
-        if parts[0] != "mosaic" or not all(len(kv) == 2 and kv[0] for kv in items):
-            raise ValueError(f"{form} and KEY=VALUE pairs for IMPL mosaic only. Got {case!r}.")
+        if not all(len(kv) == 2 and kv[0] for kv in items):
+            raise ValueError(f"{form} and KEY=VALUE pairs. Got {case!r}.")
         config = {k: _value(v) for k, v in items}
+        tiles = set(config) - {"pattern", "op"}
+        if tiles and (parts[0] != "mosaic" or config.get("op", "dsd") != "dsd"):
+            raise ValueError(f"{form}; tile fields ({sorted(tiles)}) for IMPL mosaic and op dsd only. Got {case!r}.")
+        if config.get("pattern", "uniform") not in PATTERNS or config.get("op", "dsd") not in OPS:
+            raise ValueError(f"{form}; pattern in {PATTERNS}, op in {OPS}. Got {case!r}.")
     return parts[0], int(parts[1]), int(parts[2]), int(parts[3]), config
 
 
@@ -115,20 +132,38 @@ def build(case: str, m: int):
     from blocksparse.ops.matmul.mosaic import backend as pallas_mosaic
     from blocksparse.ops.matmul.mosaic import bands as pallas_mosaic_bands
     from blocksparse.ops.matmul.mosaic import dsd as mosaic_dsd
+    from blocksparse.ops.matmul.triton import grouped_kernel
 
     impl, b, d, n, config = parse_case(case)
-    W = bs.random(jax.random.key(0), (m, m), b, 1.0 / d, jnp.bfloat16)
-    x = jax.random.normal(jax.random.key(1), (m, n), jnp.bfloat16)
+    config = dict(config)
+    family, op = config.pop("pattern", "uniform"), config.pop("op", "dsd")
+    if family == "uniform":  # (the cases before patterns: the same W)
+        W = bs.random(jax.random.key(0), (m, m), b, 1.0 / d, jnp.bfloat16)
+    else:
+        make = {"clustered": functools.partial(bs.BlockPattern.clustered, axis=1 if op == "dds" else 0),
+                "power_law": bs.BlockPattern.power_law}[family]  # fmt: skip
+        pattern = make(0, (m, m), (b, b), 1.0 / d)
+        W = bs.BlockSparseMatrix(
+            pattern, jax.random.normal(jax.random.key(0), (pattern.nnz_blocks, b, b), jnp.bfloat16)
+        )
+    x = jax.random.normal(jax.random.key(1), (m, n) if op == "dsd" else (n, m), jnp.bfloat16)
     if impl == "dense":
-        return jax.jit(lambda a, x: jnp.dot(a, x, preferred_element_type=jnp.float32).astype(x.dtype)), (
-            W.to_dense(), x)  # fmt: skip
+
+        def dense(a, x):
+            out = jnp.dot(*((a, x) if op == "dsd" else (x, a)), preferred_element_type=jnp.float32)
+            return out.astype(x.dtype)
+
+        return jax.jit(dense), (W.to_dense(), x)
     if config:
         module, cls = ((pallas_mosaic_bands, pallas_mosaic_bands.BandConfig) if b in pallas_mosaic_bands.BLOCKS
                        else (pallas_mosaic, mosaic_dsd.MosaicConfig))  # fmt: skip
         cfg = cls(**config)
         return jax.jit(lambda W, x: module.dsd(W.pattern, W.data, x, config=cfg)), (W, x)
-    implementation = None if impl == "default" else impl
-    return jax.jit(lambda W, x: bs.matmul(W, x, implementation=implementation)), (W, x)
+    implementation = {"default": None, "grouped": "pallas"}.get(impl, impl)
+    kw = dict(implementation=implementation, config=grouped_kernel.CLAIMED if impl == "grouped" else None)
+    if op == "dds":
+        return jax.jit(lambda W, x: bs.matmul(x, W, **kw)), (W, x)
+    return jax.jit(lambda W, x: bs.matmul(W, x, **kw)), (W, x)
 
 
 def _cuda_profiler(start: bool) -> None:

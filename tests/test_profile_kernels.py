@@ -3,6 +3,8 @@ the traced loop, and ``benchmarks/profile_kernels.py`` reads ncu's CSV and a tra
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -147,11 +149,23 @@ def test_cases_are_checked_and_build_on_the_cpu():
                 "mosaic:64:4:256:tn", "mosaic:64:4:256:=3"):  # fmt: skip
         with pytest.raises(ValueError, match="Expected a case IMPL:B:D:N"):
             script.parse_case(bad)
-    for case, m in (("default:16:4:32", 64), ("mosaic:64:2:64:tn=64,stages=2", 128)):
+    assert script.parse_case("grouped:16:4:4096:pattern=clustered,op=dds")[4] == {"pattern": "clustered", "op": "dds"}
+    for bad in ("grouped:16:4:64:pattern=banded", "pallas:16:4:64:op=sdd", "mosaic:64:4:64:op=dds,tn=64"):
+        with pytest.raises(ValueError, match="Expected a case IMPL:B:D:N"):
+            script.parse_case(bad)
+    cases = (("default:16:4:32", 64), ("mosaic:64:2:64:tn=64,stages=2", 128), ("dense:16:4:32:op=dds", 64),
+             ("grouped:16:4:128:pattern=clustered,op=dds", 128), ("grouped:16:2:128:pattern=power_law", 128),
+             ("pallas:16:4:32:pattern=clustered", 128))  # fmt: skip
+    for case, m in cases:
         fn, (W, x) = script.build(case, m)
-        with bs.interpret():  # the Mosaic case: its kernel with these tiles, in the GPU interpreter
+        with bs.interpret():  # the Mosaic and grouped cases: their kernels in the GPU interpreter
+            grouped = re.search(r"bs_\w+_grouped", str(jax.make_jaxpr(fn)(W, x)))
+            assert bool(grouped) == case.startswith("grouped"), case  # the grouped kernel where asked, only there
             got = np.asarray(fn(W, x), np.float32)
-        np.testing.assert_allclose(got, np.asarray(W.to_dense() @ x, np.float32), rtol=3e-2, atol=3e-2)
+        w = np.asarray(W.to_dense() if isinstance(W, bs.BlockSparseMatrix) else W, np.float32)
+        x = np.asarray(x, np.float32)
+        want = x @ w if "op=dds" in case else w @ x
+        np.testing.assert_allclose(got, want, rtol=3e-2, atol=3e-2 * np.abs(want).max())
 
 
 def test_the_script_times_and_traces_without_ncu(tmp_path, capsys):
