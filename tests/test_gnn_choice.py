@@ -1,9 +1,11 @@
 """The GNN ops' default backend by the graph (``order.choice``, data in ``tuned.CHOICES``) and the ``gnn-graphs``
 suite's cells of every op and pass at the tiny size."""
 
+import fnmatch
 import functools
 import json
 import math
+import re
 from pathlib import Path
 
 import jax
@@ -607,3 +609,29 @@ def test_docs_full_tables_are_the_jsons(heading, name, columns):
         else:
             assert speedup == f"{met['speedup_vs_best_peer']:.2f}", row
     assert seen == set(cells)
+
+
+def test_docs_choice_table_is_the_tuned_data():
+    """docs/gnn.md's table of which backend runs first, by family, dtype and pass, names the graphs of
+    ``tuned.CHOICES`` on each side and the results JSONs they came from (a ``*`` in a name standing for several)."""
+    fams = {"SpMM": "spmm", "SpMM with the GCN norm": "spmm_gcn", "max / min": "aggregate", "GATv2": "gatv2",
+            "graph attention": "graph_attention"}  # fmt: skip
+    text = (ROOT / "docs" / "gnn.md").read_text()
+    start = text.index("| family, dtype, pass | XLA first | the kernels first | from |")
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in text[start:].split("\n\n")[0].splitlines()[2:]]
+    seen = set()
+    for row in rows:
+        fam, dtype, pass_ = row[0].rsplit(", ", 2)
+        key = (fams[fam], dtype, pass_)
+        seen.add(key)
+        points = tuned.CHOICES[H200][key]
+
+        def graphs(cell):
+            return {g.strip() for g in re.sub(r"\([^)]*\)", "", cell).split(",") if g.strip()}
+
+        assert graphs(row[1]) == {m.graph for m in points if m.faster == "xla"}, row
+        assert graphs(row[2]) == {m.graph for m in points if m.faster == "pallas"}, row
+        files = re.findall(r"`([^`]+)`", row[3])
+        assert all(any(fnmatch.fnmatch(m.results, f) for f in files) for m in points), row
+        assert all(any(fnmatch.fnmatch(m.results, f) for m in points) for f in files), row
+    assert seen == set(tuned.CHOICES[H200])
