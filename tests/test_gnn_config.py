@@ -49,6 +49,26 @@ def test_backend_order(device, op, implementation, dtype, config, want):
         assert order.implementations(op, implementation, dtype, config) == want
 
 
+def test_max_with_arg_takes_four_nodes_within_the_measured_mean_in_degrees():
+    """The kernel the max with the arg-max lowers to by default on the H200, by the graph's mean in-degree: bfloat16
+    four nodes a program at a mean of 7 (the degree rule would take 8), the rule's 16 at a mean of 3 (outside the
+    measured range); float32 the rule's count at both."""
+    from blocksparse.ops.gnn.aggregate import pallas_triton as A
+
+    rng = np.random.default_rng(0)
+    n = 256
+    kernels = {}
+    for mean in (3, 7):
+        g = gnn.Graph.from_edges(rng.integers(0, n, n * mean), np.repeat(np.arange(n), mean), n)
+        for dtype in (jnp.bfloat16, jnp.float32):
+            x = jnp.ones((n, 128), dtype)
+            with hardware.fake(hardware.H200), bs.interpret():
+                jaxpr = str(jax.make_jaxpr(lambda x, g=g: A.segment_extreme(g, x, True))(x))
+            kernels[mean, jnp.dtype(dtype).name] = set(re.findall(r"gnn_aggregate_max_x(\d+)", jaxpr))
+    assert order.aggregate_nodes_per_program(7) == 8 and order.aggregate_nodes_per_program(3) == 16
+    assert kernels == {(7, "bfloat16"): {"4"}, (7, "float32"): {"8"}, (3, "bfloat16"): {"16"}, (3, "float32"): {"16"}}
+
+
 def test_kernel_defaults_on_the_h200_and_elsewhere():
     with hardware.fake(hardware.H200):
         assert order.spmm_variant(None) == order.spmm_variant(1) == GatherVariant(num_warps=1)
