@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import csv
 import ctypes
-import functools
 import io
 import os
 import shutil
@@ -129,6 +128,7 @@ def build(case: str, m: int):
     import jax.numpy as jnp
 
     import blocksparse as bs
+    from blocksparse.bench.matmul import small_pattern
     from blocksparse.ops.matmul.mosaic import backend as pallas_mosaic
     from blocksparse.ops.matmul.mosaic import bands as pallas_mosaic_bands
     from blocksparse.ops.matmul.mosaic import dsd as mosaic_dsd
@@ -139,10 +139,8 @@ def build(case: str, m: int):
     family, op = config.pop("pattern", "uniform"), config.pop("op", "dsd")
     if family == "uniform":  # (the cases before patterns: the same W)
         W = bs.random(jax.random.key(0), (m, m), b, 1.0 / d, jnp.bfloat16)
-    else:
-        make = {"clustered": functools.partial(bs.BlockPattern.clustered, axis=1 if op == "dds" else 0),
-                "power_law": bs.BlockPattern.power_law}[family]  # fmt: skip
-        pattern = make(0, (m, m), (b, b), 1.0 / d)
+    else:  # the matmul suite's small-block patterns (clustered along the orientation's grouped axis)
+        pattern = small_pattern(dict(m=m, b=b, density=1.0 / d, op=op, pattern=family), 0)
         W = bs.BlockSparseMatrix(
             pattern, jax.random.normal(jax.random.key(0), (pattern.nnz_blocks, b, b), jnp.bfloat16)
         )

@@ -164,7 +164,7 @@ def test_cases_are_checked_and_build_on_the_cpu():
         w = np.asarray(W.to_dense() if isinstance(W, bs.BlockSparseMatrix) else W, np.float32)
         x = np.asarray(x, np.float32)
         want = x @ w if "op=dds" in case else w @ x
-        np.testing.assert_allclose(got, want, rtol=3e-2, atol=3e-2 * np.abs(want).max())
+        np.testing.assert_allclose(got, want, rtol=3e-2, atol=3e-2)
 
 
 def test_the_script_times_and_traces_without_ncu(tmp_path, capsys):

@@ -253,7 +253,9 @@ def small_blocks(*, m: int, n: int, blocks, densities, ops, patterns, dtype: str
     return out
 
 
-def _small_pattern(params, seed) -> bs.BlockPattern:
+def small_pattern(params, seed) -> bs.BlockPattern:
+    """The ``m x m`` pattern of a small-block cell's ``params`` (``m``, ``b``, ``density``, ``op``, ``pattern``), also
+    what ``benchmarks/profile_kernels.py`` profiles."""
     m, b, d, op = params["m"], params["b"], params["density"], params["op"]
     if params["pattern"] == "clustered":  # for x @ W the block columns share their rows: the grouped units' axis
         return bs.BlockPattern.clustered(seed, (m, m), (b, b), d, axis=1 if op == "dds" else 0)
@@ -273,7 +275,7 @@ def _small_run(params, dense_ms, seed):
 
         m, n, b, op = params["m"], params["n"], params["b"], params["op"]
         dtype = jnp.dtype(params["dtype"])
-        pattern = _small_pattern(params, seed)
+        pattern = small_pattern(params, seed)
         W = bs.BlockSparseMatrix(pattern, jax.random.normal(jax.random.key(seed), (pattern.nnz_blocks, b, b), dtype))
         x = jax.random.normal(jax.random.key(seed + 1), (m, n) if op == "dsd" else (n, m), dtype)
         w = W.to_dense()
