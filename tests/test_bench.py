@@ -7,6 +7,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -89,6 +90,36 @@ class _Unhashable:
 
     def __call__(self, a):
         return a @ a
+
+
+def _materialized_shapes(jitted, *args) -> set[str]:
+    """The float32 shapes of the arrays XLA's optimized program writes out: the results of the instructions outside
+    fused computations (a fusion's inside computes only what its result needs)."""
+    shapes, fused = set(), False
+    for line in jitted.lower(*args).compile().as_text().splitlines():
+        if line and not line.startswith(" "):  # a computation's header
+            fused = line.lstrip("%").startswith("fused")
+        elif not fused:
+            shapes.update(re.findall(r"= (f32\[[\d,]*\])", line))
+    return shapes
+
+
+@pytest.mark.parametrize("method", ["loop", "unrolled"])
+def test_timer_computes_every_element_of_the_outputs(method):
+    """The timed program computes each output whole, not only the element it reads to keep the call live: an
+    elementwise output (here a concatenation of 2 x 8 x 16 sines and cosines) would otherwise be fused into the read and
+    computed for one element, and its time would vanish."""
+    timer = Timer(iters=2, trials=1, warmup=0)
+    x = jnp.linspace(0.0, 1.0, 8 * 16, dtype=jnp.float32).reshape(8, 16)
+
+    def fn(a):
+        return jnp.concatenate([jnp.sin(a), jnp.cos(a)]) * 2.0
+
+    jitted = getattr(timer, f"{method}_function")(fn)
+    args = ((x,),)
+    assert "f32[16,16]" in _materialized_shapes(jitted, *args)
+    got = float(jitted(*args))
+    assert got == pytest.approx(2 * 2 * float(jnp.sin(x[0, 0])), abs=1e-6)
 
 
 def test_timer_unrolled_writes_every_call_out():

@@ -155,8 +155,11 @@ class Timer:
 
     - :meth:`loop`: ``iters`` calls inside one jitted ``fori_loop`` (one dispatch): device time,
       without Python's dispatch cost. An optimization barrier on the operands keeps XLA from
-      hoisting the call out of the loop, and one element of each output is accumulated so nothing
-      is dead code. The operands are the same buffers every iteration, so small ones stay in cache.
+      hoisting the call out of the loop; one on the outputs makes it compute every element of them
+      (without it, XLA computes only the elements that are read, and work fused into an output, an
+      elementwise epilogue say, would vanish from the time); one element of each output is then
+      accumulated so nothing is dead code. The operands are the same buffers every iteration, so
+      small ones stay in cache.
     - :meth:`unrolled`: ``iters`` calls written out in one jitted function: device time with no loop
       around the calls (a check on :meth:`loop` for operations of a few microseconds).
     - :meth:`calls`: ``iters`` back-to-back calls of the jitted function from Python, synchronised
@@ -207,7 +210,7 @@ class Timer:
             def body(_, carry):
                 args, acc = carry
                 args = jax.lax.optimization_barrier(args)
-                return args, acc + _probe(fn(*args))
+                return args, acc + _probe(jax.lax.optimization_barrier(fn(*args)))
 
             return jax.lax.fori_loop(0, iters, body, (args, jnp.float32(0)))[1]
 
@@ -227,15 +230,21 @@ class Timer:
         ``iters``.
         """
         iters = self._iters(iters)
+        return self._median(self.unrolled_function(fn, iters), args, iters)
+
+    def unrolled_function(self, fn: Callable, iters: int | None = None) -> Callable:
+        """The jitted function :meth:`unrolled` times: ``f(args)`` writes ``fn(*args)`` out ``iters`` times and
+        returns a float32 scalar."""
+        iters = self._iters(iters)
 
         def unrolled(args):
             acc = jnp.float32(0)
             for _ in range(iters):
                 args, acc = jax.lax.optimization_barrier((args, acc))
-                acc = acc + _probe(fn(*args))
+                acc = acc + _probe(jax.lax.optimization_barrier(fn(*args)))
             return acc
 
-        return self._median(jax.jit(unrolled), args, iters)
+        return jax.jit(unrolled)
 
     def _median(self, jitted, args, iters: int) -> float:
         """Compile ``jitted(args)`` (a first untimed run, through ``jit``'s cache so that a later trace of the same
@@ -270,7 +279,8 @@ class Timer:
 
 
 def _probe(out) -> jax.Array:
-    """One float32 element of each output leaf, summed: keeps the loop body live, costs nothing."""
+    """One float32 element of each output leaf, summed: keeps the loop body live, costs nothing. The outputs must
+    come through an optimization barrier: XLA fuses the slice into what computes them and computes one element."""
     total = jnp.float32(0)
     for leaf in jax.tree_util.tree_leaves(out):
         leaf = jnp.asarray(leaf)
