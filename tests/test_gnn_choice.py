@@ -106,6 +106,13 @@ FULL_POWER_LAW_BF16_ATTN = "gnn_full_power_law_bfloat16_attn_h200.json"  # and i
 FULL_POKEC = "gnn_full_pokec_float32_rest_h200.json"  # pokec: max, min, both attentions, float32
 FULL_POKEC_BF16 = "gnn_full_pokec_bfloat16_rest_h200.json"  # the same in bfloat16 (cut short: 7 of 8 cells)
 FULL_POKEC_BF16_ATTN = "gnn_full_pokec_bfloat16_attn_h200.json"  # pokec's graph attention, bfloat16, both passes
+FULL_POKEC_SPMM = "gnn_full_pokec_float32_spmm_h200.json"  # pokec's SpMM, float32 (cut short: 5 of 6 cells)
+FULL_POKEC_GCN_BWD = "gnn_full_pokec_float32_gcn_bwd_h200.json"  # and its sixth cell, the GCN norm's fwd+bwd
+FULL_POKEC_SPMM_BF16 = "gnn_full_pokec_bfloat16_spmm_h200.json"  # the same in bfloat16
+FULL_POKEC_GCN_BWD_BF16 = "gnn_full_pokec_bfloat16_gcn_bwd_h200.json"
+FULL_POWER_LAW_BF16_EXTREMES_BWD = "gnn_full_power_law_bfloat16_extremes_bwd_h200.json"  # four nodes a program
+FULL_POWER_LAW_BF16_SPMM = "gnn_full_power_law_bfloat16_spmm_fwd_h200.json"  # SpMM mean and GCN forward, bfloat16
+FULL_POWER_LAW_BF16_MEAN_BWD = "gnn_full_power_law_bfloat16_mean_bwd_h200.json"  # SpMM mean fwd+bwd: no entry
 #: The full runs' JSONs, oldest first: (the cells each holds, the entries per tuned key it gives, the cells where the
 #: default does not run the faster backend). SpMM is chosen by its ``spmm_sum`` cell (measured_from), SpMM with the
 #: GCN norm by its ``spmm_gcn`` cell. A later run's entry replaces an older one's for the same key and graph.
@@ -130,6 +137,13 @@ FULL_RUNS = {
     FULL_POKEC: (8, {1: 5}, set()),  # (GATv2 forward + backward: the kernels alone ran, no entry)
     FULL_POKEC_BF16: (7, {1: 5}, set()),
     FULL_POKEC_BF16_ATTN: (2, {1: 2}, set()),
+    FULL_POKEC_SPMM: (5, {1: 3}, set()),
+    FULL_POKEC_GCN_BWD: (1, {1: 1}, set()),
+    FULL_POKEC_SPMM_BF16: (5, {1: 3}, set()),
+    FULL_POKEC_GCN_BWD_BF16: (1, {1: 1}, set()),
+    FULL_POWER_LAW_BF16_EXTREMES_BWD: (2, {1: 1}, set()),
+    FULL_POWER_LAW_BF16_SPMM: (2, {1: 1}, set()),
+    FULL_POWER_LAW_BF16_MEAN_BWD: (1, {}, set()),  # (the mean is chosen by the sum's cells)
 }  # fmt: skip
 _FAMILY = {"spmm_sum": "spmm", "spmm_mean": "spmm", "spmm_gcn": "spmm", "max": "aggregate", "min": "aggregate",
            "gatv2": "gatv2", "graph_attention": "graph_attention"}  # fmt: skip
@@ -576,7 +590,15 @@ def _first(stats, prm) -> str:
     ("#### The power-law graph's attention, bfloat16, with the narrow loads", FULL_POWER_LAW_BF16_ATTN, 11),
     ("#### pokec, float32: max, min and the attentions", FULL_POKEC, 11),
     ("#### pokec, bfloat16: max, min and the attentions", FULL_POKEC_BF16, 11),
-    ("#### pokec's graph attention, bfloat16", FULL_POKEC_BF16_ATTN, 11)])  # fmt: skip
+    ("#### pokec's graph attention, bfloat16", FULL_POKEC_BF16_ATTN, 11),
+    ("#### pokec's SpMM, float32", FULL_POKEC_SPMM, 11),
+    ("#### pokec's SpMM with the GCN norm, forward + backward, float32", FULL_POKEC_GCN_BWD, 11),
+    ("#### pokec's SpMM, bfloat16", FULL_POKEC_SPMM_BF16, 11),
+    ("#### pokec's SpMM with the GCN norm, forward + backward, bfloat16", FULL_POKEC_GCN_BWD_BF16, 11),
+    ("#### The power-law graph's max and min forward + backward, bfloat16", FULL_POWER_LAW_BF16_EXTREMES_BWD, 11),
+    ("#### The power-law graph's SpMM mean and GCN forward, bfloat16", FULL_POWER_LAW_BF16_SPMM, 11),
+    ("#### The power-law graph's SpMM mean forward + backward, bfloat16", FULL_POWER_LAW_BF16_MEAN_BWD, 11),
+])  # fmt: skip
 def test_docs_full_tables_are_the_jsons(heading, name, columns):
     """docs/gnn.md's table of a full run holds its JSON's numbers as printed: the run's default, the new default
     (the backend the tuned data picks now, timed by the run's column of that backend), each peer, the JSON's

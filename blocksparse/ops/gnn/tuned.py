@@ -260,6 +260,20 @@ _FULL_POKEC = "gnn_full_pokec_float32_rest_h200.json"
 # the same in bfloat16 (cut short before graph attention's forward + backward), then both graph attention cells
 _FULL_POKEC_BF16 = "gnn_full_pokec_bfloat16_rest_h200.json"
 _FULL_POKEC_BF16_ATTN = "gnn_full_pokec_bfloat16_attn_h200.json"
+# pokec's SpMM (sum, mean, the GCN norm) by dtype: one run cut short before the GCN norm's forward + backward, then
+# that cell alone
+_FULL_POKEC_SPMM = {
+    "float32": "gnn_full_pokec_float32_spmm_h200.json",
+    "bfloat16": "gnn_full_pokec_bfloat16_spmm_h200.json",
+}
+_FULL_POKEC_GCN_BWD = {
+    "float32": "gnn_full_pokec_float32_gcn_bwd_h200.json",
+    "bfloat16": "gnn_full_pokec_bfloat16_gcn_bwd_h200.json",
+}
+# the power-law graph in bfloat16: max and min forward + backward again under the four-nodes default with the arg-max,
+# and SpMM with the mean and the GCN norm, forward (its mean's forward + backward: a third run, no entry of its own)
+_FULL_POWER_LAW_BF16_EXTREMES_BWD = "gnn_full_power_law_bfloat16_extremes_bwd_h200.json"
+_FULL_POWER_LAW_BF16_SPMM = "gnn_full_power_law_bfloat16_spmm_fwd_h200.json"
 _SEGMENT = "XLA's side: the suite's sorted segment op in the features' dtype (jax-segment), as the xla backend runs it"
 
 
@@ -287,17 +301,23 @@ def _narrow(stats, faster, op, pass_):
 
 
 def _pl_half(op, pass_):
-    """A bfloat16 cell of the later runs on the power-law graph (max / min, or the attentions): the kernels were
-    faster in every one."""
+    """A bfloat16 cell of the later runs on the power-law graph (max / min, the attentions, SpMM with the GCN norm):
+    the kernels were faster in every one."""
     results = _FULL_POWER_LAW_BF16_EXTREMES if op in ("max", "min") else _FULL_POWER_LAW_BF16_ATTN
+    if op in ("max", "min") and pass_ == "fwd+bwd":
+        results = _FULL_POWER_LAW_BF16_EXTREMES_BWD  # (measured again after the four-nodes default)
+    if op == "spmm_gcn":
+        results = _FULL_POWER_LAW_BF16_SPMM
     return _full(_POWER_LAW, "pallas", op, pass_, results, "bfloat16")
 
 
 def _pokec(op, pass_, dtype="float32"):
-    """A cell of the full table's runs on pokec (max, min, both attentions): the kernels were faster in every one."""
+    """A cell of the full table's runs on pokec (every op): the kernels were faster in every one."""
     results = {"float32": _FULL_POKEC, "bfloat16": _FULL_POKEC_BF16}[dtype]
     if dtype == "bfloat16" and op == "graph_attention":
         results = _FULL_POKEC_BF16_ATTN  # (its forward measured twice: the later run's)
+    if op.startswith("spmm"):
+        results = (_FULL_POKEC_GCN_BWD if (op, pass_) == ("spmm_gcn", "fwd+bwd") else _FULL_POKEC_SPMM)[dtype]
     return _full(_POKEC, "pallas", op, pass_, results, dtype)
 
 
@@ -326,15 +346,18 @@ _GAT_SEGMENT = ("XLA's side: JAX's autodiff of the suite's segment GATv2 (jax-se
 # narrow loads: max / min and both attentions (gnn_full_power_law_bfloat16_{extremes,attn}_h200.json; replaced
 # gather_defaults_h200.json's max forward and gather_with_arg_h200.json's max with the arg-max), and pokec's max / min
 # and attentions in both dtypes (gnn_full_pokec_*_h200.json; replaced gnn_graphs_pokec_h200.json's max forward in both
-# dtypes; its GATv2 forward + backward in float32 stays, XLA out of memory in the full run's cell). The other graphs
-# keep their older runs; the cells no run reached (cut short) have no entry.
+# dtypes; its GATv2 forward + backward in float32 stays, XLA out of memory in the full run's cell). Then pokec's SpMM
+# in both dtypes (gnn_full_pokec_*_{spmm,gcn_bwd}_h200.json; replaced gnn_graphs_pokec_h200.json's float32 SpMM
+# forward), the power-law graph's bfloat16 max / min forward + backward under the four-nodes default
+# (gnn_full_power_law_bfloat16_extremes_bwd_h200.json) and its bfloat16 SpMM with the GCN norm, forward. The other
+# graphs keep their older runs; the cells no run reached (cut short) have no entry.
 H200_CHOICES = {
     ("spmm", "float32", "fwd"): (
         _full(_ROADS, "pallas", "spmm_sum", "fwd", _FULL_NORMS),
         _full(_ARXIV, "pallas", "spmm_sum", "fwd", _FULL_NORMS),
         _full(_TWITCH, "xla", "spmm_sum", "fwd", _FULL_TWITCH),
         _paper(_PRODUCTS, "pallas", "gnn_graphs_products_h200.json", "spmm_sum"),
-        _paper(_POKEC, "pallas", "gnn_graphs_pokec_h200.json", "spmm_sum"),
+        _pokec("spmm_sum", "fwd"),
         _pl("pallas", "spmm_sum", "fwd"),
     ),
     # SpMM with the GCN norm (norm="both"): a weighted product (the norm rides on the edge weights), whose faster
@@ -344,11 +367,14 @@ H200_CHOICES = {
         _full(_ROADS, "xla", "spmm_gcn", "fwd", _FULL_NORMS),
         _full(_ARXIV, "pallas", "spmm_gcn", "fwd", _FULL_NORMS, note=_TIE),
         _full(_TWITCH, "xla", "spmm_gcn", "fwd", _FULL_TWITCH),
+        _pokec("spmm_gcn", "fwd"),
         _pl("pallas", "spmm_gcn", "fwd"),
     ),
     ("spmm_gcn", "bfloat16", "fwd"): (
         _full(_ROADS, "pallas", "spmm_gcn", "fwd", _FULL_NORMS, "bfloat16"),
         _full(_ARXIV, "pallas", "spmm_gcn", "fwd", _FULL_NORMS, "bfloat16"),
+        _pokec("spmm_gcn", "fwd", "bfloat16"),
+        _pl_half("spmm_gcn", "fwd"),
     ),
     # SpMM under jax.grad: the forward + backward cells (the product over g and its backward over g.T, both on one
     # backend), which can differ from the forward's (city-roads-L: XLA's forward, the kernels' forward + backward)
@@ -356,27 +382,32 @@ H200_CHOICES = {
         _full(_ROADS, "pallas", "spmm_sum", "fwd+bwd", _FULL_NORMS),
         _full(_ARXIV, "pallas", "spmm_sum", "fwd+bwd", _FULL_NORMS),
         _full(_TWITCH, "xla", "spmm_sum", "fwd+bwd", _FULL_TWITCH),
+        _pokec("spmm_sum", "fwd+bwd"),
         _pl("pallas", "spmm_sum", "fwd+bwd"),
     ),
     ("spmm", "bfloat16", "fwd+bwd"): (
         _full(_ROADS, "pallas", "spmm_sum", "fwd+bwd", _FULL_NORMS, "bfloat16"),
         _full(_ARXIV, "pallas", "spmm_sum", "fwd+bwd", _FULL_NORMS, "bfloat16"),
         _full(_TWITCH, "pallas", "spmm_sum", "fwd+bwd", _FULL_TWITCH_BF16, "bfloat16"),
+        _pokec("spmm_sum", "fwd+bwd", "bfloat16"),
         _full(_POWER_LAW, "pallas", "spmm_sum", "fwd+bwd", _FULL_POWER_LAW_BF16, "bfloat16"),
     ),
     ("spmm_gcn", "float32", "fwd+bwd"): (
         _full(_ROADS, "pallas", "spmm_gcn", "fwd+bwd", _FULL_NORMS),
         _full(_ARXIV, "pallas", "spmm_gcn", "fwd+bwd", _FULL_NORMS),
+        _pokec("spmm_gcn", "fwd+bwd"),
         _pl("pallas", "spmm_gcn", "fwd+bwd"),
     ),
     ("spmm_gcn", "bfloat16", "fwd+bwd"): (
         _full(_ROADS, "pallas", "spmm_gcn", "fwd+bwd", _FULL_NORMS, "bfloat16"),
         _full(_ARXIV, "pallas", "spmm_gcn", "fwd+bwd", _FULL_NORMS, "bfloat16"),
+        _pokec("spmm_gcn", "fwd+bwd", "bfloat16"),
     ),
     ("spmm", "bfloat16", "fwd"): (
         _full(_ROADS, "xla", "spmm_sum", "fwd", _FULL_NORMS, "bfloat16"),
         _full(_ARXIV, "pallas", "spmm_sum", "fwd", _FULL_NORMS, "bfloat16", note=_TIE),
         _full(_TWITCH, "pallas", "spmm_sum", "fwd", _FULL_TWITCH_BF16, "bfloat16"),
+        _pokec("spmm_sum", "fwd", "bfloat16"),
         _full(_POWER_LAW, "pallas", "spmm_sum", "fwd", _FULL_POWER_LAW_BF16, "bfloat16"),
     ),
     ("aggregate", "float32", "fwd"): (
