@@ -110,7 +110,7 @@ def test_timer_computes_every_element_of_the_outputs(method):
     elementwise output (here a concatenation of 2 x 8 x 16 sines and cosines) would otherwise be fused into the read and
     computed for one element, and its time would vanish."""
     timer = Timer(iters=2, trials=1, warmup=0)
-    x = jnp.linspace(0.0, 1.0, 8 * 16, dtype=jnp.float32).reshape(8, 16)
+    x = jnp.linspace(0.5, 1.0, 8 * 16, dtype=jnp.float32).reshape(8, 16)
 
     def fn(a):
         return jnp.concatenate([jnp.sin(a), jnp.cos(a)]) * 2.0
