@@ -77,6 +77,7 @@ SIZES = {
 
 COLUMNS = (
     ("loop ms", "loop_ms", ".4g"),
+    ("calls ms", "calls_ms", ".4g"),
     ("pallas ms", "pallas_loop_ms", ".4g"),
     ("xla ms", "xla_loop_ms", ".4g"),
     ("best peer ms", "best_peer_ms", ".4g"),
