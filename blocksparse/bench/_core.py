@@ -210,7 +210,7 @@ class Timer:
             def body(_, carry):
                 args, acc = carry
                 args = jax.lax.optimization_barrier(args)
-                return args, acc + _probe(jax.lax.optimization_barrier(fn(*args)))
+                return args, acc + _probe(fn(*args))
 
             return jax.lax.fori_loop(0, iters, body, (args, jnp.float32(0)))[1]
 
@@ -241,7 +241,7 @@ class Timer:
             acc = jnp.float32(0)
             for _ in range(iters):
                 args, acc = jax.lax.optimization_barrier((args, acc))
-                acc = acc + _probe(jax.lax.optimization_barrier(fn(*args)))
+                acc = acc + _probe(fn(*args))
             return acc
 
         return jax.jit(unrolled)
@@ -279,10 +279,11 @@ class Timer:
 
 
 def _probe(out) -> jax.Array:
-    """One float32 element of each output leaf, summed: keeps the loop body live, costs nothing. The outputs must
-    come through an optimization barrier: XLA fuses the slice into what computes them and computes one element."""
+    """One float32 element of each output leaf, summed: keeps the loop body live, costs nothing. The outputs pass an
+    optimization barrier first, so that each is computed whole: without it XLA fuses the one-element read into what
+    computes an output and computes that element alone."""
     total = jnp.float32(0)
-    for leaf in jax.tree_util.tree_leaves(out):
+    for leaf in jax.tree_util.tree_leaves(jax.lax.optimization_barrier(out)):
         leaf = jnp.asarray(leaf)
         if leaf.size:
             total = total + jnp.real(leaf.reshape(-1)[0]).astype(jnp.float32)
