@@ -110,6 +110,15 @@ def test_half_precision_heavy_node_is_rounded_once(interp, nodes):
     np.testing.assert_array_equal(np.asarray(want, np.float32)[hub], 0.25)
     got = K.csr_sum(g, None, x, nodes_per_program=nodes)
     np.testing.assert_array_equal(np.asarray(got, np.float32)[hub], 0.25)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    # a traced graph of the same edges, with room for unused heavy slots and extra units, and an init
+    d = gnn.DynamicGraph.from_edge_index(np.stack([src, dst]), num_nodes=n, max_edges=512, chunk=128)
+    assert int(d.schedule.heavy_nodes[0]) == hub and d.schedule.num_extra > 1
+    init = jnp.zeros((n, 16), jnp.bfloat16).at[hub].set(-0.25).at[5].set(1.5)
+    got = jax.jit(lambda d, x, i: K.csr_sum(d, None, x, i, nodes_per_program=nodes))(d, x, init)
+    np.testing.assert_array_equal(np.asarray(got, np.float32)[hub], 0.0)
+    want = np.asarray(want, np.float32) + np.asarray(init, np.float32)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), want)
 
 
 @sweep("dtype", [jnp.bfloat16, jnp.float16])

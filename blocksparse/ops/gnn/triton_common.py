@@ -10,6 +10,8 @@ written by one program and heavy nodes' partial rows are combined afterwards wit
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -112,11 +114,61 @@ def heavy_arrays(g: Graph | DynamicGraph):
     return jnp.asarray(s.heavy_nodes), jnp.asarray(s.extra_segment), int(s.heavy_nodes.size)
 
 
-def main_dtype(dtype, extra):
-    """The main units' output dtype: float32 where heavy nodes' extra chunks are combined with it afterwards
-    (``extra`` from :func:`units` is not ``None``), so that a half-precision result is rounded once, as the
-    references' float32 segment ops round it, not once per partial result."""
-    return dtype if extra is None else jnp.float32
+class Split(NamedTuple):
+    """:func:`split_units`' result. ``main`` and ``extra``: (starts, ends, nodes) as from :func:`units`
+    (``extra`` ``None`` without heavy nodes); ``segments``: each extra unit's slot among the heavy nodes
+    (:func:`heavy_arrays`; out of range for unused units, which segment ops drop), ascending if ``is_sorted``."""
+
+    main: tuple
+    extra: tuple | None
+    segments: jax.Array | None
+    is_sorted: bool
+
+    def fold(self, g: Graph | DynamicGraph, out: jax.Array, part: jax.Array) -> jax.Array:
+        """Each heavy node's row of ``out`` (zero, or the row of an ``init`` the kernel started from, exact in
+        ``out``'s dtype) plus the sum of its float32 rows of ``part`` (one per extra unit), rounded once."""
+        if self.extra is None:
+            return out
+        heavy, _, nh = heavy_arrays(g)
+        sums = jax.ops.segment_sum(part, self.segments, nh, indices_are_sorted=self.is_sorted)
+        rows = out[heavy].astype(jnp.float32) + sums
+        return out.at[heavy].set(rows.astype(out.dtype), unique_indices=True, indices_are_sorted=True, mode="drop")
+
+
+def split_units(g: Graph | DynamicGraph) -> Split:
+    """:func:`units` with every heavy node's result formed from float32 partial rows alone.
+
+    A heavy node's main unit is empty here and its first chunk is an extra unit (before its other chunks), so the
+    main output can take the result's dtype, half precision too, and still be rounded once (:meth:`Split.fold`
+    for sums; the attention forward combines the extra rows by their log-sum-exp). Where every output is float32
+    anyway (the attention backward), :func:`units` and :func:`fold_sum` do with one fewer unit per heavy node.
+    """
+    main, extra = units(g)
+    if extra is None:
+        return Split(main, None, None, True)
+    (s0, e0, n0) = main
+    heavy, seg, nh = heavy_arrays(g)
+    s = g.schedule
+    if isinstance(g, Graph):  # constants: the first chunks sorted in before their nodes' other chunks
+        hn = np.asarray(s.heavy_nodes)
+        first = np.asarray(g.indptr)[hn].astype(np.int32)
+        main_end = np.asarray(s.main_end).copy()
+        main_end[hn] = first
+        segs = np.concatenate([np.arange(hn.size, dtype=np.int32), s.extra_segment])
+        o = np.argsort(segs, kind="stable")
+        cat = lambda a, b: jnp.asarray(np.concatenate([a, b])[o])  # noqa: E731
+        extra = cat(first, s.extra_start), cat(np.asarray(s.main_end)[hn], s.extra_end), cat(hn, s.extra_node)
+        return Split((s0, jnp.asarray(main_end), n0), extra, jnp.asarray(segs[o]), True)
+    # traced: unused heavy slots (node ``N + slot``) get empty units, and their segment ``nh`` is dropped
+    n = g.num_nodes
+    used = heavy < n
+    hc = jnp.minimum(heavy, max(n - 1, 0))
+    first = jnp.where(used, jnp.asarray(g.indptr)[hc], 0)
+    extra = (jnp.concatenate([first, extra[0]]), jnp.concatenate([jnp.where(used, e0[hc], 0), extra[1]]),
+             jnp.concatenate([hc, extra[2]]))  # fmt: skip
+    e0 = e0.at[heavy].set(first, mode="drop", unique_indices=True)
+    seg = jnp.concatenate([jnp.where(used, jnp.arange(nh, dtype=jnp.int32), nh), seg])
+    return Split((s0, e0, n0), extra, seg, False)
 
 
 def fold_sum(g: Graph | DynamicGraph, main: jax.Array, extra: jax.Array | None) -> jax.Array:

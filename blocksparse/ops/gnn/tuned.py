@@ -270,10 +270,21 @@ _FULL_POKEC_GCN_BWD = {
     "float32": "gnn_full_pokec_float32_gcn_bwd_h200.json",
     "bfloat16": "gnn_full_pokec_bfloat16_gcn_bwd_h200.json",
 }
-# the power-law graph in bfloat16: max and min forward + backward again under the four-nodes default with the arg-max,
-# and SpMM with the mean and the GCN norm, forward (its mean's forward + backward: a third run, no entry of its own)
-_FULL_POWER_LAW_BF16_EXTREMES_BWD = "gnn_full_power_law_bfloat16_extremes_bwd_h200.json"
+# the power-law graph in bfloat16: SpMM with the mean and the GCN norm, forward (its mean's forward + backward: a third
+# run, no entry of its own; its max and min forward + backward under the four-nodes default,
+# gnn_full_power_law_bfloat16_extremes_bwd_h200.json: replaced by the run below)
 _FULL_POWER_LAW_BF16_SPMM = "gnn_full_power_law_bfloat16_spmm_fwd_h200.json"
+# Measured again once the timed loop computed every output (before, it under-counted XLA's work on an output: the
+# max / min backward's scatter, XLA's GATv2, the segment ops): SpMM (sum, mean, the GCN norm) and GATv2 forward +
+# backward on city-roads-L and ogbn-arxiv in both dtypes; max and min forward + backward on those two graphs, the
+# power-law graph and pokec, in both dtypes
+_FULL_SMALL_BWD = "gnn_full_small_bwd_h200.json"
+_FULL_EXTREMES_BWD = {"small": "gnn_full_small_extremes_bwd_h200.json",
+                      "power-law": "gnn_full_power_law_extremes_bwd_h200.json",
+                      "pokec": "gnn_full_pokec_extremes_bwd_h200.json"}  # fmt: skip
+# pokec's bfloat16 SpMM sum forward once heavy nodes' sums were formed from float32 partial rows alone (the main
+# output written in bfloat16)
+_FULL_POKEC_BF16_SUM = "gnn_full_pokec_bfloat16_sum_fwd_h200.json"
 _SEGMENT = "XLA's side: the suite's sorted segment op in the features' dtype (jax-segment), as the xla backend runs it"
 
 
@@ -304,10 +315,10 @@ def _pl_half(op, pass_):
     """A bfloat16 cell of the later runs on the power-law graph (max / min, the attentions, SpMM with the GCN norm):
     the kernels were faster in every one."""
     results = _FULL_POWER_LAW_BF16_EXTREMES if op in ("max", "min") else _FULL_POWER_LAW_BF16_ATTN
-    if op in ("max", "min") and pass_ == "fwd+bwd":
-        results = _FULL_POWER_LAW_BF16_EXTREMES_BWD  # (measured again after the four-nodes default)
     if op == "spmm_gcn":
         results = _FULL_POWER_LAW_BF16_SPMM
+    if op in ("max", "min") and pass_ == "fwd+bwd":
+        results = _FULL_EXTREMES_BWD["power-law"]  # (and again with every output timed)
     return _full(_POWER_LAW, "pallas", op, pass_, results, "bfloat16")
 
 
@@ -318,7 +329,18 @@ def _pokec(op, pass_, dtype="float32"):
         results = _FULL_POKEC_BF16_ATTN  # (its forward measured twice: the later run's)
     if op.startswith("spmm"):
         results = (_FULL_POKEC_GCN_BWD if (op, pass_) == ("spmm_gcn", "fwd+bwd") else _FULL_POKEC_SPMM)[dtype]
+    if (op, pass_, dtype) == ("spmm_sum", "fwd", "bfloat16"):
+        results = _FULL_POKEC_BF16_SUM
+    if op in ("max", "min") and pass_ == "fwd+bwd":
+        results = _FULL_EXTREMES_BWD["pokec"]
     return _full(_POKEC, "pallas", op, pass_, results, dtype)
+
+
+def _again(stats, faster, op, pass_, dtype="float32"):
+    """A forward + backward cell measured again with every output timed: SpMM and GATv2 on city-roads-L and
+    ogbn-arxiv, max / min on those and the power-law graph."""
+    results = _FULL_EXTREMES_BWD["small" if stats in (_ROADS, _ARXIV) else stats["graph"]]
+    return _full(stats, faster, op, pass_, results if op in ("max", "min") else _FULL_SMALL_BWD, dtype)
 
 
 def _pl(faster, op, pass_):
@@ -349,8 +371,12 @@ _GAT_SEGMENT = ("XLA's side: JAX's autodiff of the suite's segment GATv2 (jax-se
 # dtypes; its GATv2 forward + backward in float32 stays, XLA out of memory in the full run's cell). Then pokec's SpMM
 # in both dtypes (gnn_full_pokec_*_{spmm,gcn_bwd}_h200.json; replaced gnn_graphs_pokec_h200.json's float32 SpMM
 # forward), the power-law graph's bfloat16 max / min forward + backward under the four-nodes default
-# (gnn_full_power_law_bfloat16_extremes_bwd_h200.json) and its bfloat16 SpMM with the GCN norm, forward. The other
-# graphs keep their older runs; the cells no run reached (cut short) have no entry.
+# (gnn_full_power_law_bfloat16_extremes_bwd_h200.json) and its bfloat16 SpMM with the GCN norm, forward. Then, once
+# the timed loop computed every output, the forward + backward cells it could have under-counted, measured again:
+# SpMM and GATv2 on city-roads-L and ogbn-arxiv (gnn_full_small_bwd_h200.json), max / min there, on the power-law
+# graph and pokec (gnn_full_*_extremes_bwd_h200.json), all in both dtypes; and pokec's bfloat16 SpMM sum forward with
+# heavy nodes summed from float32 partials (gnn_full_pokec_bfloat16_sum_fwd_h200.json). The other graphs keep their
+# older runs; the cells no run reached (cut short) have no entry.
 H200_CHOICES = {
     ("spmm", "float32", "fwd"): (
         _full(_ROADS, "pallas", "spmm_sum", "fwd", _FULL_NORMS),
@@ -379,28 +405,28 @@ H200_CHOICES = {
     # SpMM under jax.grad: the forward + backward cells (the product over g and its backward over g.T, both on one
     # backend), which can differ from the forward's (city-roads-L: XLA's forward, the kernels' forward + backward)
     ("spmm", "float32", "fwd+bwd"): (
-        _full(_ROADS, "pallas", "spmm_sum", "fwd+bwd", _FULL_NORMS),
-        _full(_ARXIV, "pallas", "spmm_sum", "fwd+bwd", _FULL_NORMS),
+        _again(_ROADS, "pallas", "spmm_sum", "fwd+bwd"),
+        _again(_ARXIV, "pallas", "spmm_sum", "fwd+bwd"),
         _full(_TWITCH, "xla", "spmm_sum", "fwd+bwd", _FULL_TWITCH),
         _pokec("spmm_sum", "fwd+bwd"),
         _pl("pallas", "spmm_sum", "fwd+bwd"),
     ),
     ("spmm", "bfloat16", "fwd+bwd"): (
-        _full(_ROADS, "pallas", "spmm_sum", "fwd+bwd", _FULL_NORMS, "bfloat16"),
-        _full(_ARXIV, "pallas", "spmm_sum", "fwd+bwd", _FULL_NORMS, "bfloat16"),
+        _again(_ROADS, "pallas", "spmm_sum", "fwd+bwd", "bfloat16"),
+        _again(_ARXIV, "pallas", "spmm_sum", "fwd+bwd", "bfloat16"),
         _full(_TWITCH, "pallas", "spmm_sum", "fwd+bwd", _FULL_TWITCH_BF16, "bfloat16"),
         _pokec("spmm_sum", "fwd+bwd", "bfloat16"),
         _full(_POWER_LAW, "pallas", "spmm_sum", "fwd+bwd", _FULL_POWER_LAW_BF16, "bfloat16"),
     ),
     ("spmm_gcn", "float32", "fwd+bwd"): (
-        _full(_ROADS, "pallas", "spmm_gcn", "fwd+bwd", _FULL_NORMS),
-        _full(_ARXIV, "pallas", "spmm_gcn", "fwd+bwd", _FULL_NORMS),
+        _again(_ROADS, "pallas", "spmm_gcn", "fwd+bwd"),
+        _again(_ARXIV, "pallas", "spmm_gcn", "fwd+bwd"),
         _pokec("spmm_gcn", "fwd+bwd"),
         _pl("pallas", "spmm_gcn", "fwd+bwd"),
     ),
     ("spmm_gcn", "bfloat16", "fwd+bwd"): (
-        _full(_ROADS, "pallas", "spmm_gcn", "fwd+bwd", _FULL_NORMS, "bfloat16"),
-        _full(_ARXIV, "pallas", "spmm_gcn", "fwd+bwd", _FULL_NORMS, "bfloat16"),
+        _again(_ROADS, "pallas", "spmm_gcn", "fwd+bwd", "bfloat16"),
+        _again(_ARXIV, "pallas", "spmm_gcn", "fwd+bwd", "bfloat16"),
         _pokec("spmm_gcn", "fwd+bwd", "bfloat16"),
     ),
     ("spmm", "bfloat16", "fwd"): (
@@ -426,14 +452,14 @@ H200_CHOICES = {
     ),
     # with the arg-max: the forward that jax.grad runs (the backward is one scatter on either backend)
     ("aggregate", "float32", "fwd+bwd"): (
-        _full(_ROADS, "pallas", "max", "fwd+bwd"),
-        _full(_ARXIV, "pallas", "max", "fwd+bwd"),
+        _again(_ROADS, "pallas", "max", "fwd+bwd"),
+        _again(_ARXIV, "pallas", "max", "fwd+bwd"),
         _pokec("max", "fwd+bwd"),
-        _pl("pallas", "max", "fwd+bwd"),
+        _again(_POWER_LAW, "pallas", "max", "fwd+bwd"),
     ),
     ("aggregate", "bfloat16", "fwd+bwd"): (
-        _narrow(_ROADS, "pallas", "max", "fwd+bwd"),
-        _narrow(_ARXIV, "pallas", "max", "fwd+bwd"),
+        _again(_ROADS, "pallas", "max", "fwd+bwd", "bfloat16"),
+        _again(_ARXIV, "pallas", "max", "fwd+bwd", "bfloat16"),
         _pokec("max", "fwd+bwd", "bfloat16"),
         _pl_half("max", "fwd+bwd"),
     ),
@@ -450,16 +476,16 @@ H200_CHOICES = {
         _pl_half("gatv2", "fwd"),
     ),
     ("gatv2", "float32", "fwd+bwd"): (
-        _full(_ROADS, "xla", "gatv2", "fwd+bwd"),
-        _full(_ARXIV, "pallas", "gatv2", "fwd+bwd"),
+        _again(_ROADS, "xla", "gatv2", "fwd+bwd"),
+        _again(_ARXIV, "pallas", "gatv2", "fwd+bwd"),
         _paper(_TWITCH, "pallas", _GRAPHS_RUN, "gatv2", note=_GAT_SEGMENT),
         _paper(_POKEC, "pallas", "gnn_graphs_pokec_h200.json", "gatv2", note=_GAT_SEGMENT),
         _paper(_PRODUCTS, "pallas", "gnn_graphs_products_h200.json", "gatv2",
                note="XLA's side (jax-segment) ran out of device memory: the kernels were the only ones to run"),
     ),
     ("gatv2", "bfloat16", "fwd+bwd"): (
-        _narrow(_ROADS, "xla", "gatv2", "fwd+bwd"),
-        _narrow(_ARXIV, "pallas", "gatv2", "fwd+bwd"),
+        _again(_ROADS, "xla", "gatv2", "fwd+bwd", "bfloat16"),
+        _again(_ARXIV, "pallas", "gatv2", "fwd+bwd", "bfloat16"),
         _pokec("gatv2", "fwd+bwd", "bfloat16"),
         _pl_half("gatv2", "fwd+bwd"),
     ),

@@ -245,19 +245,18 @@ def flat_forward(
     P.check_dtype(xs, xd, third)
     sh = _Shape(heads, xs.shape[1] // heads, config)
     indices = jnp.asarray(g.indices)
-    main, extra = P.units(g)
-    out, lse = _fwd_call(main, indices, xs, xd, third, sh, P.main_dtype(xs.dtype, extra), mode, slope, scale, interpret)
-    if extra is not None:
-        o1, l1 = _fwd_call(extra, indices, xs, xd, third, sh, jnp.float32, mode, slope, scale, interpret)
-        heavy, seg, nh = P.heavy_arrays(g)
-        o_all = jnp.concatenate([out[heavy].astype(jnp.float32), o1]).reshape(-1, heads, sh.dp)
-        l_all = jnp.concatenate([lse[heavy], l1])
-        s_all = jnp.concatenate([jnp.arange(nh, dtype=jnp.int32), seg])
-        mx = jax.ops.segment_max(l_all, s_all, nh)
-        wgt = jnp.exp(l_all - mx[s_all])
-        tot = jax.ops.segment_sum(wgt, s_all, nh)
-        o_h = jax.ops.segment_sum(wgt[..., None] * o_all, s_all, nh) / tot[..., None]
-        out = out.at[heavy].set(o_h.reshape(nh, -1), unique_indices=True, mode="drop").astype(xs.dtype)
+    split = P.split_units(g)  # heavy nodes: all their chunks as extra units, so the main output is xs's dtype
+    out, lse = _fwd_call(split.main, indices, xs, xd, third, sh, xs.dtype, mode, slope, scale, interpret)
+    if split.extra is not None:
+        o1, l1 = _fwd_call(split.extra, indices, xs, xd, third, sh, jnp.float32, mode, slope, scale, interpret)
+        heavy, _, nh = P.heavy_arrays(g)
+        seg, srt = split.segments, split.is_sorted
+        mx = jax.ops.segment_max(l1, seg, nh, indices_are_sorted=srt)
+        wgt = jnp.exp(l1 - mx[jnp.minimum(seg, nh - 1)])  # (unused units: out-of-range segments, dropped)
+        tot = jax.ops.segment_sum(wgt, seg, nh, indices_are_sorted=srt)
+        o_h = jax.ops.segment_sum(wgt[..., None] * o1.reshape(-1, heads, sh.dp), seg, nh, indices_are_sorted=srt)
+        o_h = o_h / tot[..., None]
+        out = out.at[heavy].set(o_h.reshape(nh, -1).astype(out.dtype), unique_indices=True, mode="drop")
         lse = lse.at[heavy].set(mx + jnp.log(tot), unique_indices=True, mode="drop")
     return out, lse
 

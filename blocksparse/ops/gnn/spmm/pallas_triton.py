@@ -1,8 +1,9 @@
 """Pallas kernel for ``out[i] = sum_{e: j -> i} w_e x[j]`` over a CSR by destination.
 
 One program per (node, feature block) walks the node's in-edges ``be`` at a time, gathers the
-source rows and accumulates in float32. Heavy nodes' remaining chunks run as extra programs whose
-partial rows are summed per node afterwards (see :class:`blocksparse.graph.Schedule`). With
+source rows and accumulates in float32. Heavy nodes' chunks run as extra programs whose float32
+partial rows are summed per node afterwards and rounded once (see :class:`blocksparse.graph.Schedule` and
+:func:`~..triton_common.split_units`): the main programs write the output's dtype directly. With
 ``init`` the main programs add its row to theirs (``out = init + A x`` in one pass, the output written
 over ``init``'s buffer): a product over a graph split in parts sums them without a separate add.
 
@@ -194,20 +195,20 @@ def _csr_sum_packed(g, w_csr, x, init, nodes, be, interpret, variant=None):
     pairs = v.pair_dtype(x.dtype, f)  # (odd F: the plain gather)
     xg = x if pairs is None else P.as_pairs(x)
     indices = jnp.asarray(g.indices)
-    (s0, e0, _), extra = P.units(g)
-    acc_dtype = P.main_dtype(x.dtype, extra)
-    init = None if init is None else init.astype(x.dtype).astype(acc_dtype)
+    split = P.split_units(g)
+    (s0, e0, _), extra = split.main, split.extra
+    init = None if init is None else init.astype(x.dtype)
     kw = dict(variant=variant, pairs=pairs)
     out = _packed_call(
-        s0, e0, length_order(g), indices, w_csr, xg, n, acc_dtype, nodes, be, bf, warps, interpret, init, **kw
+        s0, e0, length_order(g), indices, w_csr, xg, n, x.dtype, nodes, be, bf, warps, interpret, init, **kw
     )
     if extra is not None:  # extra units: one chunk each, in id order
         s1, e1, _ = extra
         part = _packed_call(
             s1, e1, None, indices, w_csr, xg, s1.shape[0], jnp.float32, nodes, be, bf, warps, interpret, **kw
         )
-        out = P.fold_sum(g, out, part)
-    return out.astype(x.dtype)
+        out = split.fold(g, out, part)
+    return out
 
 
 def csr_sum(
@@ -246,13 +247,13 @@ def csr_sum(
     pairs = v.pair_dtype(x.dtype, fp)
     xg = xp if pairs is None else P.as_pairs(xp)
     indices = jnp.asarray(g.indices)
-    (s0, e0, _), extra = P.units(g)
-    acc_dtype = P.main_dtype(x.dtype, extra)
-    init = None if init is None else P.pad_last(init.astype(x.dtype).astype(acc_dtype), fp)
+    split = P.split_units(g)
+    (s0, e0, _), extra = split.main, split.extra
+    init = None if init is None else P.pad_last(init.astype(x.dtype), fp)
     kw = dict(variant=variant, pairs=pairs)
-    out = _call(s0, e0, indices, w_csr, xg, n, acc_dtype, be, bf, interpret, init, **kw)
+    out = _call(s0, e0, indices, w_csr, xg, n, x.dtype, be, bf, interpret, init, **kw)
     if extra is not None:
         s1, e1, _ = extra
         part = _call(s1, e1, indices, w_csr, xg, s1.shape[0], jnp.float32, be, bf, interpret, **kw)
-        out = P.fold_sum(g, out, part)
-    return out[:, :f].astype(x.dtype)
+        out = split.fold(g, out, part)
+    return out[:, :f]
