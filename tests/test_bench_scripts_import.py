@@ -19,6 +19,7 @@ PEERS = {
     "check_minilm": "sentence-transformers",
     "grouped_gpu_check": "a GPU (the opt-in grouped kernel checked against dense and timed, before any dispatch rule)",
     "plot": "matplotlib (figures of the results JSON)",
+    "profile_gnn_backward": "a GPU (the max / min forward and backward timed piece by piece)",
     "profile_kernels": "ncu",
     "trace_encoder": "a GPU (jax.profiler's trace of the GPU's kernels)",
     "train_gnn": "PyG",

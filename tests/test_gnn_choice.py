@@ -614,6 +614,11 @@ def _first(stats, prm) -> str:
     ("#### The power-law graph's max and min forward + backward, bfloat16", FULL_POWER_LAW_BF16_EXTREMES_BWD, 11),
     ("#### The power-law graph's SpMM mean and GCN forward, bfloat16", FULL_POWER_LAW_BF16_SPMM, 11),
     ("#### The power-law graph's SpMM mean forward + backward, bfloat16", FULL_POWER_LAW_BF16_MEAN_BWD, 11),
+    ("#### SpMM and GATv2 forward + backward again: city-roads-L and ogbn-arxiv, both dtypes", FULL_SMALL_BWD, 11),
+    ("#### max and min forward + backward again: city-roads-L and ogbn-arxiv, both dtypes", FULL_SMALL_EXTREMES_BWD, 11),
+    ("#### max and min forward + backward again: the power-law graph, both dtypes", FULL_POWER_LAW_EXTREMES_BWD, 11),
+    ("#### max and min forward + backward again: pokec, both dtypes", FULL_POKEC_EXTREMES_BWD, 11),
+    ("#### pokec's bfloat16 SpMM with heavy nodes summed once, in float32", FULL_POKEC_BF16_SUM, 11),
 ])  # fmt: skip
 def test_docs_full_tables_are_the_jsons(heading, name, columns):
     """docs/gnn.md's table of a full run holds its JSON's numbers as printed: the run's default, the new default
