@@ -1,4 +1,6 @@
-"""Where the max / min aggregation's forward + backward spends its time, piece by piece, on a suite graph (GPU).
+"""Where the max aggregation's forward + backward spends its time, piece by piece, on a suite graph (GPU).
+
+(min runs the same kernels and backward with the comparison reversed.)
 
 On each graph of the ``gnn-graphs`` suite named (``pokec``, ``power-law``, ...; F = 128 features, seed 0), in
 float32 and bfloat16, the Pallas max kernel's pieces are timed apart, each as :meth:`blocksparse.bench.Timer.loop`

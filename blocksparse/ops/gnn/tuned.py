@@ -339,8 +339,14 @@ def _pokec(op, pass_, dtype="float32"):
 def _again(stats, faster, op, pass_, dtype="float32"):
     """A forward + backward cell measured again with every output timed: SpMM and GATv2 on city-roads-L and
     ogbn-arxiv, max / min on those and the power-law graph."""
-    results = _FULL_EXTREMES_BWD["small" if stats in (_ROADS, _ARXIV) else stats["graph"]]
-    return _full(stats, faster, op, pass_, results if op in ("max", "min") else _FULL_SMALL_BWD, dtype)
+    small = stats in (_ROADS, _ARXIV)
+    if op in ("max", "min"):
+        results = _FULL_EXTREMES_BWD["small" if small else stats["graph"]]
+    elif small:
+        results = _FULL_SMALL_BWD
+    else:
+        raise ValueError(f"Expected city-roads-L or ogbn-arxiv for {op} measured again. Got {stats['graph']}.")
+    return _full(stats, faster, op, pass_, results, dtype)
 
 
 def _pl(faster, op, pass_):

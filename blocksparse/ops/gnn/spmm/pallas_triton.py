@@ -12,7 +12,10 @@ With ``nodes_per_program=G > 1`` a packed kernel takes ``G`` light nodes per pro
 have about as many in-edges): each step gathers a ``(G, be)`` tile of edges, each row masked to its
 own node's range, and sums the ``(G, be, bf)`` rows into a ``(G, bf)`` float32 accumulator. Fewer,
 fuller programs for graphs of small mean in-degree, where one program per node pays mostly its launch.
-Heavy nodes' extra chunks run packed alike (in id order) and are folded in as with one node per program.
+Heavy nodes' chunks run packed alike (by node: a static graph's in id order, a traced graph's first chunks then the
+others) and are folded in as with one node per program. (The light nodes' order is the graph's
+:func:`~blocksparse.ops.gnn.aggregate.pallas_triton.length_order`, which still ranks heavy nodes by their first chunk:
+their main units, empty here, come first, a few programs that end at once.)
 """
 
 from __future__ import annotations
@@ -202,7 +205,7 @@ def _csr_sum_packed(g, w_csr, x, init, nodes, be, interpret, variant=None):
     out = _packed_call(
         s0, e0, length_order(g), indices, w_csr, xg, n, x.dtype, nodes, be, bf, warps, interpret, init, **kw
     )
-    if extra is not None:  # extra units: one chunk each, in id order
+    if extra is not None:  # extra units: one chunk each, by node
         s1, e1, _ = extra
         part = _packed_call(
             s1, e1, None, indices, w_csr, xg, s1.shape[0], jnp.float32, nodes, be, bf, warps, interpret, **kw
