@@ -692,3 +692,45 @@ def test_docs_choice_table_is_the_tuned_data():
         assert all(any(fnmatch.fnmatch(m.results, f) for f in files) for m in points), row
         assert all(any(fnmatch.fnmatch(m.results, f) for m in points) for f in files), row
     assert seen == set(tuned.CHOICES[H200])
+
+
+# ---------------------------------------------------------------------------------- the docs' table of every cell now
+_GRAPH_ORDER = ("city-roads-L", "ogbn-arxiv", "twitch-views", "pokec", "power-law")
+_DOC_NAMES = {v: k for k, v in _DOC_OPS.items()}
+
+
+def latest_rows() -> list[list[str]]:
+    """docs/gnn.md's table of every cell now, as its rows should read: per graph, op and pass measured by a full run,
+    each dtype's latest measurement (``FULL_RUNS`` oldest first, a later run's cell replacing an older one's): the
+    time of the backend the default picks now (its column of the cell), the fastest peer's time over it, and
+    bfloat16's time over float32's."""
+    cells = {}
+    for name in FULL_RUNS:
+        for r in _json(name)["results"]:
+            p = r["params"]
+            cells[(p["graph"], p["op"], p["pass"], p["dtype"])] = (p, r["metrics"])
+    rows, prev = [], None
+    keys = {k[:3] for k in cells}
+    for graph, op, pass_ in sorted(keys, key=lambda k: (_GRAPH_ORDER.index(k[0]), suite.OPS.index(k[1]), k[2])):
+        row, ms = [graph if graph != prev else "", f"{_DOC_NAMES[op]} {pass_}"], {}
+        prev = graph
+        for dtype in ("float32", "bfloat16"):
+            if (graph, op, pass_, dtype) not in cells:
+                row += ["", ""]
+                continue
+            prm, met = cells[(graph, op, pass_, dtype)]
+            pick = _first(GraphStats(met["nodes"], met["edges"], met["max_in_degree"]), prm)
+            ms[dtype] = met[f"{pick}_loop_ms"]
+            best = met.get("best_peer_ms")
+            row += [f"{pick} {ms[dtype]:.3f}", "" if best is None else f"{best / ms[dtype]:.2f}"]
+        row.append(f"{ms['bfloat16'] / ms['float32']:.2f}" if len(ms) == 2 else "")
+        rows.append(row)
+    return rows
+
+
+def test_docs_table_of_every_cell_is_the_latest_runs():
+    """docs/gnn.md's table of every cell measured so far holds, per cell, the latest full run's figures."""
+    text = (ROOT / "docs" / "gnn.md").read_text()
+    start = text.index("| graph | op, pass | float32 | best peer / float32 | bfloat16 | best peer / bfloat16 |")
+    lines = text[start:].split("\n\n")[0].splitlines()[2:]
+    assert [[c.strip() for c in line.strip("|").split("|")] for line in lines] == latest_rows()
