@@ -239,6 +239,51 @@ def test_gpu_measured_defaults_match_reference():
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2e-2, atol=2e-2)
 
 
+def _rel(a, b) -> float:
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    return float(np.linalg.norm(a - b) / max(float(np.linalg.norm(b)), 1e-30))
+
+
+def _half_ops(g, att):
+    """name -> fn(x (N, 64), implementation) of the ops whose heavy nodes' sums are rounded once (4 heads of 16)."""
+    h = lambda x: x.reshape(g.num_nodes, 4, 16)  # noqa: E731
+    return {
+        "spmm": lambda x, i: gnn.spmm(g, x, implementation=i),
+        "gcn": lambda x, i: gnn.spmm(g, x, norm="both", implementation=i),
+        "gatv2": lambda x, i: gnn.gatv2(g, h(x), h(x)[::-1], att, implementation=i),
+        "graph_attention": lambda x, i: gnn.graph_attention(g, h(x), h(x)[::-1], h(x) / 2, implementation=i),
+    }
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_gpu_heavy_nodes_rounded_once_match_xla(dtype):
+    """SpMM (plain and the GCN norm) and both attentions, forward and gradients, on graphs with heavy nodes (their
+    chunks all float32 extra units, the main output in the features' dtype) and a traced graph with unused heavy
+    slots: the kernels against XLA."""
+    tol = 3e-3 if dtype == jnp.float32 else 1.5e-2
+    for n, e, q in ((3000, 60000, 0.99), (2000, 30000, 0.5)):
+        g = gnn.power_law(n, e, seed=3, heavy_quantile=q)
+        assert g.schedule.num_extra > 0
+        x = _rand(jax.random.key(n), (n, 64), dtype)
+        for name, fn in _half_ops(g, _rand(jax.random.key(n + 1), (4, 16), dtype)).items():
+            got = jax.jit(lambda x, fn=fn: fn(x, "pallas"))(x)
+            assert got.dtype == dtype and _rel(got, fn(x, "xla")) < tol, (name, n)
+            grads = [jax.jit(jax.grad(lambda x, fn=fn, i=i: fn(x, i).astype(jnp.float32).sum()))(x)
+                     for i in ("pallas", "xla")]  # fmt: skip
+            assert _rel(*grads) < tol, (name, n)
+    g = gnn.power_law(2000, 30000, seed=4)
+    ei = np.stack([np.asarray(g.indices), np.repeat(np.arange(2000), np.diff(np.asarray(g.indptr)))]).astype(np.int32)
+    x = _rand(jax.random.key(9), (2000, 64), dtype)
+
+    @jax.jit
+    def both(ei, x):
+        d = gnn.DynamicGraph.from_edge_index(ei, num_nodes=2000, max_edges=40000, chunk=128)
+        return [gnn.spmm(d, x, implementation=i) for i in ("pallas", "xla")]
+
+    assert _rel(*both(ei, x)) < tol
+
+
 @pytest.mark.gpu
 def test_gpu_default_is_pallas():
     g = gnn.power_law(100, 1000, seed=1)
