@@ -1,6 +1,8 @@
 """The GNN Pallas kernels against the XLA references: interpret mode on the CPU, real kernels on a GPU,
 and a CPU check that every kernel lowers to Triton for CUDA."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,7 +24,7 @@ def _rand(key, shape, dtype=jnp.float32):
 
 
 def _ops(g, feat, heads, dim, key):
-    """(name, fn(impl) -> (outputs, grads)) for every op."""
+    """name -> (fn(impl, *args), args, cotangent) for every op."""
     ks = jax.random.split(key, 8)
     x = _rand(ks[0], (g.num_nodes, feat))
     w = jax.random.uniform(ks[1], (g.num_edges,), minval=0.5, maxval=1.5)
@@ -30,22 +32,25 @@ def _ops(g, feat, heads, dim, key):
     att = _rand(ks[5], (heads, dim))
     ct = _rand(ks[6], (g.num_nodes, feat))
     cth = _rand(ks[7], (g.num_nodes, heads, dim))
-
-    def vg(f, args, ctv):
-        out, vjp = jax.vjp(f, *args)
-        return out, vjp(ctv)
-
     return {
-        "spmm": lambda impl: vg(lambda x, w: gnn.spmm(g, x, "sum", "both", w, implementation=impl), (x, w), ct),
-        "spmm_unweighted": lambda impl: vg(lambda x: gnn.spmm(g, x, "mean", implementation=impl), (x,), ct),
-        "spmm_into": lambda impl: vg(lambda x, i, w: spmm_into(g, x, i, w, implementation=impl), (x, ct * 0.5, w), ct),
-        "max": lambda impl: vg(lambda x: gnn.aggregate(g, x, "max", implementation=impl), (x,), ct),
-        "min": lambda impl: vg(lambda x: gnn.aggregate(g, x, "min", implementation=impl), (x,), ct),
-        "gatv2": lambda impl: vg(lambda a, b, c: gnn.gatv2(g, a, b, c, implementation=impl), (xs, xd, att), cth),
-        "graph_attention": lambda impl: vg(
-            lambda q, k, v: gnn.graph_attention(g, q, k, v, implementation=impl), (xd, xs, v), cth
-        ),
-    }
+        "spmm": (lambda impl, x, w: gnn.spmm(g, x, "sum", "both", w, implementation=impl), (x, w), ct),
+        "spmm_unweighted": (lambda impl, x: gnn.spmm(g, x, "mean", implementation=impl), (x,), ct),
+        "spmm_into": (lambda impl, x, i, w: spmm_into(g, x, i, w, implementation=impl), (x, ct * 0.5, w), ct),
+        "max": (lambda impl, x: gnn.aggregate(g, x, "max", implementation=impl), (x,), ct),
+        "min": (lambda impl, x: gnn.aggregate(g, x, "min", implementation=impl), (x,), ct),
+        "gatv2": (lambda impl, a, b, c: gnn.gatv2(g, a, b, c, implementation=impl), (xs, xd, att), cth),
+        "graph_attention": (lambda impl, q, k, v: gnn.graph_attention(g, q, k, v, implementation=impl), (xd, xs, v),
+                            cth),
+    }  # fmt: skip
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _outputs_and_grads(f, impl, args, ct):
+    """``f(impl, *args)`` and its VJP of ``ct``, as one program whose arrays are its arguments (closed over, they
+    would be constants, and XLA folds a whole reference computation over a large graph's constant indices while
+    compiling: minutes on a GPU)."""
+    out, vjp = jax.vjp(functools.partial(f, impl), *args)
+    return out, vjp(ct)
 
 
 def _compare(g, feat, heads, dim, key, names=None, rtol=1e-4, atol=1e-4):
@@ -54,9 +59,10 @@ def _compare(g, feat, heads, dim, key, names=None, rtol=1e-4, atol=1e-4):
     test_interpret_forward_only_without_heavy_nodes, test_spmm_into_adds_init_in_the_kernel)."""
     ops = _ops(g, feat, heads, dim, key)
     for name in names or ops:
-        ref = jax.jit(lambda name=name: ops[name]("xla"))()
+        f, args, ct = ops[name]
+        ref = _outputs_and_grads(f, "xla", args, ct)
         with bs.dispatch_log() as log:
-            got = jax.jit(lambda name=name: ops[name]("pallas"))()
+            got = _outputs_and_grads(f, "pallas", args, ct)
         assert {impl for _, impl in log} == {"pallas"}, log
         for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got), strict=True):
             assert not np.isnan(np.asarray(b, np.float32)).any(), name
@@ -269,7 +275,10 @@ def test_gpu_heavy_nodes_rounded_once_match_xla(dtype):
         for name, fn in _half_ops(g, _rand(jax.random.key(n + 1), (4, 16), dtype)).items():
             got = jax.jit(lambda x, fn=fn: fn(x, "pallas"))(x)
             assert got.dtype == dtype and _rel(got, fn(x, "xla")) < tol, (name, n)
-            grads = [jax.jit(jax.grad(lambda x, fn=fn, i=i: fn(x, i).astype(jnp.float32).sum()))(x)
+            # a random cotangent as an argument: a constant one would let XLA fold its whole backward over the
+            # graph's constant indices while compiling (seconds to minutes at these sizes)
+            ct = _rand(jax.random.key(n + 2), got.shape)
+            grads = [jax.jit(jax.grad(lambda x, ct, fn=fn, i=i: (fn(x, i).astype(jnp.float32) * ct).sum()))(x, ct)
                      for i in ("pallas", "xla")]  # fmt: skip
             assert _rel(*grads) < tol, (name, n)
     g = gnn.power_law(2000, 30000, seed=4)
