@@ -254,9 +254,39 @@ def test_structure_matches_static_graph():
 _build = jax.jit(lambda ei, n: gnn.DynamicGraph.from_edge_index(ei, num_nodes=N_CAP, num_edges=n, chunk=CHUNK))
 
 
+def _check_split(g, cap, e):
+    """:func:`triton_common.split_units` of ``g`` (a CSR with ``e`` real edges in ``cap`` positions): heavy nodes' main
+    units empty, every edge in exactly one unit and padding in none, each used extra unit's segment the slot of its
+    node (unused ones empty and out of range), the segments ascending where the split says so."""
+    split, s = triton_common.split_units(g), g.schedule
+    if split.extra is None:
+        assert s.num_extra == 0
+        return
+    ptr, heavy = np.asarray(g.indptr), list(np.asarray(s.heavy_nodes))
+    n, nh = ptr.size - 1, len(heavy)
+    (s0, e0, _), (s1, e1, n1) = jax.tree.map(np.asarray, (split.main, split.extra))
+    seg = np.asarray(split.segments)
+    np.testing.assert_array_equal(np.asarray(split.heavy), heavy)
+    cover = np.zeros(cap, int)
+    for i in range(n):
+        assert s0[i] == ptr[i] and ptr[i] <= e0[i] <= ptr[i + 1]
+        assert (e0[i] == s0[i]) == (i in heavy or ptr[i] == ptr[i + 1]), i
+        cover[s0[i] : e0[i]] += 1
+    for u in range(s1.size):
+        if seg[u] >= nh:  # unused: empty, its segment dropped by the folds
+            assert s1[u] == e1[u]
+            continue
+        node = n1[u]
+        assert heavy[seg[u]] == node and ptr[node] <= s1[u] < e1[u] <= ptr[node + 1], u
+        cover[s1[u] : e1[u]] += 1
+    if split.is_sorted:
+        assert (np.diff(seg) >= 0).all()
+    np.testing.assert_array_equal(cover, np.arange(cap) < e)  # every edge exactly once, padding never
+
+
 @given(edge_lists(max_nodes=N_CAP, max_edges=40, hub_in_degree=(100, 340)))
 @settings(max_examples=10, deadline=None)
-def test_schedule_covers_every_csr_range_once(edges):
+def test_schedule_and_its_split_cover_every_csr_range_once(edges):
     src, dst, _ = edges
     e = src.size
     g = _build(jnp.asarray(_padded(src, dst)), jnp.int32(e))
@@ -285,50 +315,10 @@ def test_schedule_covers_every_csr_range_once(edges):
         heavy = np.flatnonzero(deg > CHUNK)
         np.testing.assert_array_equal(s.heavy_nodes[: heavy.size], heavy)
         np.testing.assert_array_equal(s.heavy_nodes[heavy.size :], N_CAP + np.arange(heavy.size, s.num_extra))
-
-
-def _split_cover(split, ptr, n, e_cap, heavy, nh):
-    """Check a :func:`triton_common.split_units` result against a CSR: heavy nodes' main units empty, every edge in
-    exactly one unit, each used extra unit's segment the slot of its node (unused ones empty and out of range)."""
-    (s0, e0, _), (s1, e1, n1) = jax.tree.map(np.asarray, (split.main, split.extra))
-    seg = np.asarray(split.segments)
-    cover = np.zeros(e_cap, int)
-    for i in range(n):
-        assert s0[i] == ptr[i] and ptr[i] <= e0[i] <= ptr[i + 1]
-        assert (e0[i] == s0[i]) == (i in heavy or ptr[i] == ptr[i + 1]), i
-        cover[s0[i] : e0[i]] += 1
-    for u in range(s1.size):
-        if seg[u] >= nh:  # unused: empty, its segment dropped by the folds
-            assert s1[u] == e1[u]
-            continue
-        node = n1[u]
-        assert heavy[seg[u]] == node and ptr[node] <= s1[u] < e1[u] <= ptr[node + 1], u
-        cover[s1[u] : e1[u]] += 1
-    if split.is_sorted:
-        assert (np.diff(seg) >= 0).all()
-    return cover
-
-
-@given(edge_lists(max_nodes=N_CAP, max_edges=40, hub_in_degree=(100, 340)))
-@settings(max_examples=10, deadline=None)
-def test_split_units_put_every_heavy_chunk_in_the_extra_units(edges):
-    # the traced graph (capacities above the edges) and the static graph of the same edges, and their transposes
-    src, dst, _ = edges
-    e = src.size
-    traced = _build(jnp.asarray(_padded(src, dst)), jnp.int32(e))
-    static = gnn.Graph.from_edges(src, dst, N_CAP, heavy_quantile=0.5)
-    caps = (E_CAP, E_CAP, static.edge_capacity, static.edge_capacity)
-    for g, cap in zip((traced, traced.T, static, static.T), caps, strict=True):
-        split = triton_common.split_units(g)
-        s = g.schedule
-        heavy, nh = np.asarray(s.heavy_nodes), int(np.asarray(s.heavy_nodes).size)
-        ptr = np.asarray(g.indptr)
-        if split.extra is None:
-            assert s.num_extra == 0
-            continue
-        real = [int(h) for h in heavy if h < N_CAP]
-        cover = _split_cover(split, ptr, N_CAP, cap, real + [N_CAP + k for k in range(nh - len(real))], nh)
-        np.testing.assert_array_equal(cover, np.arange(cap) < e)  # every edge exactly once, padding never
+        _check_split(t, E_CAP, e)  # the units with heavy nodes' first chunks moved to the extra units
+    static = gnn.Graph.from_edges(src, dst, N_CAP, heavy_quantile=0.5)  # the same edges as a static graph
+    for t in (static, static.T):
+        _check_split(t, t.edge_capacity, e)
 
 
 def test_no_recompile_across_graphs_of_one_capacity():

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 import blocksparse as bs
 import blocksparse.gnn as gnn
 from blocksparse import hardware
+from blocksparse.bench import check_close
 from blocksparse.ops.gnn.spmm.api import accumulate as spmm_into
 from blocksparse.testing.graphs import graphs
 
@@ -245,11 +246,6 @@ def test_gpu_measured_defaults_match_reference():
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2e-2, atol=2e-2)
 
 
-def _rel(a, b) -> float:
-    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    return float(np.linalg.norm(a - b) / max(float(np.linalg.norm(b)), 1e-30))
-
-
 def _half_ops(g, att):
     """name -> fn(x (N, 64), implementation) of the ops whose heavy nodes' sums are rounded once (4 heads of 16)."""
     h = lambda x: x.reshape(g.num_nodes, 4, 16)  # noqa: E731
@@ -274,15 +270,16 @@ def test_gpu_heavy_nodes_rounded_once_match_xla(dtype):
         x = _rand(jax.random.key(n), (n, 64), dtype)
         for name, fn in _half_ops(g, _rand(jax.random.key(n + 1), (4, 16), dtype)).items():
             got = jax.jit(lambda x, fn=fn: fn(x, "pallas"))(x)
-            assert got.dtype == dtype and _rel(got, fn(x, "xla")) < tol, (name, n)
+            assert got.dtype == dtype, (name, n)
+            check_close(got, fn(x, "xla"), tol=tol, what=f"{name} on {n} nodes")
             # a random cotangent as an argument: a constant one would let XLA fold its whole backward over the
             # graph's constant indices while compiling (seconds to minutes at these sizes)
             ct = _rand(jax.random.key(n + 2), got.shape)
             grads = [jax.jit(jax.grad(lambda x, ct, fn=fn, i=i: (fn(x, i).astype(jnp.float32) * ct).sum()))(x, ct)
                      for i in ("pallas", "xla")]  # fmt: skip
-            assert _rel(*grads) < tol, (name, n)
+            check_close(*grads, tol=tol, what=f"{name}'s gradient on {n} nodes")
     g = gnn.power_law(2000, 30000, seed=4)
-    ei = np.stack([np.asarray(g.indices), np.repeat(np.arange(2000), np.diff(np.asarray(g.indptr)))]).astype(np.int32)
+    ei = np.stack([g.src, g.dst]).astype(np.int32)
     x = _rand(jax.random.key(9), (2000, 64), dtype)
 
     @jax.jit
@@ -290,7 +287,7 @@ def test_gpu_heavy_nodes_rounded_once_match_xla(dtype):
         d = gnn.DynamicGraph.from_edge_index(ei, num_nodes=2000, max_edges=40000, chunk=128)
         return [gnn.spmm(d, x, implementation=i) for i in ("pallas", "xla")]
 
-    assert _rel(*both(ei, x)) < tol
+    check_close(*both(ei, x), tol=tol, what="SpMM on a traced graph")
 
 
 @pytest.mark.gpu

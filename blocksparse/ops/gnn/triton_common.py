@@ -116,23 +116,24 @@ def heavy_arrays(g: Graph | DynamicGraph):
 
 class Split(NamedTuple):
     """:func:`split_units`' result. ``main`` and ``extra``: (starts, ends, nodes) as from :func:`units`
-    (``extra`` ``None`` without heavy nodes); ``segments``: each extra unit's slot among the heavy nodes
-    (:func:`heavy_arrays`; out of range for unused units, which segment ops drop), ascending if ``is_sorted``."""
+    (``extra`` ``None`` without heavy nodes); ``heavy``: the heavy nodes (:func:`heavy_arrays`); ``segments``: each
+    extra unit's slot among them (out of range for unused units, which segment ops drop), ascending if
+    ``is_sorted``."""
 
     main: tuple
     extra: tuple | None
+    heavy: jax.Array | None
     segments: jax.Array | None
     is_sorted: bool
 
-    def fold(self, g: Graph | DynamicGraph, out: jax.Array, part: jax.Array) -> jax.Array:
+    def fold(self, out: jax.Array, part: jax.Array) -> jax.Array:
         """Each heavy node's row of ``out`` (zero, or the row of an ``init`` the kernel started from, exact in
         ``out``'s dtype) plus the sum of its float32 rows of ``part`` (one per extra unit), rounded once."""
         if self.extra is None:
             return out
-        heavy, _, nh = heavy_arrays(g)
-        sums = jax.ops.segment_sum(part, self.segments, nh, indices_are_sorted=self.is_sorted)
-        rows = out[heavy].astype(jnp.float32) + sums
-        return out.at[heavy].set(rows.astype(out.dtype), unique_indices=True, indices_are_sorted=True, mode="drop")
+        sums = jax.ops.segment_sum(part, self.segments, self.heavy.shape[0], indices_are_sorted=self.is_sorted)
+        rows = out[self.heavy].astype(jnp.float32) + sums
+        return out.at[self.heavy].set(rows.astype(out.dtype), unique_indices=True, indices_are_sorted=True, mode="drop")
 
 
 def split_units(g: Graph | DynamicGraph) -> Split:
@@ -145,9 +146,8 @@ def split_units(g: Graph | DynamicGraph) -> Split:
     """
     main, extra = units(g)
     if extra is None:
-        return Split(main, None, None, True)
+        return Split(main, None, None, None, True)
     (s0, e0, n0) = main
-    heavy, seg, nh = heavy_arrays(g)
     s = g.schedule
     if isinstance(g, Graph):  # constants: the first chunks sorted in before their nodes' other chunks
         hn = np.asarray(s.heavy_nodes)
@@ -158,8 +158,9 @@ def split_units(g: Graph | DynamicGraph) -> Split:
         o = np.argsort(segs, kind="stable")
         cat = lambda a, b: jnp.asarray(np.concatenate([a, b])[o])  # noqa: E731
         extra = cat(first, s.extra_start), cat(np.asarray(s.main_end)[hn], s.extra_end), cat(hn, s.extra_node)
-        return Split((s0, jnp.asarray(main_end), n0), extra, jnp.asarray(segs[o]), True)
+        return Split((s0, jnp.asarray(main_end), n0), extra, jnp.asarray(hn), jnp.asarray(segs[o]), True)
     # traced: unused heavy slots (node ``N + slot``) get empty units, and their segment ``nh`` is dropped
+    heavy, seg, nh = heavy_arrays(g)
     n = g.num_nodes
     used = heavy < n
     hc = jnp.minimum(heavy, max(n - 1, 0))
@@ -168,7 +169,7 @@ def split_units(g: Graph | DynamicGraph) -> Split:
              jnp.concatenate([hc, extra[2]]))  # fmt: skip
     e0 = e0.at[heavy].set(first, mode="drop", unique_indices=True)
     seg = jnp.concatenate([jnp.where(used, jnp.arange(nh, dtype=jnp.int32), nh), seg])
-    return Split((s0, e0, n0), extra, seg, False)
+    return Split((s0, e0, n0), extra, heavy, seg, False)
 
 
 def fold_sum(g: Graph | DynamicGraph, main: jax.Array, extra: jax.Array | None) -> jax.Array:

@@ -249,8 +249,8 @@ def flat_forward(
     out, lse = _fwd_call(split.main, indices, xs, xd, third, sh, xs.dtype, mode, slope, scale, interpret)
     if split.extra is not None:
         o1, l1 = _fwd_call(split.extra, indices, xs, xd, third, sh, jnp.float32, mode, slope, scale, interpret)
-        heavy, _, nh = P.heavy_arrays(g)
-        seg, srt = split.segments, split.is_sorted
+        heavy, seg, srt = split.heavy, split.segments, split.is_sorted
+        nh = heavy.shape[0]
         mx = jax.ops.segment_max(l1, seg, nh, indices_are_sorted=srt)
         wgt = jnp.exp(l1 - mx[jnp.minimum(seg, nh - 1)])  # (unused units: out-of-range segments, dropped)
         tot = jax.ops.segment_sum(wgt, seg, nh, indices_are_sorted=srt)

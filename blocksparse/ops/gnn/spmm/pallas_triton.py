@@ -210,7 +210,7 @@ def _csr_sum_packed(g, w_csr, x, init, nodes, be, interpret, variant=None):
         part = _packed_call(
             s1, e1, None, indices, w_csr, xg, s1.shape[0], jnp.float32, nodes, be, bf, warps, interpret, **kw
         )
-        out = split.fold(g, out, part)
+        out = split.fold(out, part)
     return out
 
 
@@ -258,5 +258,5 @@ def csr_sum(
     if extra is not None:
         s1, e1, _ = extra
         part = _call(s1, e1, indices, w_csr, xg, s1.shape[0], jnp.float32, be, bf, interpret, **kw)
-        out = split.fold(g, out, part)
+        out = split.fold(out, part)
     return out[:, :f]
