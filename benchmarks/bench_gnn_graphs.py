@@ -2,7 +2,7 @@
 """The ``gnn-graphs`` suite with the torch peers, cuSPARSE and PyG, timed inside each cell, in one process.
 
     PYTHONPATH=. python benchmarks/bench_gnn_graphs.py --json out.json [--graphs NAME ...] [--dtype float32 bfloat16]
-        [--ops OP ...] [--passes fwd fwd+bwd] [--orders degree rcm] [--pyg-mem-gib 60] [--small]
+        [--ops OP ...] [--passes fwd fwd+bwd] [--orders degree rcm] [--pyg-mem-gib 60] [--small] [--resume]
 
 The run is the ``gnn-graphs`` suite's cells (:mod:`blocksparse.bench.gnn_graphs`: ``bs.gnn`` with its default, its
 two backends named, XLA's segment ops and JAX's BCSR on each graph, dtype, op, pass and order, checked against the
@@ -177,7 +177,11 @@ def main(argv=None) -> int:
     p.add_argument("--rcm-max-edges", type=float, default=suite.RCM_MAX_EDGES, help="no RCM order above")
     p.add_argument("--small", action="store_true", help="tiny graphs (CPU: the suite's cells; the peers skipped)")
     p.add_argument("--json", default=None)
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --json: its measured cells kept (same machine, code, timer)")  # fmt: skip
     a = p.parse_args(argv)
+    if a.resume and not a.json:
+        p.error("expected --json PATH with --resume; got none")
     edges = None
     if a.small:
         a.feat, a.heads, a.iters, a.trials, edges = 16, 2, 2, 1, 3000
@@ -190,7 +194,7 @@ def main(argv=None) -> int:
     meta = dict(script="benchmarks/bench_gnn_graphs.py", argv=list(sys.argv[1:] if argv is None else argv))
     timer = Timer(iters=a.iters, trials=a.trials)
     return run_cells(todo, full=not a.small, json_path=a.json, timer=timer, meta=meta,
-                     columns={"gnn-graphs": suite.COLUMNS})  # fmt: skip
+                     columns={"gnn-graphs": suite.COLUMNS}, resume=a.resume)  # fmt: skip
 
 
 if __name__ == "__main__":

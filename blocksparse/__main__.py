@@ -176,6 +176,8 @@ def _demo(args) -> int:
 
 
 def _bench(args) -> int:
+    if args.resume and not args.json:
+        raise _Error("expected --json PATH with --resume (the run to continue); got none")
     if args.json:
         _check_json_path(args.json)
     if args.plot is not None:
@@ -195,7 +197,7 @@ def _bench(args) -> int:
     suites = [s for group in (args.suite or [list(bench.DEFAULT_SUITES)]) for s in group]
     return bench.run(
         list(dict.fromkeys(suites)), full=args.full, json_path=args.json, plot_dir=args.plot,
-        iters=args.iters, trials=args.trials, progress=not args.no_progress, filters=args.filter,
+        iters=args.iters, trials=args.trials, progress=not args.no_progress, filters=args.filter, resume=args.resume,
     )  # fmt: skip
 
 
@@ -256,6 +258,11 @@ def _parser() -> argparse.ArgumentParser:
         "--trials", type=_positive_int, default=None, help="timed trials (median); None: 3, or 5 with --full"
     )
     be.add_argument("--no-progress", action="store_true", help="no progress bar or lines on stderr")
+    be.add_argument(
+        "--resume", action="store_true",
+        help="continue the run in --json (one cut short, or split over commands): its measured cells are kept; "
+        "the same machine, code and timer settings only",
+    )  # fmt: skip
     be.set_defaults(func=_bench)
     demo = sub.add_parser(
         "demo", formatter_class=fmt, help="multiply a random block-sparse matrix, check it against dense, time both"

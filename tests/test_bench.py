@@ -187,6 +187,76 @@ def test_write_json_and_run_cells_write_one_layout(tmp_path, capsys):
     assert "missing  skipped  torch unavailable" in out and "2 cells, 1 ok, 0 failed, 1 skipped" in out
 
 
+class _CutShort(BaseException):
+    """Stands for the command being killed mid-run (run_cell catches Exception, not this)."""
+
+
+def test_a_resumed_run_keeps_its_measured_cells_and_runs_the_rest(tmp_path, capsys):
+    path, timer = str(tmp_path / "run.json"), Timer(iters=1, trials=1)
+    calls, restored, state = [], [], {"cut": True, "wrong": True}
+
+    def run(label):
+        def fn(timer):
+            calls.append(label)
+            if label == "c" and state.pop("cut", False):
+                raise _CutShort
+            if label == "b" and state.pop("wrong", False):
+                raise CellFailed("expected 1; got 2")
+            return {"loop_ms": float(ord(label))}
+
+        return fn
+
+    def cells():
+        return [Cell("s", x, {"n": i}, run(x), restore=restored.append if x == "a" else None)
+                for i, x in enumerate("abcd")]  # fmt: skip
+
+    with pytest.raises(_CutShort):  # a, b (failed) then the command is cut short in c
+        run_cells(cells(), json_path=path, timer=timer, progress=False, resume=True)
+    first = json.loads(Path(path).read_text())
+    assert [(r["label"], r["ok"]) for r in first["results"]] == [("a", True), ("b", False)]
+    assert [p["cells"] for p in first["meta"]["parts"]] == [2] and len(first["meta"]["source"]) == 16
+    assert run_cells(cells(), json_path=path, timer=timer, progress=False, resume=True) == 0
+    assert calls == ["a", "b", "c", "b", "c", "d"]  # a kept; the failed b and the cut c again; then d
+    assert restored == [{"loop_ms": 97.0}]  # the kept cell's metrics, for the cells that read them
+    doc = json.loads(Path(path).read_text())
+    assert [(r["label"], r["metrics"]) for r in doc["results"]] == [(x, {"loop_ms": float(ord(x))}) for x in "abcd"]
+    parts = doc["meta"]["parts"]
+    assert [p["cells"] for p in parts] == [2, 3] and doc["meta"]["started"] == first["meta"]["started"]
+    assert doc["meta"]["seconds"] == pytest.approx(sum(p["seconds"] for p in parts))
+    out = capsys.readouterr().out
+    assert f"resuming {path}: 1 of 4 cells measured, 3 to run" in out and "4 cells, 4 ok, 0 failed" in out
+    assert run_cells(cells(), json_path=path, timer=timer, progress=False, resume=True) == 0
+    assert len(calls) == 6 and len(json.loads(Path(path).read_text())["meta"]["parts"]) == 3  # nothing left to run
+
+
+def test_a_run_resumes_only_on_its_machine_code_timer_and_cells(tmp_path):
+    path, timer = str(tmp_path / "run.json"), Timer(iters=1, trials=1)
+    cells = [Cell("s", x, {}, lambda timer: {"v": 1.0}) for x in "ab"]
+    run_cells(cells, json_path=path, timer=timer, progress=False)
+    with pytest.raises(ValueError, match=r"expected its iters to be this run's 2; got 1"):
+        run_cells(cells, json_path=path, timer=Timer(iters=2, trials=1), progress=False, resume=True)
+    doc = json.loads(Path(path).read_text())
+    write_json(path, dict(doc, meta=dict(doc["meta"], source="0" * 16)))
+    with pytest.raises(ValueError, match=r"expected its source to be this run's '[0-9a-f]{16}'; got '0{16}'"):
+        run_cells(cells, json_path=path, timer=timer, progress=False, resume=True)
+    write_json(path, doc)
+    with pytest.raises(ValueError, match=r"got s: a \{\}, which this run does not list"):
+        run_cells(cells[1:], json_path=path, timer=timer, progress=False, resume=True)
+    Path(path).write_text("[1, 2]")
+    with pytest.raises(ValueError, match="expected --json .* to be a blocksparse bench document to resume"):
+        run_cells(cells, json_path=path, timer=timer, progress=False, resume=True)
+    with pytest.raises(ValueError, match="expected a JSON path to resume"):
+        run_cells(cells, timer=timer, progress=False, resume=True)
+    fresh = str(tmp_path / "new.json")  # no file yet: a new run
+    assert run_cells(cells, json_path=fresh, timer=timer, progress=False, resume=True) == 0
+    assert len(json.loads(Path(fresh).read_text())["results"]) == 2
+
+
+def test_the_source_digest_names_the_library_code():
+    digest = _cli.source_digest()
+    assert re.fullmatch(r"[0-9a-f]{16}", digest) and _cli.environment()["source"] == digest
+
+
 def test_run_cell_turns_failures_into_results():
     def bad(timer):
         raise CellFailed("expected 1; got 2")
@@ -381,6 +451,19 @@ def test_filter_runs_only_the_matching_cells(monkeypatch, capsys):
     assert captured.out == "" and "expected --filter to match a cell of plan; got ['n=8']" in captured.err
 
 
+def test_bench_resume_continues_the_json_run(monkeypatch, tmp_path, capsys):
+    ran = []
+    cell = Cell("plan", "a", {}, lambda timer: ran.append(1) or {"implementation": "x"})
+    monkeypatch.setattr(bench_plan, "cells", lambda *, full: [cell])
+    path = str(tmp_path / "run.json")
+    assert main(["bench", "--suite", "plan", "--json", path, "--resume", *FAST]) == 0  # no file yet: a new run
+    assert main(["bench", "--suite", "plan", "--json", path, "--resume", *FAST]) == 0
+    assert len(ran) == 1 and "1 of 1 cells measured, 0 to run" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as info:  # other timer settings: bad input, one line
+        main(["bench", "--suite", "plan", "--json", path, "--resume", "--iters", "2", "--trials", "1"])
+    assert info.value.code == 2 and "expected its iters to be this run's 2" in capsys.readouterr().err
+
+
 def test_progress_falls_back_to_plain_lines(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "tqdm", None)
     cell = Cell("gnn", "trivial", {}, lambda timer: {"implementation": "none"})
@@ -399,6 +482,7 @@ def test_progress_falls_back_to_plain_lines(monkeypatch, capsys):
         (["bench", "--trials", "x"], "argument --trials: expected a positive integer, got 'x'"),
         (["bench", "--json", "/no/such/folder/b.json"], "expected --json to name a writable file"),
         (["bench", "--plot", "/no/such/folder/figs"], "expected --plot to name a folder in an existing one"),
+        (["bench", "--resume"], "expected --json PATH with --resume (the run to continue); got none"),
     ],
 )  # fmt: skip
 def test_bad_arguments_exit_2_with_one_line(capsys, argv, expected):

@@ -6,7 +6,11 @@ extras are missing fails on its own with a clear message while the others run.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib
+import json
+import os
 import platform
 import sys
 import time
@@ -86,7 +90,75 @@ def environment() -> dict:
     return dict(
         jax=jax.__version__, platform=dev.platform, device=getattr(dev, "device_kind", str(dev)),
         devices=len(jax.devices()), python=platform.python_version(), host=platform.machine(),
+        source=source_digest(),
     )  # fmt: skip
+
+
+@functools.cache
+def source_digest() -> str:
+    """The first 16 hex digits of a SHA-256 over the package's Python sources (their paths and bytes).
+
+    Two runs with the same digest measured the same library code: what a resumed run (``resume=True`` of
+    :func:`run_cells`) checks, and what ties a JSON in ``benchmarks/results/`` to the code that made it.
+    """
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    digest = hashlib.sha256()
+    paths = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        paths.extend(os.path.join(folder, f) for f in files if f.endswith(".py"))
+    for path in sorted(paths):
+        digest.update(os.path.relpath(path, root).replace(os.sep, "/").encode() + b"\0")
+        with open(path, "rb") as f:
+            digest.update(f.read() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+#: What a resumed run must share with the JSON it continues: the machine, the library code and the timer.
+RESUME_KEYS = ("jax", "platform", "device", "devices", "source", "full", "iters", "trials")
+
+
+def cell_key(suite: str, label: str, params: dict) -> str:
+    """A cell's identity in a JSON document: its suite, label and parameters."""
+    from ._core import _jsonable
+
+    return json.dumps([suite, label, _jsonable(params)], sort_keys=True)
+
+
+def _previous(json_path: str, meta: dict, cells: Sequence[Cell]) -> tuple[dict | None, dict[str, dict]]:
+    """The document at ``json_path`` that a resumed run continues, and its finished results by :func:`cell_key`.
+
+    ``(None, {})`` when there is no file yet. Raises ``ValueError`` naming the expected and the actual value when
+    the document was made on another machine, by other code or timer settings (:data:`RESUME_KEYS`), or holds a
+    cell that this run does not list. Failed results are not kept: their cells run again.
+    """
+    if not os.path.exists(json_path):
+        return None, {}
+    try:
+        with open(json_path) as f:
+            doc = json.load(f)
+        old_meta, rows = doc["meta"], list(doc["results"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"expected --json {json_path!r} to be a blocksparse bench document to resume; got {e}") from e
+    for key in RESUME_KEYS:
+        if old_meta.get(key) != meta.get(key):
+            raise ValueError(
+                f"cannot resume {json_path!r}: expected its {key} to be this run's {meta.get(key)!r}; got "
+                f"{old_meta.get(key)!r} (a run resumes only on the same machine, code and timer; write a new file)"
+            )
+    wanted = {cell_key(c.suite, c.label, c.params) for c in cells}
+    kept = {}
+    for row in rows:
+        if not row.get("ok"):  # a failed cell runs again; a suite that failed to load reports again
+            continue
+        key = cell_key(row["suite"], row["label"], row["params"])
+        if key not in wanted:
+            raise ValueError(
+                f"cannot resume {json_path!r}: expected its cells to be among this run's {len(wanted)}; got "
+                f"{row['suite']}: {row['label']} {row['params']}, which this run does not list"
+            )
+        kept[key] = row
+    return doc, kept
 
 
 class _Progress:
@@ -132,11 +204,13 @@ def run(
     progress: bool = True,
     filters: Sequence[str] | None = None,
     out=None,
+    resume: bool = False,
 ) -> int:
     """Run ``suites``; print the table to ``out`` (stdout); return 0, or 1 if any cell failed.
 
     ``--json`` is rewritten after every cell, so a run cut short keeps what it measured. ``filters``:
-    run only the cells whose ``"suite: label"`` contains one of them (an error if none does).
+    run only the cells whose ``"suite: label"`` contains one of them (an error if none does). ``resume``:
+    continue the run in ``json_path`` (:func:`run_cells`).
     """
     from . import _report
 
@@ -159,6 +233,7 @@ def run(
     return run_cells(
         loaded, full=full, json_path=json_path, plot_dir=plot_dir, iters=iters, trials=trials, progress=progress,
         out=out, columns=columns, title=", ".join(suites), meta=dict(suites=list(suites)), results=failed,
+        resume=resume,
     )  # fmt: skip
 
 
@@ -177,6 +252,7 @@ def run_cells(
     title: str | None = None,
     meta: dict | None = None,
     results: list[Result] | None = None,
+    resume: bool = False,
 ) -> int:
     """Run ``cells`` with one :class:`Timer`: the table on ``out``, the JSON (``json_path``), the figures.
 
@@ -185,42 +261,74 @@ def run_cells(
     after every cell. ``meta`` adds to the environment (``suites``, a script's name and options).
     ``results``: rows to report before the cells' (a suite that failed to load). Returns
     :func:`exit_code` of the results.
+
+    ``resume=True`` continues the document at ``json_path`` (a run cut short, a long run split into
+    several commands): its finished cells are kept, not run again; the others run (a failed cell runs
+    again). It must come from the same machine, library code (:func:`source_digest`) and timer settings,
+    else ``ValueError``; ``meta["parts"]`` lists each command's start, seconds and cells run, and
+    ``meta["seconds"]`` is their sum. Without the file it is a new run.
     """
     from . import _report
 
     out = sys.stdout if out is None else out
     if plot_dir is not None:
         _report.require_matplotlib()
+    if resume and not json_path:
+        raise ValueError("expected a JSON path to resume (--json PATH with --resume); got none")
     if timer is None:
         defaults = FULL_TIMER if full else QUICK_TIMER
         timer = Timer(iters=iters or defaults["iters"], trials=trials or defaults["trials"])
     results = list(results or [])
     columns = dict(columns or {})
     env = environment()
-    meta = dict(env, **(meta or {}))
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    meta = dict(env, **(meta or {}), full=full, iters=timer.iters, trials=timer.trials, started=started)
+    previous, kept = _previous(json_path, meta, cells) if resume else (None, {})
+    parts = list(previous["meta"].get("parts", [])) if previous else []
+    if previous and not parts:  # a document written before parts were recorded: its one command
+        old = previous["meta"]
+        parts = [dict(started=old.get("started"), seconds=old.get("seconds"), cells=len(previous["results"]))]
+    if previous:
+        meta["started"] = previous["meta"].get("started", started)
     title = title or ", ".join(dict.fromkeys(c.suite for c in cells))
     mode = "full (GPU sizes)" if full else "quick (CPU sizes)"
     print(f"blocksparse bench: {title}; {mode}; jax {env['jax']} on {env['platform']} ({env['device']}); "
           f"{timer}", file=out, flush=True)  # fmt: skip
     if env["platform"] == "cpu":
         print("no GPU: the pure-JAX (XLA) implementations run; the Pallas kernels need a GPU", file=out, flush=True)
+    if previous is not None:
+        print(f"resuming {json_path}: {len(kept)} of {len(cells)} cells measured, {len(cells) - len(kept)} to run",
+              file=out, flush=True)  # fmt: skip
     t_start = time.perf_counter()
-    doc = dict(meta=dict(meta, full=full, iters=timer.iters, trials=timer.trials,
-                         started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())), results=[])  # fmt: skip
-    bar = _Progress(len(cells), enabled=progress)
+    doc = dict(meta=meta, results=[])
+    slots: list[Result | dict | None] = [kept.get(cell_key(c.suite, c.label, c.params)) for c in cells]
+    todo = [i for i, slot in enumerate(slots) if slot is None]
+    for cell, slot in zip(cells, slots, strict=True):
+        if slot is not None and cell.restore is not None and not slot.get("skipped"):
+            cell.restore(slot["metrics"])  # what the later cells read from it (a baseline, a loss to match)
+
+    def rows() -> list[dict]:
+        return [r.to_dict() for r in results] + [s if isinstance(s, dict) else s.to_dict() for s in slots if s]
+
+    def record(ran: int) -> None:
+        seconds = time.perf_counter() - t_start
+        doc["meta"]["parts"] = [*parts, dict(started=started, seconds=seconds, cells=ran)]
+        doc["meta"]["seconds"] = sum(p["seconds"] or 0.0 for p in doc["meta"]["parts"])
+        doc["results"] = rows()
+
+    bar = _Progress(len(todo), enabled=progress)
     try:
-        for cell in cells:
-            bar.start(cell)
-            result = run_cell(cell, timer)
-            results.append(result)
+        for ran, i in enumerate(todo, 1):
+            bar.start(cells[i])
+            slots[i] = result = run_cell(cells[i], timer)
             bar.finish(result)
             if json_path:
-                doc["results"] = [r.to_dict() for r in results]
+                record(ran)
                 write_json(json_path, doc)
     finally:
         bar.close()
-    doc["results"] = [r.to_dict() for r in results]
-    doc["meta"]["seconds"] = time.perf_counter() - t_start
+    record(len(todo))
+    results = [*results, *(s if isinstance(s, Result) else Result(**s) for s in slots)]
     print(_report.table(results, columns), file=out)
     print(_report.summary(results, doc["meta"]["seconds"]), file=out, flush=True)
     if json_path:

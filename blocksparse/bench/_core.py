@@ -68,12 +68,16 @@ class Cell:
         params: JSON-able parameters of the cell (shape, block size, density, dtype, ...).
         run: does the work with the given :class:`Timer`, checks it, and returns JSON-able metrics;
             raises :class:`CellFailed` when the result disagrees with the reference.
+        restore: for a cell whose metrics later cells use (a baseline's time, a loss they must match):
+            puts a kept result's metrics back where ``run`` would have left them, when a resumed run keeps
+            the cell rather than running it again (``resume`` of :func:`~blocksparse.bench.run_cells`).
     """
 
     suite: str
     label: str
     params: dict
     run: Callable[[Timer], dict]
+    restore: Callable[[dict], None] | None = None
 
 
 @dataclasses.dataclass
