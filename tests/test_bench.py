@@ -215,8 +215,9 @@ def test_a_resumed_run_keeps_its_measured_cells_and_runs_the_rest(tmp_path, caps
     first = json.loads(Path(path).read_text())
     assert [(r["label"], r["ok"]) for r in first["results"]] == [("a", True), ("b", False)]
     assert [p["cells"] for p in first["meta"]["parts"]] == [2] and len(first["meta"]["source"]) == 16
+    assert json.loads(first["meta"]["running"])[1] == "c"  # the cell the command ended in
     assert run_cells(cells(), json_path=path, timer=timer, progress=False, resume=True) == 0
-    assert calls == ["a", "b", "c", "b", "c", "d"]  # a kept; the failed b and the cut c again; then d
+    assert calls == ["a", "b", "c", "b", "d", "c"]  # a kept; the failed b again, d, and the cut c last
     assert restored == [{"loop_ms": 97.0}]  # the kept cell's metrics, for the cells that read them
     doc = json.loads(Path(path).read_text())
     assert [(r["label"], r["metrics"]) for r in doc["results"]] == [(x, {"loop_ms": float(ord(x))}) for x in "abcd"]
@@ -224,9 +225,32 @@ def test_a_resumed_run_keeps_its_measured_cells_and_runs_the_rest(tmp_path, caps
     assert [p["cells"] for p in parts] == [2, 3] and doc["meta"]["started"] == first["meta"]["started"]
     assert doc["meta"]["seconds"] == pytest.approx(sum(p["seconds"] for p in parts))
     out = capsys.readouterr().out
-    assert f"resuming {path}: 1 of 4 cells measured, 3 to run" in out and "4 cells, 4 ok, 0 failed" in out
+    assert f"resuming {path}: 1 of 4 cells measured, 3 to run (1 a command ended in: run last)" in out
+    assert "4 cells, 4 ok, 0 failed" in out and not {"running", "cut_short"} & set(doc["meta"])
     assert run_cells(cells(), json_path=path, timer=timer, progress=False, resume=True) == 0
     assert len(calls) == 6 and len(json.loads(Path(path).read_text())["meta"]["parts"]) == 3  # nothing left to run
+
+
+def test_a_cell_longer_than_a_command_keeps_the_file_and_the_others(tmp_path):
+    path, timer, cuts = str(tmp_path / "run.json"), Timer(iters=1, trials=1), [2]
+
+    def long(timer):
+        if cuts[0]:
+            cuts[0] -= 1
+            raise _CutShort
+        return {"v": 2.0}
+
+    cells = [Cell("s", "x", {}, lambda timer: {"v": 1.0}), Cell("s", "long", {}, long),
+             Cell("s", "z", {}, lambda timer: {"v": 3.0})]  # fmt: skip
+    for _ in range(2):  # cut short in the long cell: after x, then, resumed, after z (the cut cell runs last)
+        with pytest.raises(_CutShort):
+            run_cells(cells, json_path=path, timer=timer, progress=False, resume=True)
+    doc = json.loads(Path(path).read_text())
+    assert [r["label"] for r in doc["results"]] == ["x", "z"]
+    assert [json.loads(k)[1] for k in doc["meta"]["cut_short"]] == ["long"] and len(doc["meta"]["parts"]) == 2
+    assert run_cells(cells, json_path=path, timer=timer, progress=False, resume=True) == 0
+    doc = json.loads(Path(path).read_text())
+    assert [r["metrics"]["v"] for r in doc["results"]] == [1.0, 2.0, 3.0] and "cut_short" not in doc["meta"]
 
 
 def test_a_run_resumes_only_on_its_machine_code_timer_and_cells(tmp_path):

@@ -266,7 +266,9 @@ def run_cells(
     several commands): its finished cells are kept, not run again; the others run (a failed cell runs
     again). It must come from the same machine, library code (:func:`source_digest`) and timer settings,
     else ``ValueError``; ``meta["parts"]`` lists each command's start, seconds and cells run, and
-    ``meta["seconds"]`` is their sum. Without the file it is a new run.
+    ``meta["seconds"]`` is their sum. Without the file it is a new run. The file names the cell running
+    (``meta["running"]``), so a command cut short in a cell leaves it in ``meta["cut_short"]``: a resumed run
+    runs those cells after the others, and a cell longer than one command does not hold the rest back.
     """
     from . import _report
 
@@ -296,13 +298,21 @@ def run_cells(
           f"{timer}", file=out, flush=True)  # fmt: skip
     if env["platform"] == "cpu":
         print("no GPU: the pure-JAX (XLA) implementations run; the Pallas kernels need a GPU", file=out, flush=True)
-    if previous is not None:
-        print(f"resuming {json_path}: {len(kept)} of {len(cells)} cells measured, {len(cells) - len(kept)} to run",
-              file=out, flush=True)  # fmt: skip
     t_start = time.perf_counter()
     doc = dict(meta=meta, results=[])
-    slots: list[Result | dict | None] = [kept.get(cell_key(c.suite, c.label, c.params)) for c in cells]
-    todo = [i for i, slot in enumerate(slots) if slot is None]
+    keys = [cell_key(c.suite, c.label, c.params) for c in cells]
+    slots: list[Result | dict | None] = [kept.get(k) for k in keys]
+    # cells a command ended in (meta "running" when it was cut short): run after the others, so a cell longer than
+    # a command does not hold the rest back
+    cut = [] if previous is None else [*previous["meta"].get("cut_short", []), previous["meta"].get("running")]
+    cut = [k for k in dict.fromkeys(cut) if k in keys and k not in kept]
+    todo = sorted((i for i, slot in enumerate(slots) if slot is None), key=lambda i: keys[i] in cut)
+    if cut:
+        meta["cut_short"] = cut
+    if previous is not None:
+        later = f" ({len(cut)} a command ended in: run last)" if cut else ""
+        print(f"resuming {json_path}: {len(kept)} of {len(cells)} cells measured, {len(todo)} to run{later}",
+              file=out, flush=True)  # fmt: skip
     for cell, slot in zip(cells, slots, strict=True):
         if slot is not None and cell.restore is not None and not slot.get("skipped"):
             cell.restore(slot["metrics"])  # what the later cells read from it (a baseline, a loss to match)
@@ -320,14 +330,24 @@ def run_cells(
     try:
         for ran, i in enumerate(todo, 1):
             bar.start(cells[i])
+            if json_path:  # the cell a command cut short names itself in the file
+                record(ran - 1)
+                doc["meta"]["running"] = keys[i]
+                write_json(json_path, doc)
             slots[i] = result = run_cell(cells[i], timer)
             bar.finish(result)
+            doc["meta"].pop("running", None)
+            if keys[i] in cut:
+                cut.remove(keys[i])
+                doc["meta"]["cut_short"] = cut
             if json_path:
                 record(ran)
                 write_json(json_path, doc)
     finally:
         bar.close()
     record(len(todo))
+    if not cut:
+        doc["meta"].pop("cut_short", None)
     results = [*results, *(s if isinstance(s, Result) else Result(**s) for s in slots)]
     print(_report.table(results, columns), file=out)
     print(_report.summary(results, doc["meta"]["seconds"]), file=out, flush=True)

@@ -281,30 +281,38 @@ def _packed_call(
     )(*(starts, ends) + (() if order is None else (order,)) + (indices, x))
 
 
-_HOST_ORDERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Graph -> its length order, while it lives
+_HOST_ORDERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Graph -> {split: its length order}
 
 
-def _host_order(g: Graph) -> np.ndarray:
-    """A static graph's nodes by main-unit length, longest first (stable), computed once per graph."""
-    order = _HOST_ORDERS.get(g)
-    if order is None:
-        order = np.argsort(g.indptr[:-1].astype(np.int64) - g.schedule.main_end, kind="stable").astype(np.int32)
-        _HOST_ORDERS[g] = order
-    return order
+def _host_order(g: Graph, split: bool) -> np.ndarray:
+    """A static graph's nodes by main-unit length, longest first (stable), computed once per graph and split."""
+    orders = _HOST_ORDERS.setdefault(g, {})
+    if split not in orders:
+        starts = g.indptr[:-1].astype(np.int64)
+        ends = np.asarray(g.schedule.main_end).astype(np.int64)
+        if split and g.schedule.num_extra:  # split_units (with extra units): a heavy node's main unit is empty
+            hn = np.asarray(g.schedule.heavy_nodes)
+            ends = ends.copy()
+            ends[hn] = starts[hn]
+        orders[split] = np.argsort(starts - ends, kind="stable").astype(np.int32)
+    return orders[split]
 
 
-def length_order(g: Graph | DynamicGraph) -> jax.Array:
+def length_order(g: Graph | DynamicGraph, *, split: bool = False) -> jax.Array:
     """Nodes sorted by the length of their main unit, longest first (ties by id).
 
     The packed kernel takes nodes in this order: each program's nodes then have about the same
     number of in-edges, so few of its ``(G, be)`` tile rows are masked (about 87% of them busy on a
     power-law graph of mean in-degree 32, against 45% for ``G = 4`` in id order), and the longest
     programs start first. A :class:`Graph`'s order is a constant; a :class:`DynamicGraph`'s is one
-    sort of ``num_nodes`` keys per call.
+    sort of ``num_nodes`` keys per call. ``split``: the main units of
+    :func:`~blocksparse.ops.gnn.triton_common.split_units`, where heavy nodes' are empty (they come last);
+    else those of :func:`~blocksparse.ops.gnn.triton_common.units` (a heavy node's first chunk).
     """
     if isinstance(g, Graph):
-        return jnp.asarray(_host_order(g))
-    starts, ends = jnp.asarray(g.indptr[:-1]), jnp.asarray(g.schedule.main_end)
+        return jnp.asarray(_host_order(g, split))
+    starts = jnp.asarray(g.indptr[:-1])
+    ends = P.split_units(g).main[1] if split else jnp.asarray(g.schedule.main_end)
     return jnp.argsort(starts - ends, stable=True).astype(jnp.int32)
 
 

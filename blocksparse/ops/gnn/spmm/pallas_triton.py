@@ -13,9 +13,7 @@ have about as many in-edges): each step gathers a ``(G, be)`` tile of edges, eac
 own node's range, and sums the ``(G, be, bf)`` rows into a ``(G, bf)`` float32 accumulator. Fewer,
 fuller programs for graphs of small mean in-degree, where one program per node pays mostly its launch.
 Heavy nodes' chunks run packed alike (by node: a static graph's in id order, a traced graph's first chunks then the
-others) and are folded in as with one node per program. (The light nodes' order is the graph's
-:func:`~blocksparse.ops.gnn.aggregate.pallas_triton.length_order`, which still ranks heavy nodes by their first chunk:
-their main units, empty here, come first, a few programs that end at once.)
+others) and are folded in as with one node per program; their main units, empty, come last in the order.
 """
 
 from __future__ import annotations
@@ -203,7 +201,7 @@ def _csr_sum_packed(g, w_csr, x, init, nodes, be, interpret, variant=None):
     init = None if init is None else init.astype(x.dtype)
     kw = dict(variant=variant, pairs=pairs)
     out = _packed_call(
-        s0, e0, length_order(g), indices, w_csr, xg, n, x.dtype, nodes, be, bf, warps, interpret, init, **kw
+        s0, e0, length_order(g, split=True), indices, w_csr, xg, n, x.dtype, nodes, be, bf, warps, interpret, init, **kw
     )
     if extra is not None:  # extra units: one chunk each, by node
         s1, e1, _ = extra
