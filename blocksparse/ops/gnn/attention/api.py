@@ -115,6 +115,13 @@ def _check_nhd(g: Graph | DynamicGraph, x, what: str):
     return g.check_features(x, what, ndim=3)
 
 
+def _promoted(*xs: jax.Array) -> tuple[jax.Array, ...]:
+    """The features in one dtype, ``jnp.result_type`` of them, as ``jnp`` ops promote: every backend then returns
+    that dtype, and each input's gradient comes back in its own dtype."""
+    dtype = jnp.result_type(*xs)
+    return tuple(x.astype(dtype) for x in xs)
+
+
 def gatv2(
     g: Graph | DynamicGraph,
     x_src,
@@ -147,8 +154,10 @@ def gatv2(
             restricting the implementation.
 
     Returns:
-        ``(N, H, D)``; nodes without in-edges get 0. Differentiable w.r.t. ``x_src``, ``x_dst`` and
-        ``att``; the backward recomputes the weights from the saved log-sum-exp.
+        ``(N, H, D)`` in ``jnp.result_type(x_src, x_dst)`` (``att``'s dtype does not promote it: a float32
+        ``att`` with bfloat16 features gives bfloat16); nodes without in-edges get 0. Differentiable w.r.t.
+        ``x_src``, ``x_dst`` and ``att`` (each gradient in its input's dtype); the backward recomputes the
+        weights from the saved log-sum-exp.
     """
     check_graph(g)
     strict_config = config
@@ -156,6 +165,7 @@ def gatv2(
     xs, xd = _check_nhd(g, x_src, "x_src"), _check_nhd(g, x_dst, "x_dst")
     if xd.shape != xs.shape:
         raise ValueError(f"Expected x_dst of the same shape as x_src {xs.shape}. Got {xd.shape}.")
+    xs, xd = _promoted(xs, xd)
     att = jnp.asarray(att)
     if att.shape != xs.shape[1:]:
         raise ValueError(f"Expected att of shape (heads, head_dim) = {xs.shape[1:]}. Got {att.shape}.")
@@ -195,7 +205,8 @@ def graph_attention(
         config, kernel_config: as for :func:`gatv2`.
 
     Returns:
-        ``(N, H, D)``; nodes without in-edges get 0. Differentiable w.r.t. ``q``, ``k`` and ``v``.
+        ``(N, H, D)`` in ``jnp.result_type(q, k, v)``; nodes without in-edges get 0. Differentiable w.r.t.
+        ``q``, ``k`` and ``v`` (each gradient in its input's dtype).
     """
     check_graph(g)
     strict_config = config
@@ -203,6 +214,7 @@ def graph_attention(
     q, k, v = _check_nhd(g, q, "q"), _check_nhd(g, k, "k"), _check_nhd(g, v, "v")
     if k.shape != q.shape or v.shape != q.shape:
         raise ValueError(f"Expected q, k and v of one shape. Got {q.shape}, {k.shape} and {v.shape}.")
+    q, k, v = _promoted(q, k, v)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     valid = g.validity() if isinstance(g, DynamicGraph) else None
