@@ -143,6 +143,31 @@ def _ops(g, x):
     }
 
 
+@pytest.mark.parametrize("traced", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["static", "traced"])
+def test_attention_logits_nan_inf_and_all_masked(traced):
+    """A NaN or +inf logit gives its destination NaN (as jax.nn.softmax), never the empty node's 0; a node whose
+    every logit is -inf gets 0, heavy (chunks merged after the kernels) or light, on both backends."""
+    n = 140
+    src = np.concatenate([np.arange(1, n), [0, 1, 1]])  # node 0: 139 in-edges (heavy: two chunks); 0, 1 -> 2; 1 -> 3
+    dst = np.concatenate([np.zeros(n - 1, int), [2, 2, 3]])
+    g = gnn.Graph.from_edges(src, dst, n, heavy_quantile=0.5)
+    assert g.schedule.num_extra
+    if traced:
+        g = gnn.DynamicGraph.from_graph(g, chunk=g.chunk, max_edges=g.num_edges + 16, canonical=False)
+    ones = jnp.ones((n, 1, 2))
+    for bad in (np.nan, np.inf):
+        k = ones.at[0, 0, 0].set(bad)  # node 0's logits toward node 2
+        for impl in IMPLS:
+            dot = _run(impl, lambda i, k=k: gnn.graph_attention(g, ones, k, ones, implementation=i))
+            gat = _run(impl, lambda i, k=k: gnn.gatv2(g, k, ones, jnp.ones((1, 2)), implementation=i))
+            for out in (dot, gat):
+                assert np.isnan(out[2]).all() and np.isfinite(out[3]).all() and not np.isnan(out[5:]).any(), impl
+    k = jnp.full((n, 1, 2), -jnp.inf)  # every logit -inf: node 0 heavy, nodes 2 and 3 light
+    for impl in IMPLS:
+        out = _run(impl, lambda i: gnn.graph_attention(g, ones, k, ones, implementation=i))
+        np.testing.assert_array_equal(out[:4], 0)
+
+
 @given(graphs(max_nodes=10, hub_in_degree=(1, 3)), st.integers(0, 40))
 @settings(max_examples=15, deadline=None)
 def test_features_with_wrong_row_count_raise(g, rows):

@@ -184,7 +184,7 @@ def _fwd_kernel(starts_ref, ends_ref, nodes_ref, indices_ref, *refs, view, defer
     else:
         init = (jnp.full(v.hshape, _NEG, jnp.float32), jnp.zeros(v.hshape, jnp.float32), _zeros(v.rshape))
         m_i, l_i, acc = lax.fori_loop(0, steps, body, init)
-    has = l_i > 0
+    has = l_i != 0  # as the reference: a NaN sum (a NaN or +inf logit) gives NaN, not the empty node's 0
     safe = jnp.where(has, l_i, 1.0)
     o_ref[0, :] = v.out_row(jnp.where(v.hbc(has), acc / v.hbc(safe), 0.0)).astype(o_ref.dtype)
     v.store_heads(lse_ref, jnp.where(has, m_i + jnp.log(safe), -jnp.inf))
@@ -252,12 +252,15 @@ def flat_forward(
         heavy, seg, srt = split.heavy, split.segments, split.is_sorted
         nh = heavy.shape[0]
         mx = jax.ops.segment_max(l1, seg, nh, indices_are_sorted=srt)
+        mx = jnp.where(mx == -jnp.inf, 0.0, mx)  # every logit -inf: weights 0, as a light node's (NaN stays NaN)
         wgt = jnp.exp(l1 - mx[jnp.minimum(seg, nh - 1)])  # (unused units: out-of-range segments, dropped)
         tot = jax.ops.segment_sum(wgt, seg, nh, indices_are_sorted=srt)
         o_h = jax.ops.segment_sum(wgt[..., None] * o1.reshape(-1, heads, sh.dp), seg, nh, indices_are_sorted=srt)
-        o_h = o_h / tot[..., None]
+        has = tot != 0
+        safe = jnp.where(has, tot, 1.0)
+        o_h = jnp.where(has[..., None], o_h / safe[..., None], 0.0)
         out = out.at[heavy].set(o_h.reshape(nh, -1).astype(out.dtype), unique_indices=True, mode="drop")
-        lse = lse.at[heavy].set(mx + jnp.log(tot), unique_indices=True, mode="drop")
+        lse = lse.at[heavy].set(jnp.where(has, mx + jnp.log(safe), -jnp.inf), unique_indices=True, mode="drop")
     return out, lse
 
 

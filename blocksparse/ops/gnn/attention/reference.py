@@ -24,7 +24,7 @@ def _softmax_aggregate(g: Graph | DynamicGraph, e, vals):
     p = jnp.exp(e - m[seg])
     den = jax.ops.segment_sum(p, seg, n, indices_are_sorted=True)
     num = jax.ops.segment_sum(p[..., None] * vals, seg, n, indices_are_sorted=True)
-    has = den > 0
+    has = den != 0  # in-edges with a weight; a NaN sum (a NaN or +inf logit) is kept: NaN, as jax.nn.softmax gives
     safe = jnp.where(has, den, 1.0)
     out = jnp.where(has[..., None], num / safe[..., None], 0.0)
     lse = jnp.where(has, m + jnp.log(safe), -jnp.inf)
