@@ -478,7 +478,8 @@ def test_traced_bad_input_is_nan_and_checkify_names_the_ranges(edges, count):
         for d in grads:
             assert np.isnan(np.asarray(d)).all(), name
     err, _ = _bad_checked(jnp.asarray(edges, jnp.int32), jnp.int32(count))
-    with pytest.raises(Exception, match=r"expected num_edges in \[0, 2\] and the node ids .* in \[0, 4\)"):
+    given = r"expected num_edges in \[0, the number of edges given\] \(at most max_edges=2\) "
+    with pytest.raises(Exception, match=given + r"and the node ids .* in \[0, 4\)"):
         err.throw()
     ok, _ = _bad_checked(jnp.asarray([[0, 1], [1, 2]], jnp.int32), jnp.int32(2))
     ok.throw()  # a valid graph reports nothing

@@ -203,3 +203,9 @@ def test_out_of_range_edge_ids_raise(n, edges):
     nm, e, v = bad[0]
     with pytest.raises(ValueError, match=rf"Expected node indices in \[0, {n}\)\. Got {nm}\[{e}\] = {v} "):
         gnn.Graph.from_edges(src, dst, n)
+
+
+def test_an_unsigned_id_out_of_range_is_named_as_given():
+    big = np.array([2**64 - 1], np.uint64)  # not wrapped to -1 by a cast to int64
+    with pytest.raises(ValueError, match=rf"Got src\[0\] = {2**64 - 1} \(1 out of range\)"):
+        gnn.Graph.from_edges(big, np.array([0]), 4)

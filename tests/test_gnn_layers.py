@@ -187,6 +187,16 @@ def test_gcn_matches_oracle(seed, improved, mode, weighted, kind):
         np.testing.assert_allclose(out[N - 1], conv.bias, **TOL)
 
 
+def test_gcn_negative_degree_is_nan_as_in_pyg():
+    """A negative degree (negative edge weights) gives NaN at its node, as PyG's gcn_norm; a zero degree 0."""
+    conv = GCNConv.init(jax.random.key(0), 2, 2)
+    x, ei = jnp.ones((4, 2)), np.array([[0, 1], [2, 2]])
+    out = conv(x, ei, edge_weight=jnp.array([-3.0, 1.0]))  # node 2: -3 + 1 + its loop = -1
+    assert np.isnan(np.asarray(out[2])).all() and np.isfinite(np.asarray(out)[[0, 1, 3]]).all()
+    plain = GCNConv.init(jax.random.key(0), 2, 2, add_self_loops=False)
+    np.testing.assert_array_equal(plain(x, ei, edge_weight=jnp.array([-1.0, 1.0]))[2], plain.bias)  # degree 0
+
+
 @settings(max_examples=examples(8))
 @given(seed=st.integers(0, 10**6), heads=st.sampled_from([1, 3]), concat=st.booleans(), loops=st.booleans(),
        share=st.booleans(), edge_dim=st.sampled_from([None, 2]), kind=st.sampled_from(KINDS))  # fmt: skip

@@ -250,6 +250,11 @@ def test_empty_graph():
     g0 = gnn.Graph.from_edges([], [], 0)
     assert gnn.spmm(g0, jnp.zeros((0, 3))).shape == (0, 3)
     assert gnn.aggregate(g0, jnp.zeros((0, 3))).shape == (0, 3)
+    d0 = gnn.DynamicGraph.from_edge_index(np.zeros((2, 4), np.int32), num_nodes=0, num_edges=0)  # padding only
+    for kw in (dict(reduce="mean"), dict(norm="both"), dict(norm="left")):  # the norms' degrees: none to index
+        assert gnn.spmm(d0, jnp.zeros((0, 3)), **kw).shape == (0, 3)
+    g = gnn.Graph.from_edges([0], [1], 2)  # head_dim 0: an empty result (the default scale 1 / sqrt(0) unused)
+    assert gnn.graph_attention(g, *(jnp.ones((2, 1, 0)),) * 3).shape == (2, 1, 0)
 
 
 def test_spmm_default_implementation_by_dtype():

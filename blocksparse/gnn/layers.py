@@ -302,7 +302,7 @@ class GCNConv(Pytree):
     ``improved=True``; a node that already has one keeps its weight instead, as PyG's
     ``add_remaining_self_loops``), ``deg_i`` is the sum of the weights of ``i``'s in-edges (the
     target side, loops included), and edge ``j -> i`` of weight ``w`` carries
-    ``deg_j^-1/2 w deg_i^-1/2 x_j W^T`` (a zero degree gives a zero factor). With
+    ``deg_j^-1/2 w deg_i^-1/2 x_j W^T`` (a zero degree gives a zero factor, a negative one NaN). With
     ``normalize=False`` the messages are ``w x_j W^T``, summed, and no loops are added.
 
     Attributes:
@@ -390,7 +390,8 @@ class GCNConv(Pytree):
                 loop_w = jnp.where(last >= 0, w[jnp.maximum(last, 0)], fill) if src.shape[0] else jnp.full((n,), fill)
                 w = jnp.where(is_loop, 0.0, w)
             deg = jax.ops.segment_sum(jnp.where(seg < n, w, 0.0), seg, n + 1)[:n] + loop_w
-            dinv = jnp.where(deg > 0, jax.lax.rsqrt(jnp.where(deg > 0, deg, 1.0)), 0.0)
+            # a zero degree gives 0, a negative one NaN (as PyG's gcn_norm): never a silent 0
+            dinv = jnp.where(deg == 0, 0.0, jax.lax.rsqrt(jnp.where(deg == 0, 1.0, deg)))
             norm = dinv[src] * w * dinv[dst]
             out = spmm(g, h, "sum", edge_weight=norm.astype(h.dtype), implementation=self.implementation)
             out = out + ((dinv * dinv * loop_w)[:, None] * h).astype(h.dtype)

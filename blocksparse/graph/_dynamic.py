@@ -302,8 +302,9 @@ class DynamicGraph(Pytree):
         """Report an invalid graph through checkify (a no-op unless functionalized); return ``is_valid()``."""
         checkify.debug_check(
             self.valid,
-            f"DynamicGraph: expected num_edges in [0, {self.max_edges}] and the node ids of the first num_edges "
-            f"edges in [0, {self.num_nodes}); got num_edges={{n}} (-1: out of range) or node ids out of range.",
+            f"DynamicGraph: expected num_edges in [0, the number of edges given] (at most max_edges={self.max_edges}) "
+            f"and the node ids of the first num_edges edges in [0, {self.num_nodes}); got num_edges={{n}} (-1: outside "
+            "that range) or node ids out of range.",
             n=self.num_edges,
         )
         return self.valid

@@ -151,14 +151,14 @@ class Graph(Pytree):
                 raise ValueError(f"Expected {nm} to be 1-D. Got shape {a.shape}.")
             if a.size and not np.issubdtype(a.dtype, np.integer):
                 raise TypeError(f"Expected {nm} of an integer dtype. Got {a.dtype}.")
-            arrs.append(a.astype(np.int64))
+            arrs.append(a)
         s, d = arrs
         if s.size != d.size:
             raise ValueError(f"Expected src and dst of equal length. Got {s.size} and {d.size}.")
         if s.size >= 2**31 - 1:
             raise ValueError(f"Expected fewer than 2**31 - 1 edges. Got {s.size}.")
         for nm, a in (("src", s), ("dst", d)):
-            if a.size:
+            if a.size:  # in the ids' own dtype: a uint64 id above int64's range is named as given, not wrapped
                 bad = np.flatnonzero((a < 0) | (a >= num_nodes))
                 if bad.size:
                     e = int(bad[0])

@@ -216,7 +216,7 @@ def graph_attention(
         raise ValueError(f"Expected q, k and v of one shape. Got {q.shape}, {k.shape} and {v.shape}.")
     q, k, v = _promoted(q, k, v)
     if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
+        scale = 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0  # (head_dim 0: an empty result either way)
     valid = g.validity() if isinstance(g, DynamicGraph) else None
     q, k, v = (poison(valid, t) for t in (q, k, v))
     if g.edge_capacity == 0 or q.size == 0:

@@ -270,7 +270,7 @@ def spmm(
     # edge: no pass over x before the product nor over its output after it. A static graph's factors are host data
     # the product multiplies in (SpmmStatic.norm); a dynamic graph's are traced from its degrees.
     scaling = "right" if reduce == "mean" else norm
-    if scaling is not None and isinstance(g, DynamicGraph):
+    if scaling is not None and isinstance(g, DynamicGraph) and g.num_nodes and g.edge_capacity:  # (else: no product)
         factor = _dynamic_edge_factor(g, scaling)
         weights = (factor if not weights else weights[0].astype(jnp.float32) * factor,)
         scaling = None
