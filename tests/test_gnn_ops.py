@@ -163,6 +163,32 @@ def test_attention_gradients_finite_and_isolated_nodes_zero():
     )
 
 
+@pytest.mark.parametrize("traced", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["static", "traced"])
+def test_grad_of_grad_on_the_kernels_is_xlas(traced):
+    """Reverse-over-reverse (a Hessian-vector product) through the Pallas kernels: their derivatives inside the
+    gradient are XLA's, so the result is XLA's (the kernels interpreted here), heavy nodes and a traced graph too."""
+    rng = np.random.default_rng(1)
+    dst = np.concatenate([rng.integers(0, 40, 150), np.full(150, 3)])  # node 3: 150+ in-edges, two chunks
+    g0 = gnn.Graph.from_edges(rng.integers(0, 40, 300), dst, 40, heavy_quantile=0.9)
+    assert g0.schedule.num_extra
+    g = gnn.DynamicGraph.from_graph(g0, chunk=g0.chunk, max_edges=320, canonical=False) if traced else g0
+    x = _x(g0, 2, 4)
+    v, att = _x(g0, 2, 4, seed=1), jnp.ones((2, 4))
+    ops = {
+        "spmm gcn": lambda g, x, i: gnn.spmm(g, x.reshape(40, 8), norm="both", implementation=i),
+        "max": lambda g, x, i: gnn.aggregate(g, x.reshape(40, 8), "max", implementation=i),
+        "gatv2": lambda g, x, i: gnn.gatv2(g, x, x[::-1], att, implementation=i),
+        "graph attention": lambda g, x, i: gnn.graph_attention(g, x, x[::-1], 0.5 * x, implementation=i),
+    }
+    for name, f in ops.items():
+        got = {}
+        for impl in ("xla", "pallas"):
+            with bs.interpret():
+                inner = lambda x, f=f, i=impl: jnp.vdot(jax.grad(lambda y: jnp.sin(f(g, y, i)).sum())(x), v)  # noqa: E731
+                got[impl] = jax.jit(jax.grad(inner))(x)
+        np.testing.assert_allclose(got["pallas"], got["xla"], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
 def test_bf16_within_tolerance():
     g = gnn.power_law(50, 400, seed=3)
     x = _x(g, 8)

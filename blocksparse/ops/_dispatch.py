@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 
 import jax
+import jax.numpy as jnp
 
 from .. import hardware
 
@@ -180,6 +181,45 @@ def run(op: str, impls: tuple[str, ...], table: Mapping[str, Callable] | Callabl
         return out
     reasons = "; ".join(str(e) for e in errors)
     raise NoImplementationError(f"no implementation of {op} among {impls} accepts these inputs: {reasons}", errors)
+
+
+def with_reference_jvp(table: Mapping[str, Callable] | Callable[[str], Callable], reference: str = "xla"):
+    """``table`` whose other implementations differentiate as ``reference`` does (a ``custom_jvp``: the kernel's
+    values, the reference's tangents).
+
+    For the calls an op's ``custom_vjp`` rules make directly (a forward that also returns an arg-max or a
+    log-sum-exp, a backward kernel): a kernel has no derivative of its own, so without this ``jax.grad`` of
+    ``jax.grad`` would fail inside JAX. Tangents whose shape differs from the kernel's output (a padded log-sum-exp)
+    are zero-padded to it. First-order gradients never evaluate the reference.
+    """
+    lookup = (lambda name: table[name]) if isinstance(table, Mapping) else table
+
+    def wrapped(name: str) -> Callable:
+        fn = lookup(name)
+        return fn if name == reference else _reference_jvp(fn, lookup(reference))
+
+    return wrapped
+
+
+def _reference_jvp(fn: Callable, ref: Callable) -> Callable:
+    @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+    def call(static, *arrays):
+        return fn(static, *arrays)
+
+    @call.defjvp
+    def _jvp(static, primals, tangents):
+        out = call(static, *primals)
+        _, tan = jax.jvp(functools.partial(ref, static), primals, tangents)
+        return out, jax.tree.map(_padded_to, tan, out)
+
+    return call
+
+
+def _padded_to(t, like):
+    """Tangent ``t`` zero-padded (trailing) to the shape of the output ``like``."""
+    if t.dtype == jax.dtypes.float0 or t.shape == like.shape:
+        return t
+    return jnp.pad(t.astype(like.dtype), [(0, b - a) for a, b in zip(t.shape, like.shape, strict=True)])
 
 
 class NoImplementationError(ExceptionGroup, NotImplementedError):

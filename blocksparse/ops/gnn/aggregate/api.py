@@ -58,7 +58,8 @@ def _values_and_args(name: str):
 
 
 def _forward(s: AggregateStatic, g, x):
-    return _dispatch.run("aggregate", s.grad_impls or s.impls, _values_and_args, s, g, x)
+    table = _dispatch.with_reference_jvp(_values_and_args)  # (grad of grad: the kernel's derivative is XLA's)
+    return _dispatch.run("aggregate", s.grad_impls or s.impls, table, s, g, x)
 
 
 def _backward(s: AggregateStatic, arrays, arg, dout):

@@ -93,12 +93,13 @@ def _primal(name: str):
 def _forward(s: AttentionStatic, g, a, b, c):
     """The output, and what the backward recomputes the weights from: the output and log-sum-exp."""
     impls = s.grad_impls or s.impls
-    out, lse = _dispatch.run(s.name, impls, lambda name: _module(name).attention_forward, s, g, a, b, c)
+    table = _dispatch.with_reference_jvp(lambda name: _module(name).attention_forward)  # (grad of grad)
+    out, lse = _dispatch.run(s.name, impls, table, s, g, a, b, c)
     return out, (out, lse)
 
 
 def _backward(s: AttentionStatic, arrays, extra, dout):
-    table = lambda name: _module(name).attention_backward
+    table = _dispatch.with_reference_jvp(lambda name: _module(name).attention_backward)
     return None, *_dispatch.run(s.name + "_bwd", s.grad_impls or s.impls, table, s, *arrays, *extra, dout)
 
 

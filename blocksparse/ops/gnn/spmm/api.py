@@ -98,7 +98,8 @@ def _backward(s: SpmmStatic, arrays, _, dout):
 def _forward(s: SpmmStatic, *arrays):
     """The forward product that a gradient follows: on ``s.grad_impls`` where the choice for a forward + backward
     differs from the forward alone's."""
-    return _dispatch.run("spmm", s.grad_impls or s.impls, _table, s, *arrays), None
+    table = _dispatch.with_reference_jvp(_table)  # (grad of grad: the kernel's derivative is XLA's)
+    return _dispatch.run("spmm", s.grad_impls or s.impls, table, s, *arrays), None
 
 
 _spmm = _dispatch.differentiable("spmm", _table, _backward, _forward)
