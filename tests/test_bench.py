@@ -617,6 +617,9 @@ def test_peer_scripts_run_the_suites_cells_and_skip_their_peers(tmp_path, monkey
         if name == "bench_gnn_graphs":  # its torch peers run inside the suite's cells: recorded as skipped there
             peers = [r for r in mine if "pyg-scatter_skipped" in r["metrics"]]
             assert len(peers) == len(mine), name
+            assert script.main([*argv, "--json", str(out), "--resume"]) == 0  # every cell kept: none runs again
+            again = json.loads(out.read_text())
+            assert again["results"] == doc["results"] and [p["cells"] for p in again["meta"]["parts"]] == [len(mine), 0]
             continue
         assert peers and all(r["ok"] and r["skipped"] for r in peers), name  # torch missing, or GPU-only
 
