@@ -120,7 +120,9 @@ def timed(
     longer than ``budget_s`` by itself is the timing (``{prefix}timer`` ``"one call"``: its wall time, no loop
     compiled and run; jax.experimental.sparse's BCSR product takes 10 to 20 s a call in bfloat16 on the large
     graphs). ``calls=False``:
-    no ``{prefix}calls_ms`` (the baselines are compared by device time, ``loop_ms``).
+    no ``{prefix}calls_ms`` (the baselines are compared by device time, ``loop_ms``). Where the wall time goes:
+    ``{prefix}first_call_s`` (compiling ``fn`` and one call) and ``{prefix}timing_s`` (the timings, the timed
+    loop's compilation included); a cell adds ``prepare_s`` (its inputs and reference) and ``peers_s``.
 
     The first call is traced inside :func:`blocksparse.dispatch_log`; the timings reuse its trace and compilation
     (``jax.jit`` of the same function), so a large graph's index arrays are compiled into one program per timing
@@ -128,12 +130,15 @@ def timed(
     from ..ops import dispatch_log
 
     jitted = jax.jit(fn)
+    t0 = time.perf_counter()
     with dispatch_log() as log:
         got = jax.block_until_ready(jitted(*args))
+    first_call_s = time.perf_counter() - t0  # compiling, with the graph's index arrays in the program, and one call
     pairs = zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True)
     errs = [check_close(g, w, dtype=dtype, tol=tol, what=f"{what} [{i}]" if i else what)
             for i, (g, w) in enumerate(pairs)]  # fmt: skip
-    out = {f"{prefix}rel_err": max(errs), f"{prefix}implementation": implementation(log)}
+    out = {f"{prefix}rel_err": max(errs), f"{prefix}implementation": implementation(log),
+           f"{prefix}first_call_s": first_call_s}  # fmt: skip
     t = timer
     if budget_s is not None:
         start = time.perf_counter()
@@ -151,9 +156,11 @@ def timed(
             if calls:
                 out[f"{prefix}calls_ms"] = first_s * 1e3
             return out
+    t0 = time.perf_counter()
     out[f"{prefix}loop_ms"] = t.loop(fn, *args)
     if calls:
         out[f"{prefix}calls_ms"] = t.calls(fn, *args)
+    out[f"{prefix}timing_s"] = time.perf_counter() - t0  # the timed loop's compilation included
     if t is not timer:
         out[f"{prefix}timer"] = repr(t)
     return out
@@ -549,6 +556,7 @@ def _skip_reason(e: Exception) -> str:
 
 def _run(prep, dtype, order, op, pass_, shared, budget_s, peers):
     def run(timer: Timer) -> dict:
+        t0 = time.perf_counter()
         p = prep()
         if budget_s is not None:  # the full sizes: each program holds the graph's index arrays; one cell's at a time
             jax.clear_caches()
@@ -557,6 +565,8 @@ def _run(prep, dtype, order, op, pass_, shared, budget_s, peers):
             go, args, ct, want = p.data(dtype, order, op, pass_)
         except NotImplementedError as e:
             raise CellSkipped(str(e)) from None
+        jax.block_until_ready(want)
+        prepare_s = time.perf_counter() - t0  # the graph (in its first cell), the inputs and the float32 reference
         fns = functions(go, args, ct, op, pass_)
         check = dict(want=want, tol=tolerance(dtype) if jnp.dtype(dtype) != jnp.float32 else None, dtype=dtype)
         what = f"{op} {pass_} on {p.name} ({order})"
@@ -589,8 +599,10 @@ def _run(prep, dtype, order, op, pass_, shared, budget_s, peers):
                 out[f"{name}_skipped"] = _skip_reason(e)
         case = Case(graph_name=p.name, op=op, pass_=pass_, dtype=dtype, order=order, go=go, args=args, ct=ct,
                     want=want, timer=timer)  # fmt: skip
+        t0 = time.perf_counter()
         for peer in peers:
             out.update(peer(case))
+        out["peers_s"], out["prepare_s"] = time.perf_counter() - t0, prepare_s  # where a cell's seconds go
         _summarise(out)
         key = (p.name, dtype, op, pass_)
         if order == "as generated":
