@@ -206,7 +206,7 @@ class BlockSparseMatrix(NoImplicitDense, Pytree):
                 f"Expected a block mask of shape {(m // bh, k // bw)} for values {(m, k)} "
                 f"with block size {(bh, bw)}. Got {mask.shape}."
             )
-        pattern = BlockPattern.from_mask(mask.astype(bool), (bh, bw))
+        pattern = BlockPattern.from_mask(mask, (bh, bw))
         blocks = values.reshape(m // bh, bh, k // bw, bw).swapaxes(1, 2)
         return cls(pattern, blocks[pattern.rows, pattern.cols])
 
@@ -369,7 +369,7 @@ def concatenate(matrices, axis: int = 1) -> BlockSparseMatrix:
     Arguments:
         matrices: :class:`BlockSparseMatrix` es of one block size and dtype, with equal rows (``axis=1``) or
             columns (``axis=0``) that are whole multiples of the block.
-        axis: 1 (columns) or 0 (rows).
+        axis: 1 (columns) or 0 (rows); -1 and -2 as ``jnp.concatenate`` reads them.
 
     Example::
 
@@ -381,8 +381,9 @@ def concatenate(matrices, axis: int = 1) -> BlockSparseMatrix:
         ((64, 80), True)
     """
     mats = list(matrices)
-    if axis not in (0, 1):
-        raise ValueError(f"Expected axis 0 or 1. Got {axis!r}.")
+    if isinstance(axis, bool) or axis not in (0, 1, -1, -2):
+        raise ValueError(f"Expected axis 0 or 1 (or -2, -1, as jnp counts them). Got {axis!r}.")
+    axis %= 2
     if not mats:
         raise ValueError("Expected at least one matrix to concatenate. Got none.")
     for i, m in enumerate(mats):

@@ -211,6 +211,12 @@ class BlockPattern:
         mask = np.asarray(mask)
         if mask.ndim != 2:
             raise ValueError(f"Expected a 2-D block mask. Got {mask.ndim} dimensions (shape {mask.shape}).")
+        if mask.dtype != bool:  # a score or density map passed by mistake must not become a full pattern
+            if not np.issubdtype(mask.dtype, np.integer):
+                raise TypeError(f"Expected a bool (or 0 / 1 integer) block mask. Got dtype {mask.dtype}.")
+            if mask.size and not np.isin(mask, (0, 1)).all():
+                bad = mask[~np.isin(mask, (0, 1))]
+                raise ValueError(f"Expected a 0 / 1 block mask. Got values {sorted(set(bad.tolist()))[:5]}.")
         bh, bw = block_pair(block_size)
         rows, cols = np.nonzero(mask)
         return cls((mask.shape[0] * bh, mask.shape[1] * bw), (bh, bw), rows, cols)

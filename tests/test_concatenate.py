@@ -51,7 +51,10 @@ def test_concatenate_refuses_what_does_not_fit():
         bs.concatenate([a, a.astype(jnp.bfloat16)])
     with pytest.raises(TypeError, match="Got ArrayImpl at position 1"):
         bs.concatenate([a, a.to_dense()])
-    with pytest.raises(ValueError, match="Expected axis 0 or 1. Got 2"):
+    with pytest.raises(ValueError, match=r"Expected axis 0 or 1 \(or -2, -1, as jnp counts them\)\. Got 2"):
         bs.concatenate([a], axis=2)
+    for neg, pos in ((-1, 1), (-2, 0)):  # as jnp.concatenate reads them
+        np.testing.assert_array_equal(bs.concatenate([a, a], axis=neg).to_dense(),
+                                      bs.concatenate([a, a], axis=pos).to_dense())  # fmt: skip
     with pytest.raises(ValueError, match="Got none"):
         bs.concatenate([])

@@ -269,6 +269,11 @@ def test_bad_from_blocks_and_mask():
         bs.BlockSparseMatrix.from_blocks([1, 1], [1, 1], blocks, (8, 8))
     with pytest.raises(ValueError, match=r"block mask of shape \(2, 2\).*Got \(3, 2\)"):
         bs.BlockSparseMatrix.from_mask(np.ones((3, 2), bool), jnp.ones((8, 8)), 4)
+    with pytest.raises(TypeError, match=r"bool \(or 0 / 1 integer\) block mask. Got dtype float64"):
+        bs.BlockSparseMatrix.from_mask(np.full((2, 2), 0.5), jnp.ones((8, 8)), 4)  # a score map, not a mask
+    with pytest.raises(ValueError, match=r"0 / 1 block mask. Got values \[2\]"):
+        bs.BlockSparseMatrix.from_mask(np.array([[2, 0], [0, 1]]), jnp.ones((8, 8)), 4)
+    assert bs.BlockSparseMatrix.from_mask(np.eye(2, dtype=np.int8), jnp.ones((8, 8)), 4).nnz_blocks == 2
     with pytest.raises(TypeError, match="floating-point blocks. Got dtype int32"):
         bs.BlockSparseMatrix.from_blocks([0], [0], jnp.ones((1, 4, 4), jnp.int32), (8, 8))
     with pytest.raises(TypeError, match="floating-point x. Got dtype int64"):
