@@ -320,10 +320,18 @@ def block_pair(block_size) -> tuple[int, int]:
 
 
 def _block_size_error(expected: str, got) -> Exception:
-    kind = type(got).__name__
     if isinstance(got, tuple | list) and len(got) != 2:
         return ValueError(f"Expected {expected}. Got {got!r} ({len(got)} entries).")
-    return TypeError(f"Expected {expected}. Got {got!r} of type {kind}.")
+    if isinstance(got, tuple | list):  # the entry that is not an int, and its type
+        i = next(i for i, b in enumerate(got) if not _is_int(b))
+        return TypeError(f"Expected {expected}. Got {got!r}, whose entry {i} is {got[i]!r} of type {_kind(got[i])}.")
+    return TypeError(f"Expected {expected}. Got {got!r} of type {_kind(got)}.")
+
+
+def _kind(x) -> str:
+    """A value's type as a user would name it: ``numpy.bool_``, ``float``."""
+    t = type(x)
+    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__.split('.')[0]}.{t.__name__}"
 
 
 def check_density(density) -> float:

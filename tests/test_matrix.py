@@ -253,6 +253,8 @@ def test_bad_block_sizes():
         bs.random(jax.random.key(0), (8, 8), (0, 4), 0.5)
     with pytest.raises(ValueError, match=r"a positive int or a pair \(bh, bw\).*Got \(2, 2, 2\) \(3 entries\)"):
         bs.random(jax.random.key(0), (8, 8), (2, 2, 2), 0.5)
+    with pytest.raises(TypeError, match=r"Got \(4, 4.0\), whose entry 1 is 4.0 of type float"):  # which entry
+        bs.BlockSparseMatrix.from_dense(np.ones((8, 8), np.float32), (4, 4.0))
     with pytest.raises(ValueError, match=r"density in \[0, 1\]. Got 1.5"):
         bs.random(jax.random.key(0), (8, 8), 2, 1.5)
 
