@@ -125,8 +125,9 @@ def cell_key(suite: str, label: str, params: dict) -> str:
     return json.dumps([suite, label, _jsonable(params)], sort_keys=True)
 
 
-def _previous(json_path: str, meta: dict, cells: Sequence[Cell]) -> tuple[dict | None, dict[str, dict]]:
-    """The document at ``json_path`` that a resumed run continues, and its finished results by :func:`cell_key`.
+def _previous(json_path: str, meta: dict, keys: Sequence[str]) -> tuple[dict | None, dict[str, Result]]:
+    """The document at ``json_path`` that a resumed run continues, and its finished results by :func:`cell_key`
+    (``keys``: this run's cells').
 
     ``(None, {})`` when there is no file yet. Raises ``ValueError`` naming the expected and the actual value when
     the document was made on another machine, by other code or timer settings (:data:`RESUME_KEYS`), or holds a
@@ -146,7 +147,7 @@ def _previous(json_path: str, meta: dict, cells: Sequence[Cell]) -> tuple[dict |
                 f"cannot resume {json_path!r}: expected its {key} to be this run's {meta.get(key)!r}; got "
                 f"{old_meta.get(key)!r} (a run resumes only on the same machine, code and timer; write a new file)"
             )
-    wanted = {cell_key(c.suite, c.label, c.params) for c in cells}
+    wanted = set(keys)
     kept = {}
     for row in rows:
         if not row.get("ok"):  # a failed cell runs again; a suite that failed to load reports again
@@ -157,7 +158,7 @@ def _previous(json_path: str, meta: dict, cells: Sequence[Cell]) -> tuple[dict |
                 f"cannot resume {json_path!r}: expected its cells to be among this run's {len(wanted)}; got "
                 f"{row['suite']}: {row['label']} {row['params']}, which this run does not list"
             )
-        kept[key] = row
+        kept[key] = Result(**row)
     return doc, kept
 
 
@@ -285,13 +286,11 @@ def run_cells(
     env = environment()
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     meta = dict(env, **(meta or {}), full=full, iters=timer.iters, trials=timer.trials, started=started)
-    previous, kept = _previous(json_path, meta, cells) if resume else (None, {})
-    parts = list(previous["meta"].get("parts", [])) if previous else []
-    if previous and not parts:  # a document written before parts were recorded: its one command
-        old = previous["meta"]
-        parts = [dict(started=old.get("started"), seconds=old.get("seconds"), cells=len(previous["results"]))]
+    keys = [cell_key(c.suite, c.label, c.params) for c in cells]
+    previous, kept = _previous(json_path, meta, keys) if resume else (None, {})
+    parts = previous["meta"]["parts"] if previous else []  # (a resumable document has its source, so its parts)
     if previous:
-        meta["started"] = previous["meta"].get("started", started)
+        meta["started"] = previous["meta"]["started"]
     title = title or ", ".join(dict.fromkeys(c.suite for c in cells))
     mode = "full (GPU sizes)" if full else "quick (CPU sizes)"
     print(f"blocksparse bench: {title}; {mode}; jax {env['jax']} on {env['platform']} ({env['device']}); "
@@ -300,31 +299,29 @@ def run_cells(
         print("no GPU: the pure-JAX (XLA) implementations run; the Pallas kernels need a GPU", file=out, flush=True)
     t_start = time.perf_counter()
     doc = dict(meta=meta, results=[])
-    keys = [cell_key(c.suite, c.label, c.params) for c in cells]
-    slots: list[Result | dict | None] = [kept.get(k) for k in keys]
+    slots: list[Result | None] = [kept.get(k) for k in keys]
     # cells a command ended in (meta "running" when it was cut short): run after the others, so a cell longer than
     # a command does not hold the rest back
     cut = [] if previous is None else [*previous["meta"].get("cut_short", []), previous["meta"].get("running")]
     cut = [k for k in dict.fromkeys(cut) if k in keys and k not in kept]
     todo = sorted((i for i, slot in enumerate(slots) if slot is None), key=lambda i: keys[i] in cut)
-    if cut:
-        meta["cut_short"] = cut
     if previous is not None:
         later = f" ({len(cut)} a command ended in: run last)" if cut else ""
         print(f"resuming {json_path}: {len(kept)} of {len(cells)} cells measured, {len(todo)} to run{later}",
               file=out, flush=True)  # fmt: skip
     for cell, slot in zip(cells, slots, strict=True):
-        if slot is not None and cell.restore is not None and not slot.get("skipped"):
-            cell.restore(slot["metrics"])  # what the later cells read from it (a baseline, a loss to match)
-
-    def rows() -> list[dict]:
-        return [r.to_dict() for r in results] + [s if isinstance(s, dict) else s.to_dict() for s in slots if s]
+        if slot is not None and cell.restore is not None and not slot.skipped:
+            cell.restore(slot.metrics)  # what the later cells read from it (a baseline, a loss to match)
 
     def record(ran: int) -> None:
         seconds = time.perf_counter() - t_start
-        doc["meta"]["parts"] = [*parts, dict(started=started, seconds=seconds, cells=ran)]
-        doc["meta"]["seconds"] = sum(p["seconds"] or 0.0 for p in doc["meta"]["parts"])
-        doc["results"] = rows()
+        meta["parts"] = [*parts, dict(started=started, seconds=seconds, cells=ran)]
+        meta["seconds"] = sum(p["seconds"] for p in meta["parts"])
+        if cut:
+            meta["cut_short"] = cut
+        else:
+            meta.pop("cut_short", None)
+        doc["results"] = [r.to_dict() for r in (*results, *slots) if r is not None]
 
     bar = _Progress(len(todo), enabled=progress)
     try:
@@ -332,23 +329,20 @@ def run_cells(
             bar.start(cells[i])
             if json_path:  # the cell a command cut short names itself in the file
                 record(ran - 1)
-                doc["meta"]["running"] = keys[i]
+                meta["running"] = keys[i]
                 write_json(json_path, doc)
             slots[i] = result = run_cell(cells[i], timer)
             bar.finish(result)
-            doc["meta"].pop("running", None)
+            meta.pop("running", None)
             if keys[i] in cut:
                 cut.remove(keys[i])
-                doc["meta"]["cut_short"] = cut
             if json_path:
                 record(ran)
                 write_json(json_path, doc)
     finally:
         bar.close()
     record(len(todo))
-    if not cut:
-        doc["meta"].pop("cut_short", None)
-    results = [*results, *(s if isinstance(s, Result) else Result(**s) for s in slots)]
+    results = [*results, *slots]
     print(_report.table(results, columns), file=out)
     print(_report.summary(results, doc["meta"]["seconds"]), file=out, flush=True)
     if json_path:
