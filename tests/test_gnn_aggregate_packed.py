@@ -215,14 +215,15 @@ def test_length_order_of_the_split_units_puts_heavy_nodes_last():
     g = gnn.power_law(200, 3000, seed=4, heavy_quantile=0.95)
     heavy = np.asarray(g.schedule.heavy_nodes)
     assert heavy.size and g.schedule.num_extra  # heavy nodes with extra chunks
-    s0, e0, _ = P.split_units(g).main
+    split = P.split_units(g)
+    s0, e0, _ = split.main
     lens = np.asarray(e0) - np.asarray(s0)
     assert np.all(lens[heavy] == 0) and np.all(np.asarray(g.in_degree)[heavy] > 0)  # emptied, not isolated
-    order = np.asarray(K.length_order(g, split=True))
+    order = np.asarray(K.length_order(g, split))
     np.testing.assert_array_equal(np.sort(order), np.arange(200))
     assert np.all(np.diff(lens[order]) <= 0)  # longest first: the heavy nodes' empty main units last
     d = gnn.DynamicGraph.from_graph(g, chunk=g.chunk, canonical=False)
-    np.testing.assert_array_equal(jax.jit(lambda d: K.length_order(d, split=True))(d), order)  # traced: the same
+    np.testing.assert_array_equal(jax.jit(lambda d: K.length_order(d, P.split_units(d)))(d), order)  # traced: same
 
 
 def test_default_rule_and_bad_knob():

@@ -152,8 +152,7 @@ def split_units(g: Graph | DynamicGraph) -> Split:
     if isinstance(g, Graph):  # constants: the first chunks sorted in before their nodes' other chunks
         hn = np.asarray(s.heavy_nodes)
         first = np.asarray(g.indptr)[hn].astype(np.int32)
-        main_end = np.asarray(s.main_end).copy()
-        main_end[hn] = first
+        main_end = split_main_end(g)
         segs = np.concatenate([np.arange(hn.size, dtype=np.int32), s.extra_segment])
         o = np.argsort(segs, kind="stable")
         cat = lambda a, b: jnp.asarray(np.concatenate([a, b])[o])  # noqa: E731
@@ -170,6 +169,18 @@ def split_units(g: Graph | DynamicGraph) -> Split:
     e0 = e0.at[heavy].set(first, mode="drop", unique_indices=True)
     seg = jnp.concatenate([jnp.where(used, jnp.arange(nh, dtype=jnp.int32), nh), seg])
     return Split((s0, e0, n0), extra, heavy, seg, False)
+
+
+def split_main_end(g: Graph) -> np.ndarray:
+    """A static graph's main-unit ends in :func:`split_units` (host data): a heavy node's unit empty where the graph
+    has extra units, else the schedule's."""
+    s = g.schedule
+    if not s.num_extra:
+        return np.asarray(s.main_end)
+    main_end = np.asarray(s.main_end).copy()
+    hn = np.asarray(s.heavy_nodes)
+    main_end[hn] = np.asarray(g.indptr)[hn]
+    return main_end
 
 
 def fold_sum(g: Graph | DynamicGraph, main: jax.Array, extra: jax.Array | None) -> jax.Array:

@@ -285,35 +285,30 @@ _HOST_ORDERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Graph -
 
 
 def _host_order(g: Graph, split: bool) -> np.ndarray:
-    """A static graph's nodes by main-unit length, longest first (stable), computed once per graph and split."""
+    """A static graph's nodes by main-unit length, longest first (stable), computed once per graph and kind of main
+    units (the schedule's, or :func:`~..triton_common.split_units`')."""
     orders = _HOST_ORDERS.setdefault(g, {})
     if split not in orders:
-        starts = g.indptr[:-1].astype(np.int64)
-        ends = np.asarray(g.schedule.main_end).astype(np.int64)
-        if split and g.schedule.num_extra:  # split_units (with extra units): a heavy node's main unit is empty
-            hn = np.asarray(g.schedule.heavy_nodes)
-            ends = ends.copy()
-            ends[hn] = starts[hn]
-        orders[split] = np.argsort(starts - ends, kind="stable").astype(np.int32)
+        ends = P.split_main_end(g) if split else g.schedule.main_end
+        orders[split] = np.argsort(g.indptr[:-1].astype(np.int64) - ends, kind="stable").astype(np.int32)
     return orders[split]
 
 
-def length_order(g: Graph | DynamicGraph, *, split: bool = False) -> jax.Array:
+def length_order(g: Graph | DynamicGraph, split: P.Split | None = None) -> jax.Array:
     """Nodes sorted by the length of their main unit, longest first (ties by id).
 
     The packed kernel takes nodes in this order: each program's nodes then have about the same
     number of in-edges, so few of its ``(G, be)`` tile rows are masked (about 87% of them busy on a
     power-law graph of mean in-degree 32, against 45% for ``G = 4`` in id order), and the longest
     programs start first. A :class:`Graph`'s order is a constant; a :class:`DynamicGraph`'s is one
-    sort of ``num_nodes`` keys per call. ``split``: the main units of
-    :func:`~blocksparse.ops.gnn.triton_common.split_units`, where heavy nodes' are empty (they come last);
-    else those of :func:`~blocksparse.ops.gnn.triton_common.units` (a heavy node's first chunk).
+    sort of ``num_nodes`` keys per call. The main units are :func:`~blocksparse.ops.gnn.triton_common.units`'
+    (a heavy node's first chunk), or those of ``split``, the graph's
+    :func:`~blocksparse.ops.gnn.triton_common.split_units` that the kernel runs (heavy nodes' empty: last).
     """
     if isinstance(g, Graph):
-        return jnp.asarray(_host_order(g, split))
-    starts = jnp.asarray(g.indptr[:-1])
-    ends = P.split_units(g).main[1] if split else jnp.asarray(g.schedule.main_end)
-    return jnp.argsort(starts - ends, stable=True).astype(jnp.int32)
+        return jnp.asarray(_host_order(g, split is not None))
+    ends = jnp.asarray(g.schedule.main_end) if split is None else split.main[1]
+    return jnp.argsort(jnp.asarray(g.indptr[:-1]) - ends, stable=True).astype(jnp.int32)
 
 
 def segment_extreme(

@@ -201,7 +201,7 @@ def _csr_sum_packed(g, w_csr, x, init, nodes, be, interpret, variant=None):
     init = None if init is None else init.astype(x.dtype)
     kw = dict(variant=variant, pairs=pairs)
     out = _packed_call(
-        s0, e0, length_order(g, split=True), indices, w_csr, xg, n, x.dtype, nodes, be, bf, warps, interpret, init, **kw
+        s0, e0, length_order(g, split), indices, w_csr, xg, n, x.dtype, nodes, be, bf, warps, interpret, init, **kw
     )
     if extra is not None:  # extra units: one chunk each, by node
         s1, e1, _ = extra
