@@ -4,6 +4,7 @@ and a CPU check that every kernel lowers to Triton for CUDA."""
 import functools
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -135,6 +136,37 @@ def test_interpret_bf16(interp):
         a, b = f("xla"), f("pallas")
         assert b.dtype == jnp.bfloat16
         np.testing.assert_allclose(np.asarray(b, np.float32), np.asarray(a, np.float32), rtol=3e-2, atol=3e-2)
+
+
+def _kernel_outputs(jaxpr, prefix):
+    """The output dtypes of each ``pallas_call`` in ``jaxpr`` (nested jaxprs too) whose name starts with ``prefix``."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call" and str(eqn.params.get("name", "")).startswith(prefix):
+            found.append(tuple(str(v.aval.dtype) for v in eqn.outvars))
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            found += _kernel_outputs(sub, prefix)
+    return found
+
+
+def test_half_precision_outputs_are_written_in_their_dtype(interp):
+    """With heavy nodes in bfloat16: SpMM, the attention forward and the attention backward's per-node gradients write
+    bfloat16 rows from their main programs and float32 rows only from the heavy nodes' chunks (rounded once after)."""
+    rng = np.random.default_rng(3)
+    g = gnn.Graph.from_edges(rng.integers(0, 40, 500), np.concatenate([rng.integers(0, 40, 200), np.full(300, 3)]),
+                             40, heavy_quantile=0.9)  # fmt: skip
+    assert g.schedule.num_extra > 0  # node 3: 300 in-edges, three chunks
+    x = _rand(jax.random.key(4), (40, 16), jnp.bfloat16)
+    xh = _rand(jax.random.key(5), (40, 2, 8), jnp.bfloat16)
+    att = jnp.ones((2, 8), jnp.bfloat16)
+    spmm = jax.make_jaxpr(lambda x: gnn.spmm(g, x, implementation="pallas"))(x).jaxpr
+    assert sorted(_kernel_outputs(spmm, "gnn_spmm")) == [("bfloat16",), ("float32",)], spmm
+    loss = lambda a, b: gnn.gatv2(g, a, b, att, implementation="pallas").astype(jnp.float32).sum()  # noqa: E731
+    grad = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(xh, xh).jaxpr
+    assert sorted(_kernel_outputs(grad, "gnn_gat_fwd"))[0] == ("bfloat16", "float32")  # (out, lse) of the main units
+    dst, src = _kernel_outputs(grad, "gnn_gat_bwd_dst"), _kernel_outputs(grad, "gnn_gat_bwd_src")
+    assert ("bfloat16", "float32") in dst and ("float32", "float32") in dst, dst  # dxd; att's per-node rows
+    assert ("bfloat16",) in src, src  # dxs (g.T may have no heavy node)
 
 
 def test_interpret_forward_only_without_heavy_nodes(interp):

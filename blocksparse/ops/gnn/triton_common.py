@@ -141,8 +141,7 @@ def split_units(g: Graph | DynamicGraph) -> Split:
 
     A heavy node's main unit is empty here and its first chunk is an extra unit (before its other chunks), so the
     main output can take the result's dtype, half precision too, and still be rounded once (:meth:`Split.fold`
-    for sums; the attention forward combines the extra rows by their log-sum-exp). Where every output is float32
-    anyway (the attention backward), :func:`units` and :func:`fold_sum` do with one fewer unit per heavy node.
+    for sums; the attention forward combines the extra rows by their log-sum-exp).
     """
     main, extra = units(g)
     if extra is None:
@@ -181,16 +180,6 @@ def split_main_end(g: Graph) -> np.ndarray:
     hn = np.asarray(s.heavy_nodes)
     main_end[hn] = np.asarray(g.indptr)[hn]
     return main_end
-
-
-def fold_sum(g: Graph | DynamicGraph, main: jax.Array, extra: jax.Array | None) -> jax.Array:
-    """Add heavy nodes' extra partial rows (float32) into their main rows."""
-    if extra is None:
-        return main
-    heavy, seg, nh = heavy_arrays(g)
-    part = jax.ops.segment_sum(extra, seg, nh, indices_are_sorted=True)
-    rows = main[heavy].astype(jnp.float32) + part
-    return main.at[heavy].set(rows.astype(main.dtype), unique_indices=True, indices_are_sorted=True, mode="drop")
 
 
 # ------------------------------------------------------------------ several units per program

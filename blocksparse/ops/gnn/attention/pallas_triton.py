@@ -307,9 +307,9 @@ def _bwd_dst_kernel(starts_ref, ends_ref, nodes_ref, indices_ref, *refs, view, d
     if deferred:
         dq = jnp.sum(dq, axis=0)
         da = jnp.sum(da, axis=0) if mode == "gat" else da
-    dxd_ref[0, :] = v.out_row(dq)
+    dxd_ref[0, :] = v.out_row(dq).astype(dxd_ref.dtype)
     if mode == "gat":
-        datt_ref[0, :] = v.out_row(da)
+        datt_ref[0, :] = v.out_row(da).astype(datt_ref.dtype)
 
 
 # -------------------------------------------------------------------------- backward, source pass
@@ -362,47 +362,38 @@ def _bwd_src_kernel(starts_ref, ends_ref, nodes_ref, indices_ref, *refs, view, d
         dk = jnp.sum(dk, axis=0) * (1.0 if mode == "gat" else scale)
         dv = dv if one_sum else jnp.sum(dv, axis=0)
     if mode == "gat":
-        dxs_ref[0, :] = v.out_row(dk if one_sum else dk + dv)
+        dxs_ref[0, :] = v.out_row(dk if one_sum else dk + dv).astype(dxs_ref.dtype)
     else:
-        dk_ref[0, :] = v.out_row(dk)
-        dv_ref[0, :] = v.out_row(dv)
+        dk_ref[0, :] = v.out_row(dk).astype(dk_ref.dtype)
+        dv_ref[0, :] = v.out_row(dv).astype(dv_ref.dtype)
 
 
-def _bwd_call(kernel, nout, tag, units, indices, xs, xd, third, dout, lse, delta, sh, mode, slope, scale, interpret):
+def _bwd_call(kernel, tag, dtypes, units, indices, xs, xd, third, dout, lse, delta, sh, mode, slope, scale, interpret):
+    """One backward pass over ``units``: one output row per unit for each of ``dtypes``."""
     starts, ends, nodes = units
     nu = starts.shape[0]
     spec = pl.BlockSpec((1, sh.hb * sh.dp), lambda u, b: (u, b))
-    shape = jax.ShapeDtypeStruct((nu, sh.heads * sh.dp), jnp.float32)
     return pl.pallas_call(
         functools.partial(kernel, mode=mode, slope=slope, scale=scale, **sh.kw()),
         grid=(nu, sh.nblk),
-        out_specs=[spec] * nout,
-        out_shape=[shape] * nout,
+        out_specs=[spec] * len(dtypes),
+        out_shape=[jax.ShapeDtypeStruct((nu, sh.heads * sh.dp), t) for t in dtypes],
         interpret=interpret,
         compiler_params=P.params(sh.warps),
         name=f"gnn_{mode}_bwd_{tag}",
     )(starts, ends, nodes, indices, xs, xd, third, dout, sh.heads_array(lse), sh.heads_array(delta))
 
 
-def _bwd_dst_call(*args):
-    mode = args[-4]
-    return _bwd_call(_bwd_dst_kernel, 2 if mode == "gat" else 1, "dst", *args)
-
-
-def _bwd_src_call(*args):
-    mode = args[-4]
-    return _bwd_call(_bwd_src_kernel, 1 if mode == "gat" else 2, "src", *args)
-
-
-def _two_pass(call, g, *args):
-    """Run ``call`` over main and extra units of ``g`` and fold extra partial sums in."""
-    main, extra = P.units(g)
+def _two_pass(kernel, tag, g, dtypes, *args):
+    """Run ``kernel`` over ``g``'s units: the main units' rows in ``dtypes`` (a gradient in its input's dtype), heavy
+    nodes' chunks as float32 partial rows, added per node and rounded once (:func:`~..triton_common.split_units`)."""
+    split = P.split_units(g)
     indices = jnp.asarray(g.indices)
-    outs = call(main, indices, *args)
-    if extra is None:
+    outs = _bwd_call(kernel, tag, dtypes, split.main, indices, *args)
+    if split.extra is None:
         return outs
-    parts = call(extra, indices, *args)
-    return [P.fold_sum(g, o, p) for o, p in zip(outs, parts, strict=True)]
+    parts = _bwd_call(kernel, tag, [jnp.float32] * len(dtypes), split.extra, indices, *args)
+    return [split.fold(g, o, p) for o, p in zip(outs, parts, strict=True)]
 
 
 def flat_backward(
@@ -419,7 +410,8 @@ def flat_backward(
     scale: float,
     config=None,
 ):
-    """Gradients w.r.t. xs, xd (or k, q) and att (or v), all in the flattened layout, float32."""
+    """Gradients w.r.t. xs, xd (or k, q) and att (or v), all in the flattened layout: each node's in its input's dtype
+    (rounded once from float32 sums), att's in float32 (a sum over nodes)."""
     interpret = P.interpret_mode()
     sh = _Shape(heads, xs.shape[1] // heads, config)
     n = xs.shape[0]
@@ -428,8 +420,9 @@ def flat_backward(
     )  # (N, H): sum_j alpha_ij (dout_i . v_j)
     dout = dout.astype(xs.dtype)
     common = (xs, xd, third, dout, lse, delta, sh, mode, slope, scale, interpret)
-    dst_outs = _two_pass(_bwd_dst_call, g, *common)
-    src_outs = _two_pass(_bwd_src_call, g.T, *common)
+    gat = mode == "gat"  # dst pass: dxd and att's per-node rows (or dq); src pass: dxs (or dk and dv)
+    dst_outs = _two_pass(_bwd_dst_kernel, "dst", g, [xd.dtype, jnp.float32] if gat else [xd.dtype], *common)
+    src_outs = _two_pass(_bwd_src_kernel, "src", g.T, [xs.dtype] if gat else [xs.dtype, third.dtype], *common)
     if mode == "gat":
         dxd, datt_part = dst_outs
         (dxs,) = src_outs
