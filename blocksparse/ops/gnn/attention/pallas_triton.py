@@ -393,7 +393,7 @@ def _two_pass(kernel, tag, g, dtypes, *args):
     if split.extra is None:
         return outs
     parts = _bwd_call(kernel, tag, [jnp.float32] * len(dtypes), split.extra, indices, *args)
-    return [split.fold(g, o, p) for o, p in zip(outs, parts, strict=True)]
+    return [split.fold(o, p) for o, p in zip(outs, parts, strict=True)]
 
 
 def flat_backward(
