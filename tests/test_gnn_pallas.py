@@ -152,10 +152,7 @@ def _kernel_outputs(jaxpr, prefix):
 def test_half_precision_outputs_are_written_in_their_dtype(interp):
     """With heavy nodes in bfloat16: SpMM, the attention forward and the attention backward's per-node gradients write
     bfloat16 rows from their main programs and float32 rows only from the heavy nodes' chunks (rounded once after)."""
-    rng = np.random.default_rng(3)
-    g = gnn.Graph.from_edges(rng.integers(0, 40, 500), np.concatenate([rng.integers(0, 40, 200), np.full(300, 3)]),
-                             40, heavy_quantile=0.9)  # fmt: skip
-    assert g.schedule.num_extra > 0  # node 3: 300 in-edges, three chunks
+    g = _heavy_both_ways()  # heavy nodes in g and in g.T
     x = _rand(jax.random.key(4), (40, 16), jnp.bfloat16)
     xh = _rand(jax.random.key(5), (40, 2, 8), jnp.bfloat16)
     att = jnp.ones((2, 8), jnp.bfloat16)
@@ -165,8 +162,54 @@ def test_half_precision_outputs_are_written_in_their_dtype(interp):
     grad = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(xh, xh).jaxpr
     assert sorted(_kernel_outputs(grad, "gnn_gat_fwd"))[0] == ("bfloat16", "float32")  # (out, lse) of the main units
     dst, src = _kernel_outputs(grad, "gnn_gat_bwd_dst"), _kernel_outputs(grad, "gnn_gat_bwd_src")
-    assert ("bfloat16", "float32") in dst and ("float32", "float32") in dst, dst  # dxd; att's per-node rows
-    assert ("bfloat16",) in src, src  # dxs (g.T may have no heavy node)
+    # dxd and att's per-node rows from the main programs, float32 partial rows of both from the heavy chunks
+    assert sorted(dst) == [("bfloat16", "float32"), ("float32", "float32")], dst
+    assert sorted(src) == [("bfloat16",), ("float32",)], src  # dxs; g.T's heavy chunks
+    loss = lambda q, k, v: gnn.graph_attention(g, q, k, v, implementation="pallas").astype(jnp.float32).sum()  # noqa: E731
+    grad = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(xh, xh, xh).jaxpr
+    assert sorted(_kernel_outputs(grad, "gnn_dot_fwd"))[0] == ("bfloat16", "float32")
+    dst, src = _kernel_outputs(grad, "gnn_dot_bwd_dst"), _kernel_outputs(grad, "gnn_dot_bwd_src")
+    assert sorted(dst) == [("bfloat16",), ("float32",)], dst  # dq
+    assert sorted(src) == [("bfloat16", "bfloat16"), ("float32", "float32")], src  # dk, dv
+
+
+def _heavy_both_ways(n=40):
+    """Nodes 3 and 7 heavy in ``g`` (300 and 200 in-edges), node 5 heavy in ``g.T`` (150 more out-edges)."""
+    rng = np.random.default_rng(3)
+    src = rng.integers(0, n, 700)
+    src[-150:] = 5
+    dst = np.concatenate([rng.integers(0, n, 200), np.full(300, 3), np.full(200, 7)])
+    g = gnn.Graph.from_edges(src, dst, n, heavy_quantile=0.9)
+    assert g.schedule.num_extra and g.T.schedule.num_extra
+    return g
+
+
+@pytest.mark.parametrize("traced", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["static", "traced"])
+def test_attention_backward_rounds_half_precision_gradients_once(interp, traced):
+    """The backward in bfloat16 is the float32 backward of the same values rounded once, bit for bit, per node,
+    heavy nodes included (in ``g``: ``dxd`` / ``dq``; in ``g.T``: ``dxs`` / ``dk``, ``dv``); ``att``'s gradient is
+    float32 and the same."""
+    from blocksparse.ops.gnn.attention import pallas_triton as PT
+
+    g = _heavy_both_ways()
+    if traced:  # spare capacity: unused heavy slots too
+        g = gnn.DynamicGraph.from_graph(g, chunk=g.chunk, max_edges=1500, canonical=False)
+    heads, dp, n = 2, 8, g.num_nodes
+    keys = jax.random.split(jax.random.key(0), 4)
+    xs, xd, dout = (_rand(k, (n, heads * dp), jnp.bfloat16) for k in keys[:3])
+    for mode in ("gat", "dot"):
+        third = _rand(keys[3], (heads * dp,) if mode == "gat" else (n, heads * dp), jnp.bfloat16)
+        out, lse = PT.flat_forward(g, mode, xs, xd, third, heads, 0.2, 0.3)
+        half = PT.flat_backward(g, mode, xs, xd, third, out, lse, dout, heads, 0.2, 0.3)
+        f32 = [t.astype(jnp.float32) for t in (xs, xd, third, dout)]  # the same values
+        full = PT.flat_backward(g, mode, *f32[:3], out, lse, f32[3], heads, 0.2, 0.3)
+        for i, (h, f) in enumerate(zip(half, full, strict=True)):
+            if mode == "gat" and i == 2:  # att's gradient: float32 either way
+                assert h.dtype == jnp.float32
+                np.testing.assert_array_equal(h, f)
+            else:
+                assert h.dtype == jnp.bfloat16, (mode, i, h.dtype)
+                np.testing.assert_array_equal(np.asarray(h, np.float32), np.asarray(f.astype(jnp.bfloat16), np.float32))
 
 
 def test_interpret_forward_only_without_heavy_nodes(interp):

@@ -423,7 +423,7 @@ def flat_backward(
     gat = mode == "gat"  # dst pass: dxd and att's per-node rows (or dq); src pass: dxs (or dk and dv)
     dst_outs = _two_pass(_bwd_dst_kernel, "dst", g, [xd.dtype, jnp.float32] if gat else [xd.dtype], *common)
     src_outs = _two_pass(_bwd_src_kernel, "src", g.T, [xs.dtype] if gat else [xs.dtype, third.dtype], *common)
-    if mode == "gat":
+    if gat:
         dxd, datt_part = dst_outs
         (dxs,) = src_outs
         return dxs, dxd, jnp.sum(datt_part, axis=0)
@@ -458,7 +458,7 @@ def attention_backward(s, g, a, b, c, out, lse, dout):
     n, h, d, hp, dp = _geometry(a)
     f = lambda t: _flat(t, hp, dp)
     da, db, dc = flat_backward(g, s.mode, f(a), f(b), f(c), f(out), lse, f(dout), hp, s.slope, s.scale, s.config)
-    da = da.reshape(n, hp, dp)[:, :h, :d].astype(a.dtype)
-    db = db.reshape(n, hp, dp)[:, :h, :d].astype(b.dtype)
-    dc = dc.reshape(*c.shape[:-2], hp, dp)[..., :h, :d].astype(c.dtype)
+    da = da.reshape(n, hp, dp)[:, :h, :d]  # (per-node gradients: written in their input's dtype)
+    db = db.reshape(n, hp, dp)[:, :h, :d]
+    dc = dc.reshape(*c.shape[:-2], hp, dp)[..., :h, :d].astype(c.dtype)  # att's: a float32 sum over nodes
     return da, db, dc
