@@ -185,6 +185,7 @@ TINY = LlamaConfig(vocab_size=64, hidden_size=128, num_layers=2, num_heads=4, nu
                    max_positions=64)  # fmt: skip
 
 
+@pytest.mark.slow  # whole generations (23 s); each step against NumPy stays quick
 def test_the_decoder_generates_the_same_tokens_with_pallas_attention(monkeypatch):
     from blocksparse.models import _llama
     from blocksparse.ops.attention import CHUNK

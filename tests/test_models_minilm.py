@@ -445,6 +445,7 @@ def test_prune_encoder_reconstruct_calibrates_on_the_model_pruned_so_far(tiny, o
             assert got.bias is getattr(L0, name).bias
 
 
+@pytest.mark.slow  # reconstructs the encoder once per message (19 s)
 def test_prune_encoder_reconstruct_errors_name_the_projection(tiny):
     model, tok = tiny
     cal = tok(SENTENCES)

@@ -250,6 +250,7 @@ def test_bands_lower_for_cuda():
         assert f"bs_mgpu_bands_{b}" in txt
 
 
+@pytest.mark.slow  # compiles many products to count kernels (13 s); the interpreter check stays quick
 def test_products_of_one_configuration_share_one_kernel():
     """Two products whose patterns differ but whose static configuration is the same (shape, blocks, their count;
     step counts 109 and 106, both taken as 128 schedule rows) lower the kernel once and call it twice: a pruned

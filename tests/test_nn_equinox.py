@@ -129,6 +129,7 @@ def test_pallas_kernel_under_vmap_and_grad(getkey):
     np.testing.assert_allclose(g.weight.to_dense(), gd * (w != 0), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow  # a training loop (10 s); the layer's calls and gradients are checked quickly
 def test_a_small_model_trains_with_optax(getkey):
     model = eqx.nn.Sequential([
         ESparseLinear(32, 32, block_size=16, density=0.5, activation="gelu_tanh", key=getkey()),
