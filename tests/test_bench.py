@@ -340,12 +340,15 @@ def test_every_suite_lists_checked_cells_at_every_size(suite):
     assert len(suite.suite(**suite.SIZES["quick"])) <= 16  # the CPU-sized run stays short
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    """One run of every suite but the model's at the tiny size, with --json and (with matplotlib) --plot."""
-    tmp = tmp_path_factory.mktemp("bench")
-    others = ",".join(n for n in SUITE_NAMES if n not in ("matmul", "gnn", "plan"))
-    argv = ["bench", "--suite", "matmul,gnn", "--suite", "plan", "--suite", others, "--json", str(tmp / "bench.json"),
+#: The suites of the quick tiny run; the others (the longest to compile, each with quick tests of its own cells:
+#: test_gnn_choice, test_gnn_graphs, the variants' tests here) run tiny in test_the_slower_suites_run_tiny.
+QUICK_RUN = ["matmul", "gnn", "plan", "mosaic", "dynamic", "sharded"]
+SLOW_RUN = [n for n in SUITE_NAMES if n not in QUICK_RUN]
+
+
+def _tiny(tmp, suites: list[list[str]]) -> dict:
+    """One run of ``suites`` (one ``--suite`` each group) at the tiny size, with --json and (with matplotlib) --plot."""
+    argv = ["bench", *(a for group in suites for a in ("--suite", ",".join(group))), "--json", str(tmp / "bench.json"),
             *FAST]  # fmt: skip
     has_mpl = importlib.util.find_spec("matplotlib") is not None
     if has_mpl:
@@ -360,10 +363,16 @@ def tiny_run(tmp_path_factory):
                 figs=tmp / "figs" if has_mpl else None)  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """The quick suites' tiny run: three ``--suite`` options, one naming two suites and one naming four."""
+    return _tiny(tmp_path_factory.mktemp("bench"), [["matmul", "gnn"], ["plan"], QUICK_RUN[3:]])
+
+
 def test_quick_suites_run_print_the_table_and_exit_0(tiny_run):
     out = tiny_run["out"]
     assert tiny_run["code"] == 0, out
-    assert all(f"[{name}]" in out for name in SUITE_NAMES) and "FAILED" not in out
+    assert all(f"[{name}]" in out for name in QUICK_RUN) and "FAILED" not in out
     if tiny_run["doc"]["meta"]["platform"] == "cpu":
         assert "pure-JAX (XLA) implementations run" in out and "dsd: xla" in out and "dyn_dsd: xla" in out
     assert " ok, 0 failed in " in out
@@ -371,11 +380,12 @@ def test_quick_suites_run_print_the_table_and_exit_0(tiny_run):
 
 def test_json_holds_every_cell_with_its_metrics(tiny_run):
     doc = tiny_run["doc"]
-    assert doc["meta"]["suites"] == ["matmul", "gnn", "plan", *(n for n in SUITE_NAMES[3:])]
+    assert doc["meta"]["suites"] == QUICK_RUN
     assert doc["meta"]["full"] is False and doc["meta"]["iters"] == 1 and doc["meta"]["seconds"] > 0
     results = doc["results"]
-    assert {r["suite"] for r in results} == set(SUITE_NAMES) and all(r["ok"] for r in results)
-    assert len(results) == sum(len(s.suite(**s.SIZES["tiny"])) for s in SIZED)
+    assert {r["suite"] for r in results} == set(QUICK_RUN) and all(r["ok"] for r in results)
+    ran = [s for s in SIZED if s.__name__.rsplit(".", 1)[1].replace("_", "-") in QUICK_RUN]
+    assert len(results) == sum(len(s.suite(**s.SIZES["tiny"])) for s in ran)
     kinds = {r["params"].get("kind") for r in results if r["suite"] == "matmul"}
     assert kinds == {"dense", "static", "dynamic"}
     for r in results:
@@ -393,10 +403,11 @@ def test_json_holds_every_cell_with_its_metrics(tiny_run):
     assert {r["label"] for r in results if r["suite"] == "gnn"} == set(bench_gnn.OPS)
 
 
-def test_the_new_suites_measure_dense_or_xla_beside_the_default(tiny_run):
-    """Each cell: the default's both timings, its dispatch log, a baseline in the same run; on a CPU the GPU
-    variants are recorded as skipped (with the reason), never failed."""
-    results = [r for r in tiny_run["doc"]["results"] if r["suite"] in SUITE_NAMES[3:]]
+def _newer_suites_cells(run) -> dict:
+    """The cells of the suites after the first three, checked: the default's both timings, its dispatch log, a
+    baseline in the same run; on a CPU the GPU variants recorded as skipped (with the reason), never failed.
+    ``(suite, label) -> metrics``."""
+    results = [r for r in run["doc"]["results"] if r["suite"] in SUITE_NAMES[3:]]
     for r in results:
         m = r["metrics"]
         if r["skipped"]:
@@ -404,27 +415,45 @@ def test_the_new_suites_measure_dense_or_xla_beside_the_default(tiny_run):
             continue
         assert m["loop_ms"] > 0 and m["calls_ms"] > 0 and m["implementation"], r
         assert r["suite"] == "training" or any(k.endswith("_loop_ms") for k in m), r  # a baseline beside it
-        if tiny_run["doc"]["meta"]["platform"] == "cpu":
+        if run["doc"]["meta"]["platform"] == "cpu":
             assert all("needs a" in v or "refused" in v or "Hopper" in v for k, v in m.items()
                        if k.endswith("_skipped")), m  # fmt: skip
-    by = {(r["suite"], r["label"]): r["metrics"] for r in results}
+    return {(r["suite"], r["label"]): r["metrics"] for r in results}
+
+
+def _pngs(run, want: set[str]):
+    if run["figs"] is None:
+        pytest.skip("matplotlib is not installed")
+    names = sorted(p.name for p in run["figs"].iterdir())
+    assert want <= set(names), names
+    assert all((run["figs"] / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
+
+
+def test_the_new_suites_measure_dense_or_xla_beside_the_default(tiny_run):
+    by = _newer_suites_cells(tiny_run)
     mosaic = [m for (s, _), m in by.items() if s == "mosaic"]
     assert mosaic and all("dense_loop_ms" in m and "xla_loop_ms" in m for m in mosaic)
     if tiny_run["doc"]["meta"]["platform"] == "cpu":
         assert all(m["mosaic_skipped"].startswith("needs a Hopper GPU") for m in mosaic)
-    training = {label.split()[0]: m for (s, label), m in by.items() if s == "training"}
-    assert set(training) == set(bench_training.VARIANTS) and training["dense"]["loop_vs_dense"] == 1.0
-    assert len({round(m["loss0"], 4) for m in training.values()}) == 1 and training["rigl"]["moved_per_layer"] > 0
     sharded = [m for (s, _), m in by.items() if s == "sharded" and m]
     assert all(m["devices"] == 4 and m["rel_err"] < 1e-4 for m in sharded)  # tests run with 4 CPU devices
 
 
 def test_plot_writes_pngs(tiny_run):
-    if tiny_run["figs"] is None:
-        pytest.skip("matplotlib is not installed")
-    names = sorted(p.name for p in tiny_run["figs"].iterdir())
-    assert {"gnn_vs_reference.png", "matmul_n16.png", "plan_speedup.png", "sharded.png", "gnn_graphs.png"} <= set(names)
-    assert all((tiny_run["figs"] / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
+    _pngs(tiny_run, {"gnn_vs_reference.png", "matmul_n16.png", "plan_speedup.png", "sharded.png"})
+
+
+@pytest.mark.slow  # about 30 s on 2 cores: compiling the variants' and the graphs' cells and a training step
+def test_the_slower_suites_run_tiny(tmp_path):
+    run = _tiny(tmp_path, [SLOW_RUN])
+    assert run["code"] == 0, run["out"]
+    assert all(f"[{name}]" in run["out"] for name in SLOW_RUN) and " ok, 0 failed in " in run["out"]
+    assert {r["suite"] for r in run["doc"]["results"]} == set(SLOW_RUN)
+    by = _newer_suites_cells(run)
+    training = {label.split()[0]: m for (s, label), m in by.items() if s == "training"}
+    assert set(training) == set(bench_training.VARIANTS) and training["dense"]["loop_vs_dense"] == 1.0
+    assert len({round(m["loss0"], 4) for m in training.values()}) == 1 and training["rigl"]["moved_per_layer"] > 0
+    _pngs(run, {"gnn_graphs.png"})
 
 
 def test_a_failed_cell_is_shown_and_exits_1(monkeypatch, tmp_path, capsys):
