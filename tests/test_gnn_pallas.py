@@ -87,6 +87,7 @@ def test_interpret_matches_reference_on_awkward_graphs(g):
         _compare(g, feat=5, heads=2, dim=3, key=jax.random.key(g.num_edges))
 
 
+@pytest.mark.slow  # quick: the heavy chunks of test_gnn_dynamic, test_gnn_invalid and the half-precision tests here
 def test_interpret_heavy_chunks_and_wide_features(interp):
     # hub of 700 in-edges: 5 chunks of 128 + main; features over one 128-wide block; ties in max
     rng = np.random.default_rng(0)
