@@ -240,286 +240,64 @@ class Measured:
         return self.edges / self.nodes
 
 
-_GRAPHS_RUN = "gnn_graphs_h200.json"  # its twitch-views cells (its city-roads-L and ogbn-arxiv: replaced, below)
-_FULL_SMALL = "gnn_full_small_float32_h200.json"  # city-roads-L, ogbn-arxiv: every op and pass, float32, one run
-# power-law in float32 (cut short: no GATv2 fwd+bwd, graph attention), one run
-_FULL_POWER_LAW = "gnn_full_power_law_float32_h200.json"
-# SpMM (sum, mean, the GCN norm) on city-roads-L and ogbn-arxiv in both dtypes, the norms on the edge weights
-_FULL_NORMS = "gnn_full_small_spmm_norms_h200.json"
-_FULL_TWITCH = "gnn_full_twitch_float32_h200.json"  # twitch-views, float32 (cut short: SpMM only)
-_FULL_TWITCH_BF16 = "gnn_full_twitch_bfloat16_h200.json"  # twitch-views, bfloat16 (cut short: SpMM only)
-_FULL_POWER_LAW_BF16 = "gnn_full_power_law_bfloat16_h200.json"  # power-law, bfloat16 (cut short: SpMM sum only)
-# city-roads-L, ogbn-arxiv in bfloat16 after the narrow loads: max, min and both attentions, both passes
-_FULL_SMALL_BF16_NARROW = "gnn_full_small_bfloat16_narrow_h200.json"
-_FULL_POWER_LAW_ATTN = "gnn_full_power_law_float32_attn_h200.json"  # power-law, float32 (cut short: GATv2 fwd only)
-# power-law in bfloat16 after the narrow loads: max and min, both attentions, both passes (two runs)
-_FULL_POWER_LAW_BF16_EXTREMES = "gnn_full_power_law_bfloat16_extremes_h200.json"
-_FULL_POWER_LAW_BF16_ATTN = "gnn_full_power_law_bfloat16_attn_h200.json"
-# pokec: max, min and both attentions, both passes, float32 (XLA and PyG out of memory in GATv2's forward + backward)
-_FULL_POKEC = "gnn_full_pokec_float32_rest_h200.json"
-# the same in bfloat16 (cut short before graph attention's forward + backward), then both graph attention cells
-_FULL_POKEC_BF16 = "gnn_full_pokec_bfloat16_rest_h200.json"
-_FULL_POKEC_BF16_ATTN = "gnn_full_pokec_bfloat16_attn_h200.json"
-# pokec's SpMM (sum, mean, the GCN norm) by dtype: one run cut short before the GCN norm's forward + backward, then
-# that cell alone
-_FULL_POKEC_SPMM = {
-    "float32": "gnn_full_pokec_float32_spmm_h200.json",
-    "bfloat16": "gnn_full_pokec_bfloat16_spmm_h200.json",
-}
-_FULL_POKEC_GCN_BWD = {
-    "float32": "gnn_full_pokec_float32_gcn_bwd_h200.json",
-    "bfloat16": "gnn_full_pokec_bfloat16_gcn_bwd_h200.json",
-}
-# the power-law graph in bfloat16: SpMM with the mean and the GCN norm, forward (its mean's forward + backward: a third
-# run, no entry of its own; its max and min forward + backward under the four-nodes default,
-# gnn_full_power_law_bfloat16_extremes_bwd_h200.json: replaced by the run below)
-_FULL_POWER_LAW_BF16_SPMM = "gnn_full_power_law_bfloat16_spmm_fwd_h200.json"
-# Measured again once the timed loop computed every output (before, it under-counted XLA's work on an output: the
-# max / min backward's scatter, XLA's GATv2, the segment ops): SpMM (sum, mean, the GCN norm) and GATv2 forward +
-# backward on city-roads-L and ogbn-arxiv in both dtypes; max and min forward + backward on those two graphs, the
-# power-law graph and pokec, in both dtypes
-_FULL_SMALL_BWD = "gnn_full_small_bwd_h200.json"
-_FULL_EXTREMES_BWD = {"small": "gnn_full_small_extremes_bwd_h200.json",
-                      "power-law": "gnn_full_power_law_extremes_bwd_h200.json",
-                      "pokec": "gnn_full_pokec_extremes_bwd_h200.json"}  # fmt: skip
-# pokec's bfloat16 SpMM sum forward once heavy nodes' sums were formed from float32 partial rows alone (the main
-# output written in bfloat16)
-_FULL_POKEC_BF16_SUM = "gnn_full_pokec_bfloat16_sum_fwd_h200.json"
-_SEGMENT = "XLA's side: the suite's sorted segment op in the features' dtype (jax-segment), as the xla backend runs it"
-
-
-def _paper(stats, faster, results, op, dtype="float32", note=_SEGMENT):
-    return Measured(**stats, faster=faster, results=results,
-                    cell=f"{stats['graph']}/{dtype}/as generated/{op}: ours vs jax-segment", note=note)  # fmt: skip
-
-
+#: The run the choices come from: the ``gnn-graphs`` suite with the torch peers (``benchmarks/bench_gnn_graphs.py``),
+#: every op, pass and dtype on the six graphs, both backends named in each cell, one version of the code on one H200,
+#: resumed across commands (docs/gnn.md, "The full table").
+FULL_RUN = "gnn_full_h200.json"
+_GRAPHS = (_ROADS, _ARXIV, _TWITCH, _POKEC, _PRODUCTS, _POWER_LAW)  # the columns of _H200_FASTER
+#: The family's cell of the run: SpMM by its sum, max / min by max (one kernel each).
+_CELL_OP = {"spmm": "spmm_sum", "spmm_gcn": "spmm_gcn", "aggregate": "max", "gatv2": "gatv2",
+            "graph_attention": "graph_attention"}  # fmt: skip
 _TIE = "a tie: XLA faster by at most 2%, the default order kept"  # blocksparse.bench.gnn_graphs.TIE_NOTE
 
-
-def _full(stats, faster, op, pass_, results=_FULL_SMALL, dtype="float32", note=""):
-    """A cell of the full ``gnn-graphs`` table, as ``blocksparse.bench.gnn_graphs.measured_from`` reads it: both
-    backends named (``pallas_loop_ms`` against ``xla_loop_ms``) in the same cell; ``faster="pallas"`` with
-    ``note=_TIE`` where XLA won by at most 2%."""
-    label = f"{stats['graph']} {dtype} as generated {op} {pass_}"
-    return Measured(**stats, faster=faster, results=results, cell=f"{label}: pallas_loop_ms vs xla_loop_ms",
-                    note=note)  # fmt: skip
-
-
-def _narrow(stats, faster, op, pass_):
-    """A bfloat16 cell of the full table's run on city-roads-L and ogbn-arxiv with the 2-byte rows gathered 4 features
-    a lane (``narrow_loads``, the max's two nodes per program)."""
-    return _full(stats, faster, op, pass_, _FULL_SMALL_BF16_NARROW, "bfloat16")
-
-
-def _pl_half(op, pass_):
-    """A bfloat16 cell of the later runs on the power-law graph (max / min, the attentions, SpMM with the GCN norm):
-    the kernels were faster in every one."""
-    results = _FULL_POWER_LAW_BF16_EXTREMES if op in ("max", "min") else _FULL_POWER_LAW_BF16_ATTN
-    if op == "spmm_gcn":
-        results = _FULL_POWER_LAW_BF16_SPMM
-    if op in ("max", "min") and pass_ == "fwd+bwd":
-        results = _FULL_EXTREMES_BWD["power-law"]  # (and again with every output timed)
-    return _full(_POWER_LAW, "pallas", op, pass_, results, "bfloat16")
-
-
-def _pokec(op, pass_, dtype="float32"):
-    """A cell of the full table's runs on pokec (every op): the kernels were faster in every one."""
-    results = {"float32": _FULL_POKEC, "bfloat16": _FULL_POKEC_BF16}[dtype]
-    if dtype == "bfloat16" and op == "graph_attention":
-        results = _FULL_POKEC_BF16_ATTN  # (its forward measured twice: the later run's)
-    if op.startswith("spmm"):
-        results = (_FULL_POKEC_GCN_BWD if (op, pass_) == ("spmm_gcn", "fwd+bwd") else _FULL_POKEC_SPMM)[dtype]
-    if (op, pass_, dtype) == ("spmm_sum", "fwd", "bfloat16"):
-        results = _FULL_POKEC_BF16_SUM
-    if op in ("max", "min") and pass_ == "fwd+bwd":
-        results = _FULL_EXTREMES_BWD["pokec"]
-    return _full(_POKEC, "pallas", op, pass_, results, dtype)
-
-
-def _again(stats, faster, op, pass_, dtype="float32"):
-    """A forward + backward cell measured again with every output timed: SpMM and GATv2 on city-roads-L and
-    ogbn-arxiv, max / min on those and the power-law graph."""
-    small = stats in (_ROADS, _ARXIV)
-    if op in ("max", "min"):
-        results = _FULL_EXTREMES_BWD["small" if small else stats["graph"]]
-    elif small:
-        results = _FULL_SMALL_BWD
-    else:
-        raise ValueError(f"Expected city-roads-L or ogbn-arxiv for {op} measured again. Got {stats['graph']}.")
-    return _full(stats, faster, op, pass_, results, dtype)
-
-
-def _pl(faster, op, pass_):
-    """A float32 cell of the full table's run on the power-law graph."""
-    return _full(_POWER_LAW, faster, op, pass_, _FULL_POWER_LAW)
-
-
-_GAT_SEGMENT = ("XLA's side: JAX's autodiff of the suite's segment GATv2 (jax-segment); the xla backend runs the same "
-                "segment ops and recomputes the forward in its backward")  # fmt: skip
-
-# The full table's runs replaced the older runs' entries for the graphs, dtypes, ops and passes they measured with
-# both backends named: float32 on city-roads-L and ogbn-arxiv (gnn_full_small_float32_h200.json; replaced
-# gnn_graphs_h200.json's SpMM and max forward and GATv2 forward + backward there), bfloat16 on those two graphs
-# (gnn_full_small_bfloat16_h200.json; replaced spmm_packed_h200.json's ogbn-arxiv SpMM), float32 on the power-law
-# graph (gnn_full_power_law_float32_h200.json; replaced gather_defaults_h200.json's SpMM and max forward and
-# gather_with_arg_h200.json's max with the arg-max there). Later runs replaced some of those in turn: SpMM and SpMM
-# with the GCN norm on city-roads-L and ogbn-arxiv in both dtypes, re-measured with the norms on the edge weights
-# (gnn_full_small_spmm_norms_h200.json), ogbn-arxiv's bfloat16 attention (gnn_full_arxiv_bfloat16_attn_h200.json),
-# the power-law graph's GATv2 forward (gnn_full_power_law_float32_attn_h200.json); and twitch-views' SpMM in both
-# dtypes (gnn_full_twitch_*_h200.json; replaced gnn_graphs_h200.json's float32 SpMM) and the power-law graph's
-# bfloat16 SpMM (gnn_full_power_law_bfloat16_h200.json; replaced gather_defaults_h200.json's). Then the 2-byte rows
-# gathered 4 features a lane changed the bfloat16 kernels: max / min and both attentions on city-roads-L and
-# ogbn-arxiv were measured again (gnn_full_small_bfloat16_narrow_h200.json; replaced gnn_full_small_bfloat16_h200.json's
-# and gnn_full_arxiv_bfloat16_attn_h200.json's cells there). Later still, the power-law graph in bfloat16 with the
-# narrow loads: max / min and both attentions (gnn_full_power_law_bfloat16_{extremes,attn}_h200.json; replaced
-# gather_defaults_h200.json's max forward and gather_with_arg_h200.json's max with the arg-max), and pokec's max / min
-# and attentions in both dtypes (gnn_full_pokec_*_h200.json; replaced gnn_graphs_pokec_h200.json's max forward in both
-# dtypes; its GATv2 forward + backward in float32 stays, XLA out of memory in the full run's cell). Then pokec's SpMM
-# in both dtypes (gnn_full_pokec_*_{spmm,gcn_bwd}_h200.json; replaced gnn_graphs_pokec_h200.json's float32 SpMM
-# forward), the power-law graph's bfloat16 max / min forward + backward under the four-nodes default
-# (gnn_full_power_law_bfloat16_extremes_bwd_h200.json) and its bfloat16 SpMM with the GCN norm, forward. Then, once
-# the timed loop computed every output, the forward + backward cells it could have under-counted, measured again:
-# SpMM and GATv2 on city-roads-L and ogbn-arxiv (gnn_full_small_bwd_h200.json), max / min there, on the power-law
-# graph and pokec (gnn_full_*_extremes_bwd_h200.json), all in both dtypes; and pokec's bfloat16 SpMM sum forward with
-# heavy nodes summed from float32 partials (gnn_full_pokec_bfloat16_sum_fwd_h200.json). The other graphs keep their
-# older runs; the cells no run reached (cut short) have no entry.
-H200_CHOICES = {
-    ("spmm", "float32", "fwd"): (
-        _full(_ROADS, "pallas", "spmm_sum", "fwd", _FULL_NORMS),
-        _full(_ARXIV, "pallas", "spmm_sum", "fwd", _FULL_NORMS),
-        _full(_TWITCH, "xla", "spmm_sum", "fwd", _FULL_TWITCH),
-        _paper(_PRODUCTS, "pallas", "gnn_graphs_products_h200.json", "spmm_sum"),
-        _pokec("spmm_sum", "fwd"),
-        _pl("pallas", "spmm_sum", "fwd"),
-    ),
-    # SpMM with the GCN norm (norm="both"): a weighted product (the norm rides on the edge weights), whose faster
-    # backend differs from the unweighted one's on some graphs. The power-law cell predates the edge weights (its
-    # degree scalings were then passes over the features around the Pallas kernel).
-    ("spmm_gcn", "float32", "fwd"): (
-        _full(_ROADS, "xla", "spmm_gcn", "fwd", _FULL_NORMS),
-        _full(_ARXIV, "pallas", "spmm_gcn", "fwd", _FULL_NORMS, note=_TIE),
-        _full(_TWITCH, "xla", "spmm_gcn", "fwd", _FULL_TWITCH),
-        _pokec("spmm_gcn", "fwd"),
-        _pl("pallas", "spmm_gcn", "fwd"),
-    ),
-    ("spmm_gcn", "bfloat16", "fwd"): (
-        _full(_ROADS, "pallas", "spmm_gcn", "fwd", _FULL_NORMS, "bfloat16"),
-        _full(_ARXIV, "pallas", "spmm_gcn", "fwd", _FULL_NORMS, "bfloat16"),
-        _pokec("spmm_gcn", "fwd", "bfloat16"),
-        _pl_half("spmm_gcn", "fwd"),
-    ),
-    # SpMM under jax.grad: the forward + backward cells (the product over g and its backward over g.T, both on one
-    # backend), which can differ from the forward's (city-roads-L: XLA's forward, the kernels' forward + backward)
-    ("spmm", "float32", "fwd+bwd"): (
-        _again(_ROADS, "pallas", "spmm_sum", "fwd+bwd"),
-        _again(_ARXIV, "pallas", "spmm_sum", "fwd+bwd"),
-        _full(_TWITCH, "xla", "spmm_sum", "fwd+bwd", _FULL_TWITCH),
-        _pokec("spmm_sum", "fwd+bwd"),
-        _pl("pallas", "spmm_sum", "fwd+bwd"),
-    ),
-    ("spmm", "bfloat16", "fwd+bwd"): (
-        _again(_ROADS, "pallas", "spmm_sum", "fwd+bwd", "bfloat16"),
-        _again(_ARXIV, "pallas", "spmm_sum", "fwd+bwd", "bfloat16"),
-        _full(_TWITCH, "pallas", "spmm_sum", "fwd+bwd", _FULL_TWITCH_BF16, "bfloat16"),
-        _pokec("spmm_sum", "fwd+bwd", "bfloat16"),
-        _full(_POWER_LAW, "pallas", "spmm_sum", "fwd+bwd", _FULL_POWER_LAW_BF16, "bfloat16"),
-    ),
-    ("spmm_gcn", "float32", "fwd+bwd"): (
-        _again(_ROADS, "pallas", "spmm_gcn", "fwd+bwd"),
-        _again(_ARXIV, "pallas", "spmm_gcn", "fwd+bwd"),
-        _pokec("spmm_gcn", "fwd+bwd"),
-        _pl("pallas", "spmm_gcn", "fwd+bwd"),
-    ),
-    ("spmm_gcn", "bfloat16", "fwd+bwd"): (
-        _again(_ROADS, "pallas", "spmm_gcn", "fwd+bwd", "bfloat16"),
-        _again(_ARXIV, "pallas", "spmm_gcn", "fwd+bwd", "bfloat16"),
-        _pokec("spmm_gcn", "fwd+bwd", "bfloat16"),
-    ),
-    ("spmm", "bfloat16", "fwd"): (
-        _full(_ROADS, "xla", "spmm_sum", "fwd", _FULL_NORMS, "bfloat16"),
-        _full(_ARXIV, "pallas", "spmm_sum", "fwd", _FULL_NORMS, "bfloat16", note=_TIE),
-        _full(_TWITCH, "pallas", "spmm_sum", "fwd", _FULL_TWITCH_BF16, "bfloat16"),
-        _pokec("spmm_sum", "fwd", "bfloat16"),
-        _full(_POWER_LAW, "pallas", "spmm_sum", "fwd", _FULL_POWER_LAW_BF16, "bfloat16"),
-    ),
-    ("aggregate", "float32", "fwd"): (
-        _full(_ROADS, "pallas", "max", "fwd"),
-        _full(_ARXIV, "pallas", "max", "fwd"),
-        _paper(_TWITCH, "xla", _GRAPHS_RUN, "max"),
-        _paper(_PRODUCTS, "xla", "gnn_graphs_products_h200.json", "max"),
-        _pokec("max", "fwd"),
-        _pl("pallas", "max", "fwd"),
-    ),
-    ("aggregate", "bfloat16", "fwd"): (
-        _narrow(_ROADS, "pallas", "max", "fwd"),
-        _narrow(_ARXIV, "pallas", "max", "fwd"),
-        _pokec("max", "fwd", "bfloat16"),
-        _pl_half("max", "fwd"),
-    ),
-    # with the arg-max: the forward that jax.grad runs (the backward is one scatter on either backend)
-    ("aggregate", "float32", "fwd+bwd"): (
-        _again(_ROADS, "pallas", "max", "fwd+bwd"),
-        _again(_ARXIV, "pallas", "max", "fwd+bwd"),
-        _pokec("max", "fwd+bwd"),
-        _again(_POWER_LAW, "pallas", "max", "fwd+bwd"),
-    ),
-    ("aggregate", "bfloat16", "fwd+bwd"): (
-        _again(_ROADS, "pallas", "max", "fwd+bwd", "bfloat16"),
-        _again(_ARXIV, "pallas", "max", "fwd+bwd", "bfloat16"),
-        _pokec("max", "fwd+bwd", "bfloat16"),
-        _pl_half("max", "fwd+bwd"),
-    ),
-    ("gatv2", "float32", "fwd"): (
-        _full(_ROADS, "pallas", "gatv2", "fwd"),
-        _full(_ARXIV, "pallas", "gatv2", "fwd"),
-        _pokec("gatv2", "fwd"),
-        _full(_POWER_LAW, "pallas", "gatv2", "fwd", _FULL_POWER_LAW_ATTN),
-    ),
-    ("gatv2", "bfloat16", "fwd"): (
-        _narrow(_ROADS, "xla", "gatv2", "fwd"),
-        _narrow(_ARXIV, "pallas", "gatv2", "fwd"),
-        _pokec("gatv2", "fwd", "bfloat16"),
-        _pl_half("gatv2", "fwd"),
-    ),
-    ("gatv2", "float32", "fwd+bwd"): (
-        _again(_ROADS, "xla", "gatv2", "fwd+bwd"),
-        _again(_ARXIV, "pallas", "gatv2", "fwd+bwd"),
-        _paper(_TWITCH, "pallas", _GRAPHS_RUN, "gatv2", note=_GAT_SEGMENT),
-        _paper(_POKEC, "pallas", "gnn_graphs_pokec_h200.json", "gatv2", note=_GAT_SEGMENT),
-        _paper(_PRODUCTS, "pallas", "gnn_graphs_products_h200.json", "gatv2",
-               note="XLA's side (jax-segment) ran out of device memory: the kernels were the only ones to run"),
-    ),
-    ("gatv2", "bfloat16", "fwd+bwd"): (
-        _again(_ROADS, "xla", "gatv2", "fwd+bwd", "bfloat16"),
-        _again(_ARXIV, "pallas", "gatv2", "fwd+bwd", "bfloat16"),
-        _pokec("gatv2", "fwd+bwd", "bfloat16"),
-        _pl_half("gatv2", "fwd+bwd"),
-    ),
-    ("graph_attention", "float32", "fwd"): (
-        _full(_ROADS, "pallas", "graph_attention", "fwd"),
-        _full(_ARXIV, "pallas", "graph_attention", "fwd"),
-        _pokec("graph_attention", "fwd"),
-    ),
-    ("graph_attention", "bfloat16", "fwd"): (
-        _narrow(_ROADS, "xla", "graph_attention", "fwd"),
-        _narrow(_ARXIV, "pallas", "graph_attention", "fwd"),
-        _pokec("graph_attention", "fwd", "bfloat16"),
-        _pl_half("graph_attention", "fwd"),
-    ),
-    ("graph_attention", "float32", "fwd+bwd"): (
-        _full(_ROADS, "xla", "graph_attention", "fwd+bwd"),
-        _full(_ARXIV, "pallas", "graph_attention", "fwd+bwd"),
-        _pokec("graph_attention", "fwd+bwd"),
-    ),
-    ("graph_attention", "bfloat16", "fwd+bwd"): (
-        _narrow(_ROADS, "xla", "graph_attention", "fwd+bwd"),
-        _narrow(_ARXIV, "pallas", "graph_attention", "fwd+bwd"),
-        _pokec("graph_attention", "fwd+bwd", "bfloat16"),
-        _pl_half("graph_attention", "fwd+bwd"),
-    ),
+# (family, dtype, pass) -> the faster backend on each graph of _GRAPHS in FULL_RUN (its cell's pallas_loop_ms against
+# xla_loop_ms); "tie": XLA faster by at most 2%, the kernels kept; None: the cell cannot tell (not run, a backend out
+# of memory or timed once). What blocksparse.bench.gnn_graphs.measured_from reads from the run's JSON.
+_H200_FASTER = {
+    #                                            city-road  ogbn-arxi  twitch-vi      pokec  ogbn-prod  power-law
+    ('spmm', 'float32', 'fwd'):                  ( 'pallas',  'pallas',     'xla',  'pallas',      None,      None),
+    ('spmm', 'float32', 'fwd+bwd'):              ( 'pallas',  'pallas',     'xla',      None,      None,      None),
+    ('spmm', 'bfloat16', 'fwd'):                 ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
+    ('spmm', 'bfloat16', 'fwd+bwd'):             ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
+    ('spmm_gcn', 'float32', 'fwd'):              (    'xla',  'pallas',     'xla',      None,      None,      None),
+    ('spmm_gcn', 'float32', 'fwd+bwd'):          ( 'pallas',  'pallas',     'xla',      None,      None,      None),
+    ('spmm_gcn', 'bfloat16', 'fwd'):             ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
+    ('spmm_gcn', 'bfloat16', 'fwd+bwd'):         ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
+    ('aggregate', 'float32', 'fwd'):             ( 'pallas',  'pallas',     'xla',      None,      None,      None),
+    ('aggregate', 'float32', 'fwd+bwd'):         ( 'pallas',  'pallas',     'xla',      None,      None,      None),
+    ('aggregate', 'bfloat16', 'fwd'):            ( 'pallas',  'pallas',     'xla',      None,      None,      None),
+    ('aggregate', 'bfloat16', 'fwd+bwd'):        ( 'pallas',  'pallas',     'xla',      None,      None,      None),
+    ('gatv2', 'float32', 'fwd'):                 ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
+    ('gatv2', 'float32', 'fwd+bwd'):             (    'xla',  'pallas',      None,      None,      None,      None),
+    ('gatv2', 'bfloat16', 'fwd'):                (    'xla',  'pallas',  'pallas',      None,      None,      None),
+    ('gatv2', 'bfloat16', 'fwd+bwd'):            (    'xla',  'pallas',      None,      None,      None,      None),
+    ('graph_attention', 'float32', 'fwd'):       ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
+    ('graph_attention', 'float32', 'fwd+bwd'):   (    'xla',  'pallas',  'pallas',      None,      None,      None),
+    ('graph_attention', 'bfloat16', 'fwd'):      ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
+    ('graph_attention', 'bfloat16', 'fwd+bwd'):  (    'xla',  'pallas',  'pallas',      None,      None,      None),
 }  # fmt: skip
 
-#: Device kind -> ``(family, dtype, pass)`` -> the graphs measured there (see the module docstring).
+
+def _from_run(faster: dict, results: str) -> dict:
+    """``(family, dtype, pass) -> tuple[Measured, ...]``: one entry per graph whose cell told the faster backend, naming
+    the run's JSON and the cell compared (as ``measured_from`` names it)."""
+    out = {}
+    for (family, dtype, pass_), row in faster.items():
+        points = []
+        for stats, f in zip(_GRAPHS, row, strict=True):
+            if f is None:
+                continue
+            label = f"{stats['graph']} {dtype} as generated {_CELL_OP[family]} {pass_}"
+            tie = f == "tie"
+            cell = f"{label}: pallas_loop_ms vs xla_loop_ms"
+            points.append(Measured(**stats, faster="pallas" if tie else f, results=results, cell=cell,
+                                   note=_TIE if tie else ""))  # fmt: skip
+        out[(family, dtype, pass_)] = tuple(points)
+    return out
+
+
+H200_CHOICES = _from_run(_H200_FASTER, FULL_RUN)
+
 CHOICES = {"NVIDIA H200": H200_CHOICES}
 
 

@@ -1,0 +1,259 @@
+"""The full table of a ``gnn-graphs`` run, in markdown: what docs/gnn.md shows, computed from the run's JSON alone.
+
+:func:`full_table` gives one row per graph, op and pass: per dtype, the time of the backend that the tuned data made
+from this run picks (:func:`default_backend`: the faster of the two in the cell the op's family is chosen by, a tie
+kept by the kernels; what :func:`blocksparse.bench.gnn_graphs.measured_from` turns into
+:data:`blocksparse.ops.gnn.tuned.CHOICES`), the fastest peer's time over it, and bfloat16 over float32.
+:func:`targets` checks the run against its targets: the default at least as fast as the fastest peer in every cell,
+bfloat16 never slower than float32, max on the power-law graph within 1.0 ms in float32, attention memory 40x below
+PyG's; each cell that misses one is listed with by how much, and with its op's smallest traffic at the copy rate
+(:func:`smallest_traffic`: the inputs read once, the outputs written once): where the time is many times that, bytes
+do not bound the op.
+
+    import json
+    from blocksparse.bench import gnn_table
+    doc = json.load(open("benchmarks/results/gnn_full_h200.json"))
+    print(gnn_table.full_table(doc)); print(gnn_table.targets(doc))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from .gnn_graphs import BACKENDS, GRAPHS, OPS, PASSES, TIE
+
+__all__ = ["COPY_RATE", "Cell", "cells", "default_backend", "full_table", "smallest_traffic", "targets"]
+
+#: Bytes a second the H200 copies device memory at (a ``jnp`` copy of arrays of 0.1 to 4 GB, read and written:
+#: docs/benchmarks.md, "GNN operations"), the rate the smallest traffic is priced at.
+COPY_RATE = 3.5e12
+DTYPES = ("float32", "bfloat16")
+#: The op whose cell picks an op's backend: the tuned data's families (``spmm`` by its sum, ``aggregate`` by max).
+CHOSEN_BY = {"spmm_sum": "spmm_sum", "spmm_mean": "spmm_sum", "spmm_gcn": "spmm_gcn", "max": "max", "min": "max",
+             "gatv2": "gatv2", "graph_attention": "graph_attention"}  # fmt: skip
+NAMES = {"spmm_sum": "SpMM sum", "spmm_mean": "SpMM mean", "spmm_gcn": "SpMM GCN", "max": "max", "min": "min",
+         "gatv2": "GATv2", "graph_attention": "graph attention"}  # fmt: skip
+PEER_NAMES = {"torch-csr": "cuSPARSE", "pyg-scatter": "PyG", "segment": "XLA segment", "bcsr": "JAX BCSR"}
+#: Feature arrays an op reads (besides the graph): SpMM, max and min ``x``; GATv2 the sources' and destinations'
+#: projections; graph attention ``q``, ``k``, ``v``.
+INPUTS = {"spmm_sum": 1, "spmm_mean": 1, "spmm_gcn": 1, "max": 1, "min": 1, "gatv2": 2, "graph_attention": 3}
+ATTENTION = ("gatv2", "graph_attention")
+#: The targets: attention memory at least this many times below PyG's; the power-law graph's float32 max forward
+#: within this many ms.
+MEMORY_TARGET = 40.0
+MAX_TARGET_MS = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One cell of the run as the table shows it: the backend the tuned data picks and its time.
+
+    ``backend`` is ``None`` where the cell ran one backend only (the other failed, or a timing was a single call):
+    ``ms`` is then the default's as it ran, ``implementation`` what ran."""
+
+    graph: str
+    dtype: str
+    op: str
+    pass_: str
+    metrics: dict
+    backend: str | None
+    ms: float | None
+
+    @property
+    def peer(self) -> tuple[str, float] | None:
+        """The fastest peer and its time (``None``: no peer ran)."""
+        m = self.metrics
+        return (m["best_peer"], m["best_peer_ms"]) if m.get("best_peer_ms") else None
+
+    @property
+    def speedup(self) -> float | None:
+        """The fastest peer's time over the default's (above 1: the default is faster)."""
+        return None if self.peer is None or not self.ms else self.peer[1] / self.ms
+
+    @property
+    def mem_bytes(self) -> int | None:
+        """The picked backend's peak device memory (the default's as it ran without a pick)."""
+        m = self.metrics
+        return m.get(f"{self.backend}_mem_bytes") if self.backend else m.get("mem_bytes")
+
+
+def faster(metrics: dict) -> tuple[str, str] | None:
+    """``(backend, note)`` of a cell where both backends were timed in a loop: the faster one, and ``"pallas"`` with a
+    note where XLA won by at most :data:`~blocksparse.bench.gnn_graphs.TIE`; ``None`` where the cell cannot tell."""
+    m = metrics
+    if m.get("faster_backend") not in BACKENDS or "one call" in (m.get("pallas_timer"), m.get("xla_timer")):
+        return None
+    if m["faster_backend"] == "xla" and m["pallas_loop_ms"] <= m["xla_loop_ms"] * (1 + TIE):
+        return "pallas", "tie"
+    return m["faster_backend"], ""
+
+
+def _key(r: dict) -> tuple[str, str, str, str]:
+    p = r["params"]
+    return p["graph"], p["dtype"], p["op"], p["pass"]
+
+
+def _measured(doc: dict) -> dict:
+    """``(graph, dtype, op, pass) -> metrics`` of the run's cells as generated that passed."""
+    out = {}
+    for r in doc.get("results", []):
+        if r.get("suite") == "gnn-graphs" and r.get("ok") and not r.get("skipped"):
+            if r["params"].get("order") == "as generated":
+                out[_key(r)] = r["metrics"]
+    return out
+
+
+def default_backend(doc: dict, graph: str, dtype: str, op: str, pass_: str) -> str | None:
+    """The backend that the tuned data made from ``doc`` picks for the cell: :func:`faster` of the cell of
+    :data:`CHOSEN_BY`'s op (SpMM's mean by its sum, min by max); ``None`` where that cell cannot tell."""
+    m = _measured(doc).get((graph, dtype, CHOSEN_BY[op], pass_))
+    got = None if m is None else faster(m)
+    return None if got is None else got[0]
+
+
+def cells(doc: dict) -> dict[tuple[str, str, str, str], Cell]:
+    """``(graph, dtype, op, pass) -> Cell`` for every cell of ``doc`` that passed, as generated."""
+    measured = _measured(doc)
+    out = {}
+    for key, m in measured.items():
+        chooser = measured.get((*key[:2], CHOSEN_BY[key[2]], key[3]))
+        pick = None if chooser is None else faster(chooser)
+        backend = pick[0] if pick and m.get(f"{pick[0]}_loop_ms") else None
+        out[key] = Cell(*key, m, backend, m[f"{backend}_loop_ms"] if backend else m.get("loop_ms"))
+    return out
+
+
+def smallest_traffic(op: str, pass_: str, nodes: int, edges: int, feat: int, itemsize: int) -> int:
+    """Bytes an op moves at least: its feature arrays read once and its outputs written once, in the features'
+    dtype, and the graph's CSR (int32 edge ids and offsets; the edge weights of SpMM's mean and GCN norm, float32).
+    ``fwd+bwd`` adds the cotangent read, every input's gradient written, and the transposed graph's CSR."""
+    rows = nodes * feat * itemsize
+    csr = 4 * edges + 4 * (nodes + 1) + (4 * edges if op in ("spmm_mean", "spmm_gcn") else 0)
+    k = INPUTS[op]
+    fwd = (k + 1) * rows + csr
+    return fwd if pass_ == "fwd" else fwd + (1 + k) * rows + csr
+
+
+def _traffic_s(c: Cell) -> float:
+    m = c.metrics
+    item = 2 if c.dtype == "bfloat16" else 4
+    return smallest_traffic(c.op, c.pass_, m["nodes"], m["edges"], c.metrics.get("feat", 128), item) / COPY_RATE
+
+
+def _ms(x: float | None) -> str:
+    if x is None:
+        return ""
+    return f"{x:.3f}" if x < 10 else f"{x:.2f}" if x < 100 else f"{x:.1f}"
+
+
+def _graphs(doc: dict) -> list[str]:
+    seen = {r["params"]["graph"] for r in doc.get("results", []) if r.get("suite") == "gnn-graphs"}
+    return [g for g in GRAPHS if g in seen]
+
+
+def _failed(doc: dict) -> dict:
+    return {_key(r): r for r in doc.get("results", []) if r.get("suite") == "gnn-graphs" and not r.get("ok")}
+
+
+def full_table(doc: dict) -> str:
+    """The markdown table: per graph, op and pass, per dtype the picked backend and its device ms (one jitted loop),
+    the fastest peer's time over it with the peer's name, and bfloat16 over float32 (below 1: bfloat16 faster).
+    A blank cell was not run; ``failed`` failed its check or its run; a time without a backend is the default as it
+    ran (the cell could not tell the faster backend)."""
+    table = cells(doc)
+    failed = _failed(doc)
+    head = ("| graph | op, pass | float32 | best peer / float32 | bfloat16 | best peer / bfloat16 "
+            "| bfloat16 / float32 |")  # fmt: skip
+    lines = [head, "|" + "---|" * 7]
+    for graph in _graphs(doc):
+        first = True
+        for op in OPS:
+            for pass_ in PASSES:
+                row = [graph if first else "", f"{NAMES[op]} {pass_}"]
+                first = False
+                for dtype in DTYPES:
+                    c = table.get((graph, dtype, op, pass_))
+                    if c is None:
+                        row += ["failed" if (graph, dtype, op, pass_) in failed else "", ""]
+                        continue
+                    row.append(" ".join(x for x in (c.backend or "", _ms(c.ms)) if x))
+                    s = c.speedup
+                    row.append("" if s is None else f"{s:.2f} ({PEER_NAMES.get(c.peer[0], c.peer[0])})")
+                f32, bf16 = (table.get((graph, dt, op, pass_)) for dt in DTYPES)
+                ok = f32 is not None and bf16 is not None and f32.ms and bf16.ms
+                row.append(f"{bf16.ms / f32.ms:.2f}" if ok else "")
+                lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def _where(c: Cell) -> str:
+    return f"{c.graph} {c.dtype} {NAMES[c.op]} {c.pass_}"
+
+
+def targets(doc: dict) -> str:
+    """The run against its targets, as markdown bullets: counts, then each miss with by how much and what bounds it
+    (the op's smallest traffic at :data:`COPY_RATE`; for memory, what the program returns); back-to-back calls
+    against the loop."""
+    table = cells(doc)
+    expected = len(_graphs(doc)) * len(OPS) * len(PASSES) * len(DTYPES)
+    out = [f"- **{len(table)} of {expected} cells** ran and passed their checks ({len(_failed(doc))} failed)."]
+    peered = [c for c in table.values() if c.speedup is not None]
+    misses = sorted((c for c in peered if c.speedup < 1), key=lambda c: c.speedup)
+    out.append(f"- **The default at least as fast as the fastest peer in {len(peered) - len(misses)} of "
+               f"{len(peered)} cells** where a peer ran.")  # fmt: skip
+    for c in misses:
+        name, peer_ms = c.peer
+        t = _traffic_s(c) * 1e3
+        out.append(
+            f"  - {_where(c)}: {c.backend or 'as run'} {_ms(c.ms)} against {PEER_NAMES.get(name, name)} "
+            f"{_ms(peer_ms)} ms ({c.speedup:.2f}, {1e3 * (c.ms - peer_ms):.0f} µs); smallest traffic "
+            f"{t:.3f} ms at the copy rate, the op {c.ms / t:.1f}x that"
+        )
+    pairs = [(table[(g, "float32", o, p)], table[(g, "bfloat16", o, p)]) for (g, dt, o, p) in table
+             if dt == "float32" and (g, "bfloat16", o, p) in table]  # fmt: skip
+    slower = sorted(((a, b) for a, b in pairs if b.ms > a.ms), key=lambda ab: ab[0].ms / ab[1].ms)
+    out.append(f"- **bfloat16 at least as fast as float32 in {len(pairs) - len(slower)} of {len(pairs)} pairs.**")
+    for a, b in slower:
+        out.append(f"  - {a.graph} {NAMES[a.op]} {a.pass_}: bfloat16 {_ms(b.ms)} against float32 {_ms(a.ms)} ms "
+                   f"({b.ms / a.ms:.2f})")  # fmt: skip
+    mx = table.get(("power-law", "float32", "max", "fwd"))
+    if mx is not None:
+        verdict = "met" if mx.ms <= MAX_TARGET_MS else f"missed by {100 * (mx.ms / MAX_TARGET_MS - 1):.0f}%"
+        t = _traffic_s(mx) * 1e3
+        out.append(f"- **max on the power-law graph, float32 forward: {_ms(mx.ms)} ms** against {MAX_TARGET_MS} "
+                   f"({verdict}; smallest traffic {t:.3f} ms at the copy rate).")  # fmt: skip
+    mem = [c for c in table.values() if c.op in ATTENTION and c.metrics.get("pyg-scatter_mem_bytes") and c.mem_bytes]
+    if mem:
+        ratios = sorted(((c.metrics["pyg-scatter_mem_bytes"] / c.mem_bytes, c) for c in mem), key=lambda rc: rc[0])
+        below = [(r, c) for r, c in ratios if r < MEMORY_TARGET]
+        out.append(f"- **Attention memory at least {MEMORY_TARGET:.0f}x below PyG's in {len(ratios) - len(below)} of "
+                   f"{len(ratios)} cells** where PyG ran ({ratios[0][0]:.1f}x to {ratios[-1][0]:.1f}x).")  # fmt: skip
+        for r, c in below:
+            pyg, floor = c.metrics["pyg-scatter_mem_bytes"], _returned_bytes(c)
+            out.append(f"  - {_where(c)}: {r:.1f}x ({c.mem_bytes / 2**20:,.0f} MiB against {pyg / 2**20:,.0f}); what "
+                       f"it returns alone, {floor / 2**20:,.0f} MiB, is PyG / {pyg / floor:.1f}")  # fmt: skip
+    slow_calls = [c for c in table.values() if _calls_gap(c) is not None]
+    out.append(f"- **Back-to-back calls** (`calls_ms`, the default as it ran) within 15% or 0.05 ms of the loop in "
+               f"{len([c for c in table.values() if c.metrics.get('calls_ms')]) - len(slow_calls)} cells"
+               + ("." if not slow_calls else "; above it in:"))  # fmt: skip
+    for c in slow_calls:
+        m = c.metrics
+        out.append(f"  - {_where(c)}: {_ms(m['calls_ms'])} against {_ms(m['loop_ms'])} ms")
+    return "\n".join(out)
+
+
+def _returned_bytes(c: Cell) -> int:
+    """What the timed program returns, which its memory counts: the output, and with ``fwd+bwd`` every input's
+    gradient, each ``N x F`` in the features' dtype (a floor of ``mem_bytes``, whatever the op keeps besides)."""
+    rows = c.metrics["nodes"] * c.metrics.get("feat", 128) * (2 if c.dtype == "bfloat16" else 4)
+    return rows * (1 if c.pass_ == "fwd" else 1 + INPUTS[c.op])
+
+
+def _calls_gap(c: Cell) -> float | None:
+    m = c.metrics
+    calls, loop = m.get("calls_ms"), m.get("loop_ms")
+    if not calls or not loop or not math.isfinite(calls):
+        return None
+    gap = calls - loop
+    return gap if gap > 0.05 and calls > 1.15 * loop else None
