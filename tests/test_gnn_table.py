@@ -69,7 +69,10 @@ def test_the_rows_as_printed():
     lines = T.full_table(_doc()).splitlines()
     assert lines[0].startswith("| graph | op, pass | float32 |") and len(lines) == 2 + len(suite.OPS) * 2
     rows = {line.split(" | ")[1]: line for line in lines[2:]}
-    assert rows["SpMM sum fwd"] == "| ogbn-arxiv | SpMM sum fwd | pallas 1.000 | 1.50 (cuSPARSE) | xla 1.200 | 3.33 (cuSPARSE) | 1.20 |"  # noqa: E501
+    assert (
+        rows["SpMM sum fwd"]
+        == "| ogbn-arxiv | SpMM sum fwd | pallas 1.000 | 1.50 (cuSPARSE) | xla 1.200 | 3.33 (cuSPARSE) | 1.20 |"
+    )
     assert rows["min fwd"] == "|  | min fwd | pallas 2.000 | 1.50 (XLA segment) | failed |  |  |"
     assert rows["max fwd"].endswith("| pallas 0.500 |  | 0.50 |")  # no peer in bfloat16
     assert rows["GATv2 fwd+bwd"] == "|  | GATv2 fwd+bwd | 1.000 | 10.00 (PyG) |  |  |  |"
