@@ -222,10 +222,6 @@ def test_paper_graph_is_a_graph():
     assert g.name == "synthetic degree-matched like pokec"
 
 
-def _fmt_ms(ms: float) -> str:  # the significant digits of docs/gnn.md's tables
-    return f"{ms:.3f}" if ms < 1 else f"{ms:.2f}" if ms < 10 else f"{ms:.1f}" if ms < 100 else f"{ms:.0f}"
-
-
 def _doc_table(text: str, heading: str, columns: int) -> list[list[str]]:
     """The cells of the first table after ``heading`` (header and separator dropped)."""
     rows = []
@@ -238,9 +234,9 @@ def _doc_table(text: str, heading: str, columns: int) -> list[list[str]]:
     return rows[2:]
 
 
-def test_docs_results_are_the_jsons():
-    """The H200 tables of docs/gnn.md ("Results on the H200", "Reordering: what was measured") hold the
-    numbers of benchmarks/results/gnn_graphs*_h200.json, rounded as printed; a missing row is shown as such."""
+def test_docs_reordering_gains_are_the_jsons():
+    """docs/gnn.md's table of "Reordering: what was measured" holds the gains of
+    benchmarks/results/gnn_graphs*_h200.json, rounded as printed; a cell not measured is shown as such."""
     rows = []
     for name in ("gnn_graphs_h200.json", "gnn_graphs_products_h200.json"):
         rows += json.loads((ROOT / "benchmarks" / "results" / name).read_text())["rows"]
@@ -248,24 +244,6 @@ def test_docs_results_are_the_jsons():
     ops = {"SpMM sum fwd": "spmm_sum", "max fwd": "max", "GATv2 fwd+bwd": "gatv2"}
     impls = ("ours", "jax-segment", "torch-csr", "pyg-scatter")
     text = (ROOT / "docs" / "gnn.md").read_text()
-    graph = None
-    timed = _doc_table(text, "### Results on the H200", 9)
-    assert len(timed) == 12
-    for g, _, _, op, *times, ratio in timed:
-        graph = g or graph
-        for impl, shown in zip(impls, times, strict=True):
-            r = cell.get((graph, "as generated", ops[op], impl))
-            if r is None or "skipped" in r:
-                assert shown in ("", "skipped", "out of memory"), (graph, op, impl, shown)
-            else:
-                assert shown == _fmt_ms(r["ms"]), (graph, op, impl, shown, r["ms"])
-        peers = [cell.get((graph, "as generated", ops[op], i), {}).get("ms") for i in impls[1:]]
-        peers = [ms for ms in peers if ms is not None]
-        if peers:  # best peer / ours, to the digits shown
-            best = min(peers) / cell[graph, "as generated", ops[op], "ours"]["ms"]
-            assert abs(float(ratio.split()[0]) - best) <= 0.006 * max(1.0, best), (graph, op, ratio, best)
-        else:
-            assert ratio == "no peer ran", (graph, op, ratio)
     gains = _doc_table(text, "### Reordering: what was measured", 6)
     assert len(gains) == 11
     for g, op, *shown in gains:

@@ -115,3 +115,13 @@ def test_smallest_traffic(op, pass_, arrays, csrs, weights):
     edge ids and offsets per product, the norms' edge weights."""
     want = arrays * N * 64 * 2 + csrs * 4 * (E + N + 1) + weights * 4 * E
     assert T.smallest_traffic(op, pass_, N, E, 64, 2) == want
+
+
+def test_the_choice_table_names_each_side():
+    lines = T.choice_table(_doc()).splitlines()
+    assert len(lines) == 2 + len(T.FAMILIES) * 2 * 2
+    rows = {line.split(" | ")[0][2:]: line for line in lines[2:]}
+    assert rows["SpMM, float32, fwd"] == "| SpMM, float32, fwd |  | ogbn-arxiv |"
+    assert rows["SpMM, bfloat16, fwd"] == "| SpMM, bfloat16, fwd | ogbn-arxiv |  |"
+    assert rows["max / min, float32, fwd"] == "| max / min, float32, fwd |  | ogbn-arxiv (a tie) |"
+    assert rows["GATv2, float32, fwd+bwd"] == "| GATv2, float32, fwd+bwd |  |  |"  # timed once: cannot tell

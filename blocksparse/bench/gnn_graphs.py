@@ -29,8 +29,8 @@ recorded as skipped with the reason. A cell whose first call shows that its timi
 attention, bfloat16 segment sums), recorded in ``iters`` / ``timer`` (``{name}_iters``); the full sizes only.
 
 Labels are ``"<graph> <dtype> <order> <op> <pass>"``, so ``--filter`` selects a slice by any prefix of it
-(``--filter "pokec bfloat16 as generated"``; repeated ``--filter``: any of them). The GPU runs that fill the table
-of docs/gnn.md ("The full table: commands") run one slice each.
+(``--filter "pokec bfloat16 as generated"``; repeated ``--filter``: any of them). docs/gnn.md ("The full table") has
+the one run of every cell; :mod:`blocksparse.bench.gnn_table` makes its table from the JSON.
 """
 
 from __future__ import annotations

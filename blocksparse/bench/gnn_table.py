@@ -23,7 +23,7 @@ import math
 
 from .gnn_graphs import BACKENDS, GRAPHS, OPS, PASSES, TIE
 
-__all__ = ["COPY_RATE", "Cell", "cells", "default_backend", "full_table", "smallest_traffic", "targets"]
+__all__ = ["COPY_RATE", "Cell", "cells", "choice_table", "default_backend", "full_table", "smallest_traffic", "targets"]
 
 #: Bytes a second the H200 copies device memory at (a ``jnp`` copy of arrays of 0.1 to 4 GB, read and written:
 #: docs/benchmarks.md, "GNN operations"), the rate the smallest traffic is priced at.
@@ -184,6 +184,31 @@ def full_table(doc: dict) -> str:
                 ok = f32 is not None and bf16 is not None and f32.ms and bf16.ms
                 row.append(f"{bf16.ms / f32.ms:.2f}" if ok else "")
                 lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+#: The tuned data's families, as the docs name them, and the op whose cells pick each.
+FAMILIES = {"spmm": ("SpMM", "spmm_sum"), "spmm_gcn": ("SpMM with the GCN norm", "spmm_gcn"),
+            "aggregate": ("max / min", "max"), "gatv2": ("GATv2", "gatv2"),
+            "graph_attention": ("graph attention", "graph_attention")}  # fmt: skip
+
+
+def choice_table(doc: dict) -> str:
+    """The markdown table of which backend the tuned data made from ``doc`` runs first, per family, dtype and pass:
+    the graphs where XLA was faster, and those where the kernels were (a tie, XLA faster by at most
+    :data:`~blocksparse.bench.gnn_graphs.TIE`, noted); a graph whose cell could not tell is in neither."""
+    measured = _measured(doc)
+    graphs = _graphs(doc)
+    lines = ["| family, dtype, pass | XLA first | the kernels first |", "|---|---|---|"]
+    for name, op in FAMILIES.values():
+        for dtype in DTYPES:
+            for pass_ in PASSES:
+                picks = {
+                    g: faster(measured[(g, dtype, op, pass_)]) for g in graphs if (g, dtype, op, pass_) in measured
+                }
+                xla = [g for g, p in picks.items() if p and p[0] == "xla"]
+                ours = [g + (" (a tie)" if p[1] else "") for g, p in picks.items() if p and p[0] == "pallas"]
+                lines.append(f"| {name}, {dtype}, {pass_} | {', '.join(xla)} | {', '.join(ours)} |")
     return "\n".join(lines)
 
 
