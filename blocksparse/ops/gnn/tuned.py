@@ -24,8 +24,9 @@ kernels. Key layout: ``CHOICES[device_kind][(family, dtype, pass)] -> tuple[Meas
 measured: a weighted product, the norm riding on the edge weights, whose faster backend can differ from the
 unweighted one's), ``aggregate`` (max and
 min: one kernel), ``gatv2``, ``graph_attention``; ``dtype`` ``float32`` or ``bfloat16``; ``pass`` ``fwd`` or
-``fwd+bwd``. Each :class:`Measured` is one graph of one run: its statistics (what the host knows of a graph) and the
-backend that was faster there, naming the results JSON and its cell. :func:`blocksparse.ops.gnn.order.choice` reads
+``fwd+bwd``. Each :class:`Measured` is one graph: its statistics (what the host knows of a graph) and the backend that
+was faster there, naming the results JSON and its cell. The H200's all come from one run of every cell
+(:data:`FULL_RUN`), written as the table ``_H200_FASTER``. :func:`blocksparse.ops.gnn.order.choice` reads
 them; a key without measurements, a device without a table (every GPU but the H200) and a graph far from every
 measured one take the default order (Pallas first).
 """
