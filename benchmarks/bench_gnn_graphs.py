@@ -160,11 +160,12 @@ def _measure(torch, peer, case, iters, trials) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     full = suite.SIZES["full"]
-    p.add_argument("--graphs", nargs="+", default=None, choices=full["graphs"], help="default: all (--small: arxiv)")
+    p.add_argument("--graphs", nargs="+", default=None, choices=full["graphs"] + suite.LOCALITY_GRAPHS,
+                   help="default: the full table's (--small: arxiv); or those with locality to recover")  # fmt: skip
     p.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "bfloat16"])
     p.add_argument("--ops", nargs="+", default=list(suite.OPS), choices=suite.OPS)
     p.add_argument("--passes", nargs="+", default=list(suite.PASSES), choices=suite.PASSES)
-    p.add_argument("--orders", nargs="*", default=None, choices=["degree", "rcm"],
+    p.add_argument("--orders", nargs="*", default=None, choices=suite.ORDERS[1:],
                    help="reorderings after the graph as generated (default: none)")  # fmt: skip
     p.add_argument("--feat", type=int, default=128)
     p.add_argument("--heads", type=int, default=8)
@@ -174,7 +175,8 @@ def main(argv=None) -> int:
     p.add_argument("--scale", type=float, default=1.0, help="of every graph's nodes and edges")
     p.add_argument("--row-budget-s", type=float, default=suite.ROW_BUDGET_S,
                    help="fewer iterations for a JAX timing whose first call says it would take longer")  # fmt: skip
-    p.add_argument("--rcm-max-edges", type=float, default=suite.RCM_MAX_EDGES, help="no RCM order above")
+    p.add_argument("--rcm-max-edges", type=float, default=suite.RCM_MAX_EDGES,
+                   help="no RCM or clusters order above")  # fmt: skip
     p.add_argument("--small", action="store_true", help="tiny graphs (CPU: the suite's cells; the peers skipped)")
     p.add_argument("--json", default=None)
     p.add_argument("--resume", action="store_true",

@@ -113,7 +113,7 @@ def test_empty_graph():
     np.testing.assert_array_equal(gnn.aggregate(g, x), 0)
 
 
-@pytest.mark.parametrize("method", ["rcm", "degree"])
+@pytest.mark.parametrize("method", ["rcm", "clusters", "degree"])
 def test_reorder_is_a_relabelling(method):
     g = gnn.power_law(60, 400, seed=1)
     g2, perm = gnn.reorder(g, method)

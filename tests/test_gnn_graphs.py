@@ -120,6 +120,84 @@ def test_bad_input():
         paper_graph_edges("twitch-views", scale=1e-4)
 
 
+# ---------------------------------------------------------------------------------- locality to recover
+def test_shuffled_ids_hide_a_grids_locality_for_rcm_to_recover():
+    u, v, n = paper_graph_edges("city-roads-L", scale=0.05, seed=3)
+    su, sv, sn = paper_graph_edges("city-roads-L", scale=0.05, seed=3, shuffle=True)
+    perm = np.random.default_rng(3).permutation(n)  # shuffle_ids with the graph's seed: the same graph renumbered
+    assert sn == n and su.dtype == sv.dtype == np.int32
+    np.testing.assert_array_equal(su, perm[u])
+    np.testing.assert_array_equal(sv, perm[v])
+    span = lambda a, b: np.abs(a.astype(np.int64) - b).mean()  # noqa: E731
+    assert span(su, sv) > 20 * span(u, v)
+    g2, _ = gnn.reorder(gnn.Graph.from_edges(su, sv, n), "rcm")
+    assert span(g2.src, g2.dst) < 3 * span(u, v)  # a band about as narrow as the generated order's
+
+
+@given(n=st.integers(2, 300), size=st.integers(2, 64), p_in=st.floats(0, 1), seed=st.integers(0, 2**31),
+       frac=st.floats(0, 1))  # fmt: skip
+@settings(max_examples=examples(40), deadline=None)
+def test_community_edges_are_simple_and_seeded(n, size, p_in, seed, frac):
+    most = int(min(n * (n - 1), n * (min(size, n) - 1) / max(p_in, 1e-9)) // 4)
+    e = int(frac * most)
+    src, dst = gnn.community_edges(n, e, community_size=size, p_in=p_in, seed=seed)
+    assert src.dtype == dst.dtype == np.int32 and src.size == dst.size == e
+    assert (src != dst).all() and np.unique(src.astype(np.int64) * n + dst).size == e
+    assert 0 <= src.min(initial=0) and max(src.max(initial=0), dst.max(initial=0)) < n
+    again = gnn.community_edges(n, e, community_size=size, p_in=p_in, seed=seed)
+    np.testing.assert_array_equal(again[0], src)
+    np.testing.assert_array_equal(again[1], dst)
+
+
+def test_communities_hold_their_edges_and_the_clusters_order_finds_them():
+    n, size, p_in, seed = 8192, 256, 0.9, 0
+    g = gnn.communities(n, 12 * n, community_size=size, p_in=p_in, seed=seed)
+    assert g.num_edges == 12 * n and g.name == "synthetic communities"
+    home = np.argsort(np.random.default_rng(seed + 1).permutation(n)) // size  # each id's community
+    inside = (home[g.src] == home[g.dst]).mean()
+    assert abs(inside - (p_in + (1 - p_in) * size / n)) < 0.02
+    near = lambda h: (np.abs(h.src.astype(np.int64) - h.dst) < size).mean()  # noqa: E731
+    assert near(g) < 0.1  # ids shuffled: a community's nodes are spread over the graph
+    g2, perm = gnn.reorder(g, "clusters")
+    assert sorted(perm.tolist()) == list(range(n)) and near(g2) > 0.8
+    assert (home[perm[g2.src]] == home[perm[g2.dst]]).mean() == inside  # the same edges, renumbered
+
+
+def test_locality_bad_input():
+    with pytest.raises(ValueError, match=r"Expected community_size an int >= 2. Got 1"):
+        gnn.community_edges(100, 10, community_size=1)
+    for bad in (-0.1, 1.5, True):
+        with pytest.raises(ValueError, match=r"Expected p_in in \[0, 1\]. Got"):
+            gnn.community_edges(100, 10, p_in=bad)
+    with pytest.raises(ValueError, match=r"Expected at most a quarter of the node pairs \(\d+ edges on 100 nodes"):
+        gnn.community_edges(100, 2000, community_size=8)
+    with pytest.raises(ValueError, match=r"Expected num_nodes >= 1. Got 0"):
+        gnn.shuffle_ids([], [], 0)
+
+
+def test_the_suite_builds_the_locality_graphs():
+    for name, kind in (("city-roads-L-shuffled", "ids shuffled"), ("communities", "communities")):
+        scale = bench_gnn_graphs.scale_for(name, 3000)
+        g = bench_gnn_graphs.graph(name, scale)
+        assert kind in g.name and 2000 < g.num_edges <= 6000, (name, g.num_edges)  # (a symmetric graph: both ways)
+    with pytest.raises(ValueError, match=r"Expected each order in \[.*'clusters'\]. Got \['metis'\]"):
+        bench_gnn_graphs.suite(**dict(bench_gnn_graphs.SIZES["tiny"], orders=("metis",)))
+
+
+@pytest.mark.slow  # six cells on the CPU
+def test_bench_locality_graphs_in_every_order(tmp_path):
+    out = tmp_path / "locality.json"
+    argv = ["--small", "--graphs", "city-roads-L-shuffled", "communities", "--orders", "rcm", "clusters", "--ops",
+            "spmm_sum", "--passes", "fwd", "--json", str(out)]  # fmt: skip
+    assert _bench().main(argv) == 0
+    rows = _cells(json.loads(out.read_text()))
+    graphs, orders = ("city-roads-L-shuffled", "communities"), ("as generated", "rcm", "clusters")
+    assert {(r["params"]["graph"], r["params"]["order"]) for r in rows} == {(g, o) for g in graphs for o in orders}
+    for r in rows:
+        assert r["ok"] and not r["skipped"] and r["metrics"]["rel_err"] < 1e-4, r
+        assert ("gain" in r["metrics"]) == (r["params"]["order"] != "as generated"), r
+
+
 @pytest.mark.slow
 @given(g=graphs(max_nodes=16, max_edges=40), chunk=st.integers(1, 64), heads=st.sampled_from([1, 2]),
        op=st.sampled_from(bench_gnn_graphs.OPS))  # fmt: skip

@@ -7,7 +7,8 @@ real node and edge counts and in-degree skew, at ``scale``) and ``power-law`` (:
 ``reduce="sum"``, ``"mean"`` and the GCN norm (``norm="both"``), max and min aggregation, GATv2 (``H`` heads) and
 graph attention (``q``, ``k``, ``v`` of ``H`` heads), each forward alone (``fwd``) and forward + backward w.r.t.
 every input (``fwd+bwd``, the VJP of a fixed random cotangent), in each dtype and order (the graph as generated,
-then :func:`blocksparse.gnn.reorder` by ``degree`` and ``rcm``).
+then :func:`blocksparse.gnn.reorder` by ``degree``, ``rcm`` or ``clusters``). Beside the full table's graphs, two
+with locality to recover (:data:`LOCALITY_GRAPHS`) measure what a reordering gains where there is something to gain.
 
 One cell measures, in one process, on the same inputs:
 
@@ -54,6 +55,13 @@ ROW_BUDGET_S = 20.0
 #: The graphs: the paper's stand-ins and the power-law graph (its sizes at scale 1).
 POWER_LAW = dict(nodes=262_144, edges=8_388_608)
 GRAPHS = ("city-roads-L", "ogbn-arxiv", "twitch-views", "pokec", "ogbn-products", "power-law")
+#: Graphs with locality to recover, for the reorderings (not in the full table): city-roads-L with its ids shuffled
+#: (``paper_graph_edges(..., shuffle=True)``: a grid), and communities of 1,024 nodes with shuffled ids
+#: (:func:`blocksparse.gnn.community_edges`, 90% of the edges inside; features of 512 MB, ten times the L2).
+COMMUNITIES = dict(nodes=1_048_576, edges=16_777_216, community_size=1024, p_in=0.9)
+LOCALITY_GRAPHS = ("city-roads-L-shuffled", "communities")
+#: The orders a cell can take: the graph as generated, then :func:`blocksparse.gnn.reorder`'s methods.
+ORDERS = ("as generated", "degree", "rcm", "clusters")
 #: The ops: SpMM (sum, mean, GCN norm), max and min, GATv2 and graph attention.
 OPS = ("spmm_sum", "spmm_mean", "spmm_gcn", "max", "min", "gatv2", "graph_attention")
 PASSES = ("fwd", "fwd+bwd")
@@ -87,7 +95,7 @@ COLUMNS = (
     ("rel err", "rel_err", ".2g"),
 )
 
-#: RCM on the host above this many edges takes more than about 30 s: those cells are skipped.
+#: RCM or the clusters on the host above this many edges take more than about 30 s: those cells are skipped.
 RCM_MAX_EDGES = 40_000_000
 #: Edges per chunk of destination nodes in :func:`reference`.
 REFERENCE_CHUNK_EDGES = 1 << 23
@@ -183,7 +191,9 @@ def suite(
     for every graph. ``budget_s``: see :func:`capped_timer` (``None``: every cell takes the run's timer). ``peers``:
     more peers, each ``peer(case) -> metrics`` (:class:`Case`; keys ``{name}_loop_ms``, ``{name}_rel_err`` or
     ``{name}_skipped``)."""
-    for what, got, known in (("graph", graphs, GRAPHS), ("op", ops, OPS), ("pass", passes, PASSES)):
+    checks = (("graph", graphs, GRAPHS + LOCALITY_GRAPHS), ("op", ops, OPS), ("pass", passes, PASSES),
+              ("order", orders, ORDERS))  # fmt: skip
+    for what, got, known in checks:
         bad = [v for v in got if v not in known]
         if bad:
             raise ValueError(f"Expected each {what} in {list(known)}. Got {bad}.")
@@ -217,7 +227,9 @@ def _restore(shared: dict, key: tuple, metrics: dict) -> None:
 def _spec(name: str) -> dict:
     if name == "power-law":
         return dict(POWER_LAW, symmetric=False)
-    return bs.gnn.PAPER_GRAPH_SPECS[name]
+    if name == "communities":
+        return dict(COMMUNITIES, symmetric=False)
+    return bs.gnn.PAPER_GRAPH_SPECS[name.removesuffix("-shuffled")]
 
 
 def scale_for(name: str, edges: int | None) -> float:
@@ -230,13 +242,18 @@ def scale_for(name: str, edges: int | None) -> float:
 
 
 def graph(name: str, scale: float = 1.0, seed: int = 0) -> bs.gnn.Graph:
-    """Graph ``name`` of :data:`GRAPHS` at ``scale``."""
-    if name == "power-law":
-        n, e = (max(1, round(POWER_LAW[k] * scale)) for k in ("nodes", "edges"))
-        return bs.gnn.power_law(n, e, seed=seed)
-    src, dst, n = bs.gnn.paper_graph_edges(name, scale=scale, seed=seed)
-    kind = "jittered grid" if bs.gnn.PAPER_GRAPH_SPECS[name].get("grid") else "degree-matched"
-    return bs.gnn.Graph.from_edges(src, dst, n, name=f"synthetic {kind} like {name}")
+    """Graph ``name`` of :data:`GRAPHS` or :data:`LOCALITY_GRAPHS` at ``scale``."""
+    if name in ("power-law", "communities"):
+        n, e = (max(1, round(_spec(name)[k] * scale)) for k in ("nodes", "edges"))
+        if name == "power-law":
+            return bs.gnn.power_law(n, e, seed=seed)
+        c = COMMUNITIES
+        return bs.gnn.communities(n, e, community_size=min(c["community_size"], n), p_in=c["p_in"], seed=seed)
+    paper = name.removesuffix("-shuffled")
+    src, dst, n = bs.gnn.paper_graph_edges(paper, scale=scale, seed=seed, shuffle=paper != name)
+    kind = "jittered grid" if bs.gnn.PAPER_GRAPH_SPECS[paper].get("grid") else "degree-matched"
+    shuffled = ", ids shuffled" if paper != name else ""
+    return bs.gnn.Graph.from_edges(src, dst, n, name=f"synthetic {kind} like {paper}{shuffled}")
 
 
 class Prepared:
@@ -253,10 +270,10 @@ class Prepared:
     def order(self, order: str):
         """``(graph, permutation or None)`` in that order."""
         if order not in self._orders:
-            if order == "rcm" and self.graph.num_edges > self.rcm_max_edges:
+            if order in ("rcm", "clusters") and self.graph.num_edges > self.rcm_max_edges:
                 raise NotImplementedError(
-                    f"rcm: {self.graph.num_edges:,} edges > rcm_max_edges={self.rcm_max_edges:,} (RCM on the host "
-                    "would take more than about 30 s)"
+                    f"{order}: {self.graph.num_edges:,} edges > rcm_max_edges={self.rcm_max_edges:,} (the order on "
+                    "the host would take more than about 30 s)"
                 )
             self._orders[order] = bs.gnn.reorder(self.graph, order)
         return self._orders[order]

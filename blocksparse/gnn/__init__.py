@@ -23,7 +23,18 @@ from ..ops.gnn.aggregate import aggregate
 from ..ops.gnn.attention import gatv2, graph_attention
 from ..ops.gnn.spmm import spmm
 from ..sharding import GraphShardPlan, ShardedGraph, plan_graph, shard_graph
-from .generators import PAPER_GRAPH_SPECS, PAPER_GRAPHS, paper_graph, paper_graph_edges, power_law, rmat, synthetic
+from .generators import (
+    PAPER_GRAPH_SPECS,
+    PAPER_GRAPHS,
+    communities,
+    community_edges,
+    paper_graph,
+    paper_graph_edges,
+    power_law,
+    rmat,
+    shuffle_ids,
+    synthetic,
+)
 from .layers import GATv2Conv, GCNConv, TransformerConv
 from .reorder import reorder
 
@@ -42,6 +53,8 @@ __all__ = [
     "ShardedGraph",
     "aggregate",
     "batch",
+    "communities",
+    "community_edges",
     "gatv2",
     "graph_attention",
     "interpret",
@@ -53,6 +66,7 @@ __all__ = [
     "reorder",
     "rmat",
     "shard_graph",
+    "shuffle_ids",
     "spmm",
     "synthetic",
 ]

@@ -1,4 +1,5 @@
-"""Synthetic graphs for tests and benchmarks (no downloads): power-law, R-MAT, and the paper's graphs.
+"""Synthetic graphs for tests and benchmarks (no downloads): power-law, R-MAT, the paper's graphs, and graphs of
+communities.
 
 Every generated graph is *labelled synthetic* in its ``name`` (e.g.
 ``"synthetic power-law like ogbn-arxiv"``). :func:`synthetic` matches only a dataset's node and
@@ -18,12 +19,15 @@ from ..graph import Graph
 __all__ = [
     "PAPER_GRAPHS",
     "PAPER_GRAPH_SPECS",
+    "communities",
+    "community_edges",
     "paper_graph",
     "paper_graph_edges",
     "power_law",
     "power_law_edges",
     "rmat",
     "rmat_edges",
+    "shuffle_ids",
     "synthetic",
 ]
 
@@ -138,7 +142,9 @@ def _check_counts(num_nodes, num_edges):
 
 
 # -- degree-matched stand-ins for the paper's graphs ------------------------------------------------
-def paper_graph_edges(name: str, *, scale: float = 1.0, seed: int = 0) -> tuple[np.ndarray, np.ndarray, int]:
+def paper_graph_edges(
+    name: str, *, scale: float = 1.0, seed: int = 0, shuffle: bool = False
+) -> tuple[np.ndarray, np.ndarray, int]:
     """Edges of a synthetic graph with the size and degree skew of one of the paper's graphs.
 
     Arguments:
@@ -152,6 +158,9 @@ def paper_graph_edges(name: str, *, scale: float = 1.0, seed: int = 0) -> tuple[
         scale: in ``(0, 1]``: both counts are multiplied by it and rounded (``1.0``: the exact
             sizes above); the degree law keeps its exponent, so hubs shrink with the graph.
         seed: the random seed (the same seed gives the same edges).
+        shuffle: renumber the nodes by a random permutation (:func:`shuffle_ids`, seeded by ``seed``): the same
+            graph with the locality of city-roads-L's ids hidden, for a reordering to recover (the other graphs'
+            ids carry none to begin with).
 
     Returns:
         ``(src, dst, num_nodes)``, ``int32`` edges without self-loops or repeated edges; a
@@ -199,6 +208,8 @@ def paper_graph_edges(name: str, *, scale: float = 1.0, seed: int = 0) -> tuple[
         v, u = _distinct_pairs(rng, m, n, (a_in, p_in), (a_out, p_out), undirected=spec["symmetric"])
     if spec["symmetric"]:
         u, v = np.concatenate([u, v]), np.concatenate([v, u])
+    if shuffle:
+        u, v = shuffle_ids(u, v, n, seed=seed)
     return u.astype(np.int32), v.astype(np.int32), n
 
 
@@ -327,3 +338,86 @@ def _grid_edges(rng, n: int, m: int):
     new_id = np.empty(n, np.int64)
     new_id[np.argsort(np.arange(n) + rng.uniform(0, 8, n), kind="stable")] = np.arange(n)
     return new_id[edges[:, 0]], new_id[edges[:, 1]]
+
+
+# -- locality to recover: shuffled ids, communities -----------------------------------------------------
+def shuffle_ids(src, dst, num_nodes: int, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The same edges with the nodes renumbered by a random permutation: node ``k`` becomes ``perm[k]``. Whatever
+    locality the ids had (neighbours with close ids, which keeps gathered rows in the cache) is hidden; the graph is
+    the same up to that renumbering. ``int32`` arrays.
+
+    Example::
+
+        >>> s, d = shuffle_ids(np.array([0, 1, 2]), np.array([1, 2, 3]), 4, seed=0)
+        >>> sorted(np.bincount(d, minlength=4)) == sorted(np.bincount([1, 2, 3], minlength=4))
+        True
+    """
+    src, dst = np.asarray(src), np.asarray(dst)
+    _check_counts(num_nodes, src.size)
+    perm = np.random.default_rng(seed).permutation(num_nodes)
+    return perm[src].astype(np.int32), perm[dst].astype(np.int32)
+
+
+def community_edges(
+    num_nodes: int, num_edges: int, *, community_size: int = 1024, p_in: float = 0.9, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Edges of a graph of communities, node ids shuffled: locality that a reordering can recover.
+
+    The nodes fall into communities of ``community_size`` (the last one smaller where it does not divide). Each
+    edge's destination is uniform; its source is a node of the destination's community with probability ``p_in``,
+    else uniform over the graph; no self-loops, no repeated edges (redrawn until the count is exact). The ids are
+    then a random permutation of that numbering (:func:`shuffle_ids`), so as generated a node's in-neighbours are
+    spread over the whole graph, while an order that puts each community together (``reorder(g, "rcm")``, which
+    follows the edges) brings most of them within ``community_size`` ids of it: the gathered rows then repeat in
+    the cache, as in the real graphs' communities (papers citing within a field, friends within a region).
+
+    Arguments:
+        num_nodes, num_edges: the sizes (at most a quarter of the node pairs, and of each community's pairs for
+            the edges drawn inside).
+        community_size: nodes per community, at least 2.
+        p_in: the fraction of edges drawn inside the destination's community, in ``[0, 1]``.
+        seed: the random seed.
+
+    Returns:
+        ``(src, dst)``, ``int32``, in destination order of the numbering before the shuffle.
+
+    Example::
+
+        >>> src, dst = community_edges(4096, 32768, community_size=256, seed=0)
+        >>> src.size, bool((src != dst).all())
+        (32768, True)
+    """
+    _check_counts(num_nodes, num_edges)
+    if isinstance(community_size, bool) or not isinstance(community_size, (int, np.integer)) or community_size < 2:
+        raise ValueError(f"Expected community_size an int >= 2. Got {community_size!r}.")
+    if isinstance(p_in, bool) or not isinstance(p_in, (int, float)) or not 0 <= p_in <= 1:
+        raise ValueError(f"Expected p_in in [0, 1]. Got {p_in!r}.")
+    size = min(int(community_size), num_nodes)
+    most = min(num_nodes * (num_nodes - 1), num_nodes * (size - 1) / max(p_in, 1e-9)) // 4
+    if num_edges > most:
+        raise ValueError(
+            f"Expected at most a quarter of the node pairs ({int(most)} edges on {num_nodes} nodes in communities of "
+            f"{size}, p_in={p_in}). Got {num_edges}."
+        )
+    rng = np.random.default_rng(seed)
+    keys = np.empty(0, np.int64)
+    while keys.size < num_edges:  # draw, drop self-loops and repeats, draw again for the rest
+        k = int((num_edges - keys.size) * 1.1) + 16
+        dst = rng.integers(0, num_nodes, k)
+        base = dst - dst % size
+        inside = rng.random(k) < p_in
+        span = np.minimum(size, num_nodes - base)  # the last community may be smaller
+        src = np.where(inside, base + (rng.random(k) * span).astype(np.int64), rng.integers(0, num_nodes, k))
+        new = (dst * num_nodes + src)[src != dst]
+        keys = _sorted_distinct(np.concatenate([keys, new]))
+    keys = np.sort(rng.choice(keys, num_edges, replace=False)) if keys.size > num_edges else keys
+    dst, src = np.divmod(keys, num_nodes)
+    return shuffle_ids(src, dst, num_nodes, seed=seed + 1)
+
+
+def communities(num_nodes: int, num_edges: int, *, community_size: int = 1024, p_in: float = 0.9, seed: int = 0,
+                **graph_kw) -> Graph:  # fmt: skip
+    """A :class:`Graph` of :func:`community_edges`, named ``"synthetic communities"``; ``graph_kw`` go to
+    :meth:`Graph.from_edges`."""
+    src, dst = community_edges(num_nodes, num_edges, community_size=community_size, p_in=p_in, seed=seed)
+    return Graph.from_edges(src, dst, num_nodes, name="synthetic communities", **graph_kw)
