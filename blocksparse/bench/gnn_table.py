@@ -59,6 +59,7 @@ class Cell:
     metrics: dict
     backend: str | None
     ms: float | None
+    feat: int = 128  # features per node (attention: heads x head size)
 
     @property
     def peer(self) -> tuple[str, float] | None:
@@ -115,12 +116,13 @@ def default_backend(doc: dict, graph: str, dtype: str, op: str, pass_: str) -> s
 def cells(doc: dict) -> dict[tuple[str, str, str, str], Cell]:
     """``(graph, dtype, op, pass) -> Cell`` for every cell of ``doc`` that passed, as generated."""
     measured = _measured(doc)
+    feats = {_key(r): r["params"].get("feat", 128) for r in doc.get("results", []) if "params" in r}
     out = {}
     for key, m in measured.items():
         chooser = measured.get((*key[:2], CHOSEN_BY[key[2]], key[3]))
         pick = None if chooser is None else faster(chooser)
         backend = pick[0] if pick and m.get(f"{pick[0]}_loop_ms") else None
-        out[key] = Cell(*key, m, backend, m[f"{backend}_loop_ms"] if backend else m.get("loop_ms"))
+        out[key] = Cell(*key, m, backend, m[f"{backend}_loop_ms"] if backend else m.get("loop_ms"), feats[key])
     return out
 
 
@@ -138,7 +140,7 @@ def smallest_traffic(op: str, pass_: str, nodes: int, edges: int, feat: int, ite
 def _traffic_s(c: Cell) -> float:
     m = c.metrics
     item = 2 if c.dtype == "bfloat16" else 4
-    return smallest_traffic(c.op, c.pass_, m["nodes"], m["edges"], c.metrics.get("feat", 128), item) / COPY_RATE
+    return smallest_traffic(c.op, c.pass_, m["nodes"], m["edges"], c.feat, item) / COPY_RATE
 
 
 def _ms(x: float | None) -> str:
@@ -271,7 +273,7 @@ def targets(doc: dict) -> str:
 def _returned_bytes(c: Cell) -> int:
     """What the timed program returns, which its memory counts: the output, and with ``fwd+bwd`` every input's
     gradient, each ``N x F`` in the features' dtype (a floor of ``mem_bytes``, whatever the op keeps besides)."""
-    rows = c.metrics["nodes"] * c.metrics.get("feat", 128) * (2 if c.dtype == "bfloat16" else 4)
+    rows = c.metrics["nodes"] * c.feat * (2 if c.dtype == "bfloat16" else 4)
     return rows * (1 if c.pass_ == "fwd" else 1 + INPUTS[c.op])
 
 
