@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import examples, sweep
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 import blocksparse as bs
@@ -68,6 +68,22 @@ def test_column_bands_balance_and_tiles_proportional():
     assert tiles_for_bands(np.array([10, 30, 0, 60]), 10, grain=2).tolist() == [2, 2, 0, 6]
     assert tiles_for_bands(np.array([1, 1, 1]), 5, grain=2) is None  # 2 grains for 3 bands
     assert tiles_for_bands(np.array([1, 7]), 8, grain=2).tolist() == [1, 6]  # never more tiles than blocks
+
+
+@settings(max_examples=examples(200, 50), deadline=None)
+@given(
+    nnz=st.lists(st.integers(0, 40), min_size=1, max_size=24), tiles=st.integers(1, 64), grain=st.sampled_from([1, 2])
+)
+@example(nnz=[4, 3, 1, 3, 17, 2, 2], tiles=16, grain=2)  # 7 bands in 8 grains: the largest band gives back two
+def test_tiles_for_bands_never_hand_out_more_tiles_than_there_are(nnz, tiles, grain):
+    nnz = np.array(nnz)
+    t = tiles_for_bands(nnz, tiles, grain)
+    nonempty = nnz > 0
+    if t is None:
+        assert int(nonempty.sum()) > tiles // grain
+        return
+    assert int(t.sum()) <= tiles and (t <= nnz).all() and (t[~nonempty] == 0).all()
+    assert (t[nonempty] >= np.minimum(grain, nnz[nonempty])).all()
 
 
 def test_plans_use_tiles_in_grains():

@@ -84,6 +84,10 @@ def tiles_for_bands(nnz_per_band: np.ndarray, tiles: int, grain: int = 1) -> np.
         cand = order[out[order] > 1][:over]
         take[cand] = 1
         out -= take
+        over -= int(take.sum())
+        while over > 0:  # fewer bands above one tile than tiles to take back: again from the most over-allocated
+            out[int(np.argmax(np.where(out > 1, out - raw, -np.inf)))] -= 1
+            over -= 1
     left = tiles - int(out.sum())
     if left > 0:  # largest remainders first
         order = np.argsort(-(raw - out), kind="stable")
