@@ -124,7 +124,7 @@ def test_bad_input():
 def test_shuffled_ids_hide_a_grids_locality_for_rcm_to_recover():
     u, v, n = paper_graph_edges("city-roads-L", scale=0.05, seed=3)
     su, sv, sn = paper_graph_edges("city-roads-L", scale=0.05, seed=3, shuffle=True)
-    perm = np.random.default_rng(3).permutation(n)  # shuffle_ids with the graph's seed: the same graph renumbered
+    perm = np.random.default_rng(4).permutation(n)  # shuffle_ids with the next seed: the same graph renumbered
     assert sn == n and su.dtype == sv.dtype == np.int32
     np.testing.assert_array_equal(su, perm[u])
     np.testing.assert_array_equal(sv, perm[v])
@@ -167,12 +167,20 @@ def test_locality_bad_input():
     with pytest.raises(ValueError, match=r"Expected community_size an int >= 2. Got 1"):
         gnn.community_edges(100, 10, community_size=1)
     for bad in (-0.1, 1.5, True):
-        with pytest.raises(ValueError, match=r"Expected p_in in \[0, 1\]. Got"):
+        with pytest.raises(ValueError, match=r"Expected p_in a number in \[0, 1\]. Got"):
             gnn.community_edges(100, 10, p_in=bad)
     with pytest.raises(ValueError, match=r"Expected at most a quarter of the node pairs \(\d+ edges on 100 nodes"):
         gnn.community_edges(100, 2000, community_size=8)
     with pytest.raises(ValueError, match=r"Expected num_nodes >= 1. Got 0"):
         gnn.shuffle_ids([], [], 0)
+    with pytest.raises(ValueError, match=r"Expected src integer ids in \[0, 3\). Got int64 ids in \[-1, 0\]"):
+        gnn.shuffle_ids([-1, 0], [0, 1], 3)
+    with pytest.raises(ValueError, match=r"Expected dst integer ids in \[0, 3\). Got int64 ids in \[0, 3\]"):
+        gnn.shuffle_ids([0, 1], [0, 3], 3)
+    with pytest.raises(ValueError, match=r"Expected src and dst of one shape \(E,\). Got \(2,\) and \(1,\)"):
+        gnn.shuffle_ids([0, 1], [0], 3)
+    src, dst = gnn.community_edges(64, 100, community_size=8, p_in=np.float32(0.5))  # numpy scalars are numbers
+    assert src.size == 100
 
 
 def test_the_suite_builds_the_locality_graphs():

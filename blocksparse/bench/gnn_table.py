@@ -1,9 +1,10 @@
 """The full table of a ``gnn-graphs`` run, in markdown: what docs/gnn.md shows, computed from the run's JSON alone.
 
-:func:`full_table` gives one row per graph, op and pass: per dtype, the time of the backend that the tuned data made
-from this run picks (:func:`default_backend`: the faster of the two in the cell the op's family is chosen by, a tie
-kept by the kernels; what :func:`blocksparse.bench.gnn_graphs.measured_from` turns into
-:data:`blocksparse.ops.gnn.tuned.CHOICES`), the fastest peer's time over it, and bfloat16 over float32.
+:func:`full_table` gives one row per graph, op and pass: per dtype, the time of the backend that the default runs with
+the tuned data made from this run (:func:`cells`: :func:`blocksparse.ops.gnn.order.choice` over what
+:func:`blocksparse.bench.gnn_graphs.measured_from` reads from the JSON, which is what
+:data:`blocksparse.ops.gnn.tuned.CHOICES` holds: the faster backend of the family's cell, SpMM's mean by its sum, min
+by max, a tie kept by the kernels), the fastest peer's time over it, and bfloat16 over float32.
 :func:`targets` checks the run against its targets: the default at least as fast as the fastest peer in every cell,
 bfloat16 never slower than float32, max on the power-law graph within 1.0 ms in float32, attention memory 40x below
 PyG's; each cell that misses one is listed with by how much, and with its op's smallest traffic at the copy rate
@@ -21,17 +22,25 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .gnn_graphs import BACKENDS, GRAPHS, OPS, PASSES, TIE
+from ..ops.gnn import order
+from .gnn_graphs import _FAMILY, BACKENDS, GRAPHS, OPS, PASSES, TIE, measured_from
 
-__all__ = ["COPY_RATE", "Cell", "cells", "choice_table", "default_backend", "full_table", "smallest_traffic", "targets"]
+__all__ = [
+    "COPY_RATE",
+    "Cell",
+    "cells",
+    "choice_table",
+    "default_backend",
+    "full_table",
+    "gather_traffic",
+    "smallest_traffic",
+    "targets",
+]
 
 #: Bytes a second the H200 copies device memory at (a ``jnp`` copy of arrays of 0.1 to 4 GB, read and written:
 #: docs/benchmarks.md, "GNN operations"), the rate the smallest traffic is priced at.
 COPY_RATE = 3.5e12
 DTYPES = ("float32", "bfloat16")
-#: The op whose cell picks an op's backend: the tuned data's families (``spmm`` by its sum, ``aggregate`` by max).
-CHOSEN_BY = {"spmm_sum": "spmm_sum", "spmm_mean": "spmm_sum", "spmm_gcn": "spmm_gcn", "max": "max", "min": "max",
-             "gatv2": "gatv2", "graph_attention": "graph_attention"}  # fmt: skip
 NAMES = {"spmm_sum": "SpMM sum", "spmm_mean": "SpMM mean", "spmm_gcn": "SpMM GCN", "max": "max", "min": "min",
          "gatv2": "GATv2", "graph_attention": "graph attention"}  # fmt: skip
 PEER_NAMES = {"torch-csr": "cuSPARSE", "pyg-scatter": "PyG", "segment": "XLA segment", "bcsr": "JAX BCSR"}
@@ -60,6 +69,7 @@ class Cell:
     backend: str | None
     ms: float | None
     feat: int = 128  # features per node (attention: heads x head size)
+    follows: str | None = None  # the measured graph whose cell picked the backend (None: the default order)
 
     @property
     def peer(self) -> tuple[str, float] | None:
@@ -95,46 +105,81 @@ def _key(r: dict) -> tuple[str, str, str, str]:
     return p["graph"], p["dtype"], p["op"], p["pass"]
 
 
+def _rows(doc: dict) -> list[dict]:
+    """The run's cells of the full table's graphs (a broken suite's row, without a graph, is none)."""
+    return [r for r in doc.get("results", [])
+            if r.get("suite") == "gnn-graphs" and r.get("params", {}).get("graph") in GRAPHS]  # fmt: skip
+
+
 def _measured(doc: dict) -> dict:
     """``(graph, dtype, op, pass) -> metrics`` of the run's cells as generated that passed."""
+    return {_key(r): r["metrics"] for r in _rows(doc)
+            if r.get("ok") and not r.get("skipped") and r["params"].get("order") == "as generated"}  # fmt: skip
+
+
+def _pick(table: dict, metrics: dict, dtype: str, op: str, pass_: str, feat: int) -> order.Choice:
+    """What :func:`blocksparse.ops.gnn.order.choice` picks for a cell on the graph of its statistics with ``table``'s
+    measurements. SpMM under grad without a forward + backward measurement near: the forward's (the library takes
+    each product's own, ``g.T``'s by its in-degrees, which the cell does not record; ``g``'s stand in)."""
+    stats = order.GraphStats(metrics["nodes"], metrics["edges"], metrics["max_in_degree"])
+    family, norm = _FAMILY[op], ("both" if op == "spmm_gcn" else None)
+    c = order.choice(family, stats, feat, dtype, pass_, norm=norm, table=table)
+    if family == "spmm" and pass_ == "fwd+bwd" and c.measured is None:
+        c = order.choice(family, stats, feat, dtype, "fwd", norm=norm, table=table)
+    return c
+
+
+def cells(doc: dict) -> dict[tuple[str, str, str, str], Cell]:
+    """``(graph, dtype, op, pass) -> Cell`` for every cell of ``doc`` that passed, as generated: the backend the
+    default runs with the tuned data made from ``doc`` (``measured_from``: the graph's own measurement, else the
+    nearest measured graph's within the coverage, else the default order), and its time in the cell."""
+    table = measured_from(doc, "this run")
+    feats = {_key(r): r["params"].get("feat", 128) for r in _rows(doc)}
     out = {}
-    for r in doc.get("results", []):
-        if r.get("suite") == "gnn-graphs" and r.get("ok") and not r.get("skipped"):
-            if r["params"].get("order") == "as generated":
-                out[_key(r)] = r["metrics"]
+    for key, m in _measured(doc).items():
+        c = _pick(table, m, key[1], key[2], key[3], feats[key])
+        backend = c.impls[0] if m.get(f"{c.impls[0]}_loop_ms") else None
+        ms = m[f"{backend}_loop_ms"] if backend else m.get("loop_ms")
+        out[key] = Cell(*key, m, backend, ms, feats[key], c.measured.graph if c.measured else None)
     return out
 
 
 def default_backend(doc: dict, graph: str, dtype: str, op: str, pass_: str) -> str | None:
-    """The backend that the tuned data made from ``doc`` picks for the cell: :func:`faster` of the cell of
-    :data:`CHOSEN_BY`'s op (SpMM's mean by its sum, min by max); ``None`` where that cell cannot tell."""
-    m = _measured(doc).get((graph, dtype, CHOSEN_BY[op], pass_))
-    got = None if m is None else faster(m)
-    return None if got is None else got[0]
-
-
-def cells(doc: dict) -> dict[tuple[str, str, str, str], Cell]:
-    """``(graph, dtype, op, pass) -> Cell`` for every cell of ``doc`` that passed, as generated."""
-    measured = _measured(doc)
-    feats = {_key(r): r["params"].get("feat", 128) for r in doc.get("results", []) if "params" in r}
-    out = {}
-    for key, m in measured.items():
-        chooser = measured.get((*key[:2], CHOSEN_BY[key[2]], key[3]))
-        pick = None if chooser is None else faster(chooser)
-        backend = pick[0] if pick and m.get(f"{pick[0]}_loop_ms") else None
-        out[key] = Cell(*key, m, backend, m[f"{backend}_loop_ms"] if backend else m.get("loop_ms"), feats[key])
-    return out
+    """The backend the default runs for a cell of ``doc`` with the tuned data made from it (:func:`cells`); ``None``
+    where the cell did not run, or ran one backend only."""
+    c = cells(doc).get((graph, dtype, op, pass_))
+    return None if c is None else c.backend
 
 
 def smallest_traffic(op: str, pass_: str, nodes: int, edges: int, feat: int, itemsize: int) -> int:
-    """Bytes an op moves at least: its feature arrays read once and its outputs written once, in the features'
-    dtype, and the graph's CSR (int32 edge ids and offsets; the edge weights of SpMM's mean and GCN norm, float32).
-    ``fwd+bwd`` adds the cotangent read, every input's gradient written, and the transposed graph's CSR."""
+    """Bytes an op moves at least, however it is written: its feature arrays read once and its outputs written once,
+    in the features' dtype, and the graph's CSR once (int32 edge ids and offsets; the norms' factors come from the
+    degrees). ``fwd+bwd`` adds the cotangent read, every input's gradient written, and but for max / min (whose
+    backward scatters to the arg-max) the transposed graph's CSR."""
     rows = nodes * feat * itemsize
-    csr = 4 * edges + 4 * (nodes + 1) + (4 * edges if op in ("spmm_mean", "spmm_gcn") else 0)
+    csr = 4 * edges + 4 * (nodes + 1)
     k = INPUTS[op]
     fwd = (k + 1) * rows + csr
-    return fwd if pass_ == "fwd" else fwd + (1 + k) * rows + csr
+    if pass_ == "fwd":
+        return fwd
+    return fwd + (1 + k) * rows + (0 if op in ("max", "min") else csr)
+
+
+#: Feature arrays an op gathers a row of per edge: SpMM, max and min ``x``; GATv2 the sources' projection; graph
+#: attention ``k`` and ``v``.
+GATHERED = {"spmm_sum": 1, "spmm_mean": 1, "spmm_gcn": 1, "max": 1, "min": 1, "gatv2": 1, "graph_attention": 2}
+
+
+def gather_traffic(op: str, pass_: str, edges: int, feat: int, itemsize: int) -> int:
+    """Bytes of a source row gathered per edge from DRAM, for each array the op gathers (``fwd+bwd``: the backward
+    gathers as many again): what a kernel moves when no gathered row is still in the cache, an upper figure where the
+    features outgrow the L2 and rows repeat; a time below it at the copy rate means rows were served by the L2."""
+    return edges * feat * itemsize * GATHERED[op] * (1 if pass_ == "fwd" else 2)
+
+
+def _gather_s(c: Cell) -> float:
+    item = 2 if c.dtype == "bfloat16" else 4
+    return gather_traffic(c.op, c.pass_, c.metrics["edges"], c.feat, item) / COPY_RATE
 
 
 def _traffic_s(c: Cell) -> float:
@@ -149,13 +194,8 @@ def _ms(x: float | None) -> str:
     return f"{x:.3f}" if x < 10 else f"{x:.2f}" if x < 100 else f"{x:.1f}"
 
 
-def _graphs(doc: dict) -> list[str]:
-    seen = {r["params"]["graph"] for r in doc.get("results", []) if r.get("suite") == "gnn-graphs"}
-    return [g for g in GRAPHS if g in seen]
-
-
 def _failed(doc: dict) -> dict:
-    return {_key(r): r for r in doc.get("results", []) if r.get("suite") == "gnn-graphs" and not r.get("ok")}
+    return {_key(r): r for r in _rows(doc) if not r.get("ok")}
 
 
 def full_table(doc: dict) -> str:
@@ -168,7 +208,7 @@ def full_table(doc: dict) -> str:
     head = ("| graph | op, pass | float32 | best peer / float32 | bfloat16 | best peer / bfloat16 "
             "| bfloat16 / float32 |")  # fmt: skip
     lines = [head, "|" + "---|" * 7]
-    for graph in _graphs(doc):
+    for graph in GRAPHS:
         first = True
         for op in OPS:
             for pass_ in PASSES:
@@ -200,7 +240,7 @@ def choice_table(doc: dict) -> str:
     the graphs where XLA was faster, and those where the kernels were (a tie, XLA faster by at most
     :data:`~blocksparse.bench.gnn_graphs.TIE`, noted); a graph whose cell could not tell is in neither."""
     measured = _measured(doc)
-    graphs = _graphs(doc)
+    graphs = GRAPHS
     lines = ["| family, dtype, pass | XLA first | the kernels first |", "|---|---|---|"]
     for name, op in FAMILIES.values():
         for dtype in DTYPES:
@@ -223,8 +263,11 @@ def targets(doc: dict) -> str:
     (the op's smallest traffic at :data:`COPY_RATE`; for memory, what the program returns); back-to-back calls
     against the loop."""
     table = cells(doc)
-    expected = len(_graphs(doc)) * len(OPS) * len(PASSES) * len(DTYPES)
-    out = [f"- **{len(table)} of {expected} cells** ran and passed their checks ({len(_failed(doc))} failed)."]
+    expected = len(GRAPHS) * len(OPS) * len(PASSES) * len(DTYPES)
+    cut = len(doc.get("meta", {}).get("cut_short") or ())
+    out = [f"- **{len(table)} of {expected} cells** ran and passed their checks ({len(_failed(doc))} failed, "
+           f"{expected - len(table) - len(_failed(doc))} not yet run, of which {cut} cut short by a command's time "
+           "limit)."]  # fmt: skip
     peered = [c for c in table.values() if c.speedup is not None]
     misses = sorted((c for c in peered if c.speedup < 1), key=lambda c: c.speedup)
     out.append(f"- **The default at least as fast as the fastest peer in {len(peered) - len(misses)} of "
@@ -234,8 +277,8 @@ def targets(doc: dict) -> str:
         t = _traffic_s(c) * 1e3
         out.append(
             f"  - {_where(c)}: {c.backend or 'as run'} {_ms(c.ms)} against {PEER_NAMES.get(name, name)} "
-            f"{_ms(peer_ms)} ms ({c.speedup:.2f}, {1e3 * (c.ms - peer_ms):.0f} µs); smallest traffic "
-            f"{t:.3f} ms at the copy rate, the op {c.ms / t:.1f}x that"
+            f"{_ms(peer_ms)} ms ({c.speedup:.2f}, {1e3 * (c.ms - peer_ms):.0f} µs); at the copy rate the smallest "
+            f"traffic takes {t:.3f} ms (the op {c.ms / t:.1f}x that), a row gathered per edge {1e3 * _gather_s(c):.3f}"
         )
     pairs = [(table[(g, "float32", o, p)], table[(g, "bfloat16", o, p)]) for (g, dt, o, p) in table
              if dt == "float32" and (g, "bfloat16", o, p) in table]  # fmt: skip
@@ -245,7 +288,9 @@ def targets(doc: dict) -> str:
         out.append(f"  - {a.graph} {NAMES[a.op]} {a.pass_}: bfloat16 {_ms(b.ms)} against float32 {_ms(a.ms)} ms "
                    f"({b.ms / a.ms:.2f})")  # fmt: skip
     mx = table.get(("power-law", "float32", "max", "fwd"))
-    if mx is not None:
+    if mx is None:
+        out.append(f"- **max on the power-law graph, float32 forward:** not run yet (target {MAX_TARGET_MS} ms).")
+    else:
         verdict = "met" if mx.ms <= MAX_TARGET_MS else f"missed by {100 * (mx.ms / MAX_TARGET_MS - 1):.0f}%"
         t = _traffic_s(mx) * 1e3
         out.append(f"- **max on the power-law graph, float32 forward: {_ms(mx.ms)} ms** against {MAX_TARGET_MS} "

@@ -158,7 +158,7 @@ def paper_graph_edges(
         scale: in ``(0, 1]``: both counts are multiplied by it and rounded (``1.0``: the exact
             sizes above); the degree law keeps its exponent, so hubs shrink with the graph.
         seed: the random seed (the same seed gives the same edges).
-        shuffle: renumber the nodes by a random permutation (:func:`shuffle_ids`, seeded by ``seed``): the same
+        shuffle: renumber the nodes by a random permutation (:func:`shuffle_ids`, seeded by ``seed + 1``): the same
             graph with the locality of city-roads-L's ids hidden, for a reordering to recover (the other graphs'
             ids carry none to begin with).
 
@@ -208,8 +208,8 @@ def paper_graph_edges(
         v, u = _distinct_pairs(rng, m, n, (a_in, p_in), (a_out, p_out), undirected=spec["symmetric"])
     if spec["symmetric"]:
         u, v = np.concatenate([u, v]), np.concatenate([v, u])
-    if shuffle:
-        u, v = shuffle_ids(u, v, n, seed=seed)
+    if shuffle:  # a stream of its own (the graph's draws used ``seed``'s)
+        u, v = shuffle_ids(u, v, n, seed=seed + 1)
     return u.astype(np.int32), v.astype(np.int32), n
 
 
@@ -354,6 +354,12 @@ def shuffle_ids(src, dst, num_nodes: int, *, seed: int = 0) -> tuple[np.ndarray,
     """
     src, dst = np.asarray(src), np.asarray(dst)
     _check_counts(num_nodes, src.size)
+    if src.ndim != 1 or src.shape != dst.shape:
+        raise ValueError(f"Expected src and dst of one shape (E,). Got {src.shape} and {dst.shape}.")
+    for name, ids in (("src", src), ("dst", dst)):
+        if ids.size and (not np.issubdtype(ids.dtype, np.integer) or ids.min() < 0 or ids.max() >= num_nodes):
+            raise ValueError(f"Expected {name} integer ids in [0, {num_nodes}). Got {ids.dtype} ids in "
+                             f"[{ids.min()}, {ids.max()}].")  # fmt: skip
     perm = np.random.default_rng(seed).permutation(num_nodes)
     return perm[src].astype(np.int32), perm[dst].astype(np.int32)
 
@@ -367,9 +373,10 @@ def community_edges(
     edge's destination is uniform; its source is a node of the destination's community with probability ``p_in``,
     else uniform over the graph; no self-loops, no repeated edges (redrawn until the count is exact). The ids are
     then a random permutation of that numbering (:func:`shuffle_ids`), so as generated a node's in-neighbours are
-    spread over the whole graph, while an order that puts each community together (``reorder(g, "rcm")``, which
-    follows the edges) brings most of them within ``community_size`` ids of it: the gathered rows then repeat in
-    the cache, as in the real graphs' communities (papers citing within a field, friends within a region).
+    spread over the whole graph, while an order that puts each community together (``reorder(g, "clusters")``)
+    brings most of them within ``community_size`` ids of it: the gathered rows then repeat in the cache, as in the
+    real graphs' communities (papers citing within a field, friends within a region). ``reorder(g, "rcm")`` does not:
+    the edges between communities make its band wide.
 
     Arguments:
         num_nodes, num_edges: the sizes (at most a quarter of the node pairs, and of each community's pairs for
@@ -390,8 +397,9 @@ def community_edges(
     _check_counts(num_nodes, num_edges)
     if isinstance(community_size, bool) or not isinstance(community_size, (int, np.integer)) or community_size < 2:
         raise ValueError(f"Expected community_size an int >= 2. Got {community_size!r}.")
-    if isinstance(p_in, bool) or not isinstance(p_in, (int, float)) or not 0 <= p_in <= 1:
-        raise ValueError(f"Expected p_in in [0, 1]. Got {p_in!r}.")
+    if isinstance(p_in, bool) or not isinstance(p_in, (int, float, np.integer, np.floating)) or not 0 <= p_in <= 1:
+        raise ValueError(f"Expected p_in a number in [0, 1]. Got {p_in!r}.")
+    p_in = float(p_in)
     size = min(int(community_size), num_nodes)
     most = min(num_nodes * (num_nodes - 1), num_nodes * (size - 1) / max(p_in, 1e-9)) // 4
     if num_edges > most:

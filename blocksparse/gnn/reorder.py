@@ -26,7 +26,7 @@ def _symmetric(g: Graph, method: str):
     except ImportError as e:  # pragma: no cover - scipy is a test dependency
         raise ImportError(f"reorder(method={method!r}) needs scipy (pip install blocksparse[scipy])") from e
     n = g.num_nodes
-    a = sp.coo_matrix((np.ones(g.num_edges, np.int8), (g.dst, g.src)), shape=(n, n)).tocsr()
+    a = sp.coo_matrix((np.ones(g.num_edges, np.int32), (g.dst, g.src)), shape=(n, n)).tocsr()  # (repeats: summed)
     sym = (a + a.T).tocsr()
     sym.data[:] = 1
     return sym

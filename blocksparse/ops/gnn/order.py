@@ -192,7 +192,7 @@ def distance(stats: GraphStats, feat: int, m: tuned.Measured) -> float:
 
 
 def choice(op: str, stats: GraphStats | None, feat: int, dtype, pass_: str = "fwd", kind: str | None = None,
-           norm: str | None = None) -> Choice:  # fmt: skip
+           norm: str | None = None, table: dict | None = None) -> Choice:  # fmt: skip
     """The backends ``op`` tries on a graph of ``stats`` with ``feat`` features per node of ``dtype``, for
     ``pass_`` (``"fwd"``, ``"fwd+bwd"``), on device ``kind`` (default :func:`blocksparse.hardware.gpu`'s).
 
@@ -202,7 +202,9 @@ def choice(op: str, stats: GraphStats | None, feat: int, dtype, pass_: str = "fw
     The nearest graph of :func:`blocksparse.ops.gnn.tuned.measured` ``(family, dtype, pass_)`` within
     :data:`COVERAGE` in every statistic (:func:`distance`) decides: XLA first where XLA was faster there, else the
     default order. No such graph (none measured for this key or device, or none near enough; ``stats`` ``None``:
-    a traced graph) is "not measured": the default order.
+    a traced graph) is "not measured": the default order. ``table``: the measurements to choose from instead of the
+    device's (``(family, dtype, pass) -> Measured``s, as ``blocksparse.bench.gnn_graphs.measured_from`` makes from a
+    run: what the default would run with that run's data).
     """
     if op not in OPS:
         raise ValueError(f"Expected a GNN op in {sorted(OPS)}. Got {op!r}.")
@@ -214,10 +216,16 @@ def choice(op: str, stats: GraphStats | None, feat: int, dtype, pass_: str = "fw
     default = _default(op, dtype)
     if stats is None:
         return Choice(default, "not measured: the default (the graph's degrees are traced, unknown on the host)")
+
+    def measured(family):
+        if table is None:
+            return tuned.measured(family, name, pass_, kind)
+        return tuple(table.get((family, name, pass_), ()))
+
     family = op
-    if op == "spmm" and norm == "both" and tuned.measured("spmm_gcn", name, pass_, kind):
+    if op == "spmm" and norm == "both" and measured("spmm_gcn"):
         family = "spmm_gcn"
-    points = tuned.measured(family, name, pass_, kind)  # CHOICES is keyed by the op's name (SpMM: and its norm)
+    points = measured(family)  # CHOICES is keyed by the op's name (SpMM: and its norm)
     key = f"{family}/{name}/{pass_}"
     if not points:
         return Choice(default, f"not measured: the default (no graph measured for {key} on this device)")

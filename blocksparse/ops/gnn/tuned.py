@@ -286,6 +286,8 @@ def _from_run(faster: dict, results: str) -> dict:
     for (family, dtype, pass_), row in faster.items():
         points = []
         for stats, f in zip(_GRAPHS, row, strict=True):
+            if f not in (None, "tie", *_PAIRS):
+                raise ValueError(f"Expected None, 'tie', 'pallas' or 'xla' for {stats['graph']}. Got {f!r}.")
             if f is None:
                 continue
             label = f"{stats['graph']} {dtype} as generated {_CELL_OP[family]} {pass_}"
