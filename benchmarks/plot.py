@@ -6,6 +6,7 @@ Usage::
         --gnn benchmarks/results/gnn_h200_run2.json --out docs/img
     python benchmarks/plot.py --bench matmul.json gnn.json --out figs   # `blocksparse bench --json` files
     python benchmarks/plot.py --out docs/img   # every figure of the docs' recorded runs (the defaults below)
+    python benchmarks/plot.py --gnn-full benchmarks/results/gnn_full_h200.json --out docs/img   # (among them)
 
 ``--bench`` draws the figures of ``blocksparse bench --plot`` (:func:`blocksparse.bench.figures`) from
 ``blocksparse bench --json`` files (and the peer scripts', which write the same layout): throughput against
@@ -101,6 +102,40 @@ def plot_gnn(path: str, out: str) -> str:
     ax_m.set_title("peak memory beyond the inputs")
     fig.tight_layout()
     dest = os.path.join(out, "gnn_vs_peers.png")
+    fig.savefig(dest, dpi=110)
+    return dest
+
+
+def plot_gnn_full(path: str, out: str) -> str:
+    """The full gnn-graphs table as a map: per graph and op (rows) and dtype and pass (columns), the fastest peer's
+    time over the default's (:mod:`blocksparse.bench.gnn_table`: the backend the run's tuned data picks); green where
+    the default is faster, red where a peer is, blank where the cell did not run or no peer did."""
+    from blocksparse.bench import gnn_graphs, gnn_table
+
+    doc = json.load(open(path))
+    cells = gnn_table.cells(doc)
+    cols = [(dt, p) for dt in gnn_table.DTYPES for p in gnn_graphs.PASSES]
+    rows = [(g, op) for g in gnn_graphs.GRAPHS for op in gnn_graphs.OPS]
+    grid = np.full((len(rows), len(cols)), np.nan)
+    for i, (g, op) in enumerate(rows):
+        for j, (dt, p) in enumerate(cols):
+            c = cells.get((g, dt, op, p))
+            if c is not None and c.speedup is not None:
+                grid[i, j] = c.speedup
+    fig, ax = plt.subplots(figsize=(6.5, 12))
+    im = ax.imshow(np.log2(grid), cmap="RdYlGn", vmin=-2, vmax=2, aspect="auto")
+    for i, j in zip(*np.nonzero(np.isfinite(grid)), strict=True):
+        dark = abs(np.log2(grid[i, j])) > 1.3
+        ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=6, color="w" if dark else "k")
+    ax.set_xticks(range(len(cols)), [f"{dt}\n{p}" for dt, p in cols], fontsize=7)
+    ax.set_yticks(range(len(rows)), [f"{g}  {gnn_table.NAMES[op]}" for g, op in rows], fontsize=6)
+    for k in range(1, len(gnn_graphs.GRAPHS)):
+        ax.axhline(k * len(gnn_graphs.OPS) - 0.5, color="k", lw=0.6)
+    ax.xaxis.set_ticks_position("top")
+    fig.colorbar(im, ax=ax, shrink=0.4, label="log2(fastest peer / default)")
+    ax.set_title(f"{len(cells)} of {len(rows) * len(cols)} cells, {doc.get('meta', {}).get('device', '')}", fontsize=8)
+    fig.tight_layout()
+    dest = os.path.join(out, "gnn_full_table.png")
     fig.savefig(dest, dpi=110)
     return dest
 
@@ -355,6 +390,7 @@ def main(argv=None):
         default=["benchmarks/results/decode_stream_products_h200.json"],  # d = 1/4, 1/16 (1/8: the table)
     )
     ap.add_argument("--minilm-speed", default="benchmarks/results/check_minilm_speed_h200.json")
+    ap.add_argument("--gnn-full", default="benchmarks/results/gnn_full_h200.json")
     ap.add_argument("--out", default="docs/img")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -370,7 +406,7 @@ def main(argv=None):
                  plot_mosaic(args.mosaic, args.out), plot_sharded_gnn(args.sharded_gnn, args.out),
                  plot_sdd(args.sdd, args.out), plot_decode_products(args.decode, args.out),
                  plot_decode_generation("benchmarks/results", args.out),
-                 plot_minilm_speed(args.minilm_speed, args.out)]  # fmt: skip
+                 plot_minilm_speed(args.minilm_speed, args.out), plot_gnn_full(args.gnn_full, args.out)]  # fmt: skip
     for dest in dests:
         print(dest)
 
