@@ -300,3 +300,25 @@ def test_spmm_default_implementation_by_dtype():
         y = bs.gnn.spmm(g, x)
     want = "pallas" if jax.default_backend() == "gpu" else "xla"
     assert log == [("spmm", want)] and y.dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_xla_mean_scales_each_sum_once(dtype):
+    """On XLA a factor of the destination alone (the mean's, norm "right") multiplies each node's float32 sum once,
+    not every gathered row: no (E, F) product in the program, the value the oracle's rounded once; the GCN norm's
+    factors (source and destination) stay on the edges."""
+    g = gnn.power_law(50, 400, seed=8)
+    x = _x(g, 8, dtype=dtype)
+    for reduce, norm in (("mean", None), ("sum", "right")):
+        y = gnn.spmm(g, x, reduce, norm, implementation="xla")
+        ref = O.spmm(g.src, g.dst, g.num_nodes, x.astype(jnp.float32), None, reduce, norm)
+        np.testing.assert_allclose(np.asarray(y, np.float32), ref, rtol=1e-5 if dtype == jnp.float32 else 1e-2,
+                                   atol=1e-5 if dtype == jnp.float32 else 1e-2)  # fmt: skip
+        wide = gnn.spmm(g, x.astype(jnp.float32), reduce, norm, implementation="xla")  # the same sums, not rounded
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(wide.astype(dtype)))
+
+    def edge_products(norm, reduce="sum"):
+        jaxpr = jax.make_jaxpr(lambda x: gnn.spmm(g, x, reduce, norm, implementation="xla"))(x).jaxpr
+        return [e for e in _eqns(jaxpr) if e.primitive.name == "mul" and e.outvars[0].aval.shape == (g.num_edges, 8)]
+
+    assert not edge_products(None, "mean") and not edge_products("right") and edge_products("both")

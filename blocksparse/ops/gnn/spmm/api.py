@@ -64,6 +64,9 @@ def _table(name: str):
     def call(s: SpmmStatic, g, x, *rest):
         init, w = (rest[0], rest[1:]) if s.accumulate else (None, rest)
         w_csr = w[0][jnp.asarray(g.edge_perm)] if w else None
+        if name == "xla" and s.norm is not None and NORM_POWERS[s.norm][0] == 0 and not w and init is None:
+            # a factor of the destination alone (the mean's): XLA scales each sum once, not every gathered row
+            return csr_sum(g, None, x, row_scale=inverse_degree_power(g.in_degree, NORM_POWERS[s.norm][1]))
         if s.norm is not None:
             factor = jnp.asarray(csr_norm_factor(g, s.norm))
             w_csr = factor if w_csr is None else w_csr.astype(jnp.float32) * factor
@@ -269,7 +272,8 @@ def spmm(
         weights = (_checked_weight(g, edge_weight),)
     # The norm (and the mean's division by the in-degree, norm "right"'s) rides on the edge weights, one factor per
     # edge: no pass over x before the product nor over its output after it. A static graph's factors are host data
-    # the product multiplies in (SpmmStatic.norm); a dynamic graph's are traced from its degrees.
+    # the product multiplies in (SpmmStatic.norm; on XLA, a factor of the destination alone scales each float32 sum
+    # once instead); a dynamic graph's are traced from its degrees.
     scaling = "right" if reduce == "mean" else norm
     if scaling is not None and isinstance(g, DynamicGraph) and g.num_nodes and g.edge_capacity:  # (else: no product)
         factor = _dynamic_edge_factor(g, scaling)
