@@ -100,12 +100,18 @@ def test_known_stats_are_the_suites_graphs(name):
 
 
 @functools.cache
+def _suite_graph(name: str):
+    """The suite's graph ``name``, built once for this module (twitch-views or the power-law graph: seconds)."""
+    return suite.graph(name)
+
+
+@functools.cache
 def _suite_stats(name: str) -> tuple[GraphStats, GraphStats]:
-    """The statistics of the suite's graph ``name`` and of its transpose, computed once for this module (building the
-    power-law graph or twitch-views takes seconds; only the statistics are kept, not the graph), or ``KNOWN_STATS``."""
+    """The statistics of the suite's graph ``name`` and of its transpose, computed once for this module, or
+    ``KNOWN_STATS`` (the graphs too large to build in the quick suite)."""
     if name in KNOWN_STATS:
         return KNOWN_STATS[name]
-    g = suite.graph(name)
+    g = _suite_graph(name)
     return order.graph_stats(g), order.graph_stats(g, transpose=True)
 
 
@@ -297,6 +303,33 @@ def test_the_ops_dispatch_by_the_choice():
     assert ran_all(jax.grad(lambda x: bs.gnn.spmm(g, x).astype(jnp.float32).sum()), x16) == [("spmm", "pallas")] * 2
     assert ran(lambda x: bs.gnn.spmm(g, x, norm="both"), x16) == {"spmm": "pallas"}
     assert ran(lambda xs, a: bs.gnn.gatv2(g, xs, xs, a), xs16, att16) == {"gatv2": "xla"}
+
+
+@pytest.mark.parametrize("name", ["ogbn-arxiv", *(pytest.param(n, marks=pytest.mark.slow)  # (seconds to build)
+                                   for n in ("twitch-views", "power-law"))])  # fmt: skip
+def test_the_ops_run_the_choice_on_each_kind_of_graph(name):
+    """On a graph of each kind the run measured (citations, a dense social graph with hubs, the power-law graph),
+    under the interpreter (where the kernels would run), every op traces, alone and under ``jax.grad``, the backend
+    that the choice names for it: the run's data reaches the ops."""
+    if not any(m.graph == name for v in tuned.CHOICES[H200].values() for m in v):
+        pytest.skip(f"{name} is not in the run yet")
+    g, stats = _suite_graph(name), _suite_stats(name)
+    n = g.num_nodes
+    ops = {"spmm_sum": lambda x, a: bs.gnn.spmm(g, x.reshape(n, 128)),
+           "spmm_gcn": lambda x, a: bs.gnn.spmm(g, x.reshape(n, 128), norm="both"),
+           "max": lambda x, a: bs.gnn.aggregate(g, x.reshape(n, 128), "max"),
+           "gatv2": lambda x, a: bs.gnn.gatv2(g, x, x, a),
+           "graph_attention": lambda x, a: bs.gnn.graph_attention(g, x, x, x)}  # fmt: skip
+    for dtype in ("float32", "bfloat16"):
+        xs = jax.ShapeDtypeStruct((n, 8, 16), jnp.dtype(dtype))
+        att = jax.ShapeDtypeStruct((8, 16), jnp.dtype(dtype))
+        for op, fn in ops.items():
+            for pass_ in order.PASSES:
+                run = fn if pass_ == "fwd" else jax.grad(lambda x, a, f=fn: f(x, a).astype(jnp.float32).sum())
+                with bs.interpret(), bs.dispatch_log() as log:
+                    jax.eval_shape(run, xs, att)
+                want = _picks(stats, dict(op=op, dtype=dtype, feat=128, **{"pass": pass_}))
+                assert {impl for _, impl in log} == want, (name, op, dtype, pass_, list(log), want)
 
 
 def test_graph_stats():
