@@ -154,7 +154,7 @@ def test_the_default_runs_the_faster_backend_of_each_cell(graph):
         picks = _picks(stats, prm)
         assert len(picks) == 1, (r["label"], picks)
         assert table[(graph, prm["dtype"], prm["op"], prm["pass"])].backend in (None, *picks), r["label"]
-        own = gnn_table.faster(met)
+        own = suite.faster(met)
         if own is None:  # the cell could not tell: a backend out of memory, or timed once
             continue
         assert (picks == {own[0]}) == (r["label"] not in FAMILY_MISSES), (r["label"], picks)

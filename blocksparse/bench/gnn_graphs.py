@@ -657,6 +657,18 @@ TIE = 0.02
 TIE_NOTE = f"a tie: XLA faster by at most {TIE:.0%}, the default order kept"
 
 
+def faster(metrics: dict) -> tuple[str, str] | None:
+    """``(backend, note)`` of a cell where both backends were timed in a loop: the faster one, and ``"pallas"`` with
+    note ``"tie"`` where XLA won by at most :data:`TIE`; ``None`` where the cell cannot tell (a backend did not run,
+    or one was timed by a single call: a wall time against a loop is not comparable)."""
+    m = metrics
+    if m.get("faster_backend") not in BACKENDS or "one call" in (m.get("pallas_timer"), m.get("xla_timer")):
+        return None
+    if m["faster_backend"] == "xla" and m["pallas_loop_ms"] <= m["xla_loop_ms"] * (1 + TIE):
+        return "pallas", "tie"
+    return m["faster_backend"], ""
+
+
 def measured_from(doc: dict, results: str) -> dict:
     """The tuned data a run of this suite measured: ``(family, dtype, pass) -> [Measured, ...]`` for
     :data:`blocksparse.ops.gnn.tuned.CHOICES`, one per graph, from the cells as generated where both backends ran
@@ -674,15 +686,11 @@ def measured_from(doc: dict, results: str) -> dict:
         if r.get("suite") != "gnn-graphs" or prm.get("order") != "as generated" or prm.get("op") not in take:
             continue
         family, passes = take[prm["op"]]
-        if prm["pass"] not in passes or m.get("faster_backend") not in BACKENDS:
+        pick = faster(m)
+        if prm["pass"] not in passes or pick is None:
             continue
-        if "one call" in (m.get("pallas_timer"), m.get("xla_timer")):  # a wall time against a loop: not comparable
-            continue
-        cell = f"{r['label']}: pallas_loop_ms vs xla_loop_ms"
-        faster, note = m["faster_backend"], ""
-        if faster == "xla" and m["pallas_loop_ms"] <= m["xla_loop_ms"] * (1 + TIE):
-            faster, note = "pallas", TIE_NOTE
+        cell, note = f"{r['label']}: pallas_loop_ms vs xla_loop_ms", TIE_NOTE if pick[1] else ""
         out.setdefault((family, prm["dtype"], prm["pass"]), []).append(tuned.Measured(
             graph=prm["graph"], nodes=m["nodes"], edges=m["edges"], max_in_degree=m["max_in_degree"],
-            feat=prm["feat"], faster=faster, results=results, cell=cell, note=note))  # fmt: skip
+            feat=prm["feat"], faster=pick[0], results=results, cell=cell, note=note))  # fmt: skip
     return out

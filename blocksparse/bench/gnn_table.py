@@ -23,7 +23,7 @@ import dataclasses
 import math
 
 from ..ops.gnn import order
-from .gnn_graphs import _FAMILY, BACKENDS, GRAPHS, OPS, PASSES, TIE, measured_from
+from .gnn_graphs import _FAMILY, GRAPHS, OPS, PASSES, faster, measured_from
 
 __all__ = [
     "COPY_RATE",
@@ -87,17 +87,6 @@ class Cell:
         """The picked backend's peak device memory (the default's as it ran without a pick)."""
         m = self.metrics
         return m.get(f"{self.backend}_mem_bytes") if self.backend else m.get("mem_bytes")
-
-
-def faster(metrics: dict) -> tuple[str, str] | None:
-    """``(backend, note)`` of a cell where both backends were timed in a loop: the faster one, and ``"pallas"`` with a
-    note where XLA won by at most :data:`~blocksparse.bench.gnn_graphs.TIE`; ``None`` where the cell cannot tell."""
-    m = metrics
-    if m.get("faster_backend") not in BACKENDS or "one call" in (m.get("pallas_timer"), m.get("xla_timer")):
-        return None
-    if m["faster_backend"] == "xla" and m["pallas_loop_ms"] <= m["xla_loop_ms"] * (1 + TIE):
-        return "pallas", "tie"
-    return m["faster_backend"], ""
 
 
 def _key(r: dict) -> tuple[str, str, str, str]:
