@@ -259,6 +259,8 @@ def test_extreme_all_nan_and_all_inf_nodes(interp):
         for nodes in (1, 2):
             for is_max in (True, False):
                 _check_extreme(g, xd, is_max, nodes, EVERYTHING, False, refs)
+                # the values-only kernels without keys (the 2-byte default's variant; float32: the plain kernel)
+                _check_extreme(g, xd, is_max, nodes, V(num_warps=2, narrow_loads=True), False, refs)
                 if dtype == jnp.bfloat16:  # (float32 falls back to the default kernel)
                     _check_extreme(g, xd, is_max, nodes, V(pairs=True, prefetch=True), True, refs)
 

@@ -72,6 +72,22 @@ def _kernel(
         o_ref[0, :] = jnp.where(end > start, best, 0.0).astype(o_ref.dtype)
         return
 
+    if not a_ref:  # values only: the running extreme and whether a NaN was seen, no arg positions
+
+        def values(c, carry):
+            _, _, rows = tiles(c)  # masked-out entries hold the identity, never NaN
+            red, pick = (jnp.max, jnp.maximum) if is_max else (jnp.min, jnp.minimum)
+            nans = [jnp.max(jnp.where(jnp.isnan(r), 1, 0), axis=0) for r in rows]
+            bests = [pick(b, red(r, axis=0)) for b, r in zip(carry[0::2], rows, strict=True)]
+            return sum(((b, jnp.maximum(n0, n)) for b, n0, n in zip(bests, carry[1::2], nans, strict=True)), ())
+
+        init = (jnp.full((width,), ident, jnp.float32), jnp.zeros((width,), jnp.int32)) * parts
+        res = lax.fori_loop(0, P.num_chunks(start, end, be), values, init)
+        best, nan = P.interleave(res[0::2]), P.interleave(res[1::2])
+        # (the Triton lowering's max / min drop NaN operands, so NaN is tracked apart)
+        o_ref[0, :] = jnp.where(nan > 0, jnp.nan, jnp.where(end > start, best, 0.0)).astype(o_ref.dtype)
+        return
+
     def part(c, carry, pos, m2, rows):
         best, arg = carry
         # NaN wins, as in segment_max / segment_min: every comparison with NaN is false, so a
