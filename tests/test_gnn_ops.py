@@ -146,6 +146,29 @@ def test_attention_matches_oracle(g, heads, dim):
     )
 
 
+@given(graphs(max_nodes=12), st.integers(1, 3), st.integers(1, 5), st.booleans(), st.booleans())
+@settings(max_examples=examples(6), deadline=None)
+def test_xla_attention_backward_is_autodiff_of_its_forward(g, heads, dim, traced, masked):
+    """The XLA backward (weights from the saved log-sum-exp, the logits recomputed) against JAX's VJP of the XLA
+    forward, on static and padded traced graphs; ``masked``: some destinations' every logit ``-inf`` (no weight)."""
+    from blocksparse.ops.gnn.attention import api
+    from blocksparse.ops.gnn.attention import reference as R
+
+    gg = gnn.DynamicGraph.from_graph(g, max_edges=g.num_edges + 5) if traced else g
+    xs, xd, ct = _x(g, heads, dim), _x(g, heads, dim, seed=1), _x(g, heads, dim, seed=3)
+    att = jnp.asarray(np.random.default_rng(2).standard_normal((heads, dim)), jnp.float32)
+    k, q = jnp.abs(xs) + 0.1, xd
+    if masked:  # nodes 0 and 1's queries -inf: every logit into them is -inf (positive keys)
+        q = q.at[:2].set(-jnp.inf)
+    for mode, args in (("gat", (xs, xd, att)), ("dot", (k, q, _x(g, heads, dim, seed=4)))):
+        s = api.AttentionStatic(("xla",), mode, slope=0.2, scale=0.5)
+        out, lse = R.attention_forward(s, gg, *args)
+        _, vjp = jax.vjp(lambda *a, s=s: R.attention_forward(s, gg, *a)[0], *args)
+        got, want = R.attention_backward(s, gg, *args, out, lse, ct), vjp(ct)
+        for x, y in zip(got, want, strict=True):
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5, err_msg=mode)
+
+
 def test_attention_gradients_finite_and_isolated_nodes_zero():
     g = gnn.Graph.from_edges([0, 1, 1, 2], [1, 2, 2, 2], 4)  # nodes 0, 3 have no in-edges
     xs, xd = _x(g, 2, 3), _x(g, 2, 3, seed=1)
@@ -157,9 +180,10 @@ def test_attention_gradients_finite_and_isolated_nodes_zero():
     assert all(bool(jnp.isfinite(t).all()) for t in grads)
     grads = jax.grad(lambda q, k, v: jnp.sum(gnn.graph_attention(g, q, k, v) ** 2), (0, 1, 2))(xs, xd, xs)
     assert all(bool(jnp.isfinite(t).all()) for t in grads)
-    jax.test_util.check_grads(lambda a, b: gnn.gatv2(g, a, b, att), (xs, xd), order=1, modes=["rev"], eps=1e-2)
+    # second order too: the backward's own derivative (grad of grad)
+    jax.test_util.check_grads(lambda a, b: gnn.gatv2(g, a, b, att), (xs, xd), order=2, modes=["rev"], eps=1e-2)
     jax.test_util.check_grads(
-        lambda q, k, v: gnn.graph_attention(g, q, k, v), (xs, xd, xs), order=1, modes=["rev"], eps=1e-2
+        lambda q, k, v: gnn.graph_attention(g, q, k, v), (xs, xd, xs), order=2, modes=["rev"], eps=1e-2
     )
 
 

@@ -57,7 +57,39 @@ def attention_forward(s, g, a, b, c):
 
 
 def attention_backward(s, g, a, b, c, out, lse, dout):
-    """Cotangents of ``a, b, c`` (recomputed: ``out`` and ``lse`` are not needed here)."""
-    del out, lse
-    _, vjp = jax.vjp(lambda a, b, c: attention_forward(s, g, a, b, c)[0], a, b, c)
-    return vjp(dout)
+    """Cotangents of ``a, b, c`` from the saved log-sum-exp: the logits are recomputed, not the forward's segment
+    reductions (as the kernels do).
+
+    With ``w = exp(e - lse[dst])`` each edge's softmax weight, ``dp = dout[dst] . v`` and ``delta`` its ``w``-weighted
+    sum per destination, a logit's cotangent is ``w (dp - delta[dst])`` and a value's ``w dout[dst]``. ``delta`` is
+    summed from the edges in float32 (not from ``out``, which may be rounded to a 2-byte dtype). ``lse`` may be
+    padded past ``H`` (the kernels'); a destination of ``-inf`` (no weighted in-edge) passes nothing back."""
+    del out
+    src, dst = jnp.asarray(g.indices), jnp.asarray(g.dst_sorted)
+    n = g.num_nodes
+    a32, b32, c32 = (t.astype(jnp.float32) for t in (a, b, c))
+    do = dout.astype(jnp.float32)[dst]  # (E, H, D)
+    if s.mode == "gat":
+        z = a32[src] + b32[dst]
+        lz = jnp.where(z > 0, z, s.slope * z)
+        e, vals = jnp.sum(lz * c32, axis=-1), a32[src]
+    else:  # a, b, c = k, q, v
+        qd, ks = b32[dst], a32[src]
+        e, vals = jnp.sum(qd * ks, axis=-1) * s.scale, c32[src]
+    lse_e = lse[:, : e.shape[1]].astype(jnp.float32)[dst]
+    dead = jnp.isneginf(lse_e) | (dst >= n)[:, None]  # padding edges (segment n) and destinations without weight
+    w = jnp.where(dead, 0.0, jnp.exp(jnp.where(dead, 0.0, e - lse_e)))  # (the inner where: no NaN in its gradient)
+    dp = jnp.sum(do * vals, axis=-1)
+    delta = jax.ops.segment_sum(w * dp, dst, n, indices_are_sorted=True)
+    de = jnp.where(dead, 0.0, w * (dp - delta[dst]))[..., None]  # (E, H, 1)
+    dvals = jnp.where(dead[..., None], 0.0, w[..., None] * do)
+    if s.mode == "gat":
+        dz = de * c32 * jnp.where(z > 0, 1.0, s.slope)
+        da = jax.ops.segment_sum(dz + dvals, src, n)
+        db = jax.ops.segment_sum(dz, dst, n, indices_are_sorted=True)
+        dc = jnp.sum(jnp.where(dead[..., None], 0.0, de * lz), axis=0)
+    else:
+        da = jax.ops.segment_sum(de * s.scale * qd, src, n)
+        db = jax.ops.segment_sum(de * s.scale * ks, dst, n, indices_are_sorted=True)
+        dc = jax.ops.segment_sum(dvals, src, n)
+    return da.astype(a.dtype), db.astype(b.dtype), dc.astype(c.dtype)
