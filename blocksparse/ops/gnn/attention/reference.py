@@ -1,8 +1,9 @@
 """Pure-JAX graph attention: the fallback on every machine and the oracle for the kernels.
 
 Segment ops over the edges in CSR order: per-edge logits ``(E, H)``, a softmax per destination
-(shifted by its maximum) and the weighted sum of per-edge values ``(E, H, D)``; the backward is
-JAX's VJP of the same computation. Unlike the kernels it materialises ``E x H x D``.
+(shifted by its maximum) and the weighted sum of per-edge values ``(E, H, D)``. The backward recomputes the
+logits and takes the weights from the saved log-sum-exp (the kernels' formula, in segment ops); a test checks it
+against JAX's VJP of the forward. Unlike the kernels it materialises ``E x H x D``.
 """
 
 from __future__ import annotations
