@@ -61,7 +61,8 @@ def attention_backward(s, g, a, b, c, out, lse, dout):
     """Cotangents of ``a, b, c`` from the saved log-sum-exp: the logits are recomputed, not the forward's segment
     reductions (as the kernels do).
 
-    With ``w = exp(e - lse[dst])`` each edge's softmax weight, ``dp = dout[dst] . v`` and ``delta`` its ``w``-weighted
+    With ``w = exp(e - lse[dst])`` each edge's softmax weight (renormalised per destination), ``dp = dout[dst] . v``
+    and ``delta`` its ``w``-weighted
     sum per destination, a logit's cotangent is ``w (dp - delta[dst])`` and a value's ``w dout[dst]``. ``delta`` is
     summed from the edges in float32 (not from ``out``, which may be rounded to a 2-byte dtype). ``lse`` may be
     padded past ``H`` (the kernels'); a destination of ``-inf`` (no weighted in-edge) passes nothing back."""
@@ -80,17 +81,23 @@ def attention_backward(s, g, a, b, c, out, lse, dout):
     lse_e = lse[:, : e.shape[1]].astype(jnp.float32)[dst]
     dead = jnp.isneginf(lse_e) | (dst >= n)[:, None]  # padding edges (segment n) and destinations without weight
     w = jnp.where(dead, 0.0, jnp.exp(jnp.where(dead, 0.0, e - lse_e)))  # (the inner where: no NaN in its gradient)
+    # once more over the destination: lse carries the rounding of the largest logit (e - lse loses the digits of a
+    # logit of 1e4 and more), which every weight into it shares and the renormalisation cancels (exactly 1 in exact
+    # arithmetic, so neither the value nor the derivative changes there)
+    total = jax.ops.segment_sum(w, dst, n, indices_are_sorted=True)
+    w = w / jnp.where(dead, 1.0, total[dst])
     dp = jnp.sum(do * vals, axis=-1)
     delta = jax.ops.segment_sum(w * dp, dst, n, indices_are_sorted=True)
     de = jnp.where(dead, 0.0, w * (dp - delta[dst]))[..., None]  # (E, H, 1)
-    dvals = jnp.where(dead[..., None], 0.0, w[..., None] * do)
+    live = ~dead[..., None]  # every per-edge product masked: a padding edge reads a clamped row, maybe inf or NaN
+    dvals = jnp.where(live, w[..., None] * do, 0.0)
     if s.mode == "gat":
-        dz = de * c32 * jnp.where(z > 0, 1.0, s.slope)
+        dz = jnp.where(live, de * c32 * jnp.where(z > 0, 1.0, s.slope), 0.0)
         da = jax.ops.segment_sum(dz + dvals, src, n)
         db = jax.ops.segment_sum(dz, dst, n, indices_are_sorted=True)
-        dc = jnp.sum(jnp.where(dead[..., None], 0.0, de * lz), axis=0)
+        dc = jnp.sum(jnp.where(live, de * lz, 0.0), axis=0)
     else:
-        da = jax.ops.segment_sum(de * s.scale * qd, src, n)
-        db = jax.ops.segment_sum(de * s.scale * ks, dst, n, indices_are_sorted=True)
+        da = jax.ops.segment_sum(jnp.where(live, de * s.scale * qd, 0.0), src, n)
+        db = jax.ops.segment_sum(jnp.where(live, de * s.scale * ks, 0.0), dst, n, indices_are_sorted=True)
         dc = jax.ops.segment_sum(dvals, src, n)
     return da.astype(a.dtype), db.astype(b.dtype), dc.astype(c.dtype)
