@@ -62,10 +62,10 @@ def attention_backward(s, g, a, b, c, out, lse, dout):
     reductions (as the kernels do).
 
     With ``w = exp(e - lse[dst])`` each edge's softmax weight (renormalised per destination), ``dp = dout[dst] . v``
-    and ``delta`` its ``w``-weighted
-    sum per destination, a logit's cotangent is ``w (dp - delta[dst])`` and a value's ``w dout[dst]``. ``delta`` is
-    summed from the edges in float32 (not from ``out``, which may be rounded to a 2-byte dtype). ``lse`` may be
-    padded past ``H`` (the kernels'); a destination of ``-inf`` (no weighted in-edge) passes nothing back."""
+    and ``delta`` its ``w``-weighted sum per destination, a logit's cotangent is ``w (dp - delta[dst])`` and a
+    value's ``w dout[dst]``. ``delta`` is summed from the edges in float32 (not from ``out``, which may be rounded to
+    a 2-byte dtype). ``lse`` may be padded past ``H`` (the kernels'); a destination of ``-inf`` (no weighted in-edge)
+    passes nothing back."""
     del out
     src, dst = jnp.asarray(g.indices), jnp.asarray(g.dst_sorted)
     n = g.num_nodes
