@@ -39,6 +39,19 @@ from .reference import winners
 _BIG = 2**31 - 1
 
 
+def _value_step(carry, rows, is_max: bool, axis: int):
+    """One step of max / min without the arg: the carry ``(best, nan)`` updated with ``rows`` reduced over the edge
+    ``axis``. NaN is tracked apart: the Triton lowering's max / min drop NaN operands (the interpreter's keep them)."""
+    red, pick = (jnp.max, jnp.maximum) if is_max else (jnp.min, jnp.minimum)
+    best, nan = carry
+    return pick(best, red(rows, axis=axis)), jnp.maximum(nan, jnp.max(jnp.where(jnp.isnan(rows), 1, 0), axis=axis))
+
+
+def _value_out(best, nan, has):
+    """The values-only result: NaN where a NaN was seen, else the extreme, 0 for a node without in-edges."""
+    return jnp.where(nan > 0, jnp.nan, jnp.where(has, best, 0.0))
+
+
 def _kernel(
     starts_ref, ends_ref, indices_ref, x_ref, o_ref, *a_ref, be: int, bf: int, is_max: bool, pairs=None, key=False,
     narrow=False,
@@ -76,16 +89,12 @@ def _kernel(
 
         def values(c, carry):
             _, _, rows = tiles(c)  # masked-out entries hold the identity, never NaN
-            red, pick = (jnp.max, jnp.maximum) if is_max else (jnp.min, jnp.minimum)
-            nans = [jnp.max(jnp.where(jnp.isnan(r), 1, 0), axis=0) for r in rows]
-            bests = [pick(b, red(r, axis=0)) for b, r in zip(carry[0::2], rows, strict=True)]
-            return sum(((b, jnp.maximum(n0, n)) for b, n0, n in zip(bests, carry[1::2], nans, strict=True)), ())
+            return sum((_value_step(carry[2 * i : 2 * i + 2], r, is_max, 0) for i, r in enumerate(rows)), ())
 
         init = (jnp.full((width,), ident, jnp.float32), jnp.zeros((width,), jnp.int32)) * parts
         res = lax.fori_loop(0, P.num_chunks(start, end, be), values, init)
         best, nan = P.interleave(res[0::2]), P.interleave(res[1::2])
-        # (the Triton lowering's max / min drop NaN operands, so NaN is tracked apart)
-        o_ref[0, :] = jnp.where(nan > 0, jnp.nan, jnp.where(end > start, best, 0.0)).astype(o_ref.dtype)
+        o_ref[0, :] = _value_out(best, nan, end > start).astype(o_ref.dtype)
         return
 
     def part(c, carry, pos, m2, rows):
@@ -231,10 +240,7 @@ def _packed_kernel(
         return (pick(carry[0], red(P.order_key(rows, is_max), axis=1)),)
 
     def values(c, carry, pos, m3, rows):
-        best, nan = carry
-        # NaN is tracked apart: the Triton lowering's max / min drop NaN operands (the interpreter's keep them)
-        nan = jnp.maximum(nan, jnp.max(jnp.where(jnp.isnan(rows), 1, 0), axis=1))
-        return pick(best, red(rows, axis=1)), nan
+        return _value_step(carry, rows, is_max, 1)
 
     def with_args(c, carry, pos, m3, rows):  # as _kernel's body, per node (axis 1 is the edge axis)
         best, arg = carry
@@ -271,7 +277,7 @@ def _packed_kernel(
     else:
         best, nan = map(P.interleave, loop(values, (best0, jnp.zeros((nodes, width), jnp.int32))))
         has = jnp.broadcast_to((end > start)[:, None], (nodes, bf))
-        P.store_rows(o_ref, units, cols, jnp.where(nan > 0, jnp.nan, jnp.where(has, best, 0.0)), out_mask)
+        P.store_rows(o_ref, units, cols, _value_out(best, nan, has), out_mask)
 
 
 def _packed_call(

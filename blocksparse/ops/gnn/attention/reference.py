@@ -32,29 +32,25 @@ def _softmax_aggregate(g: Graph | DynamicGraph, e, vals):
     return out, lse
 
 
-def _gat(g: Graph | DynamicGraph, xs, xd, att, slope):
+def _logits(s, g: Graph | DynamicGraph, a, b, c):
+    """Per-edge float32 ``(logits (E, H), values (E, H, D), terms)`` of ``s.mode``; ``terms``, what the backward
+    differentiates: "gat" ``(z, leaky_relu(z))`` with ``z = x_src[src] + x_dst[dst]``, "dot" ``(q[dst], k[src])``."""
     src, dst = jnp.asarray(g.indices), jnp.asarray(g.dst_sorted)
-    xs32, xd32, a32 = (t.astype(jnp.float32) for t in (xs, xd, att))
-    z = xs32[src] + xd32[dst]
-    e = jnp.sum(jnp.where(z > 0, z, slope * z) * a32, axis=-1)
-    out, lse = _softmax_aggregate(g, e, xs32[src])
-    return out.astype(xs.dtype), lse
-
-
-def _dot(g: Graph | DynamicGraph, k, q, v, scale):
-    src, dst = jnp.asarray(g.indices), jnp.asarray(g.dst_sorted)
-    k32, q32, v32 = (t.astype(jnp.float32) for t in (k, q, v))
-    e = jnp.sum(q32[dst] * k32[src], axis=-1) * scale
-    out, lse = _softmax_aggregate(g, e, v32[src])
-    return out.astype(v.dtype), lse
+    a32, b32, c32 = (t.astype(jnp.float32) for t in (a, b, c))
+    if s.mode == "gat":  # a, b, c = x_src, x_dst, att
+        z = a32[src] + b32[dst]
+        lz = jnp.where(z > 0, z, s.slope * z)
+        return jnp.sum(lz * c32, axis=-1), a32[src], (z, lz)
+    qd, ks = b32[dst], a32[src]  # a, b, c = k, q, v
+    return jnp.sum(qd * ks, axis=-1) * s.scale, c32[src], (qd, ks)
 
 
 def attention_forward(s, g, a, b, c):
     """``(out (N, H, D), lse (N, H))`` over graph ``g`` for ``s.mode`` "gat" (``a, b, c = x_src,
     x_dst, att``) or "dot" (``a, b, c = k, q, v``); ``s`` carries ``mode``, ``slope`` and ``scale``."""
-    if s.mode == "gat":
-        return _gat(g, a, b, c, s.slope)
-    return _dot(g, a, b, c, s.scale)
+    e, vals, _ = _logits(s, g, a, b, c)
+    out, lse = _softmax_aggregate(g, e, vals)
+    return out.astype((a if s.mode == "gat" else c).dtype), lse  # x_src's or v's dtype
 
 
 def attention_backward(s, g, a, b, c, out, lse, dout):
@@ -69,15 +65,8 @@ def attention_backward(s, g, a, b, c, out, lse, dout):
     del out
     src, dst = jnp.asarray(g.indices), jnp.asarray(g.dst_sorted)
     n = g.num_nodes
-    a32, b32, c32 = (t.astype(jnp.float32) for t in (a, b, c))
     do = dout.astype(jnp.float32)[dst]  # (E, H, D)
-    if s.mode == "gat":
-        z = a32[src] + b32[dst]
-        lz = jnp.where(z > 0, z, s.slope * z)
-        e, vals = jnp.sum(lz * c32, axis=-1), a32[src]
-    else:  # a, b, c = k, q, v
-        qd, ks = b32[dst], a32[src]
-        e, vals = jnp.sum(qd * ks, axis=-1) * s.scale, c32[src]
+    e, vals, terms = _logits(s, g, a, b, c)
     lse_e = lse[:, : e.shape[1]].astype(jnp.float32)[dst]
     dead = jnp.isneginf(lse_e) | (dst >= n)[:, None]  # padding edges (segment n) and destinations without weight
     w = jnp.where(dead, 0.0, jnp.exp(jnp.where(dead, 0.0, e - lse_e)))  # (the inner where: no NaN in its gradient)
@@ -92,11 +81,13 @@ def attention_backward(s, g, a, b, c, out, lse, dout):
     live = ~dead[..., None]  # every per-edge product masked: a padding edge reads a clamped row, maybe inf or NaN
     dvals = jnp.where(live, w[..., None] * do, 0.0)
     if s.mode == "gat":
-        dz = jnp.where(live, de * c32 * jnp.where(z > 0, 1.0, s.slope), 0.0)
+        z, lz = terms
+        dz = jnp.where(live, de * c.astype(jnp.float32) * jnp.where(z > 0, 1.0, s.slope), 0.0)
         da = jax.ops.segment_sum(dz + dvals, src, n)
         db = jax.ops.segment_sum(dz, dst, n, indices_are_sorted=True)
         dc = jnp.sum(jnp.where(live, de * lz, 0.0), axis=0)
     else:
+        qd, ks = terms
         da = jax.ops.segment_sum(jnp.where(live, de * s.scale * qd, 0.0), src, n)
         db = jax.ops.segment_sum(jnp.where(live, de * s.scale * ks, 0.0), dst, n, indices_are_sorted=True)
         dc = jax.ops.segment_sum(dvals, src, n)
