@@ -161,14 +161,15 @@ def test_half_precision_outputs_are_written_in_their_dtype(interp):
     assert sorted(_kernel_outputs(spmm, "gnn_spmm")) == [("bfloat16",), ("float32",)], spmm
     loss = lambda a, b: gnn.gatv2(g, a, b, att, implementation="pallas").astype(jnp.float32).sum()  # noqa: E731
     grad = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(xh, xh).jaxpr
-    assert sorted(_kernel_outputs(grad, "gnn_gat_fwd"))[0] == ("bfloat16", "float32")  # (out, lse) of the main units
+    # (out, and the log-sum-exp's two halves) of the main units
+    assert sorted(_kernel_outputs(grad, "gnn_gat_fwd"))[0] == ("bfloat16", "float32", "float32")
     dst, src = _kernel_outputs(grad, "gnn_gat_bwd_dst"), _kernel_outputs(grad, "gnn_gat_bwd_src")
     # dxd and att's per-node rows from the main programs, float32 partial rows of both from the heavy chunks
     assert sorted(dst) == [("bfloat16", "float32"), ("float32", "float32")], dst
     assert sorted(src) == [("bfloat16",), ("float32",)], src  # dxs; g.T's heavy chunks
     loss = lambda q, k, v: gnn.graph_attention(g, q, k, v, implementation="pallas").astype(jnp.float32).sum()  # noqa: E731
     grad = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(xh, xh, xh).jaxpr
-    assert sorted(_kernel_outputs(grad, "gnn_dot_fwd"))[0] == ("bfloat16", "float32")
+    assert sorted(_kernel_outputs(grad, "gnn_dot_fwd"))[0] == ("bfloat16", "float32", "float32")
     dst, src = _kernel_outputs(grad, "gnn_dot_bwd_dst"), _kernel_outputs(grad, "gnn_dot_bwd_src")
     assert sorted(dst) == [("bfloat16",), ("float32",)], dst  # dq
     assert sorted(src) == [("bfloat16", "bfloat16"), ("float32", "float32")], src  # dk, dv
@@ -212,6 +213,38 @@ def test_attention_backward_rounds_half_precision_gradients_once(interp, traced)
             else:
                 assert h.dtype == jnp.bfloat16, (mode, i, h.dtype)
                 np.testing.assert_array_equal(np.asarray(h, np.float32), np.asarray(f.astype(jnp.bfloat16), np.float32))
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_attention_gradients_exact_with_large_logits(kernels_here, impl):
+    """Equal logits of 1e4 to 1e8 (the log-sum-exp's rounding larger than the weights' digits) split the gradient
+    evenly: into a light node (two in-edges) and a heavy one (300, its chunks merged), forward and backward.
+    ``q . k = L`` exactly (one feature); the oracle: uniform weights in float64."""
+    rng = np.random.default_rng(0)
+    n, hub = 40, 7
+    src = np.concatenate([[0, 2], rng.integers(0, n, 300)])
+    dst = np.concatenate([[1, 1], np.full(300, hub)])
+    g = gnn.Graph.from_edges(src, dst, n, heavy_quantile=0.5)
+    assert g.schedule.num_extra  # the hub's chunks: merged after the kernel
+    v = rng.standard_normal((n, 1, 1)).astype(np.float32)
+    ct = np.zeros((n, 1, 1), np.float32)
+    ct[1], ct[hub] = 1.5, -0.5
+    deg = np.bincount(dst, minlength=n)
+    mean_v = np.bincount(dst, v[src, 0, 0].astype(np.float64), minlength=n) / np.maximum(deg, 1)
+    want_dv = np.bincount(src, (ct[dst, 0, 0] / deg[dst]).astype(np.float64), minlength=n)
+    want_dk = np.bincount(src, ct[dst, 0, 0] / deg[dst] * (v[src, 0, 0] - mean_v[dst]), minlength=n)
+
+    @jax.jit
+    def run(q, k, v):
+        out, vjp = jax.vjp(lambda k, v: gnn.graph_attention(g, q, k, v, 1.0, implementation=impl), k, v)
+        return out, *vjp(jnp.asarray(ct))
+
+    q = jnp.ones((n, 1, 1))
+    for logit in (1e4, 1e6, 9e6, 1e8):
+        out, dk, dv = run(q, jnp.full((n, 1, 1), logit), jnp.asarray(v))
+        np.testing.assert_allclose(out[deg > 0, 0, 0], mean_v[deg > 0], rtol=1e-5, atol=1e-6, err_msg=str(logit))
+        np.testing.assert_allclose(dv[:, 0, 0], want_dv, rtol=1e-5, atol=1e-7, err_msg=str(logit))
+        np.testing.assert_allclose(dk[:, 0, 0], want_dk, rtol=1e-4, atol=1e-6, err_msg=str(logit))
 
 
 def test_interpret_forward_only_without_heavy_nodes(interp):

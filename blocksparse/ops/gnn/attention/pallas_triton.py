@@ -31,6 +31,7 @@ from ....graph import DynamicGraph, Graph
 from .. import triton_common as P
 from ..config import AttentionConfig
 from ..order import attention_edges_per_step, attention_layout, attention_narrow_loads
+from .reference import log_sum_exp
 
 _NEG = -1e30  # finite start of the running max: exp(-inf - -inf) would be NaN
 
@@ -132,9 +133,9 @@ class _View:
 # ----------------------------------------------------------------------------------- forward
 def _fwd_kernel(starts_ref, ends_ref, nodes_ref, indices_ref, *refs, view, deferred, mode, slope, scale):
     if mode == "gat":
-        xs_ref, xd_ref, att_ref, o_ref, lse_ref = refs
+        xs_ref, xd_ref, att_ref, o_ref, hi_ref, lo_ref = refs
     else:
-        xs_ref, xd_ref, v_ref, o_ref, lse_ref = refs  # xs = k, xd = q
+        xs_ref, xd_ref, v_ref, o_ref, hi_ref, lo_ref = refs  # xs = k, xd = q
     v, be, w = view, view.be, view.w
     u, blk = pl.program_id(0), pl.program_id(1)
     start, end, node = starts_ref[u], ends_ref[u], nodes_ref[u]
@@ -187,7 +188,9 @@ def _fwd_kernel(starts_ref, ends_ref, nodes_ref, indices_ref, *refs, view, defer
     has = l_i != 0  # as the reference: a NaN sum (a NaN or +inf logit) gives NaN, not the empty node's 0
     safe = jnp.where(has, l_i, 1.0)
     o_ref[0, :] = v.out_row(jnp.where(v.hbc(has), acc / v.hbc(safe), 0.0)).astype(o_ref.dtype)
-    v.store_heads(lse_ref, jnp.where(has, m_i + jnp.log(safe), -jnp.inf))
+    hi, lo = log_sum_exp(m_i, jnp.log(safe), has)
+    v.store_heads(hi_ref, hi)
+    v.store_heads(lo_ref, lo)
 
 
 class _Shape:
@@ -224,9 +227,11 @@ def _fwd_call(units, indices, xs, xd, third, sh, out_dtype, mode, slope, scale, 
         out_specs=[
             pl.BlockSpec((1, sh.hb * sh.dp), lambda u, b: (u, b)),
             pl.BlockSpec((1, sh.hb), lambda u, b: (u, b)),
+            pl.BlockSpec((1, sh.hb), lambda u, b: (u, b)),
         ],
         out_shape=[
             jax.ShapeDtypeStruct((nu, sh.heads * sh.dp), out_dtype),
+            jax.ShapeDtypeStruct((nu, sh.heads), jnp.float32),
             jax.ShapeDtypeStruct((nu, sh.heads), jnp.float32),
         ],
         interpret=interpret,
@@ -238,7 +243,8 @@ def _fwd_call(units, indices, xs, xd, third, sh, out_dtype, mode, slope, scale, 
 def flat_forward(
     g: Graph | DynamicGraph, mode: str, xs, xd, third, heads: int, slope: float, scale: float, config=None
 ):
-    """xs, xd, (v): ``(N, Hp*Dp)``; third: att ``(Hp*Dp,)`` or v. Returns out ``(N, Hp*Dp)``, lse ``(N, Hp)``.
+    """xs, xd, (v): ``(N, Hp*Dp)``; third: att ``(Hp*Dp,)`` or v. Returns out ``(N, Hp*Dp)`` and the log-sum-exp as
+    the pair ``(hi, lo)`` of :func:`..reference.log_sum_exp`, each ``(N, Hp)``.
 
     ``config``: an :class:`AttentionConfig` (``None``: the default geometry)."""
     interpret = P.interpret_mode()
@@ -246,37 +252,39 @@ def flat_forward(
     sh = _Shape(heads, xs.shape[1] // heads, config)
     indices = jnp.asarray(g.indices)
     split = P.split_units(g)  # heavy nodes: all their chunks as extra units, so the main output is xs's dtype
-    out, lse = _fwd_call(split.main, indices, xs, xd, third, sh, xs.dtype, mode, slope, scale, interpret)
+    out, hi, lo = _fwd_call(split.main, indices, xs, xd, third, sh, xs.dtype, mode, slope, scale, interpret)
     if split.extra is not None:
-        o1, l1 = _fwd_call(split.extra, indices, xs, xd, third, sh, jnp.float32, mode, slope, scale, interpret)
+        o1, h1, l1 = _fwd_call(split.extra, indices, xs, xd, third, sh, jnp.float32, mode, slope, scale, interpret)
         heavy, seg, srt = split.heavy, split.segments, split.is_sorted
         nh = heavy.shape[0]
-        mx = jax.ops.segment_max(l1, seg, nh, indices_are_sorted=srt)
+        mx = jax.ops.segment_max(h1, seg, nh, indices_are_sorted=srt)
         mx = jnp.where(mx == -jnp.inf, 0.0, mx)  # every logit -inf: weights 0, as a light node's (NaN stays NaN)
-        wgt = jnp.exp(l1 - mx[jnp.minimum(seg, nh - 1)])  # (unused units: out-of-range segments, dropped)
+        wgt = jnp.exp((h1 - mx[jnp.minimum(seg, nh - 1)]) + l1)  # (unused units: out-of-range segments, dropped)
         tot = jax.ops.segment_sum(wgt, seg, nh, indices_are_sorted=srt)
         o_h = jax.ops.segment_sum(wgt[..., None] * o1.reshape(-1, heads, sh.dp), seg, nh, indices_are_sorted=srt)
         has = tot != 0
         safe = jnp.where(has, tot, 1.0)
         o_h = jnp.where(has[..., None], o_h / safe[..., None], 0.0)
         out = out.at[heavy].set(o_h.reshape(nh, -1).astype(out.dtype), unique_indices=True, mode="drop")
-        lse = lse.at[heavy].set(jnp.where(has, mx + jnp.log(safe), -jnp.inf), unique_indices=True, mode="drop")
-    return out, lse
+        h_h, l_h = log_sum_exp(mx, jnp.log(safe), has)
+        hi = hi.at[heavy].set(h_h, unique_indices=True, mode="drop")
+        lo = lo.at[heavy].set(l_h, unique_indices=True, mode="drop")
+    return out, (hi, lo)
 
 
 # --------------------------------------------------------------------- backward, destination pass
 def _bwd_dst_kernel(starts_ref, ends_ref, nodes_ref, indices_ref, *refs, view, deferred, mode, slope, scale):
     if mode == "gat":
-        xs_ref, xd_ref, att_ref, do_ref, lse_ref, dl_ref, dxd_ref, datt_ref = refs
+        xs_ref, xd_ref, att_ref, do_ref, hi_ref, lo_ref, dl_ref, dxd_ref, datt_ref = refs
     else:
-        xs_ref, xd_ref, v_ref, do_ref, lse_ref, dl_ref, dxd_ref = refs
+        xs_ref, xd_ref, v_ref, do_ref, hi_ref, lo_ref, dl_ref, dxd_ref = refs
     v, be, w = view, view.be, view.w
     u, blk = pl.program_id(0), pl.program_id(1)
     start, end, node = starts_ref[u], ends_ref[u], nodes_ref[u]
     cols = v.cols(blk)
     qrow = v.row(xd_ref, node, blk)
     dorow = v.row(do_ref, node, blk)
-    lse = v.node_heads(lse_ref, node, blk)
+    hi, lo = v.node_heads(hi_ref, node, blk), v.node_heads(lo_ref, node, blk)
     delta = v.node_heads(dl_ref, node, blk)
     att = v.vec(att_ref, blk) if mode == "gat" else None
     red = (lambda t: t) if deferred else (lambda t: jnp.sum(t, axis=0))  # per-row partials, or summed now
@@ -294,7 +302,7 @@ def _bwd_dst_kernel(starts_ref, ends_ref, nodes_ref, indices_ref, *refs, view, d
             e = v.dsum(lz * att[None])
         else:
             e = v.dsum(kt * qrow[None]) * scale
-        alpha = jnp.where(v.emask(msk), jnp.exp(e - lse), 0.0)
+        alpha = jnp.where(v.emask(msk), jnp.exp((e - hi) - lo), 0.0)
         de = alpha * (v.dsum(vt * dorow[None]) - delta)
         if mode == "gat":
             dz = v.ebc(de) * att[None] * jnp.where(z > 0, 1.0, slope)
@@ -316,9 +324,9 @@ def _bwd_dst_kernel(starts_ref, ends_ref, nodes_ref, indices_ref, *refs, view, d
 def _bwd_src_kernel(starts_ref, ends_ref, nodes_ref, indices_ref, *refs, view, deferred, mode, slope, scale):
     # indices are destinations here (CSR of the transpose); node is the source j.
     if mode == "gat":
-        xs_ref, xd_ref, att_ref, do_ref, lse_ref, dl_ref, dxs_ref = refs
+        xs_ref, xd_ref, att_ref, do_ref, hi_ref, lo_ref, dl_ref, dxs_ref = refs
     else:
-        xs_ref, xd_ref, v_ref, do_ref, lse_ref, dl_ref, dk_ref, dv_ref = refs
+        xs_ref, xd_ref, v_ref, do_ref, hi_ref, lo_ref, dl_ref, dk_ref, dv_ref = refs
     v, be, w = view, view.be, view.w
     u, blk = pl.program_id(0), pl.program_id(1)
     start, end, node = starts_ref[u], ends_ref[u], nodes_ref[u]
@@ -335,14 +343,14 @@ def _bwd_src_kernel(starts_ref, ends_ref, nodes_ref, indices_ref, *refs, view, d
         m2 = jnp.broadcast_to(msk[:, None], (be, w))
         qt = v.tile(xd_ref, idx, cols, m2)
         dot = v.tile(do_ref, idx, cols, m2)
-        lse = v.gather_heads(lse_ref, idx, blk, msk)
+        hi, lo = v.gather_heads(hi_ref, idx, blk, msk), v.gather_heads(lo_ref, idx, blk, msk)
         delta = v.gather_heads(dl_ref, idx, blk, msk)
         if mode == "gat":
             z = krow[None] + qt
             e = v.dsum(_lrelu(z, slope) * att[None])
         else:
             e = v.dsum(qt * krow[None]) * scale
-        alpha = jnp.where(v.emask(msk), jnp.exp(e - lse), 0.0)
+        alpha = jnp.where(v.emask(msk), jnp.exp((e - hi) - lo), 0.0)
         de = alpha * (v.dsum(dot * vrow[None]) - delta)
         dv_t = v.ebc(alpha) * dot
         if not deferred:
@@ -381,7 +389,7 @@ def _bwd_call(kernel, tag, dtypes, units, indices, xs, xd, third, dout, lse, del
         interpret=interpret,
         compiler_params=P.params(sh.warps),
         name=f"gnn_{mode}_bwd_{tag}",
-    )(starts, ends, nodes, indices, xs, xd, third, dout, sh.heads_array(lse), sh.heads_array(delta))
+    )(starts, ends, nodes, indices, xs, xd, third, dout, *(sh.heads_array(t) for t in (*lse, delta)))
 
 
 def _two_pass(kernel, tag, g, dtypes, *args):
@@ -411,7 +419,8 @@ def flat_backward(
     config=None,
 ):
     """Gradients w.r.t. xs, xd (or k, q) and att (or v), all in the flattened layout: each node's in its input's dtype
-    (rounded once from float32 sums), att's in float32 (a sum over nodes)."""
+    (rounded once from float32 sums), att's in float32 (a sum over nodes). ``lse``: the forward's ``(hi, lo)``; each
+    weight is ``exp((e - hi) - lo)``."""
     interpret = P.interpret_mode()
     sh = _Shape(heads, xs.shape[1] // heads, config)
     n = xs.shape[0]
@@ -446,7 +455,7 @@ def _geometry(a):
 
 
 def attention_forward(s, g, a, b, c):
-    """As :func:`..reference.attention_forward`: ``(out (N, H, D), lse (N, Hp))``."""
+    """As :func:`..reference.attention_forward`: ``(out (N, H, D), (hi, lo))``, ``hi`` and ``lo`` ``(N, Hp)``."""
     n, h, d, hp, dp = _geometry(a)
     f = lambda t: _flat(t, hp, dp)
     out, lse = flat_forward(g, s.mode, f(a), f(b), f(c), hp, s.slope, s.scale, s.config)

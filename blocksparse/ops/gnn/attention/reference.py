@@ -28,8 +28,18 @@ def _softmax_aggregate(g: Graph | DynamicGraph, e, vals):
     has = den != 0  # in-edges with a weight; a NaN sum (a NaN or +inf logit) is kept: NaN, as jax.nn.softmax gives
     safe = jnp.where(has, den, 1.0)
     out = jnp.where(has[..., None], num / safe[..., None], 0.0)
-    lse = jnp.where(has, m + jnp.log(safe), -jnp.inf)
-    return out, lse
+    return out, log_sum_exp(m, jnp.log(safe), has)
+
+
+def log_sum_exp(m, logl, has):
+    """``m + logl`` as a float32 pair ``(hi, lo)``, ``hi = m + logl`` rounded and ``lo`` what the rounding lost
+    (``hi`` ``-inf`` and ``lo`` 0 where ``has`` is false: no weighted in-edge).
+
+    With logits of 1e4 and more, ``hi`` alone has lost the digits of ``logl``, and every weight ``exp(e - hi)`` into
+    a destination shares that error (two equal logits of 9e6 would weigh 0.37 each); ``exp((e - hi) - lo)`` does
+    not (``e - hi`` is exact when the weight is not negligible)."""
+    hi = m + logl
+    return jnp.where(has, hi, -jnp.inf), jnp.where(has, (m - hi) + logl, 0.0)
 
 
 def _logits(s, g: Graph | DynamicGraph, a, b, c):
@@ -46,8 +56,9 @@ def _logits(s, g: Graph | DynamicGraph, a, b, c):
 
 
 def attention_forward(s, g, a, b, c):
-    """``(out (N, H, D), lse (N, H))`` over graph ``g`` for ``s.mode`` "gat" (``a, b, c = x_src,
-    x_dst, att``) or "dot" (``a, b, c = k, q, v``); ``s`` carries ``mode``, ``slope`` and ``scale``."""
+    """``(out (N, H, D), lse)`` over graph ``g`` for ``s.mode`` "gat" (``a, b, c = x_src, x_dst, att``) or "dot"
+    (``a, b, c = k, q, v``); ``s`` carries ``mode``, ``slope`` and ``scale``. ``lse``: the log-sum-exp per (node, head)
+    as the pair of :func:`log_sum_exp`, each ``(N, H)``."""
     e, vals, _ = _logits(s, g, a, b, c)
     out, lse = _softmax_aggregate(g, e, vals)
     return out.astype((a if s.mode == "gat" else c).dtype), lse  # x_src's or v's dtype
@@ -57,24 +68,19 @@ def attention_backward(s, g, a, b, c, out, lse, dout):
     """Cotangents of ``a, b, c`` from the saved log-sum-exp: the logits are recomputed, not the forward's segment
     reductions (as the kernels do).
 
-    With ``w = exp(e - lse[dst])`` each edge's softmax weight (renormalised per destination), ``dp = dout[dst] . v``
-    and ``delta`` its ``w``-weighted sum per destination, a logit's cotangent is ``w (dp - delta[dst])`` and a
-    value's ``w dout[dst]``. ``delta`` is summed from the edges in float32 (not from ``out``, which may be rounded to
-    a 2-byte dtype). ``lse`` may be padded past ``H`` (the kernels'); a destination of ``-inf`` (no weighted in-edge)
-    passes nothing back."""
+    With ``w = exp((e - hi[dst]) - lo[dst])`` each edge's softmax weight (``lse = (hi, lo)``, :func:`log_sum_exp`),
+    ``dp = dout[dst] . v`` and ``delta`` its ``w``-weighted sum per destination, a logit's cotangent is
+    ``w (dp - delta[dst])`` and a value's ``w dout[dst]``. ``delta`` is summed from the edges in float32 (not from
+    ``out``, which may be rounded to a 2-byte dtype). ``lse`` may be padded past ``H`` (the kernels'); a destination
+    of ``hi = -inf`` (no weighted in-edge) passes nothing back."""
     del out
     src, dst = jnp.asarray(g.indices), jnp.asarray(g.dst_sorted)
     n = g.num_nodes
     do = dout.astype(jnp.float32)[dst]  # (E, H, D)
     e, vals, terms = _logits(s, g, a, b, c)
-    lse_e = lse[:, : e.shape[1]].astype(jnp.float32)[dst]
-    dead = jnp.isneginf(lse_e) | (dst >= n)[:, None]  # padding edges (segment n) and destinations without weight
-    w = jnp.where(dead, 0.0, jnp.exp(jnp.where(dead, 0.0, e - lse_e)))  # (the inner where: no NaN in its gradient)
-    # once more over the destination: lse carries the rounding of the largest logit (e - lse loses the digits of a
-    # logit of 1e4 and more), which every weight into it shares and the renormalisation cancels (exactly 1 in exact
-    # arithmetic, so neither the value nor the derivative changes there)
-    total = jax.ops.segment_sum(w, dst, n, indices_are_sorted=True)
-    w = w / jnp.where(dead, 1.0, total[dst])
+    hi, lo = (t[:, : e.shape[1]].astype(jnp.float32)[dst] for t in lse)
+    dead = jnp.isneginf(hi) | (dst >= n)[:, None]  # padding edges (segment n) and destinations without weight
+    w = jnp.where(dead, 0.0, jnp.exp(jnp.where(dead, 0.0, (e - hi) - lo)))  # (the inner where: no NaN in its grad)
     dp = jnp.sum(do * vals, axis=-1)
     delta = jax.ops.segment_sum(w * dp, dst, n, indices_are_sorted=True)
     de = jnp.where(dead, 0.0, w * (dp - delta[dst]))[..., None]  # (E, H, 1)
