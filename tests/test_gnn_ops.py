@@ -172,18 +172,6 @@ def test_xla_attention_backward_is_autodiff_of_its_forward(g, heads, dim, traced
             assert masked or not np.isnan(y).any()
 
 
-def test_xla_attention_backward_is_exact_with_large_logits():
-    """The weights from the log-sum-exp are renormalised per destination: with logits of 1e4 to 1e8 (``lse``
-    rounded to the largest) two equal logits still split the gradient exactly in half."""
-    g = gnn.Graph.from_edges([0, 2], [1, 1], 3)
-    v = jnp.asarray([1.0, 0.0, 3.0]).reshape(3, 1, 1)
-    for logit in (1e4, 1e6, 9e6, 1e8):
-        k = jnp.full((3, 1, 1), logit)
-        q = jnp.ones((3, 1, 1))
-        dv = jax.grad(lambda v, k=k, q=q: gnn.graph_attention(g, q, k, v, 1.0, implementation="xla")[1, 0, 0])(v)
-        np.testing.assert_array_equal(dv[:, 0, 0], [0.5, 0.0, 0.5], err_msg=str(logit))
-
-
 def test_attention_gradients_finite_and_isolated_nodes_zero():
     g = gnn.Graph.from_edges([0, 1, 1, 2], [1, 2, 2, 2], 4)  # nodes 0, 3 have no in-edges
     xs, xd = _x(g, 2, 3), _x(g, 2, 3, seed=1)
