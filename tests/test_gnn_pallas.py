@@ -247,6 +247,42 @@ def test_attention_gradients_exact_with_large_logits(kernels_here, impl):
         np.testing.assert_allclose(dk[:, 0, 0], want_dk, rtol=1e-4, atol=1e-6, err_msg=str(logit))
 
 
+@pytest.mark.parametrize("mode", ["gat", "dot"])
+def test_attention_gradients_of_weightless_destinations_match_xla(kernels_here, mode):
+    """A destination whose every logit is ``-inf`` passes nothing back on both backends, heavy (node 0, 139 in-edges
+    in chunks) or light (node 3), even with an infinite query; the two backends' gradients agree
+    everywhere, NaN where JAX's autodiff gives NaN too (a weight of 0 times an infinite feature). Only node 0's key
+    (GATv2: ``x_src``) is finite; the queries are positive, so the other logits are ``-inf``."""
+    n = 140
+    src = np.concatenate([np.arange(1, n), [0, 1, 1, 0]])
+    dst = np.concatenate([np.zeros(n - 1, int), [2, 2, 3, 4]])
+    g = gnn.Graph.from_edges(src, dst, n, heavy_quantile=0.5)
+    assert g.schedule.num_extra
+    keys = jax.random.split(jax.random.key(3), 3)
+    a, b, c = (_rand(k, (n, 2, 8)) for k in keys)
+    a = jnp.full_like(a, -jnp.inf).at[0].set(a[0])
+    b = jnp.abs(b) + 0.1
+    if mode == "dot":
+        b = b.at[3].set(jnp.inf)  # node 3 (weightless): an infinite query (GATv2's would make its logits NaN)
+    third = jnp.ones((2, 8)) if mode == "gat" else c
+
+    def op(impl, a, b, c):  # gat: x_src, x_dst, att; dot: k, q, v
+        if mode == "gat":
+            return gnn.gatv2(g, a, b, c, implementation=impl)
+        return gnn.graph_attention(g, b, a, c, 1.0, implementation=impl)
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def grads(impl, a, b, c):
+        return jax.grad(lambda *t: jnp.nansum(op(impl, *t)), (0, 1, 2))(a, b, c)
+
+    got = grads("pallas", a, b, third)
+    for x, y in zip(got, grads("xla", a, b, third), strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6, equal_nan=True)
+    np.testing.assert_array_equal(got[1][np.array([0, 3])], 0)  # dx_dst / dq of the weightless
+    if mode == "dot":  # dk and dv: no NaN (the weightless' infinite query and its sources' -inf keys meet nowhere)
+        assert np.isfinite(got[0]).all() and np.isfinite(got[2]).all()
+
+
 def test_interpret_forward_only_without_heavy_nodes(interp):
     g = gnn.power_law(30, 200, seed=9, heavy_quantile=1.0)
     assert g.schedule.num_extra == 0

@@ -315,9 +315,10 @@ def _bwd_dst_kernel(starts_ref, ends_ref, nodes_ref, indices_ref, *refs, view, d
     if deferred:
         dq = jnp.sum(dq, axis=0)
         da = jnp.sum(da, axis=0) if mode == "gat" else da
-    dxd_ref[0, :] = v.out_row(dq).astype(dxd_ref.dtype)
+    dead = v.hbc(hi == -jnp.inf)  # no weighted in-edge: nothing passes back (its weights and products were NaN)
+    dxd_ref[0, :] = v.out_row(jnp.where(dead, 0.0, dq)).astype(dxd_ref.dtype)
     if mode == "gat":
-        datt_ref[0, :] = v.out_row(da).astype(datt_ref.dtype)
+        datt_ref[0, :] = v.out_row(jnp.where(dead, 0.0, da)).astype(datt_ref.dtype)
 
 
 # -------------------------------------------------------------------------- backward, source pass
@@ -350,18 +351,20 @@ def _bwd_src_kernel(starts_ref, ends_ref, nodes_ref, indices_ref, *refs, view, d
             e = v.dsum(_lrelu(z, slope) * att[None])
         else:
             e = v.dsum(qt * krow[None]) * scale
-        alpha = jnp.where(v.emask(msk), jnp.exp((e - hi) - lo), 0.0)
-        de = alpha * (v.dsum(dot * vrow[None]) - delta)
+        live = v.emask(msk) & (hi != -jnp.inf)  # a destination without weight (every logit -inf) passes nothing
+        alpha = jnp.where(live, jnp.exp((e - hi) - lo), 0.0)
+        de = jnp.where(live, alpha * (v.dsum(dot * vrow[None]) - delta), 0.0)
         dv_t = v.ebc(alpha) * dot
-        if not deferred:
-            dv = dv + jnp.sum(dv_t, axis=0)
-            if mode == "gat":
-                return dk + jnp.sum(v.ebc(de) * att[None] * jnp.where(z > 0, 1.0, slope), axis=0), dv
-            return dk + scale * jnp.sum(v.ebc(de) * qt, axis=0), dv
         if mode == "gat":
             dk_t = v.ebc(de) * att[None] * jnp.where(z > 0, 1.0, slope)
+        else:
+            dk_t = jnp.where(v.ebc(live), v.ebc(de) * qt, 0.0)  # (a weightless destination's q may be infinite)
+        if not deferred:
+            part = jnp.sum(dk_t, axis=0)
+            return dk + (part if mode == "gat" else scale * part), dv + jnp.sum(dv_t, axis=0)
+        if mode == "gat":
             return dk + dk_t + dv_t, dv  # one accumulator: both are gradients w.r.t. x_src
-        return dk + v.ebc(de) * qt, dv + dv_t  # dk scaled after the loop
+        return dk + dk_t, dv + dv_t  # dk scaled after the loop
 
     acc = jnp.zeros(v.tshape if deferred else v.rshape, jnp.float32)
     init = (acc, jnp.zeros((), jnp.float32)) if one_sum else (acc, acc)
