@@ -147,7 +147,7 @@ def test_attention_matches_oracle(g, heads, dim):
 
 
 @given(graphs(max_nodes=12), st.integers(1, 3), st.integers(1, 5), st.booleans(), st.booleans())
-@settings(max_examples=examples(6), deadline=None)
+@settings(max_examples=examples(6, quick=1), deadline=None)
 def test_xla_attention_backward_is_autodiff_of_its_forward(g, heads, dim, traced, masked):
     """The XLA backward (weights from the saved log-sum-exp, the logits recomputed) against JAX's VJP of the XLA
     forward, on static and padded traced graphs; ``masked``: some destinations' every logit ``-inf`` (no weight)."""
