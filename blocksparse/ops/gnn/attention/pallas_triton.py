@@ -354,7 +354,7 @@ def _bwd_src_kernel(starts_ref, ends_ref, nodes_ref, indices_ref, *refs, view, d
         live = v.emask(msk) & (hi != -jnp.inf)  # a destination without weight (every logit -inf) passes nothing
         alpha = jnp.where(live, jnp.exp((e - hi) - lo), 0.0)
         de = jnp.where(live, alpha * (v.dsum(dot * vrow[None]) - delta), 0.0)
-        dv_t = v.ebc(alpha) * dot
+        dv_t = jnp.where(v.ebc(live), v.ebc(alpha) * dot, 0.0)  # (its cotangent may be NaN: 0 x NaN)
         if mode == "gat":
             dk_t = v.ebc(de) * att[None] * jnp.where(z > 0, 1.0, slope)
         else:
