@@ -217,9 +217,9 @@ def test_attention_backward_rounds_half_precision_gradients_once(interp, traced)
 
 @pytest.mark.parametrize("impl", ["xla", "pallas"])
 def test_attention_gradients_exact_with_large_logits(kernels_here, impl):
-    """Equal logits of 1e4 to 1e8 (the log-sum-exp's rounding larger than the weights' digits) split the gradient
-    evenly: into a light node (two in-edges) and a heavy one (300, its chunks merged), forward and backward.
-    ``q . k = L`` exactly (one feature); the oracle: uniform weights in float64."""
+    """Equal logits of 1e4 to 1e8 and of -1e6 to -1e35 (the log-sum-exp's rounding larger than the weights' digits)
+    split the gradient evenly: into a light node (two in-edges) and a heavy one (300, its chunks merged), forward and
+    backward. ``q . k = L`` exactly (one feature); the oracle: uniform weights in float64."""
     rng = np.random.default_rng(0)
     n, hub = 40, 7
     src = np.concatenate([[0, 2], rng.integers(0, n, 300)])
@@ -240,7 +240,7 @@ def test_attention_gradients_exact_with_large_logits(kernels_here, impl):
         return out, *vjp(jnp.asarray(ct))
 
     q = jnp.ones((n, 1, 1))
-    for logit in (1e4, 1e6, 9e6, 1e8):
+    for logit in (1e4, 1e6, 9e6, 1e8, -1e6, -1e35):  # (the kernels' running maximum once started at -1e30)
         out, dk, dv = run(q, jnp.full((n, 1, 1), logit), jnp.asarray(v))
         np.testing.assert_allclose(out[deg > 0, 0, 0], mean_v[deg > 0], rtol=1e-5, atol=1e-6, err_msg=str(logit))
         np.testing.assert_allclose(dv[:, 0, 0], want_dv, rtol=1e-5, atol=1e-7, err_msg=str(logit))

@@ -33,7 +33,12 @@ from ..config import AttentionConfig
 from ..order import attention_edges_per_step, attention_layout, attention_narrow_loads
 from .reference import log_sum_exp
 
-_NEG = -1e30  # finite start of the running max: exp(-inf - -inf) would be NaN
+
+def _shift(m):
+    """A running maximum as the softmax's shift: ``-inf`` (no finite logit yet) shifts by 0, so the weights of
+    ``-inf`` logits are ``exp(-inf) = 0``, not ``exp(-inf - -inf) = NaN`` (a finite start such as -1e30 would instead
+    take logits below it for weightless)."""
+    return jnp.where(m == -jnp.inf, 0.0, m)
 
 
 def _zeros(shape):
@@ -161,8 +166,9 @@ def _fwd_kernel(starts_ref, ends_ref, nodes_ref, indices_ref, *refs, view, defer
         m_i, l_i, acc = carry
         e, vt = step(c)
         m_new = jnp.maximum(m_i, jnp.max(e, axis=0))
-        p = jnp.exp(e - m_new)
-        corr = jnp.exp(m_i - m_new)
+        shift = _shift(m_new)
+        p = jnp.exp(e - shift)
+        corr = jnp.exp(m_i - shift)
         acc = acc * v.hbc(corr) + jnp.sum(v.ebc(p) * vt, axis=0)
         return m_new, l_i * corr + jnp.sum(p, axis=0), acc
 
@@ -170,20 +176,21 @@ def _fwd_kernel(starts_ref, ends_ref, nodes_ref, indices_ref, *refs, view, defer
         m_r, l_r, acc_r = carry
         e, vt = step(c)
         m_new = jnp.maximum(m_r, e)
-        p = jnp.exp(e - m_new)
-        corr = jnp.exp(m_r - m_new)
+        shift = _shift(m_new)
+        p = jnp.exp(e - shift)
+        corr = jnp.exp(m_r - shift)
         return m_new, l_r * corr + p, acc_r * v.ebc(corr) + v.ebc(p) * vt
 
     steps = P.num_chunks(start, end, be)
     if deferred:
-        init = (jnp.full(v.eshape, _NEG, jnp.float32), jnp.zeros(v.eshape, jnp.float32), _zeros(v.tshape))
+        init = (jnp.full(v.eshape, -jnp.inf, jnp.float32), jnp.zeros(v.eshape, jnp.float32), _zeros(v.tshape))
         m_r, l_r, acc_r = lax.fori_loop(0, steps, body_rows, init)
         m_i = jnp.max(m_r, axis=0)
-        wgt = jnp.exp(m_r - m_i)  # rows never reached: exp(_NEG - m_i) = 0 (or 1 with l = 0 when none was)
+        wgt = jnp.exp(m_r - _shift(m_i))  # rows never reached: exp(-inf - m_i) = 0 (with l = 0 where none was)
         l_i = jnp.sum(l_r * wgt, axis=0)
         acc = jnp.sum(acc_r * v.ebc(wgt), axis=0)
     else:
-        init = (jnp.full(v.hshape, _NEG, jnp.float32), jnp.zeros(v.hshape, jnp.float32), _zeros(v.rshape))
+        init = (jnp.full(v.hshape, -jnp.inf, jnp.float32), jnp.zeros(v.hshape, jnp.float32), _zeros(v.rshape))
         m_i, l_i, acc = lax.fori_loop(0, steps, body, init)
     has = l_i != 0  # as the reference: a NaN sum (a NaN or +inf logit) gives NaN, not the empty node's 0
     safe = jnp.where(has, l_i, 1.0)
