@@ -184,7 +184,8 @@ def test_packed_dynamic_graph_under_jit(interp):
         y, dx, want, dwant = run(jnp.asarray(np.stack([src, dst]), jnp.int32), x)
         np.testing.assert_array_equal(want, O.extreme(src, dst, n, x, "max").astype(np.float32))
         np.testing.assert_array_equal(y, want)
-        np.testing.assert_array_equal(dx, dwant)
+        # the same winners; a source winning several destinations sums their cotangents, in any order on a GPU
+        np.testing.assert_allclose(dx, dwant, rtol=1e-6, atol=1e-6)
         if not canonical:  # (canonical order sorts each node's in-edges by source: ties go elsewhere)
             np.testing.assert_allclose(dwant, O.extreme_grad(src, dst, n, x, ct, "max"), rtol=1e-6, atol=1e-6)
 
