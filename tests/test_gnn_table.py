@@ -108,6 +108,21 @@ def test_the_targets_name_each_miss_and_its_bound():
     assert f"what it returns alone, {floor / 2**20:,.0f} MiB, is PyG / {(1 << 20) / floor:.1f}" in text
 
 
+def test_a_run_that_measured_its_copy_rate_prices_the_bytes_at_it():
+    doc = _doc()
+    doc["meta"] = {"copy_bytes_per_s": T.COPY_RATE / 2}  # a GPU copying at half the H200's rate
+    text = T.targets(doc)
+    assert f"- **The copy rate** the run measured, the bytes below priced at: {T.COPY_RATE / 2e12:.2f} TB/s" in text
+    mean = T.smallest_traffic("spmm_mean", "fwd", N, E, 128, 4) / T.COPY_RATE * 1e3
+    assert f"the smallest traffic takes {2 * mean:.3f} ms (the op {3.0 / (2 * mean):.1f}x that)" in text
+    assert T.copy_rate({}) == T.COPY_RATE and "The copy rate" not in T.targets(_doc())  # a run without its own
+
+
+def test_the_copy_rate_counts_bytes_read_and_written():
+    rate = suite.copy_rate(nbytes=1 << 20, timer=suite.Timer(iters=2, trials=1))
+    assert 1e6 < rate < 1e15
+
+
 def test_back_to_back_calls_far_from_the_loop_are_listed():
     doc = _doc()
     doc["results"][0]["metrics"]["calls_ms"] = 1.3  # 30% and 0.3 ms above the loop

@@ -101,6 +101,15 @@ RCM_MAX_EDGES = 40_000_000
 REFERENCE_CHUNK_EDGES = 1 << 23
 
 
+def copy_rate(nbytes: int = 2**30, timer: Timer | None = None) -> float:
+    """Bytes a second this device copies its memory at: a float32 array of ``nbytes`` negated in one jitted loop
+    (read and written, both counted; the median of ``timer``'s trials). The price of the bytes an op must move,
+    which :mod:`~blocksparse.bench.gnn_table` sets each miss against; a run records it in ``meta``."""
+    x = jnp.ones((nbytes // 4,), jnp.float32)
+    ms = (timer or Timer(iters=20, trials=5)).loop(jnp.negative, x)
+    return 2 * x.nbytes / (ms * 1e-3)
+
+
 def capped_iters(iters: int, calls_per_iter: int, first_s: float, budget_s: float) -> int:
     """At most ``iters``, as many as fit ``budget_s`` at ``first_s`` per call (``calls_per_iter`` calls each); >= 1."""
     return int(max(1, min(iters, budget_s // max(first_s * calls_per_iter, 1e-9))))

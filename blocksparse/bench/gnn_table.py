@@ -30,6 +30,7 @@ __all__ = [
     "Cell",
     "cells",
     "choice_table",
+    "copy_rate",
     "default_backend",
     "full_table",
     "gather_traffic",
@@ -38,7 +39,8 @@ __all__ = [
 ]
 
 #: Bytes a second the H200 copies device memory at (a ``jnp`` copy of arrays of 0.1 to 4 GB, read and written:
-#: docs/benchmarks.md, "GNN operations"), the rate the smallest traffic is priced at.
+#: docs/benchmarks.md, "GNN operations"): the rate the smallest traffic is priced at in a run that did not measure its
+#: own (``meta["copy_bytes_per_s"]``, :func:`~blocksparse.bench.gnn_graphs.copy_rate`; see :func:`copy_rate`).
 COPY_RATE = 3.5e12
 DTYPES = ("float32", "bfloat16")
 NAMES = {"spmm_sum": "SpMM sum", "spmm_mean": "SpMM mean", "spmm_gcn": "SpMM GCN", "max": "max", "min": "min",
@@ -166,15 +168,20 @@ def gather_traffic(op: str, pass_: str, edges: int, feat: int, itemsize: int) ->
     return edges * feat * itemsize * GATHERED[op] * (1 if pass_ == "fwd" else 2)
 
 
-def _gather_s(c: Cell) -> float:
+def copy_rate(doc: dict) -> float:
+    """Bytes a second the run's device copies at: what the run measured, else the H200's :data:`COPY_RATE`."""
+    return doc.get("meta", {}).get("copy_bytes_per_s") or COPY_RATE
+
+
+def _gather_s(c: Cell, rate: float) -> float:
     item = 2 if c.dtype == "bfloat16" else 4
-    return gather_traffic(c.op, c.pass_, c.metrics["edges"], c.feat, item) / COPY_RATE
+    return gather_traffic(c.op, c.pass_, c.metrics["edges"], c.feat, item) / rate
 
 
-def _traffic_s(c: Cell) -> float:
+def _traffic_s(c: Cell, rate: float) -> float:
     m = c.metrics
     item = 2 if c.dtype == "bfloat16" else 4
-    return smallest_traffic(c.op, c.pass_, m["nodes"], m["edges"], c.feat, item) / COPY_RATE
+    return smallest_traffic(c.op, c.pass_, m["nodes"], m["edges"], c.feat, item) / rate
 
 
 def _ms(x: float | None) -> str:
@@ -249,25 +256,28 @@ def _where(c: Cell) -> str:
 
 def targets(doc: dict) -> str:
     """The run against its targets, as markdown bullets: counts, then each miss with by how much and what bounds it
-    (the op's smallest traffic at :data:`COPY_RATE`; for memory, what the program returns); back-to-back calls
-    against the loop."""
+    (the op's smallest traffic at the run's :func:`copy_rate`; for memory, what the program returns); back-to-back
+    calls against the loop."""
     table = cells(doc)
+    rate = copy_rate(doc)
     expected = len(GRAPHS) * len(OPS) * len(PASSES) * len(DTYPES)
     cut = len(doc.get("meta", {}).get("cut_short") or ())
     out = [f"- **{len(table)} of {expected} cells** ran and passed their checks ({len(_failed(doc))} failed, "
            f"{expected - len(table) - len(_failed(doc))} not yet run, of which {cut} cut short by a command's time "
            "limit)."]  # fmt: skip
+    if "copy_bytes_per_s" in doc.get("meta", {}):
+        out.append(f"- **The copy rate** the run measured, the bytes below priced at: {rate / 1e12:.2f} TB/s.")
     peered = [c for c in table.values() if c.speedup is not None]
     misses = sorted((c for c in peered if c.speedup < 1), key=lambda c: c.speedup)
     out.append(f"- **The default at least as fast as the fastest peer in {len(peered) - len(misses)} of "
                f"{len(peered)} cells** where a peer ran.")  # fmt: skip
     for c in misses:
         name, peer_ms = c.peer
-        t = _traffic_s(c) * 1e3
+        t, rows = _traffic_s(c, rate) * 1e3, _gather_s(c, rate) * 1e3
         out.append(
             f"  - {_where(c)}: {c.backend or 'as run'} {_ms(c.ms)} against {PEER_NAMES.get(name, name)} "
             f"{_ms(peer_ms)} ms ({c.speedup:.2f}, {1e3 * (c.ms - peer_ms):.0f} µs); at the copy rate the smallest "
-            f"traffic takes {t:.3f} ms (the op {c.ms / t:.1f}x that), a row gathered per edge {1e3 * _gather_s(c):.3f}"
+            f"traffic takes {t:.3f} ms (the op {c.ms / t:.1f}x that), a row gathered per edge {rows:.3f}"
         )
     pairs = [(table[(g, "float32", o, p)], table[(g, "bfloat16", o, p)]) for (g, dt, o, p) in table
              if dt == "float32" and (g, "bfloat16", o, p) in table]  # fmt: skip
@@ -281,7 +291,7 @@ def targets(doc: dict) -> str:
         out.append(f"- **max on the power-law graph, float32 forward:** not run yet (target {MAX_TARGET_MS} ms).")
     else:
         verdict = "met" if mx.ms <= MAX_TARGET_MS else f"missed by {100 * (mx.ms / MAX_TARGET_MS - 1):.0f}%"
-        t = _traffic_s(mx) * 1e3
+        t = _traffic_s(mx, rate) * 1e3
         out.append(f"- **max on the power-law graph, float32 forward: {_ms(mx.ms)} ms** against {MAX_TARGET_MS} "
                    f"({verdict}; smallest traffic {t:.3f} ms at the copy rate).")  # fmt: skip
     mem = [c for c in table.values() if c.op in ATTENTION and c.metrics.get("pyg-scatter_mem_bytes") and c.mem_bytes]
