@@ -302,6 +302,25 @@ def test_bench_two_dtypes_one_graph_and_the_row_budget():
     )
 
 
+def test_a_call_over_the_budget_runs_once():
+    """A timed function compiles ahead of its first call, which is checked and timed: over the budget it is the only
+    call (a peer taking seconds runs once); under it a second, warm call caps the iterations, then the timings."""
+    runs = []
+
+    def fn(x):
+        jax.debug.callback(lambda: runs.append(1))
+        return x * 2.0
+
+    x = jax.numpy.ones((8,))
+    kw = dict(want=x * 2.0, tol=None, dtype=np.float32, what="doubling")
+    out = bench_gnn_graphs.timed(Timer(iters=3, trials=1, warmup=0), fn, (x,), 1e-9, **kw)
+    assert len(runs) == 1 and out["timer"] == "one call" and out["iters"] == 1
+    assert out["loop_ms"] == out["calls_ms"] > 0 and out["rel_err"] == 0
+    runs.clear()
+    out = bench_gnn_graphs.timed(Timer(iters=3, trials=1, warmup=0), fn, (x,), 60.0, **kw)
+    assert "timer" not in out and out["iters"] == 3 and len(runs) >= 2 + 2 * 3  # first, warm, the loop's, the calls'
+
+
 def test_paper_graph_is_a_graph():
     g = paper_graph("pokec", scale=0.001, seed=1, heavy_quantile=0.9)
     assert isinstance(g, gnn.Graph) and g.heavy_quantile == 0.9

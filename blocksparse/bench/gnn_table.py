@@ -265,7 +265,7 @@ def targets(doc: dict) -> str:
     out = [f"- **{len(table)} of {expected} cells** ran and passed their checks ({len(_failed(doc))} failed, "
            f"{expected - len(table) - len(_failed(doc))} not yet run, of which {cut} cut short by a command's time "
            "limit)."]  # fmt: skip
-    if "copy_bytes_per_s" in doc.get("meta", {}):
+    if doc.get("meta", {}).get("copy_bytes_per_s"):
         out.append(f"- **The copy rate** the run measured, the bytes below priced at: {rate / 1e12:.2f} TB/s.")
     peered = [c for c in table.values() if c.speedup is not None]
     misses = sorted((c for c in peered if c.speedup < 1), key=lambda c: c.speedup)
