@@ -330,22 +330,35 @@ def test_spmm_default_implementation_by_dtype():
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_xla_mean_scales_each_sum_once(dtype):
-    """On XLA a factor of the destination alone (the mean's, norm "right") multiplies each node's float32 sum once,
-    not every gathered row: no (E, F) product in the program, the value the oracle's rounded once; the GCN norm's
+@pytest.mark.parametrize("impl,nodes", [("xla", None), ("pallas", None), ("pallas", 4)])
+def test_mean_scales_each_sum_once(dtype, impl, nodes, kernels_here):
+    """A factor of the destination alone (the mean's, norm "right") multiplies each node's float32 sum once, not every
+    gathered row: no (E, F) product in XLA's program and no weights in the kernel's (one node or four per program),
+    heavy nodes' chunks included (one hub of 300 in-edges); the value the oracle's rounded once. The GCN norm's
     factors (source and destination) stay on the edges."""
-    g = gnn.power_law(50, 400, seed=8)
+    rng = np.random.default_rng(8)
+    src = np.concatenate([rng.integers(0, 50, 400), rng.integers(0, 50, 300)])
+    dst = np.concatenate([rng.integers(0, 50, 400), np.full(300, 7)])
+    g = gnn.Graph.from_edges(src, dst, 50, heavy_quantile=0.5)
+    assert impl == "xla" or g.schedule.num_extra  # the hub's chunks, folded after the kernel
     x = _x(g, 8, dtype=dtype)
+    cfg = None if impl == "xla" else gnn.GatherConfig(nodes_per_program=nodes)
     for reduce, norm in (("mean", None), ("sum", "right")):
-        y = gnn.spmm(g, x, reduce, norm, implementation="xla")
+        y = gnn.spmm(g, x, reduce, norm, implementation=impl, config=cfg)
         ref = O.spmm(g.src, g.dst, g.num_nodes, x.astype(jnp.float32), None, reduce, norm)
         np.testing.assert_allclose(np.asarray(y, np.float32), ref, rtol=1e-5 if dtype == jnp.float32 else 1e-2,
                                    atol=1e-5 if dtype == jnp.float32 else 1e-2)  # fmt: skip
-        wide = gnn.spmm(g, x.astype(jnp.float32), reduce, norm, implementation="xla")  # the same sums, not rounded
+        wide = gnn.spmm(g, x.astype(jnp.float32), reduce, norm, implementation=impl, config=cfg)  # not rounded
         np.testing.assert_array_equal(np.asarray(y), np.asarray(wide.astype(dtype)))
 
-    def edge_products(norm, reduce="sum"):
-        jaxpr = jax.make_jaxpr(lambda x: gnn.spmm(g, x, reduce, norm, implementation="xla"))(x).jaxpr
-        return [e for e in _eqns(jaxpr) if e.primitive.name == "mul" and e.outvars[0].aval.shape == (g.num_edges, 8)]
+    def per_edge(norm, reduce="sum"):
+        """XLA's (E, F) products; the kernels' operands of one float per edge (the weights)."""
+        jaxpr = jax.make_jaxpr(lambda x: gnn.spmm(g, x, reduce, norm, implementation=impl, config=cfg))(x).jaxpr
+        if impl == "xla":
+            wide = (g.num_edges, 8)
+            return [e for e in _eqns(jaxpr) if e.primitive.name == "mul" and e.outvars[0].aval.shape == wide]
+        calls = [e for e in _eqns(jaxpr) if e.primitive.name == "pallas_call"]
+        assert calls
+        return [v for e in calls for v in e.invars if v.aval.shape == (g.num_edges,) and v.aval.dtype == jnp.float32]
 
-    assert not edge_products(None, "mean") and not edge_products("right") and edge_products("both")
+    assert not per_edge(None, "mean") and not per_edge("right") and per_edge("both")

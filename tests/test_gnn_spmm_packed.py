@@ -177,12 +177,17 @@ def test_packed_kernel_lowers_to_triton():
 
     def everything(x, xb):
         outs = [K.csr_sum(g, None, x, nodes_per_program=2), K.csr_sum(g, w, xb, xb, nodes_per_program=4)]
-        return outs + [K.csr_sum(g, w, x, x, nodes_per_program=8), K.csr_sum(g, None, xb, nodes_per_program=16)]
+        outs += [K.csr_sum(g, w, x, x, nodes_per_program=8), K.csr_sum(g, None, xb, nodes_per_program=16)]
+        scale = jnp.full((g.num_nodes,), 0.5)  # a factor per destination (the mean's): both kernels
+        return outs + [
+            K.csr_sum(g, None, xb, row_scale=scale, nodes_per_program=4),
+            K.csr_sum(g, None, x, row_scale=scale),
+        ]
 
     txt = _lower_for_cuda(everything, jnp.ones((40, 200)), jnp.ones((40, 20), jnp.bfloat16))
     for nodes in (2, 4, 8, 16):
         assert txt.count(f"gnn_spmm_x{nodes}") >= 2  # main and extra units
-    assert txt.count("__gpu$xla.gpu.triton") >= 8
+    assert txt.count("__gpu$xla.gpu.triton") >= 12
 
 
 # ------------------------------------------------------------------------------- real GPU

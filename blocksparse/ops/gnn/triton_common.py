@@ -126,12 +126,15 @@ class Split(NamedTuple):
     segments: jax.Array | None
     is_sorted: bool
 
-    def fold(self, out: jax.Array, part: jax.Array) -> jax.Array:
+    def fold(self, out: jax.Array, part: jax.Array, scale: jax.Array | None = None) -> jax.Array:
         """Each heavy node's row of ``out`` (zero, or the row of an ``init`` the kernel started from, exact in
-        ``out``'s dtype) plus the sum of its float32 rows of ``part`` (one per extra unit), rounded once."""
+        ``out``'s dtype) plus the sum of its float32 rows of ``part`` (one per extra unit), times the node's factor
+        of ``scale`` (per node, float32; ``None``: 1), rounded once."""
         if self.extra is None:
             return out
         sums = jax.ops.segment_sum(part, self.segments, self.heavy.shape[0], indices_are_sorted=self.is_sorted)
+        if scale is not None:  # (a traced graph's unused heavy slots, node N + slot, read a clamped factor: dropped)
+            sums = sums * scale[jnp.minimum(self.heavy, scale.shape[0] - 1)][:, None]
         rows = out[self.heavy].astype(jnp.float32) + sums
         return out.at[self.heavy].set(rows.astype(out.dtype), unique_indices=True, indices_are_sorted=True, mode="drop")
 

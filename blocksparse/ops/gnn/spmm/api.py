@@ -64,15 +64,15 @@ def _table(name: str):
     def call(s: SpmmStatic, g, x, *rest):
         init, w = (rest[0], rest[1:]) if s.accumulate else (None, rest)
         w_csr = w[0][jnp.asarray(g.edge_perm)] if w else None
-        if name == "xla" and s.norm is not None and NORM_POWERS[s.norm][0] == 0 and not w and init is None:
-            # a factor of the destination alone (the mean's): XLA scales each sum once, not every gathered row
-            return csr_sum(g, None, x, row_scale=inverse_degree_power(g.in_degree, NORM_POWERS[s.norm][1]))
-        if s.norm is not None:
-            factor = jnp.asarray(csr_norm_factor(g, s.norm))
-            w_csr = factor if w_csr is None else w_csr.astype(jnp.float32) * factor
         kw = {}
         if name == "pallas" and s.config is not None:
             kw = dict(nodes_per_program=s.config.nodes_per_program, variant=s.config.variant)
+        if s.norm is not None and NORM_POWERS[s.norm][0] == 0 and not w and init is None:
+            # a factor of the destination alone (the mean's): each float32 sum scaled once, no gathered row weighted
+            return csr_sum(g, None, x, row_scale=inverse_degree_power(g.in_degree, NORM_POWERS[s.norm][1]), **kw)
+        if s.norm is not None:
+            factor = jnp.asarray(csr_norm_factor(g, s.norm))
+            w_csr = factor if w_csr is None else w_csr.astype(jnp.float32) * factor
         return csr_sum(g, w_csr, x, **kw) if init is None else csr_sum(g, w_csr, x, init, **kw)
 
     return call

@@ -37,13 +37,15 @@ from ..order import spmm_edges_per_step, spmm_variant
 
 def _kernel(
     starts_ref, ends_ref, indices_ref, *rest, be: int, bf: int, weighted: bool, init: bool, pairs=None, prefetch=False,
-    narrow=False,
+    narrow=False, scaled=False,
 ):  # fmt: skip
     """``pairs``: the 2-byte dtype whose uint32 pairs ``x_ref`` holds (``GatherVariant.pairs``), reduced as two
     float32 halves of ``bf / 2`` columns each; ``prefetch``: the next step's edge ids ride in the loop carry;
-    ``narrow``: 2-byte rows gathered 4 features a lane (:func:`..triton_common.lanes`)."""
+    ``narrow``: 2-byte rows gathered 4 features a lane (:func:`..triton_common.lanes`); ``scaled``: the float32 sum
+    times the unit's factor (``scale_ref``, after ``x_ref``; the units are the nodes)."""
     w_ref = rest[0] if weighted else None
     x_ref = rest[int(weighted)]
+    scale_ref = rest[int(weighted) + 1] if scaled else None
     init_ref = rest[-2] if init else None
     o_ref = rest[-1]
     u, fb = pl.program_id(0), pl.program_id(1)
@@ -70,17 +72,22 @@ def _kernel(
     steps = P.num_chunks(start, end, be)
     init_carry = tuple(jnp.zeros((width,), jnp.float32) for _ in range(parts)) + ((ids(0),) if prefetch else ())
     acc = P.interleave(lax.fori_loop(0, steps, body, init_carry)[:parts])
+    if scaled:
+        acc = acc * scale_ref[u]
     if init:
         acc = acc + init_ref[0, :].astype(jnp.float32)
     o_ref[0, :] = acc.astype(o_ref.dtype)
 
 
-def _call(starts, ends, indices, w, x, num_units, out_dtype, be, bf, interpret, init=None, variant=None, pairs=None):
+def _call(
+    starts, ends, indices, w, x, num_units, out_dtype, be, bf, interpret, init=None, variant=None, pairs=None,
+    scale=None,
+):  # fmt: skip
     """``variant``: a :class:`~..config.GatherVariant` (``None``: the plain kernel); ``pairs``: the dtype
-    whose uint32 pairs ``x`` holds (``(N, F/2)``), or ``None``."""
+    whose uint32 pairs ``x`` holds (``(N, F/2)``), or ``None``; ``scale``: a float32 factor per unit, or ``None``."""
     v = check_variant(variant)
     fp = x.shape[1] * (1 if pairs is None else 2)  # features
-    args = (starts, ends, indices) + ((w,) if w is not None else ()) + (x,)
+    args = (starts, ends, indices) + ((w,) if w is not None else ()) + (x,) + ((scale,) if scale is not None else ())
     rows = pl.BlockSpec((1, bf), lambda u, f: (u, f))
     extra = {}
     if init is not None:  # the index arrays and x whole; init by rows like the output, which overwrites it
@@ -88,7 +95,7 @@ def _call(starts, ends, indices, w, x, num_units, out_dtype, be, bf, interpret, 
         args = args + (init,)
     kernel = functools.partial(
         _kernel, be=be, bf=bf, weighted=w is not None, init=init is not None, pairs=pairs, prefetch=v.prefetch,
-        narrow=v.narrow_loads,
+        narrow=v.narrow_loads, scaled=scale is not None,
     )  # fmt: skip
     return pl.pallas_call(
         kernel,
@@ -104,17 +111,19 @@ def _call(starts, ends, indices, w, x, num_units, out_dtype, be, bf, interpret, 
 
 # ---------------------------------------------------------------------------------- packed kernel
 def _packed_kernel(
-    *refs, num_units: int, f: int, nodes: int, be: int, bf: int, flags: tuple[bool, bool, bool], pairs=None,
+    *refs, num_units: int, f: int, nodes: int, be: int, bf: int, flags: tuple[bool, bool, bool, bool], pairs=None,
     prefetch=False, narrow=False,
 ):  # fmt: skip
-    """``pairs`` / ``prefetch`` / ``narrow``: as in :func:`_kernel` (``x_ref`` then has ``f / 2`` uint32 columns)."""
-    ordered, weighted, init = flags
+    """``pairs`` / ``prefetch`` / ``narrow``: as in :func:`_kernel` (``x_ref`` then has ``f / 2`` uint32 columns);
+    ``flags``: whether a unit order, weights, a factor per unit (``scale_ref``) and ``init`` come."""
+    ordered, weighted, scaled, init = flags
     refs = list(refs)
     starts_ref, ends_ref = refs.pop(0), refs.pop(0)
     order_ref = refs.pop(0) if ordered else None
     indices_ref = refs.pop(0)
     w_ref = refs.pop(0) if weighted else None
     x_ref = refs.pop(0)
+    scale_ref = refs.pop(0) if scaled else None
     init_ref = refs.pop(0) if init else None
     (o_ref,) = refs
     p, fb = pl.program_id(0), pl.program_id(1)
@@ -144,6 +153,8 @@ def _packed_kernel(
     init_carry = tuple(jnp.zeros((nodes, width), jnp.float32) for _ in range(parts)) + ((ids(0),) if prefetch else ())
     acc = P.interleave(lax.fori_loop(0, steps, body, init_carry)[:parts])
     out_mask = jnp.broadcast_to(live[:, None], (nodes, bf)) & jnp.broadcast_to(colmask[None, :], (nodes, bf))
+    if scaled:
+        acc = acc * P.load_at(scale_ref, units, live)[:, None]
     if init:
         acc = acc + P.load_at(init_ref, (units[:, None], cols[None, :]), out_mask).astype(jnp.float32)
     P.store_rows(o_ref, units, cols, acc, out_mask)
@@ -151,19 +162,20 @@ def _packed_kernel(
 
 def _packed_call(
     starts, ends, order, indices, w, x, num_units, out_dtype, nodes, be, bf, warps, interpret, init=None,
-    variant=None, pairs=None,
+    variant=None, pairs=None, scale=None,
 ):  # fmt: skip
-    """``variant`` / ``pairs``: as in :func:`_call`."""
+    """``variant`` / ``pairs`` / ``scale``: as in :func:`_call`."""
     v = check_variant(variant)
     f = x.shape[1] * (1 if pairs is None else 2)  # features
     args = (starts, ends) + (() if order is None else (order,)) + (indices,) + (() if w is None else (w,)) + (x,)
+    args = args + (() if scale is None else (scale,))
     extra = {}
     if init is not None:  # each program reads its rows of init, then writes the same rows of the output over it
         extra = dict(input_output_aliases={len(args): 0})
         args = args + (init,)
     kernel = functools.partial(
         _packed_kernel, num_units=num_units, f=f, nodes=nodes, be=be, bf=bf,
-        flags=(order is not None, w is not None, init is not None), pairs=pairs, prefetch=v.prefetch,
+        flags=(order is not None, w is not None, scale is not None, init is not None), pairs=pairs, prefetch=v.prefetch,
         narrow=v.narrow_loads,
     )  # fmt: skip
     return pl.pallas_call(
@@ -187,7 +199,7 @@ def check_nodes_per_program(nodes_per_program) -> None:
         raise ValueError(f"Expected nodes_per_program None or one of {NODES_PER_PROGRAM}. Got {g!r}.")
 
 
-def _csr_sum_packed(g, w_csr, x, init, nodes, be, interpret, variant=None):
+def _csr_sum_packed(g, w_csr, x, init, nodes, be, interpret, variant=None, row_scale=None):
     n, f = x.shape
     if g.edge_capacity == 0 or n == 0 or f == 0:  # nothing to gather (and no edge array a kernel could read)
         return jnp.zeros_like(x) if init is None else init.astype(x.dtype)
@@ -200,15 +212,16 @@ def _csr_sum_packed(g, w_csr, x, init, nodes, be, interpret, variant=None):
     (s0, e0, _), extra = split.main, split.extra
     init = None if init is None else init.astype(x.dtype)
     kw = dict(variant=variant, pairs=pairs)
+    kw_main = dict(kw, scale=row_scale)
     out = _packed_call(
-        s0, e0, length_order(g, split), indices, w_csr, xg, n, x.dtype, nodes, be, bf, warps, interpret, init, **kw
+        s0, e0, length_order(g, split), indices, w_csr, xg, n, x.dtype, nodes, be, bf, warps, interpret, init, **kw_main
     )
     if extra is not None:  # extra units: one chunk each, by node
         s1, e1, _ = extra
         part = _packed_call(
             s1, e1, None, indices, w_csr, xg, s1.shape[0], jnp.float32, nodes, be, bf, warps, interpret, **kw
         )
-        out = split.fold(out, part)
+        out = split.fold(out, part, row_scale)
     return out
 
 
@@ -221,8 +234,11 @@ def csr_sum(
     be: int | None = None,
     nodes_per_program: int | None = None,
     variant: GatherVariant | None = None,
+    row_scale: jax.Array | None = None,
 ) -> jax.Array:
     """``x (N, F)`` -> ``(N, F)``; ``w_csr`` (E,) in CSR order of ``g`` or None; plus ``init (N, F)`` if given.
+    ``row_scale`` (N,) or None: a factor of the destination alone (the mean's ``1 / in-degree``), multiplied into each
+    float32 sum once (before ``init`` is added) rather than into every gathered row, as the reference's.
 
     ``nodes_per_program``: ``None`` or 1, one node per program (the default); 2, 4, 8 or 16, the
     packed kernel with that many light nodes per program. ``be``: edges per step (per node with
@@ -239,8 +255,9 @@ def csr_sum(
         variant = spmm_variant(nodes_per_program)
     v = check_variant(variant)
     n, f = x.shape
+    scale = None if row_scale is None else jnp.asarray(row_scale, jnp.float32)
     if nodes_per_program not in (None, 1):
-        return _csr_sum_packed(g, w_csr, x, init, int(nodes_per_program), be, interpret, variant)
+        return _csr_sum_packed(g, w_csr, x, init, int(nodes_per_program), be, interpret, variant, scale)
     fp = next_power_of_2(f, 16)
     bf = min(fp, 128)
     be = be or spmm_edges_per_step(g.edge_capacity, g.num_nodes, bf, v.edge_scale(x.dtype))
@@ -252,9 +269,9 @@ def csr_sum(
     (s0, e0, _), extra = split.main, split.extra
     init = None if init is None else P.pad_last(init.astype(x.dtype), fp)
     kw = dict(variant=variant, pairs=pairs)
-    out = _call(s0, e0, indices, w_csr, xg, n, x.dtype, be, bf, interpret, init, **kw)
+    out = _call(s0, e0, indices, w_csr, xg, n, x.dtype, be, bf, interpret, init, **kw, scale=scale)
     if extra is not None:
         s1, e1, _ = extra
         part = _call(s1, e1, indices, w_csr, xg, s1.shape[0], jnp.float32, be, bf, interpret, **kw)
-        out = split.fold(out, part)
+        out = split.fold(out, part, scale)
     return out[:, :f]
