@@ -122,6 +122,24 @@ def test_every_tuned_entry_names_its_benchmark():
     assert tuned.get("spmm.variant", kind="some GPU") == GatherVariant()
 
 
+def test_the_h100_takes_the_h200s_entries_and_choices():
+    # the same SMs (SAME_SMS): the H200's variants and its measured backends, until the H100 has its own
+    h100, h200 = hardware.H100.kind, hardware.H200.kind
+    assert tuned.SAME_SMS == {h100: h200} and h100 not in tuned.TABLES
+    for name in tuned.H200:
+        assert tuned.entry(name, kind=h100) is tuned.entry(name, kind=h200), name
+    assert tuned.measured("gatv2", "float32", "fwd+bwd", kind=h100) == tuned.measured("gatv2", "float32", "fwd+bwd")
+    assert tuned.measured("gatv2", "float32", "fwd+bwd", kind=h100)  # (the H200 measured it)
+    roads = order.GraphStats(nodes=142_257, edges=463_710, max_in_degree=4)
+    got, want = (order.choice("gatv2", roads, 128, jnp.float32, "fwd+bwd", kind=k) for k in (h100, h200))
+    assert got == want and got.measured.results == tuned.FULL_RUN  # the reason names the H200's run
+    with hardware.fake(hardware.H100):  # the kernels' defaults on an H100: the H200's variants
+        assert order.spmm_variant(None) == tuned.H200["spmm.variant"].value
+    a100 = "NVIDIA A100-SXM4-80GB"  # other SMs: the plain kernels and the default order
+    assert tuned.entry("spmm.variant", kind=a100) is tuned.DEFAULT["spmm.variant"]
+    assert tuned.measured("gatv2", "float32", "fwd+bwd", kind=a100) == ()
+
+
 def test_registry():
     assert tuple(registry.IMPLEMENTATIONS) == BOTH
     assert registry.module("spmm", "xla").__name__ == "blocksparse.ops.gnn.spmm.reference"

@@ -3,7 +3,8 @@
 Key layout: ``TABLES[device_kind][entry_name] -> Entry``. ``device_kind`` is
 ``blocksparse.hardware.Device.kind`` of :func:`blocksparse.hardware.gpu` (``"NVIDIA H200"``): the GPU the
 kernels run on, or, off a GPU (Pallas' interpreter on a CPU, plans made there), the planning default, so a
-CPU runs the same kernels as that GPU. A device without a table takes :data:`DEFAULT`.
+CPU runs the same kernels as that GPU. A device without a table takes the table of the device whose SMs it has
+(:data:`SAME_SMS`: the H100 the H200's), else :data:`DEFAULT`.
 
 Each :class:`Entry` names the ``blocksparse bench`` suite and cell that measured it and the results JSON in
 ``benchmarks/results/`` it came from: suite ``gnn`` (the ops on the power-law graph, N = 262,144,
@@ -27,8 +28,9 @@ min: one kernel), ``gatv2``, ``graph_attention``; ``dtype`` ``float32`` or ``bfl
 ``fwd+bwd``. Each :class:`Measured` is one graph: its statistics (what the host knows of a graph) and the backend that
 was faster there, naming the results JSON and its cell. The H200's all come from one run of every cell
 (:data:`FULL_RUN`), written as the table ``_H200_FASTER``. :func:`blocksparse.ops.gnn.order.choice` reads
-them; a key without measurements, a device without a table (every GPU but the H200) and a graph far from every
-measured one take the default order (Pallas first).
+them (a device without its own, those of the device in :data:`SAME_SMS`); a key without measurements, a device
+without any (every GPU but the H200 and the H100) and a graph far from every measured one take the default order
+(Pallas first).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import dataclasses
 from ... import hardware
 from .config import GatherVariant
 
-__all__ = ["CHOICES", "DEFAULT", "TABLES", "Entry", "Measured", "entry", "get", "measured"]
+__all__ = ["CHOICES", "DEFAULT", "SAME_SMS", "TABLES", "Entry", "Measured", "entry", "get", "measured"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,6 +210,11 @@ DEFAULT = {
 
 #: Device kind -> entries.
 TABLES = {"NVIDIA H200": H200}
+#: Device kind -> the measured kind whose SMs it has, for a device without tables of its own: the H100 (SXM, 80 GB)
+#: is the H200's GH100 die, 132 SMs alike, with 3.35 TB/s of memory bandwidth for 4.8. The variants and layouts were
+#: chosen by trading occupancy against latency on those SMs, and XLA's segment ops and the kernels both stream the
+#: same bytes, so the H200's entries and choices serve it until it has its own (a choice names the H200's run).
+SAME_SMS = {hardware.H100.kind: hardware.H200.kind}
 
 
 # ------------------------------------------------------------------ which backend, by the graph
@@ -305,9 +312,10 @@ CHOICES = {"NVIDIA H200": H200_CHOICES}
 
 
 def entry(name: str, kind: str | None = None) -> Entry:
-    """Entry ``name`` for device ``kind`` (default: :func:`blocksparse.hardware.gpu`'s); :data:`DEFAULT` else."""
+    """Entry ``name`` for device ``kind`` (default: :func:`blocksparse.hardware.gpu`'s): from its table, else from the
+    table of its :data:`SAME_SMS` kind, else :data:`DEFAULT`."""
     kind = hardware.gpu().kind if kind is None else kind
-    table = TABLES.get(kind, DEFAULT)
+    table = TABLES.get(kind) or TABLES.get(SAME_SMS.get(kind), DEFAULT)
     if name not in table:
         raise KeyError(f"Expected a tuned GNN entry in {sorted(DEFAULT)}. Got {name!r}.")
     return table[name]
@@ -320,6 +328,8 @@ def get(name: str, kind: str | None = None):
 
 def measured(family: str, dtype: str, pass_: str, kind: str | None = None) -> tuple[Measured, ...]:
     """The graphs of :data:`CHOICES` for ``(family, dtype, pass_)`` on device ``kind`` (default:
-    :func:`blocksparse.hardware.gpu`'s); ``()`` where none was measured."""
+    :func:`blocksparse.hardware.gpu`'s; a device without its own: those of its :data:`SAME_SMS` kind); ``()`` where
+    none was measured."""
     kind = hardware.gpu().kind if kind is None else kind
-    return CHOICES.get(kind, {}).get((family, dtype, pass_), ())
+    choices = CHOICES.get(kind) or CHOICES.get(SAME_SMS.get(kind), {})
+    return choices.get((family, dtype, pass_), ())
