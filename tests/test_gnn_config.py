@@ -122,7 +122,7 @@ def test_every_tuned_entry_names_its_benchmark():
     assert tuned.get("spmm.variant", kind="some GPU") == GatherVariant()
 
 
-def test_the_h100_takes_the_h200s_entries_and_choices():
+def test_the_h100_takes_the_h200s_entries_and_choices(monkeypatch):
     # the same SMs (SAME_SMS): the H200's variants and its measured backends, until the H100 has its own
     h100, h200 = hardware.H100.kind, hardware.H200.kind
     assert tuned.SAME_SMS == {h100: h200} and h100 not in tuned.TABLES
@@ -135,6 +135,14 @@ def test_the_h100_takes_the_h200s_entries_and_choices():
     assert got == want and got.measured.results == tuned.FULL_RUN  # the reason names the H200's run
     with hardware.fake(hardware.H100):  # the kernels' defaults on an H100: the H200's variants
         assert order.spmm_variant(None) == tuned.H200["spmm.variant"].value
+    # a table or choices of its own, partial: what it lacks still comes from the H200, an entry (a key) at a time
+    own = tuned.Entry(GatherVariant(num_warps=2))
+    monkeypatch.setitem(tuned.TABLES, h100, {"spmm.variant": own})
+    monkeypatch.setitem(tuned.CHOICES, h100, {("spmm", "float32", "fwd"): ()})
+    assert tuned.entry("spmm.variant", kind=h100) is own
+    assert tuned.entry("attention.narrow_loads", kind=h100) is tuned.H200["attention.narrow_loads"]
+    assert tuned.measured("gatv2", "float32", "fwd+bwd", kind=h100) == tuned.measured("gatv2", "float32", "fwd+bwd")
+    monkeypatch.undo()
     a100 = "NVIDIA A100-SXM4-80GB"  # other SMs: the plain kernels and the default order
     assert tuned.entry("spmm.variant", kind=a100) is tuned.DEFAULT["spmm.variant"]
     assert tuned.measured("gatv2", "float32", "fwd+bwd", kind=a100) == ()

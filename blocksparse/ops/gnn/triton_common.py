@@ -134,7 +134,7 @@ class Split(NamedTuple):
             return out
         sums = jax.ops.segment_sum(part, self.segments, self.heavy.shape[0], indices_are_sorted=self.is_sorted)
         if scale is not None:  # (a traced graph's unused heavy slots, node N + slot, read a clamped factor: dropped)
-            sums = sums * scale[jnp.minimum(self.heavy, scale.shape[0] - 1)][:, None]
+            sums = sums * scale[jnp.minimum(self.heavy, max(scale.shape[0] - 1, 0))][:, None]
         rows = out[self.heavy].astype(jnp.float32) + sums
         return out.at[self.heavy].set(rows.astype(out.dtype), unique_indices=True, indices_are_sorted=True, mode="drop")
 

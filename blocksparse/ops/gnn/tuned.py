@@ -313,12 +313,14 @@ CHOICES = {"NVIDIA H200": H200_CHOICES}
 
 def entry(name: str, kind: str | None = None) -> Entry:
     """Entry ``name`` for device ``kind`` (default: :func:`blocksparse.hardware.gpu`'s): from its table, else from the
-    table of its :data:`SAME_SMS` kind, else :data:`DEFAULT`."""
+    table of its :data:`SAME_SMS` kind, else :data:`DEFAULT` (an entry at a time: a partial table falls back too)."""
     kind = hardware.gpu().kind if kind is None else kind
-    table = TABLES.get(kind) or TABLES.get(SAME_SMS.get(kind), DEFAULT)
-    if name not in table:
+    if name not in DEFAULT:
         raise KeyError(f"Expected a tuned GNN entry in {sorted(DEFAULT)}. Got {name!r}.")
-    return table[name]
+    for table in (TABLES.get(kind, {}), TABLES.get(SAME_SMS.get(kind), {})):  # (an entry at a time)
+        if name in table:
+            return table[name]
+    return DEFAULT[name]
 
 
 def get(name: str, kind: str | None = None):
@@ -328,8 +330,8 @@ def get(name: str, kind: str | None = None):
 
 def measured(family: str, dtype: str, pass_: str, kind: str | None = None) -> tuple[Measured, ...]:
     """The graphs of :data:`CHOICES` for ``(family, dtype, pass_)`` on device ``kind`` (default:
-    :func:`blocksparse.hardware.gpu`'s; a device without its own: those of its :data:`SAME_SMS` kind); ``()`` where
-    none was measured."""
+    :func:`blocksparse.hardware.gpu`'s; a key the device has none of: those of its :data:`SAME_SMS` kind); ``()``
+    where none was measured."""
     kind = hardware.gpu().kind if kind is None else kind
-    choices = CHOICES.get(kind) or CHOICES.get(SAME_SMS.get(kind), {})
-    return choices.get((family, dtype, pass_), ())
+    key = (family, dtype, pass_)
+    return CHOICES.get(kind, {}).get(key) or CHOICES.get(SAME_SMS.get(kind), {}).get(key, ())  # (a key at a time)

@@ -2,7 +2,8 @@
 
 The core is one differentiable op, ``out = A x`` with ``A[i, j] = sum of w_e over edges
 j -> i``; its backward is ``dx = A^T dout`` through the cached transposed CSR (``g.T``) and
-``dw_e = dout[dst_e] . x[src_e]``. Normalisations are one factor per edge, multiplied into the weights.
+``dw_e = dout[dst_e] . x[src_e]``. Normalisations are one factor per edge, multiplied into the weights, except a
+factor of the destination alone (the mean's, norm ``"right"``), which multiplies each node's float32 sum once.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ class SpmmStatic:
         grad_impls: the forward product's under ``jax.grad`` (a gradient follows it); ``None``: ``impls``.
         norm: a static graph's degree normalisation (a key of :data:`NORM_POWERS`), multiplied into the edges'
             weights as host data already in the CSR order of the graph the product runs on
-            (:func:`csr_norm_factor`): the program holds the factors as one constant and gathers nothing. A dynamic
-            graph's factors are traced: they come in the weights instead.
+            (:func:`csr_norm_factor`): the program holds the factors as one constant and gathers nothing; a factor
+            of the destination alone (``"right"``, the mean's) scales each node's float32 sum once instead, on
+            either backend. A dynamic graph's factors are traced: they come in the weights instead.
 
     The graph is the op's first array argument: a :class:`Graph` (a pytree without leaves, so
     static) or a :class:`DynamicGraph` (traced index arrays).
@@ -67,9 +69,9 @@ def _table(name: str):
         kw = {}
         if name == "pallas" and s.config is not None:
             kw = dict(nodes_per_program=s.config.nodes_per_program, variant=s.config.variant)
-        if s.norm is not None and NORM_POWERS[s.norm][0] == 0 and not w and init is None:
-            # a factor of the destination alone (the mean's): each float32 sum scaled once, no gathered row weighted
-            return csr_sum(g, None, x, row_scale=inverse_degree_power(g.in_degree, NORM_POWERS[s.norm][1]), **kw)
+        if s.norm is not None and NORM_POWERS[s.norm][0] == 0 and init is None:
+            # a factor of the destination alone (the mean's): each float32 sum scaled once, not every gathered row
+            return csr_sum(g, w_csr, x, row_scale=inverse_degree_power(g.in_degree, NORM_POWERS[s.norm][1]), **kw)
         if s.norm is not None:
             factor = jnp.asarray(csr_norm_factor(g, s.norm))
             w_csr = factor if w_csr is None else w_csr.astype(jnp.float32) * factor
@@ -272,8 +274,8 @@ def spmm(
         weights = (_checked_weight(g, edge_weight),)
     # The norm (and the mean's division by the in-degree, norm "right"'s) rides on the edge weights, one factor per
     # edge: no pass over x before the product nor over its output after it. A static graph's factors are host data
-    # the product multiplies in (SpmmStatic.norm; on XLA, a factor of the destination alone scales each float32 sum
-    # once instead); a dynamic graph's are traced from its degrees.
+    # the product multiplies in (SpmmStatic.norm; a factor of the destination alone scales each float32 sum once
+    # instead, on either backend); a dynamic graph's are traced from its degrees.
     scaling = "right" if reduce == "mean" else norm
     if scaling is not None and isinstance(g, DynamicGraph) and g.num_nodes and g.edge_capacity:  # (else: no product)
         factor = _dynamic_edge_factor(g, scaling)
