@@ -367,3 +367,10 @@ def test_mean_scales_each_sum_once(dtype, impl, nodes, kernels_here):
         return [v for e in calls for v in e.invars if v.aval.shape == (g.num_edges,) and v.aval.dtype == jnp.float32]
 
     assert not per_edge(None, "mean") and not per_edge("right") and per_edge("both")
+    from blocksparse.ops.gnn.spmm.api import row_norm_factor
+
+    factor = row_norm_factor(g, "right")  # host data, once per graph and norm
+    assert factor is row_norm_factor(g, "right") and factor.dtype == np.float32
+    np.testing.assert_array_equal(factor, (1.0 / np.maximum(g.in_degree, 1)).astype(np.float32))
+    with pytest.raises(ValueError, match="destination alone"):
+        row_norm_factor(g, "both")

@@ -28,6 +28,7 @@ __all__ = [
     "csr_norm_factor",
     "inverse_degree_power",
     "norm_edge_weight",
+    "row_norm_factor",
     "spmm",
 ]
 
@@ -71,7 +72,7 @@ def _table(name: str):
             kw = dict(nodes_per_program=s.config.nodes_per_program, variant=s.config.variant)
         if s.norm is not None and NORM_POWERS[s.norm][0] == 0 and init is None:
             # a factor of the destination alone (the mean's): each float32 sum scaled once, not every gathered row
-            return csr_sum(g, w_csr, x, row_scale=inverse_degree_power(g.in_degree, NORM_POWERS[s.norm][1]), **kw)
+            return csr_sum(g, w_csr, x, row_scale=jnp.asarray(row_norm_factor(g, s.norm)), **kw)
         if s.norm is not None:
             factor = jnp.asarray(csr_norm_factor(g, s.norm))
             w_csr = factor if w_csr is None else w_csr.astype(jnp.float32) * factor
@@ -175,6 +176,20 @@ def csr_norm_factor(g: Graph, norm: str) -> np.ndarray:
     kept = g.__dict__.setdefault("_csr_norm_factors", {})
     if norm not in kept:
         factor = norm_edge_weight(g, norm)[g.edge_perm]
+        factor.setflags(write=False)
+        kept[norm] = factor
+    return kept[norm]
+
+
+def row_norm_factor(g: Graph, norm: str) -> np.ndarray:
+    """A static graph's norm of a factor of the destination alone (``"right"``, the mean's: ``in_deg^-p_dst``,
+    degrees clamped to at least 1) as one float32 per node: what the product multiplies each node's sum by (host data,
+    computed once per graph and norm and kept with the graph, as :func:`csr_norm_factor`)."""
+    if NORM_POWERS[norm][0]:
+        raise ValueError(f"Expected a norm of the destination alone (no source power). Got {norm!r}.")
+    kept = g.__dict__.setdefault("_row_norm_factors", {})
+    if norm not in kept:
+        factor = (np.maximum(g.in_degree, 1).astype(np.float64) ** -NORM_POWERS[norm][1]).astype(np.float32)
         factor.setflags(write=False)
         kept[norm] = factor
     return kept[norm]
