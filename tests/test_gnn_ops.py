@@ -348,8 +348,9 @@ def test_mean_scales_each_sum_once(dtype, impl, nodes, kernels_here):
         ref = O.spmm(g.src, g.dst, g.num_nodes, x.astype(jnp.float32), None, reduce, norm)
         np.testing.assert_allclose(np.asarray(y, np.float32), ref, rtol=1e-5 if dtype == jnp.float32 else 1e-2,
                                    atol=1e-5 if dtype == jnp.float32 else 1e-2)  # fmt: skip
-        wide = gnn.spmm(g, x.astype(jnp.float32), reduce, norm, implementation=impl, config=cfg)  # not rounded
-        np.testing.assert_array_equal(np.asarray(y), np.asarray(wide.astype(dtype)))
+        if dtype != jnp.float32:  # (in float32 the same program twice: a GPU adds in any order, bits may differ)
+            wide = gnn.spmm(g, x.astype(jnp.float32), reduce, norm, implementation=impl, config=cfg)  # not rounded
+            np.testing.assert_array_equal(np.asarray(y), np.asarray(wide.astype(dtype)))
     w = jax.random.uniform(jax.random.key(1), (g.num_edges,))  # weights of the caller's, scaled per node too
     y = gnn.spmm(g, x, "sum", "right", edge_weight=w, implementation=impl, config=cfg)
     ref = O.spmm(g.src, g.dst, g.num_nodes, x.astype(jnp.float32), np.asarray(w), "sum", "right")
