@@ -195,7 +195,7 @@ def main(argv=None) -> int:
                        rcm_max_edges=int(a.rcm_max_edges), peers=peers)  # fmt: skip
     meta = dict(script="benchmarks/bench_gnn_graphs.py", argv=list(sys.argv[1:] if argv is None else argv))
     if not a.small:  # what gnn_table prices each miss's bytes at (each command of a resumed run measures it)
-        meta["copy_bytes_per_s"] = suite.copy_rate()
+        meta["copy_bytes_per_s"] = suite.measure_copy_rate()
     timer = Timer(iters=a.iters, trials=a.trials)
     return run_cells(todo, full=not a.small, json_path=a.json, timer=timer, meta=meta,
                      columns={"gnn-graphs": suite.COLUMNS}, resume=a.resume)  # fmt: skip

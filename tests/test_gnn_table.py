@@ -115,7 +115,7 @@ def test_a_run_that_measured_its_copy_rate_prices_the_bytes_at_it():
     assert f"- **The copy rate** the run measured, the bytes below priced at: {T.COPY_RATE / 2e12:.2f} TB/s" in text
     mean = T.smallest_traffic("spmm_mean", "fwd", N, E, 128, 4) / T.COPY_RATE * 1e3
     assert f"the smallest traffic takes {2 * mean:.3f} ms (the op {3.0 / (2 * mean):.1f}x that)" in text
-    assert T.copy_rate({}) == T.COPY_RATE and "The copy rate" not in T.targets(_doc())  # a run without its own
+    assert T.run_copy_rate({}) == T.COPY_RATE and "The copy rate" not in T.targets(_doc())  # a run without its own
 
 
 def test_the_copy_rate_counts_bytes_read_and_written():
@@ -124,8 +124,8 @@ def test_the_copy_rate_counts_bytes_read_and_written():
             assert x.nbytes == 1 << 20 and fn(x).shape == x.shape
             return 2.0
 
-    assert suite.copy_rate(nbytes=1 << 20, timer=TwoMs()) == 2 * (1 << 20) / 2e-3
-    assert 1e6 < suite.copy_rate(nbytes=1 << 20, timer=suite.Timer(iters=2, trials=1)) < 1e15  # measured here
+    assert suite.measure_copy_rate(nbytes=1 << 20, timer=TwoMs()) == 2 * (1 << 20) / 2e-3
+    assert 1e6 < suite.measure_copy_rate(nbytes=1 << 20, timer=suite.Timer(iters=2, trials=1)) < 1e15  # measured here
 
 
 def test_back_to_back_calls_far_from_the_loop_are_listed():

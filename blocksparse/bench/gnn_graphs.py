@@ -101,7 +101,7 @@ RCM_MAX_EDGES = 40_000_000
 REFERENCE_CHUNK_EDGES = 1 << 23
 
 
-def copy_rate(nbytes: int = 2**30, timer: Timer | None = None) -> float:
+def measure_copy_rate(nbytes: int = 2**30, timer: Timer | None = None) -> float:
     """Bytes a second this device copies its memory at: a float32 array of ``nbytes`` negated in one jitted loop
     (read and written, both counted; the median of ``timer``'s trials). The price of the bytes an op must move,
     which :mod:`~blocksparse.bench.gnn_table` sets each miss against; a run records it in ``meta``."""

@@ -30,7 +30,7 @@ __all__ = [
     "Cell",
     "cells",
     "choice_table",
-    "copy_rate",
+    "run_copy_rate",
     "default_backend",
     "full_table",
     "gather_traffic",
@@ -39,8 +39,9 @@ __all__ = [
 ]
 
 #: Bytes a second the H200 copies device memory at (a ``jnp`` copy of arrays of 0.1 to 4 GB, read and written:
-#: docs/benchmarks.md, "GNN operations"): the rate the smallest traffic is priced at in a run that did not measure its
-#: own (``meta["copy_bytes_per_s"]``, :func:`~blocksparse.bench.gnn_graphs.copy_rate`; see :func:`copy_rate`).
+#: docs/benchmarks.md, "GNN operations"): the rate the smallest traffic is priced at in a run that did not measure
+#: its own (``meta["copy_bytes_per_s"]``, :func:`~blocksparse.bench.gnn_graphs.measure_copy_rate`; see
+#: :func:`run_copy_rate`).
 COPY_RATE = 3.5e12
 DTYPES = ("float32", "bfloat16")
 NAMES = {"spmm_sum": "SpMM sum", "spmm_mean": "SpMM mean", "spmm_gcn": "SpMM GCN", "max": "max", "min": "min",
@@ -168,7 +169,7 @@ def gather_traffic(op: str, pass_: str, edges: int, feat: int, itemsize: int) ->
     return edges * feat * itemsize * GATHERED[op] * (1 if pass_ == "fwd" else 2)
 
 
-def copy_rate(doc: dict) -> float:
+def run_copy_rate(doc: dict) -> float:
     """Bytes a second the run's device copies at: what the run measured, else the H200's :data:`COPY_RATE`."""
     return doc.get("meta", {}).get("copy_bytes_per_s") or COPY_RATE
 
@@ -256,10 +257,10 @@ def _where(c: Cell) -> str:
 
 def targets(doc: dict) -> str:
     """The run against its targets, as markdown bullets: counts, then each miss with by how much and what bounds it
-    (the op's smallest traffic at the run's :func:`copy_rate`; for memory, what the program returns); back-to-back
+    (the op's smallest traffic at the run's :func:`run_copy_rate`; for memory, what the program returns); back-to-back
     calls against the loop."""
     table = cells(doc)
-    rate = copy_rate(doc)
+    rate = run_copy_rate(doc)
     expected = len(GRAPHS) * len(OPS) * len(PASSES) * len(DTYPES)
     cut = len(doc.get("meta", {}).get("cut_short") or ())
     out = [f"- **{len(table)} of {expected} cells** ran and passed their checks ({len(_failed(doc))} failed, "
