@@ -1,4 +1,4 @@
-# ruff: noqa: E402 - XLA's allocator setting must precede importing JAX
+# ruff: noqa: E402 - XLA's allocator and JAX's constants settings must precede importing JAX
 """The ``gnn-graphs`` suite with the torch peers, cuSPARSE and PyG, timed inside each cell, in one process.
 
     PYTHONPATH=. python benchmarks/bench_gnn_graphs.py --json out.json [--graphs NAME ...] [--dtype float32 bfloat16]
@@ -18,6 +18,12 @@ reference (``{peer}_rel_err``, recorded; a peer above the tolerance is not a fai
 (:func:`peers.torch_time`: ``{peer}_loop_ms``, ``{peer}_mem_bytes``), and counts in the cell's
 ``speedup_vs_best_peer``. A PyG cell whose estimated memory is above ``--pyg-mem-gib`` is skipped with the estimate;
 without torch, PyG or a CUDA device the peer is recorded as skipped with the reason (``{peer}_skipped``).
+
+The script runs JAX with ``JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=1`` unless the environment sets it: a graph's index
+arrays then reach each compiled program as arguments, copied to the device once per program, instead of being
+compiled into it as constants (JAX's coming default). The device time of a call is the same either way; the
+compilation is not: with the constants compiled in, one program on pokec's 30.6 M edges took about 10 s to compile,
+and a cell compiles several (``meta["jax_constants"]`` records which way a run went).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch allocates on the same GPU
+os.environ.setdefault("JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS", "1")  # the graph's arrays as arguments, not constants
 
 import argparse
 import math

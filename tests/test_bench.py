@@ -263,6 +263,10 @@ def test_a_run_resumes_only_on_its_machine_code_timer_and_cells(tmp_path):
     write_json(path, dict(doc, meta=dict(doc["meta"], source="0" * 16)))
     with pytest.raises(ValueError, match=r"expected its source to be this run's '[0-9a-f]{16}'; got '0{16}'"):
         run_cells(cells, json_path=path, timer=timer, progress=False, resume=True)
+    other = "embedded" if doc["meta"]["jax_constants"] == "arguments" else "arguments"
+    write_json(path, dict(doc, meta=dict(doc["meta"], jax_constants=other)))  # the programs were compiled otherwise
+    with pytest.raises(ValueError, match=rf"expected its jax_constants to be this run's '\w+'; got '{other}'"):
+        run_cells(cells, json_path=path, timer=timer, progress=False, resume=True)
     write_json(path, doc)
     with pytest.raises(ValueError, match=r"got s: a \{\}, which this run does not list"):
         run_cells(cells[1:], json_path=path, timer=timer, progress=False, resume=True)
@@ -279,6 +283,15 @@ def test_a_run_resumes_only_on_its_machine_code_timer_and_cells(tmp_path):
 def test_the_source_digest_names_the_library_code():
     digest = _cli.source_digest()
     assert re.fullmatch(r"[0-9a-f]{16}", digest) and _cli.environment()["source"] == digest
+
+
+def test_a_run_records_how_jax_passed_the_constants():
+    assert _cli.environment()["jax_constants"] == _cli.jax_constants()
+    code = "from blocksparse.bench import _cli; print(_cli.jax_constants())"
+    for flag, want in (("1", "arguments"), ("0", "embedded")):  # read when JAX is imported: a process each
+        env = dict(os.environ, JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=flag, JAX_PLATFORMS="cpu")
+        got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert got.stdout.split()[-1] == want
 
 
 def test_run_cell_turns_failures_into_results():

@@ -90,8 +90,18 @@ def environment() -> dict:
     return dict(
         jax=jax.__version__, platform=dev.platform, device=getattr(dev, "device_kind", str(dev)),
         devices=len(jax.devices()), python=platform.python_version(), host=platform.machine(),
-        source=source_digest(),
+        source=source_digest(), jax_constants=jax_constants(),
     )  # fmt: skip
+
+
+def jax_constants() -> str:
+    """How JAX passes the arrays a traced function closes over (a static graph's or pattern's index arrays) to the
+    compiled program: ``"arguments"`` (``JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=1``, read when JAX is imported: copied
+    to the device once per program) or ``"embedded"`` (JAX's default: compiled into the program, whose compilation
+    then grows with their bytes)."""
+    import jax
+
+    return "arguments" if jax.config.jax_use_simplified_jaxpr_constants else "embedded"
 
 
 @functools.cache
@@ -114,8 +124,9 @@ def source_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-#: What a resumed run must share with the JSON it continues: the machine, the library code and the timer.
-RESUME_KEYS = ("jax", "platform", "device", "devices", "source", "full", "iters", "trials")
+#: What a resumed run must share with the JSON it continues: the machine, the library code, how JAX passes constants
+#: (:func:`jax_constants`) and the timer.
+RESUME_KEYS = ("jax", "platform", "device", "devices", "source", "jax_constants", "full", "iters", "trials")
 
 
 def cell_key(suite: str, label: str, params: dict) -> str:

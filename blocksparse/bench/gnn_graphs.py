@@ -51,6 +51,10 @@ from ._core import Cell, CellFailed, CellSkipped, Timer, check_close, implementa
 
 #: Seconds a cell's timings may take (both timings, warm-up and trials) before it gets fewer iterations.
 ROW_BUDGET_S = 20.0
+#: A peer (:data:`PEERS`) whose one call was over the budget and at least this many times the cell's fastest time
+#: is not run again on the same graph and dtype (``{peer}_skipped`` names the cell that timed it): JAX's BCSR
+#: product takes 10 to 20 s a call in bfloat16 on the large graphs, where the others take milliseconds.
+SLOW_PEER_RATIO = 100.0
 
 #: The graphs: the paper's stand-ins and the power-law graph (its sizes at scale 1).
 POWER_LAW = dict(nodes=262_144, edges=8_388_608)
@@ -234,9 +238,37 @@ def suite(
 
 
 def _restore(shared: dict, key: tuple, metrics: dict) -> None:
-    """A kept cell as generated: its times, the baseline of the same cell reordered (``gain``)."""
+    """A kept cell as generated: its times, the baseline of the same cell reordered (``gain``), and the peers it
+    found too slow to run again (:data:`SLOW_PEER_RATIO`)."""
     if "loop_ms" in metrics:
         shared[key] = (metrics["loop_ms"], metrics.get("segment_loop_ms"))
+    _note_slow_peers(shared, key, metrics)
+
+
+def _note_slow_peers(shared: dict, key: tuple, out: dict) -> None:
+    """Record in ``shared`` each peer of cell ``key`` ``(graph, dtype, op, pass)`` that one call over the budget
+    timed at :data:`SLOW_PEER_RATIO` times the cell's fastest time or more, for the graph's and dtype's later cells
+    (:func:`_slow_peer`)."""
+    graph, dtype, op, pass_ = key
+    dtype = jnp.dtype(dtype).name
+    times = {k[: -len("_loop_ms")]: v for k, v in out.items() if k.endswith("_loop_ms") and v}
+    if "loop_ms" in out:
+        times[""] = out["loop_ms"]
+    for name in PEERS:
+        ms = times.get(name)
+        if not ms or out.get(f"{name}_timer") != "one call":
+            continue
+        best = min(times.values())
+        if ms >= SLOW_PEER_RATIO * best:
+            where = label(graph, dtype, "as generated", op, pass_)
+            shared.setdefault(("slow", graph, dtype, name), f"one call took {ms / 1e3:.1f} s in {where!r}, "
+                              f"{ms / best:.0f} times its fastest")  # fmt: skip
+
+
+def _slow_peer(shared: dict, graph: str, dtype, name: str) -> str | None:
+    """Why peer ``name`` is not run on ``graph`` in ``dtype`` (:func:`_note_slow_peers`), else ``None``."""
+    why = shared.get(("slow", graph, jnp.dtype(dtype).name, name))
+    return f"too slow to run again: {why}" if why else None
 
 
 def _spec(name: str) -> dict:
@@ -616,6 +648,9 @@ def _run(prep, dtype, order, op, pass_, shared, budget_s, peers):
                 out[f"{name}_implementation"] = out["implementation"]
                 out[f"{name}_is_default"] = True
                 continue
+            if name in PEERS and (why := _slow_peer(shared, p.name, dtype, name)):
+                out[f"{name}_skipped"] = why
+                continue
             fn, arrays = fns[name]
             # our backends must agree with the reference; a peer's error is recorded, never a failure (in bfloat16
             # JAX's segment ops accumulate in bfloat16)
@@ -639,6 +674,7 @@ def _run(prep, dtype, order, op, pass_, shared, budget_s, peers):
         key = (p.name, dtype, op, pass_)
         if order == "as generated":
             shared[key] = (out["loop_ms"], out.get("segment_loop_ms"))
+            _note_slow_peers(shared, key, out)
         elif key in shared:
             base, seg = shared[key]
             out["gain"] = base / out["loop_ms"]
