@@ -122,20 +122,21 @@ def test_every_tuned_entry_names_its_benchmark():
     assert tuned.get("spmm.variant", kind="some GPU") == GatherVariant()
 
 
-def test_the_h100_takes_the_h200s_entries_and_choices(monkeypatch):
-    # the same SMs (SAME_SMS): the H200's variants and its measured backends, until the H100 has its own
+def test_the_h100_takes_the_h200s_entries_and_has_its_own_choices(monkeypatch):
+    # the same SMs (SAME_SMS): the H200's variants, until the H100 has its own; its measured backends are its own run's
     h100, h200 = hardware.H100.kind, hardware.H200.kind
     assert tuned.SAME_SMS == {h100: h200} and h100 not in tuned.TABLES
     for name in tuned.H200:
         assert tuned.entry(name, kind=h100) is tuned.entry(name, kind=h200), name
-    assert tuned.measured("gatv2", "float32", "fwd+bwd", kind=h100) == tuned.measured("gatv2", "float32", "fwd+bwd")
-    assert tuned.measured("gatv2", "float32", "fwd+bwd", kind=h100)  # (the H200 measured it)
+    key = ("gatv2", "float32", "fwd+bwd")
+    assert tuned.measured(*key, kind=h100) == tuned.CHOICES[h100][key] != tuned.CHOICES[h200][key]
     roads = order.GraphStats(nodes=142_257, edges=463_710, max_in_degree=4)
     got, want = (order.choice("gatv2", roads, 128, jnp.float32, "fwd+bwd", kind=k) for k in (h100, h200))
-    assert got == want and got.measured.results == tuned.FULL_RUN  # the reason names the H200's run
+    assert got.impls == want.impls and got.measured.results == tuned.H100_RUN  # the reason names the H100's run
+    assert want.measured.results == tuned.FULL_RUN
     with hardware.fake(hardware.H100):  # the kernels' defaults on an H100: the H200's variants
         assert order.spmm_variant(None) == tuned.H200["spmm.variant"].value
-    # a table or choices of its own, partial: what it lacks still comes from the H200, an entry (a key) at a time
+    # a table or choices of its own, partial: what it lacks comes from the H200, an entry (a key) at a time
     own = tuned.Entry(GatherVariant(num_warps=2))
     monkeypatch.setitem(tuned.TABLES, h100, {"spmm.variant": own})
     monkeypatch.setitem(tuned.CHOICES, h100, {("spmm", "float32", "fwd"): ()})

@@ -27,7 +27,8 @@ unweighted one's), ``aggregate`` (max and
 min: one kernel), ``gatv2``, ``graph_attention``; ``dtype`` ``float32`` or ``bfloat16``; ``pass`` ``fwd`` or
 ``fwd+bwd``. Each :class:`Measured` is one graph: its statistics (what the host knows of a graph) and the backend that
 was faster there, naming the results JSON and its cell. The H200's all come from one run of every cell
-(:data:`FULL_RUN`), written as the table ``_H200_FASTER``. :func:`blocksparse.ops.gnn.order.choice` reads
+(:data:`FULL_RUN`), written as the table ``_H200_FASTER``; the H100's from one run of the current kernels that
+stopped at 85 cells (:data:`H100_RUN`, the table ``_H100_FASTER``). :func:`blocksparse.ops.gnn.order.choice` reads
 them (a device without its own, those of the device in :data:`SAME_SMS`); a key without measurements, a device
 without any (every GPU but the H200 and the H100) and a graph far from every measured one take the default order
 (Pallas first).
@@ -213,7 +214,7 @@ TABLES = {"NVIDIA H200": H200}
 #: Device kind -> the measured kind whose SMs it has, for a device without tables of its own: the H100 (SXM, 80 GB)
 #: is the H200's GH100 die, 132 SMs alike, with 3.35 TB/s of memory bandwidth for 4.8. The variants and layouts were
 #: chosen by trading occupancy against latency on those SMs, and XLA's segment ops and the kernels both stream the
-#: same bytes, so the H200's entries and choices serve it until it has its own (a choice names the H200's run).
+#: same bytes, so the H200's entries serve it until it has its own (its choices are its own: :data:`H100_RUN`).
 SAME_SMS = {hardware.H100.kind: hardware.H200.kind}
 
 
@@ -286,6 +287,35 @@ _H200_FASTER = {
 }  # fmt: skip
 
 
+#: The H100's run: the same command on one H100 (80 GB HBM3), with the kernels and XLA's segment ops as they are now,
+#: stopped at 85 cells (city-roads-L, ogbn-arxiv and twitch-views, pokec's first five: docs/gnn.md, "A partial run on
+#: an H100"); its graphs' cells as _H200_FASTER's, from the same ``measured_from``.
+H100_RUN = "gnn_full_h100.json"
+_H100_FASTER = {
+    #                                            city-road  ogbn-arxi  twitch-vi      pokec  ogbn-prod  power-law
+    ('spmm', 'float32', 'fwd'):                  ( 'pallas',  'pallas',     'xla',  'pallas',      None,      None),
+    ('spmm', 'float32', 'fwd+bwd'):              ( 'pallas',  'pallas',     'xla',  'pallas',      None,      None),
+    ('spmm', 'bfloat16', 'fwd'):                 ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
+    ('spmm', 'bfloat16', 'fwd+bwd'):             ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
+    ('spmm_gcn', 'float32', 'fwd'):              ( 'pallas',  'pallas',     'tie',      None,      None,      None),
+    ('spmm_gcn', 'float32', 'fwd+bwd'):          ( 'pallas',  'pallas',      None,      None,      None,      None),
+    ('spmm_gcn', 'bfloat16', 'fwd'):             ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
+    ('spmm_gcn', 'bfloat16', 'fwd+bwd'):         ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
+    ('aggregate', 'float32', 'fwd'):             ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
+    ('aggregate', 'float32', 'fwd+bwd'):         ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
+    ('aggregate', 'bfloat16', 'fwd'):            ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
+    ('aggregate', 'bfloat16', 'fwd+bwd'):        ( 'pallas',  'pallas',     'xla',      None,      None,      None),
+    ('gatv2', 'float32', 'fwd'):                 ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
+    ('gatv2', 'float32', 'fwd+bwd'):             (    'xla',  'pallas',  'pallas',      None,      None,      None),
+    ('gatv2', 'bfloat16', 'fwd'):                ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
+    ('gatv2', 'bfloat16', 'fwd+bwd'):            (    'xla',  'pallas',  'pallas',      None,      None,      None),
+    ('graph_attention', 'float32', 'fwd'):       ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
+    ('graph_attention', 'float32', 'fwd+bwd'):   (    'xla',  'pallas',      None,      None,      None,      None),
+    ('graph_attention', 'bfloat16', 'fwd'):      ( 'pallas',  'pallas',      None,      None,      None,      None),
+    ('graph_attention', 'bfloat16', 'fwd+bwd'):  (    'xla',  'pallas',  'pallas',      None,      None,      None),
+}  # fmt: skip
+
+
 def _from_run(faster: dict, results: str) -> dict:
     """``(family, dtype, pass) -> tuple[Measured, ...]``: one entry per graph whose cell told the faster backend, naming
     the run's JSON and the cell compared (as ``measured_from`` names it)."""
@@ -307,8 +337,9 @@ def _from_run(faster: dict, results: str) -> dict:
 
 
 H200_CHOICES = _from_run(_H200_FASTER, FULL_RUN)
+H100_CHOICES = _from_run(_H100_FASTER, H100_RUN)
 
-CHOICES = {"NVIDIA H200": H200_CHOICES}
+CHOICES = {hardware.H200.kind: H200_CHOICES, hardware.H100.kind: H100_CHOICES}
 
 
 def entry(name: str, kind: str | None = None) -> Entry:
