@@ -303,8 +303,9 @@ def test_bench_two_dtypes_one_graph_and_the_row_budget():
 
 
 def test_a_peer_too_slow_once_is_not_run_again_on_its_graph_and_dtype(monkeypatch):
-    """A peer whose one call (over the budget) was SLOW_PEER_RATIO times the cell's fastest is skipped in the graph's
-    and dtype's later cells, naming the cell that timed it; a resumed run learns it from the kept cell."""
+    """A peer whose one call (over the budget) was SLOW_PEER_RATIO times the cell's fastest is skipped in the later
+    cells of the op's family on the graph in the dtype, naming the cell that timed it; a resumed run learns it from
+    the kept cell."""
     key = ("pokec", "bfloat16", "spmm_sum", "fwd")
     out = {"loop_ms": 1.0, "bcsr_loop_ms": 150.0, "bcsr_timer": "one call", "segment_loop_ms": 2.0,
            "torch-csr_loop_ms": 0.5}  # fmt: skip
@@ -312,20 +313,22 @@ def test_a_peer_too_slow_once_is_not_run_again_on_its_graph_and_dtype(monkeypatc
         shared, other = {}, {}
         bench_gnn_graphs._restore(shared, key, slow)  # a kept cell
         bench_gnn_graphs._note_slow_peers(other, key, fast)  # 98x the fastest; timed in a loop
-        why = bench_gnn_graphs._slow_peer(shared, "pokec", np.dtype(jax.numpy.bfloat16), "bcsr")
+        why = bench_gnn_graphs._slow_peer(shared, "pokec", np.dtype(jax.numpy.bfloat16), "spmm_gcn", "bcsr")
         assert why == "too slow to run again: one call took 0.1 s in 'pokec bfloat16 as generated spmm_sum fwd', " \
             "300 times its fastest"  # fmt: skip
-        assert bench_gnn_graphs._slow_peer(shared, "pokec", "float32", "bcsr") is None  # another dtype
-        assert bench_gnn_graphs._slow_peer(shared, "twitch-views", "bfloat16", "bcsr") is None  # another graph
-        assert bench_gnn_graphs._slow_peer(shared, "pokec", "bfloat16", "segment") is None  # timed in a loop
-        assert bench_gnn_graphs._slow_peer(other, "pokec", "bfloat16", "bcsr") is None
+        assert bench_gnn_graphs._slow_peer(shared, "pokec", "float32", "spmm_sum", "bcsr") is None  # another dtype
+        assert bench_gnn_graphs._slow_peer(shared, "twitch-views", "bfloat16", "spmm_sum", "bcsr") is None  # graph
+        assert bench_gnn_graphs._slow_peer(shared, "pokec", "bfloat16", "max", "bcsr") is None  # another family
+        assert bench_gnn_graphs._slow_peer(shared, "pokec", "bfloat16", "spmm_sum", "segment") is None  # in a loop
+        assert bench_gnn_graphs._slow_peer(other, "pokec", "bfloat16", "spmm_sum", "bcsr") is None
     # in a run: every call over a budget of 1 ns is one call; at a ratio of 0 every peer is too slow after one cell
     monkeypatch.setattr(bench_gnn_graphs, "SLOW_PEER_RATIO", 0.0)
     cells = bench_gnn_graphs.suite(graphs=("ogbn-arxiv",), edges=None, scale=0.002, dtypes=("float32",),
                                    orders=("as generated",), feat=16, heads=2, budget_s=1e-9,
-                                   ops=("spmm_sum", "spmm_mean"), passes=("fwd",))  # fmt: skip
-    first, second = (run_cell(c, Timer(iters=2, trials=1, warmup=0)) for c in cells)
-    assert first.ok and second.ok, (first.error, second.error)
+                                   ops=("spmm_sum", "spmm_mean", "max"), passes=("fwd",))  # fmt: skip
+    first, second, third = (run_cell(c, Timer(iters=2, trials=1, warmup=0)) for c in cells)
+    assert first.ok and second.ok and third.ok, (first.error, second.error, third.error)
+    assert "segment_skipped" not in third.metrics and third.metrics["segment_timer"] == "one call"  # another family
     assert first.metrics["bcsr_timer"] == "one call" and "bcsr_skipped" not in first.metrics
     for peer in bench_gnn_graphs.PEERS:
         assert f"{peer}_loop_ms" not in second.metrics

@@ -52,8 +52,9 @@ from ._core import Cell, CellFailed, CellSkipped, Timer, check_close, implementa
 #: Seconds a cell's timings may take (both timings, warm-up and trials) before it gets fewer iterations.
 ROW_BUDGET_S = 20.0
 #: A peer (:data:`PEERS`) whose one call was over the budget and at least this many times the cell's fastest time
-#: is not run again on the same graph and dtype (``{peer}_skipped`` names the cell that timed it): JAX's BCSR
-#: product takes 10 to 20 s a call in bfloat16 on the large graphs, where the others take milliseconds.
+#: is not run again for the same family of ops (SpMM's three, max and min, each attention) on the same graph and dtype
+#: (``{peer}_skipped`` names the cell that timed it): JAX's BCSR product takes 10 to 20 s a call in bfloat16 on the
+#: large graphs, where the others take milliseconds.
 SLOW_PEER_RATIO = 100.0
 
 #: The graphs: the paper's stand-ins and the power-law graph (its sizes at scale 1).
@@ -247,8 +248,8 @@ def _restore(shared: dict, key: tuple, metrics: dict) -> None:
 
 def _note_slow_peers(shared: dict, key: tuple, out: dict) -> None:
     """Record in ``shared`` each peer of cell ``key`` ``(graph, dtype, op, pass)`` that one call over the budget
-    timed at :data:`SLOW_PEER_RATIO` times the cell's fastest time or more, for the graph's and dtype's later cells
-    (:func:`_slow_peer`)."""
+    timed at :data:`SLOW_PEER_RATIO` times the cell's fastest time or more, for the later cells of the op's family
+    on the graph in the dtype (:func:`_slow_peer`)."""
     graph, dtype, op, pass_ = key
     dtype = jnp.dtype(dtype).name
     times = {k[: -len("_loop_ms")]: v for k, v in out.items() if k.endswith("_loop_ms") and v}
@@ -261,13 +262,13 @@ def _note_slow_peers(shared: dict, key: tuple, out: dict) -> None:
         best = min(times.values())
         if ms >= SLOW_PEER_RATIO * best:
             where = label(graph, dtype, "as generated", op, pass_)
-            shared.setdefault(("slow", graph, dtype, name), f"one call took {ms / 1e3:.1f} s in {where!r}, "
-                              f"{ms / best:.0f} times its fastest")  # fmt: skip
+            why = f"one call took {ms / 1e3:.1f} s in {where!r}, {ms / best:.0f} times its fastest"
+            shared.setdefault(("slow", graph, dtype, _FAMILY[op], name), why)
 
 
-def _slow_peer(shared: dict, graph: str, dtype, name: str) -> str | None:
-    """Why peer ``name`` is not run on ``graph`` in ``dtype`` (:func:`_note_slow_peers`), else ``None``."""
-    why = shared.get(("slow", graph, jnp.dtype(dtype).name, name))
+def _slow_peer(shared: dict, graph: str, dtype, op: str, name: str) -> str | None:
+    """Why peer ``name`` is not run for ``op`` on ``graph`` in ``dtype`` (:func:`_note_slow_peers`), else ``None``."""
+    why = shared.get(("slow", graph, jnp.dtype(dtype).name, _FAMILY[op], name))
     return f"too slow to run again: {why}" if why else None
 
 
@@ -648,7 +649,7 @@ def _run(prep, dtype, order, op, pass_, shared, budget_s, peers):
                 out[f"{name}_implementation"] = out["implementation"]
                 out[f"{name}_is_default"] = True
                 continue
-            if name in PEERS and (why := _slow_peer(shared, p.name, dtype, name)):
+            if name in PEERS and (why := _slow_peer(shared, p.name, dtype, op, name)):
                 out[f"{name}_skipped"] = why
                 continue
             fn, arrays = fns[name]
