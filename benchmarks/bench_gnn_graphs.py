@@ -21,9 +21,9 @@ without torch, PyG or a CUDA device the peer is recorded as skipped with the rea
 
 The script runs JAX with ``JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=1`` unless the environment sets it: a graph's index
 arrays then reach each compiled program as arguments, copied to the device once per program, instead of being
-compiled into it as constants (JAX's coming default). The device time of a call is the same either way; the
-compilation is not: with the constants compiled in, one program on pokec's 30.6 M edges took about 10 s to compile,
-and a cell compiles several (``meta["jax_constants"]`` records which way a run went).
+compiled into it as constants (JAX's coming default). The computation is the same either way (the kernels and
+what they read); the compilation is not: with the constants compiled in, one program on pokec's 30.6 M edges took
+about 10 s to compile, and a cell compiles several (``meta["jax_constants"]`` records which way a run went).
 """
 
 from __future__ import annotations
