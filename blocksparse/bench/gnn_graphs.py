@@ -51,10 +51,11 @@ from ._core import Cell, CellFailed, CellSkipped, Timer, check_close, implementa
 
 #: Seconds a cell's timings may take (both timings, warm-up and trials) before it gets fewer iterations.
 ROW_BUDGET_S = 20.0
-#: A peer (:data:`PEERS`) whose one call was over the budget and at least this many times the cell's fastest time
-#: is not run again for the same family of ops (SpMM's three, max and min, each attention) on the same graph and dtype
-#: (``{peer}_skipped`` names the cell that timed it): JAX's BCSR product takes 10 to 20 s a call in bfloat16 on the
-#: large graphs, where the others take milliseconds.
+#: A peer (:data:`PEERS`) whose one call was over the budget and at least this many times another peer's time in the
+#: same cell is not run again for the same family of ops (SpMM's three, max and min, each attention) on the same graph
+#: and dtype (``{peer}_skipped`` names the cell that timed it; a resumed run learns it from the cells it keeps): JAX's
+#: BCSR product takes 10 to 20 s a call in bfloat16 on the large graphs, where the others take milliseconds. It can
+#: never have been the fastest peer there.
 SLOW_PEER_RATIO = 100.0
 
 #: The graphs: the paper's stand-ins and the power-law graph (its sizes at scale 1).
@@ -149,14 +150,14 @@ def timed(
     ``fn`` is compiled ahead of its first call (inside :func:`blocksparse.dispatch_log`), so that call, checked
     against ``want``, is timed without its compilation: over the budget it is the only call; under it a second call
     (without the first's one-time costs) caps the iterations. The timings reuse its trace and compilation
-    (``jax.jit`` of the same function), so a large graph's index arrays are compiled into one program per timing
-    method, not three."""
+    (``jax.jit`` of the same function), so a large graph's program (its index arrays compiled in, or passed as
+    arguments: ``meta["jax_constants"]``) is compiled once per timing method, not three times."""
     from ..ops import dispatch_log
 
     jitted = jax.jit(fn)
     t0 = time.perf_counter()
     with dispatch_log() as log:
-        compiled = jitted.lower(*args).compile()  # with the graph's index arrays in the program
+        compiled = jitted.lower(*args).compile()  # with the graph's index arrays (constants or arguments)
     start = time.perf_counter()
     got = jax.block_until_ready(compiled(*args))
     first_s = time.perf_counter() - start  # one call alone
@@ -178,7 +179,7 @@ def timed(
             if calls:
                 out[f"{prefix}calls_ms"] = first_s * 1e3
             return out
-        # a second call, without the first's one-time costs (the program's constants uploaded, its modules loaded),
+        # a second call, without the first's one-time costs (the graph's arrays uploaded, the modules loaded),
         # caps the iterations
         start = time.perf_counter()
         jax.block_until_ready(compiled(*args))
@@ -248,21 +249,22 @@ def _restore(shared: dict, key: tuple, metrics: dict) -> None:
 
 def _note_slow_peers(shared: dict, key: tuple, out: dict) -> None:
     """Record in ``shared`` each peer of cell ``key`` ``(graph, dtype, op, pass)`` that one call over the budget
-    timed at :data:`SLOW_PEER_RATIO` times the cell's fastest time or more, for the later cells of the op's family
-    on the graph in the dtype (:func:`_slow_peer`)."""
+    timed at :data:`SLOW_PEER_RATIO` times another peer's time or more (ours and our backends' do not count: a cell
+    keeps a peer to compare with), for the other cells of the op's family on the graph in the dtype
+    (:func:`_slow_peer`)."""
     graph, dtype, op, pass_ = key
     dtype = jnp.dtype(dtype).name
-    times = {k[: -len("_loop_ms")]: v for k, v in out.items() if k.endswith("_loop_ms") and v}
-    if "loop_ms" in out:
-        times[""] = out["loop_ms"]
+    own = {f"{b}_loop_ms" for b in BACKENDS}
+    times = {k[: -len("_loop_ms")]: v for k, v in out.items() if k.endswith("_loop_ms") and k not in own and v}
     for name in PEERS:
         ms = times.get(name)
-        if not ms or out.get(f"{name}_timer") != "one call":
+        others = [v for k, v in times.items() if k != name]
+        if not ms or not others or out.get(f"{name}_timer") != "one call":
             continue
-        best = min(times.values())
+        best = min(others)
         if ms >= SLOW_PEER_RATIO * best:
             where = label(graph, dtype, "as generated", op, pass_)
-            why = f"one call took {ms / 1e3:.1f} s in {where!r}, {ms / best:.0f} times its fastest"
+            why = f"one call took {ms / 1e3:.1f} s in {where!r}, {ms / best:.0f} times the fastest other peer's"
             shared.setdefault(("slow", graph, dtype, _FAMILY[op], name), why)
 
 
@@ -389,7 +391,7 @@ def prepared(
     key = (name, scale, feat, heads, seed, rcm_max_edges)
     if key not in _LAST:
         _LAST.clear()
-        jax.clear_caches()  # compiled programs hold the previous graph's index arrays as constants
+        jax.clear_caches()  # compiled programs hold the previous graph's index arrays (constants or arguments)
         _LAST[key] = Prepared(name, scale, feat, heads, seed, rcm_max_edges)
     return _LAST[key]
 
@@ -623,7 +625,7 @@ def _run(prep, dtype, order, op, pass_, shared, budget_s, peers):
     def run(timer: Timer) -> dict:
         t0 = time.perf_counter()
         p = prep()
-        if budget_s is not None:  # the full sizes: each program holds the graph's index arrays; one cell's at a time
+        if budget_s is not None:  # the full sizes: each program holds the graph's index arrays: one cell's at a time
             jax.clear_caches()
             timer._loops.clear()
         try:

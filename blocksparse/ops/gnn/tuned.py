@@ -288,7 +288,7 @@ _H200_FASTER = {
 
 
 #: The H100's run: the same command on one H100 (80 GB HBM3), with the kernels and XLA's segment ops as they are now,
-#: stopped at 85 cells (city-roads-L, ogbn-arxiv and twitch-views, pokec's first five: docs/gnn.md, "A partial run on
+#: stopped at 85 cells (city-roads-L, ogbn-arxiv and twitch-views, pokec's first four: docs/gnn.md, "A partial run on
 #: an H100"); its graphs' cells as _H200_FASTER's, from the same ``measured_from``.
 H100_RUN = "gnn_full_h100.json"
 _H100_FASTER = {
