@@ -210,7 +210,7 @@ DEFAULT = {
 }
 
 #: Device kind -> entries.
-TABLES = {"NVIDIA H200": H200}
+TABLES = {hardware.H200.kind: H200}
 #: Device kind -> the measured kind whose SMs it has, for a device without tables of its own: the H100 (SXM, 80 GB)
 #: is the H200's GH100 die, 132 SMs alike, with 3.35 TB/s of memory bandwidth for 4.8. The variants and layouts were
 #: chosen by trading occupancy against latency on those SMs, and XLA's segment ops and the kernels both stream the

@@ -161,24 +161,19 @@ def norm_edge_weight(g: Graph, norm: str) -> np.ndarray:
     computed once per graph and norm and kept with the graph): ``out_deg(src)^-p_src * in_deg(dst)^-p_dst`` with the
     powers of :data:`NORM_POWERS`, degrees clamped to at least 1. ``spmm`` multiplies the edges' weights by it
     instead of scaling ``x`` before the product and the output after it (two passes over the features each way)."""
-    kept = g.__dict__.setdefault("_norm_edge_weights", {})
-    if norm not in kept:
-        # an edge's factor is the transposed norm's on g.T (same edge order): computed once for both
+
+    def make():  # an edge's factor is the transposed norm's on g.T (same edge order): computed once for both
         twin = getattr(g, "_transpose", None)
         shared = twin.__dict__.get("_norm_edge_weights", {}).get(TRANSPOSED_NORM[norm]) if twin is not None else None
-        kept[norm] = shared if shared is not None else _norm_edge_weight(g, norm)
-    return kept[norm]
+        return shared if shared is not None else _norm_edge_weight(g, norm)
+
+    return _kept(g, "_norm_edge_weights", norm, make)
 
 
 def csr_norm_factor(g: Graph, norm: str) -> np.ndarray:
     """:func:`norm_edge_weight` in ``g``'s CSR order (``[g.edge_perm]``), the order the product reads its weights
     in: host data, computed once per graph and norm and kept with the graph."""
-    kept = g.__dict__.setdefault("_csr_norm_factors", {})
-    if norm not in kept:
-        factor = norm_edge_weight(g, norm)[g.edge_perm]
-        factor.setflags(write=False)
-        kept[norm] = factor
-    return kept[norm]
+    return _kept(g, "_csr_norm_factors", norm, lambda: norm_edge_weight(g, norm)[g.edge_perm])
 
 
 def row_norm_factor(g: Graph, norm: str) -> np.ndarray:
@@ -187,24 +182,34 @@ def row_norm_factor(g: Graph, norm: str) -> np.ndarray:
     computed once per graph and norm and kept with the graph, as :func:`csr_norm_factor`)."""
     if NORM_POWERS[norm][0]:
         raise ValueError(f"Expected a norm of the destination alone (no source power). Got {norm!r}.")
-    kept = g.__dict__.setdefault("_row_norm_factors", {})
+    return _kept(
+        g, "_row_norm_factors", norm, lambda: _degree_power(g.in_degree, NORM_POWERS[norm][1]).astype(np.float32)
+    )
+
+
+def _kept(g: Graph, attr: str, norm: str, make) -> np.ndarray:
+    """``make()``'s array for ``norm``, computed once per graph, kept with it (``g.__dict__[attr]``), read-only."""
+    kept = g.__dict__.setdefault(attr, {})
     if norm not in kept:
-        factor = (np.maximum(g.in_degree, 1).astype(np.float64) ** -NORM_POWERS[norm][1]).astype(np.float32)
-        factor.setflags(write=False)
-        kept[norm] = factor
+        value = make()
+        value.setflags(write=False)
+        kept[norm] = value
     return kept[norm]
+
+
+def _degree_power(deg: np.ndarray, p: float) -> np.ndarray:
+    """``max(deg, 1) ** -p`` per node, in float64 on the host."""
+    return np.maximum(deg, 1).astype(np.float64) ** -p
 
 
 def _norm_edge_weight(g: Graph, norm: str) -> np.ndarray:
     p_src, p_dst = NORM_POWERS[norm]
     w = np.ones(g.num_edges, np.float64)
     if p_src:
-        w *= np.maximum(g.out_degree, 1).astype(np.float64)[g.src] ** -p_src
+        w *= _degree_power(g.out_degree, p_src)[g.src]
     if p_dst:
-        w *= np.maximum(g.in_degree, 1).astype(np.float64)[g.dst] ** -p_dst
-    w = w.astype(np.float32)
-    w.setflags(write=False)
-    return w
+        w *= _degree_power(g.in_degree, p_dst)[g.dst]
+    return w.astype(np.float32)
 
 
 def spmm(

@@ -212,10 +212,10 @@ def _csr_sum_packed(g, w_csr, x, init, nodes, be, interpret, variant=None, row_s
     (s0, e0, _), extra = split.main, split.extra
     init = None if init is None else init.astype(x.dtype)
     kw = dict(variant=variant, pairs=pairs)
-    kw_main = dict(kw, scale=row_scale)
     out = _packed_call(
-        s0, e0, length_order(g, split), indices, w_csr, xg, n, x.dtype, nodes, be, bf, warps, interpret, init, **kw_main
-    )
+        s0, e0, length_order(g, split), indices, w_csr, xg, n, x.dtype, nodes, be, bf, warps, interpret, init, **kw,
+        scale=row_scale,
+    )  # fmt: skip
     if extra is not None:  # extra units: one chunk each, by node
         s1, e1, _ = extra
         part = _packed_call(
