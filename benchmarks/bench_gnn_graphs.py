@@ -3,6 +3,7 @@
 
     PYTHONPATH=. python benchmarks/bench_gnn_graphs.py --json out.json [--graphs NAME ...] [--dtype float32 bfloat16]
         [--ops OP ...] [--passes fwd fwd+bwd] [--orders degree rcm] [--pyg-mem-gib 60] [--small] [--resume]
+        [--stop-after-s S]
 
 The run is the ``gnn-graphs`` suite's cells (:mod:`blocksparse.bench.gnn_graphs`: ``bs.gnn`` with its default, its
 two backends named, XLA's segment ops and JAX's BCSR on each graph, dtype, op, pass and order, checked against the
@@ -188,9 +189,13 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --json: its measured cells kept (same machine, code, timer)")  # fmt: skip
+    p.add_argument("--stop-after-s", type=float, default=None, metavar="S",
+                   help="start no cell that would end after S seconds (the longest so far as the guess)")  # fmt: skip
     a = p.parse_args(argv)
     if a.resume and not a.json:
         p.error("expected --json PATH with --resume; got none")
+    if a.stop_after_s is not None and not 0 < a.stop_after_s < math.inf:
+        p.error(f"expected --stop-after-s to be a positive number of seconds; got {a.stop_after_s}")
     edges = None
     if a.small:
         a.feat, a.heads, a.iters, a.trials, edges = 16, 2, 2, 1, 3000
@@ -205,7 +210,7 @@ def main(argv=None) -> int:
         meta["copy_bytes_per_s"] = suite.measure_copy_rate()
     timer = Timer(iters=a.iters, trials=a.trials)
     return run_cells(todo, full=not a.small, json_path=a.json, timer=timer, meta=meta,
-                     columns={"gnn-graphs": suite.COLUMNS}, resume=a.resume)  # fmt: skip
+                     columns={"gnn-graphs": suite.COLUMNS}, resume=a.resume, stop_after_s=a.stop_after_s)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -43,6 +43,16 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {v}")
+    return v
+
+
 def _nonneg_int(text: str) -> int:
     try:
         v = int(text)
@@ -198,6 +208,7 @@ def _bench(args) -> int:
     return bench.run(
         list(dict.fromkeys(suites)), full=args.full, json_path=args.json, plot_dir=args.plot,
         iters=args.iters, trials=args.trials, progress=not args.no_progress, filters=args.filter, resume=args.resume,
+        stop_after_s=args.stop_after_s,
     )  # fmt: skip
 
 
@@ -262,6 +273,11 @@ def _parser() -> argparse.ArgumentParser:
         "--resume", action="store_true",
         help="continue the run in --json (one cut short, or split over commands): its measured cells are kept; "
         "the same machine, code and timer settings only",
+    )  # fmt: skip
+    be.add_argument(
+        "--stop-after-s", type=_positive_float, default=None, metavar="S",
+        help="a command's time limit: start no cell that would end after S seconds (the longest cell so far as the "
+        "guess); with --json, --resume runs the cells left",
     )  # fmt: skip
     be.set_defaults(func=_bench)
     demo = sub.add_parser(

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -251,6 +252,37 @@ def test_a_cell_longer_than_a_command_keeps_the_file_and_the_others(tmp_path):
     assert run_cells(cells, json_path=path, timer=timer, progress=False, resume=True) == 0
     doc = json.loads(Path(path).read_text())
     assert [r["metrics"]["v"] for r in doc["results"]] == [1.0, 2.0, 3.0] and "cut_short" not in doc["meta"]
+
+
+def test_a_command_with_a_time_limit_stops_between_cells_and_resumes(tmp_path, capsys, monkeypatch):
+    path, timer, now = str(tmp_path / "run.json"), Timer(iters=1, trials=1), [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])  # a clock that only the cells move
+
+    def takes(seconds):
+        def fn(timer):
+            now[0] += seconds
+            return {"v": seconds}
+
+        return fn
+
+    cells = [Cell("s", x, {}, takes(t)) for x, t in zip("abcd", (10.0, 30.0, 10.0, 10.0), strict=True)]
+    # a (10 s) starts, b fits (10 + 10 <= 45), c would not (40 + the longest, 30 > 45): two cells left
+    assert run_cells(cells, json_path=path, timer=timer, progress=False, resume=True, stop_after_s=45) == 0
+    doc = json.loads(Path(path).read_text())
+    assert [r["label"] for r in doc["results"]] == ["a", "b"] and doc["meta"]["left"] == 2
+    assert [p["cells"] for p in doc["meta"]["parts"]] == [2] and "running" not in doc["meta"]
+    out = capsys.readouterr().out
+    assert "2 cells, 2 ok" in out
+    stopped = "stopped after 40 s (stop_after_s=45): 2 of 4 cells left; the same command with --resume runs them"
+    assert f"{stopped} (--json {path})" in out
+    # the first cell of a command always starts, even one longer than the limit
+    assert run_cells(cells, json_path=path, timer=timer, progress=False, resume=True, stop_after_s=5) == 0
+    assert [r["label"] for r in json.loads(Path(path).read_text())["results"]] == ["a", "b", "c"]
+    assert "stopped after 10 s (stop_after_s=5): 1 of 4 cells left" in capsys.readouterr().out
+    assert run_cells(cells, json_path=path, timer=timer, progress=False, resume=True, stop_after_s=45) == 0
+    doc = json.loads(Path(path).read_text())
+    assert [r["metrics"]["v"] for r in doc["results"]] == [10.0, 30.0, 10.0, 10.0] and "left" not in doc["meta"]
+    assert [p["cells"] for p in doc["meta"]["parts"]] == [2, 1, 1] and "stopped" not in capsys.readouterr().out
 
 
 def test_a_run_resumes_only_on_its_machine_code_timer_and_cells(tmp_path):
@@ -550,6 +582,8 @@ def test_progress_falls_back_to_plain_lines(monkeypatch, capsys):
         (["bench", "--json", "/no/such/folder/b.json"], "expected --json to name a writable file"),
         (["bench", "--plot", "/no/such/folder/figs"], "expected --plot to name a folder in an existing one"),
         (["bench", "--resume"], "expected --json PATH with --resume (the run to continue); got none"),
+        (["bench", "--stop-after-s", "0"], "argument --stop-after-s: expected a positive finite number, got 0.0"),
+        (["bench", "--stop-after-s", "soon"], "argument --stop-after-s: expected a positive number, got 'soon'"),
     ],
 )  # fmt: skip
 def test_bad_arguments_exit_2_with_one_line(capsys, argv, expected):

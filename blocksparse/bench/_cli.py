@@ -217,12 +217,14 @@ def run(
     filters: Sequence[str] | None = None,
     out=None,
     resume: bool = False,
+    stop_after_s: float | None = None,
 ) -> int:
     """Run ``suites``; print the table to ``out`` (stdout); return 0, or 1 if any cell failed.
 
     ``--json`` is rewritten after every cell, so a run cut short keeps what it measured. ``filters``:
     run only the cells whose ``"suite: label"`` contains one of them (an error if none does). ``resume``:
-    continue the run in ``json_path`` (:func:`run_cells`).
+    continue the run in ``json_path``; ``stop_after_s``: start no cell that would end after it (both
+    :func:`run_cells`).
     """
     from . import _report
 
@@ -245,7 +247,7 @@ def run(
     return run_cells(
         loaded, full=full, json_path=json_path, plot_dir=plot_dir, iters=iters, trials=trials, progress=progress,
         out=out, columns=columns, title=", ".join(suites), meta=dict(suites=list(suites)), results=failed,
-        resume=resume,
+        resume=resume, stop_after_s=stop_after_s,
     )  # fmt: skip
 
 
@@ -265,6 +267,7 @@ def run_cells(
     meta: dict | None = None,
     results: list[Result] | None = None,
     resume: bool = False,
+    stop_after_s: float | None = None,
 ) -> int:
     """Run ``cells`` with one :class:`Timer`: the table on ``out``, the JSON (``json_path``), the figures.
 
@@ -281,6 +284,12 @@ def run_cells(
     ``meta["seconds"]`` is their sum. Without the file it is a new run. The file names the cell running
     (``meta["running"]``), so a command cut short in a cell leaves it in ``meta["cut_short"]``: a resumed run
     runs those cells after the others, and a cell longer than one command does not hold the rest back.
+
+    ``stop_after_s``: a command's time limit, for a run split into commands under one (a lent machine's). A cell
+    starts only while the seconds so far plus the longest cell this command has run fit in it (the first always
+    starts); the cells left are named in ``meta["left"]`` and the table's last line, and the next command with
+    ``resume=True`` runs them. Stopping between cells keeps every measured cell, where a command killed at its
+    limit loses the cell it was in.
     """
     from . import _report
 
@@ -289,6 +298,8 @@ def run_cells(
         _report.require_matplotlib()
     if resume and not json_path:
         raise ValueError("expected a JSON path to resume (--json PATH with --resume); got none")
+    if stop_after_s is not None and not 0 < stop_after_s < float("inf"):
+        raise ValueError(f"expected stop_after_s to be a positive number of seconds; got {stop_after_s}")
     if timer is None:
         defaults = FULL_TIMER if full else QUICK_TIMER
         timer = Timer(iters=iters or defaults["iters"], trials=trials or defaults["trials"])
@@ -335,14 +346,19 @@ def run_cells(
         doc["results"] = [r.to_dict() for r in (*results, *slots) if r is not None]
 
     bar = _Progress(len(todo), enabled=progress)
+    longest, ran = 0.0, 0
     try:
         for ran, i in enumerate(todo, 1):
+            if stop_after_s is not None and ran > 1 and time.perf_counter() - t_start + longest > stop_after_s:
+                ran -= 1
+                break
             bar.start(cells[i])
             if json_path:  # the cell a command cut short names itself in the file
                 record(ran - 1)
                 meta["running"] = keys[i]
                 write_json(json_path, doc)
             slots[i] = result = run_cell(cells[i], timer)
+            longest = max(longest, result.seconds)
             bar.finish(result)
             meta.pop("running", None)
             if keys[i] in cut:
@@ -352,10 +368,19 @@ def run_cells(
                 write_json(json_path, doc)
     finally:
         bar.close()
-    record(len(todo))
-    results = [*results, *slots]
+    left = len(todo) - ran
+    record(ran)
+    if left:
+        meta["left"] = left
+    else:
+        meta.pop("left", None)
+    results = [*results, *(r for r in slots if r is not None)]  # (a command stopped early: the cells it ran)
     print(_report.table(results, columns), file=out)
     print(_report.summary(results, doc["meta"]["seconds"]), file=out, flush=True)
+    if left:
+        again = f"; the same command with --resume runs them (--json {json_path})" if json_path else ""
+        print(f"stopped after {time.perf_counter() - t_start:.0f} s (stop_after_s={stop_after_s:g}): {left} of "
+              f"{len(cells)} cells left{again}", file=out, flush=True)  # fmt: skip
     if json_path:
         write_json(json_path, doc)
         print(f"wrote {json_path}", file=out)
