@@ -304,24 +304,32 @@ def test_bench_two_dtypes_one_graph_and_the_row_budget():
 
 def test_a_peer_too_slow_once_is_not_run_again_on_its_graph_and_dtype(monkeypatch):
     """A peer whose one call (over the budget) was SLOW_PEER_RATIO times another peer's time is skipped in the other
-    cells of the op's family on the graph in the dtype, naming the cell that timed it; a resumed run learns it from
-    the kept cell; a cell's only peer is never skipped."""
-    key = ("pokec", "bfloat16", "spmm_sum", "fwd")
+    cells of the op's family in the dtype, on its graph and on graphs of more edges, naming the cell that timed it; a
+    resumed run learns it from the kept cell; a cell's only peer is never skipped."""
+    key, edges = ("pokec", "bfloat16", "spmm_sum", "fwd"), 30_622_564
     out = {"loop_ms": 1.0, "bcsr_loop_ms": 150.0, "bcsr_timer": "one call", "segment_loop_ms": 2.0,
-           "torch-csr_loop_ms": 0.5}  # fmt: skip
+           "torch-csr_loop_ms": 0.5, "edges": edges}  # fmt: skip
     alone = {"loop_ms": 0.001, "bcsr_loop_ms": 150.0, "bcsr_timer": "one call"}  # ours do not count: no other peer
+    why = "too slow to run again: one call took 0.1 s in 'pokec bfloat16 as generated spmm_sum fwd', 300 times the " \
+          "fastest other peer's"  # fmt: skip
     for slow, fast in ((out, dict(out, bcsr_loop_ms=49.0)), (out, dict(out, bcsr_timer="loop")), (out, alone)):
         shared, other = {}, {}
         bench_gnn_graphs._restore(shared, key, slow)  # a kept cell
-        bench_gnn_graphs._note_slow_peers(other, key, fast)  # 98x the fastest; timed in a loop
-        why = bench_gnn_graphs._slow_peer(shared, "pokec", np.dtype(jax.numpy.bfloat16), "spmm_gcn", "bcsr")
-        assert why == "too slow to run again: one call took 0.1 s in 'pokec bfloat16 as generated spmm_sum fwd', " \
-            "300 times the fastest other peer's"  # fmt: skip
-        assert bench_gnn_graphs._slow_peer(shared, "pokec", "float32", "spmm_sum", "bcsr") is None  # another dtype
-        assert bench_gnn_graphs._slow_peer(shared, "twitch-views", "bfloat16", "spmm_sum", "bcsr") is None  # graph
-        assert bench_gnn_graphs._slow_peer(shared, "pokec", "bfloat16", "max", "bcsr") is None  # another family
-        assert bench_gnn_graphs._slow_peer(shared, "pokec", "bfloat16", "spmm_sum", "segment") is None  # in a loop
-        assert bench_gnn_graphs._slow_peer(other, "pokec", "bfloat16", "spmm_sum", "bcsr") is None
+        bench_gnn_graphs._note_slow_peers(other, key, fast, edges)  # 98x the fastest; timed in a loop
+        assert bench_gnn_graphs._slow_peer(shared, edges, np.dtype(jax.numpy.bfloat16), "spmm_gcn", "bcsr") == why
+        more = bench_gnn_graphs._slow_peer(shared, 123_718_280, "bfloat16", "spmm_sum", "bcsr")  # more edges
+        assert more == f"{why} (a graph of 30,622,564 edges; this one has 123,718,280)"
+        assert bench_gnn_graphs._slow_peer(shared, edges, "float32", "spmm_sum", "bcsr") is None  # another dtype
+        assert bench_gnn_graphs._slow_peer(shared, 13_595_114, "bfloat16", "spmm_sum", "bcsr") is None  # fewer edges
+        assert bench_gnn_graphs._slow_peer(shared, edges, "bfloat16", "max", "bcsr") is None  # another family
+        assert bench_gnn_graphs._slow_peer(shared, edges, "bfloat16", "spmm_sum", "segment") is None  # in a loop
+        assert bench_gnn_graphs._slow_peer(other, edges, "bfloat16", "spmm_sum", "bcsr") is None
+    # the graph of fewest edges that showed it is the one named
+    shared = {}
+    bench_gnn_graphs._note_slow_peers(shared, key, out, edges)
+    bench_gnn_graphs._note_slow_peers(shared, ("twitch-views", *key[1:]), out, 13_595_114)
+    bench_gnn_graphs._note_slow_peers(shared, ("ogbn-products", *key[1:]), out, 123_718_280)
+    assert "in 'twitch-views bfloat16" in bench_gnn_graphs._slow_peer(shared, edges, "bfloat16", "spmm_sum", "bcsr")
     # in a run: every call over a budget of 1 ns is one call; at a ratio of 0 every peer is too slow after one cell
     monkeypatch.setattr(bench_gnn_graphs, "SLOW_PEER_RATIO", 0.0)
     cells = bench_gnn_graphs.suite(graphs=("ogbn-arxiv",), edges=None, scale=0.002, dtypes=("float32",),

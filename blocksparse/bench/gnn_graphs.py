@@ -52,10 +52,10 @@ from ._core import Cell, CellFailed, CellSkipped, Timer, check_close, implementa
 #: Seconds a cell's timings may take (both timings, warm-up and trials) before it gets fewer iterations.
 ROW_BUDGET_S = 20.0
 #: A peer (:data:`PEERS`) whose one call was over the budget and at least this many times another peer's time in the
-#: same cell is not run again for the same family of ops (SpMM's three, max and min, each attention) on the same graph
-#: and dtype (``{peer}_skipped`` names the cell that timed it; a resumed run learns it from the cells it keeps): JAX's
-#: BCSR product takes 10 to 20 s a call in bfloat16 on the large graphs, where the others take milliseconds. It can
-#: never have been the fastest peer there.
+#: same cell is not run again for the same family of ops (SpMM's three, max and min, each attention) in the same dtype
+#: on that graph or on any graph of more edges (``{peer}_skipped`` names the cell that timed it; a resumed run learns
+#: it from the cells it keeps): JAX's BCSR product takes 10 to 20 s a call in bfloat16 on the large graphs, where the
+#: others take milliseconds, and its time grows with the edges. It can never have been the fastest peer there.
 SLOW_PEER_RATIO = 100.0
 
 #: The graphs: the paper's stand-ins and the power-law graph (its sizes at scale 1).
@@ -244,14 +244,15 @@ def _restore(shared: dict, key: tuple, metrics: dict) -> None:
     found too slow to run again (:data:`SLOW_PEER_RATIO`)."""
     if "loop_ms" in metrics:
         shared[key] = (metrics["loop_ms"], metrics.get("segment_loop_ms"))
-    _note_slow_peers(shared, key, metrics)
+    if "edges" in metrics:
+        _note_slow_peers(shared, key, metrics, metrics["edges"])
 
 
-def _note_slow_peers(shared: dict, key: tuple, out: dict) -> None:
-    """Record in ``shared`` each peer of cell ``key`` ``(graph, dtype, op, pass)`` that one call over the budget
-    timed at :data:`SLOW_PEER_RATIO` times another peer's time or more (ours and our backends' do not count: a cell
-    keeps a peer to compare with), for the other cells of the op's family on the graph in the dtype
-    (:func:`_slow_peer`)."""
+def _note_slow_peers(shared: dict, key: tuple, out: dict, edges: int) -> None:
+    """Record in ``shared`` each peer of cell ``key`` ``(graph, dtype, op, pass)`` (a graph of ``edges`` edges) that
+    one call over the budget timed at :data:`SLOW_PEER_RATIO` times another peer's time or more (ours and our
+    backends' do not count: a cell keeps a peer to compare with), for the other cells of the op's family in the dtype
+    on graphs of as many edges or more (:func:`_slow_peer`; the graph of fewest edges that showed it is kept)."""
     graph, dtype, op, pass_ = key
     dtype = jnp.dtype(dtype).name
     own = {f"{b}_loop_ms" for b in BACKENDS}
@@ -265,13 +266,19 @@ def _note_slow_peers(shared: dict, key: tuple, out: dict) -> None:
         if ms >= SLOW_PEER_RATIO * best:
             where = label(graph, dtype, "as generated", op, pass_)
             why = f"one call took {ms / 1e3:.1f} s in {where!r}, {ms / best:.0f} times the fastest other peer's"
-            shared.setdefault(("slow", graph, dtype, _FAMILY[op], name), why)
+            slot = ("slow", dtype, _FAMILY[op], name)
+            if slot not in shared or edges < shared[slot][0]:
+                shared[slot] = (int(edges), why)
 
 
-def _slow_peer(shared: dict, graph: str, dtype, op: str, name: str) -> str | None:
-    """Why peer ``name`` is not run for ``op`` on ``graph`` in ``dtype`` (:func:`_note_slow_peers`), else ``None``."""
-    why = shared.get(("slow", graph, jnp.dtype(dtype).name, _FAMILY[op], name))
-    return f"too slow to run again: {why}" if why else None
+def _slow_peer(shared: dict, edges: int, dtype, op: str, name: str) -> str | None:
+    """Why peer ``name`` is not run for ``op`` in ``dtype`` on a graph of ``edges`` edges (:func:`_note_slow_peers`:
+    it was too slow on a graph of as many edges or fewer), else ``None``."""
+    noted = shared.get(("slow", jnp.dtype(dtype).name, _FAMILY[op], name))
+    if noted is None or noted[0] > edges:
+        return None
+    more = f" (a graph of {noted[0]:,} edges; this one has {edges:,})" if noted[0] < edges else ""
+    return f"too slow to run again: {noted[1]}{more}"
 
 
 def _spec(name: str) -> dict:
@@ -651,7 +658,7 @@ def _run(prep, dtype, order, op, pass_, shared, budget_s, peers):
                 out[f"{name}_implementation"] = out["implementation"]
                 out[f"{name}_is_default"] = True
                 continue
-            if name in PEERS and (why := _slow_peer(shared, p.name, dtype, op, name)):
+            if name in PEERS and (why := _slow_peer(shared, p.graph.num_edges, dtype, op, name)):
                 out[f"{name}_skipped"] = why
                 continue
             fn, arrays = fns[name]
@@ -677,7 +684,7 @@ def _run(prep, dtype, order, op, pass_, shared, budget_s, peers):
         key = (p.name, dtype, op, pass_)
         if order == "as generated":
             shared[key] = (out["loop_ms"], out.get("segment_loop_ms"))
-            _note_slow_peers(shared, key, out)
+            _note_slow_peers(shared, key, out, p.graph.num_edges)
         elif key in shared:
             base, seg = shared[key]
             out["gain"] = base / out["loop_ms"]
