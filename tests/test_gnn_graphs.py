@@ -404,3 +404,11 @@ def test_docs_reordering_gains_are_the_jsons():
                 assert pair.split(" / ") in (want, want[:1]), (g, op, impl, pair, want)
             else:
                 assert want == ["–", "–"] and impl == "torch-csr" and op != "SpMM sum fwd", (g, op, impl)
+
+
+def test_a_full_run_measures_the_graphs_fewest_edges_first():
+    order = bench_gnn_graphs.RUN_ORDER
+    assert sorted(order) == sorted(bench_gnn_graphs.GRAPHS) and bench_gnn_graphs.SIZES["full"]["graphs"] == order
+    spec = {name: bench_gnn_graphs._spec(name) for name in order}
+    edges = [spec[n]["edges"] * (2 if spec[n]["symmetric"] else 1) for n in order]
+    assert edges == sorted(edges), dict(zip(order, edges, strict=True))
