@@ -152,6 +152,26 @@ def test_check_close_names_expected_and_actual():
     assert tolerance(jnp.bfloat16) > tolerance(jnp.float16) > tolerance(jnp.float32, "cpu")
 
 
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 3 * 4096 + 17])
+@pytest.mark.parametrize("magnitude", [1e-30, 1.0, 1e30])
+def test_check_close_matches_float64_at_any_size_and_magnitude(size, magnitude):
+    """The error is summed on the device in float32 chunks, added on the host in float64: it matches NumPy's float64
+    error to float32 rounding, with no overflow or underflow of the squares at extreme magnitudes."""
+    rng = np.random.default_rng(size)
+    want = rng.standard_normal(size).astype(np.float32) * np.float32(magnitude)
+    got = want * np.float32(1 + 1e-3) + rng.standard_normal(size).astype(np.float32) * np.float32(magnitude * 1e-3)
+    w, g = want.astype(np.float64), got.astype(np.float64)
+    expected = np.linalg.norm(g - w) / np.linalg.norm(w) if size else 0.0
+    assert check_close(jnp.asarray(got), want, tol=1.0) == pytest.approx(expected, rel=1e-4)
+    zero = np.zeros_like(want)  # against a zero reference: the error is |got| itself
+    assert check_close(got, zero, tol=np.inf) == pytest.approx(np.linalg.norm(g), rel=1e-4)
+    if size:
+        bad = got.copy()
+        bad[0] = np.inf
+        with pytest.raises(CellFailed, match=f"got 1 non-finite of {size}"):
+            check_close(bad, want)
+
+
 def test_skipped_cells_measure_and_variants():
     """A skipped cell is ok with its reason; measure() checks and times; variant() records what cannot run here."""
     r = run_cell(Cell("t", "skip", {}, lambda timer: (_ for _ in ()).throw(CellSkipped("needs a GPU"))), Timer())
