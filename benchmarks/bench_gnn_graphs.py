@@ -139,6 +139,9 @@ def torch_peer(peer: str, iters: int, trials: int, pyg_mem_gib: float):
             return {f"{peer}_skipped": str(e)}
         except Exception as e:  # noqa: BLE001 - a peer that fails (out of memory, a dtype cuSPARSE refuses) is recorded
             return {f"{peer}_skipped": " ".join(f"{type(e).__name__}: {e}".split())[:300]}
+        finally:
+            if "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized():
+                sys.modules["torch"].cuda.empty_cache()  # torch's cached blocks back to the device, for JAX's next cell
 
     return run
 
