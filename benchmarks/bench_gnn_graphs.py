@@ -140,8 +140,9 @@ def torch_peer(peer: str, iters: int, trials: int, pyg_mem_gib: float):
         except Exception as e:  # noqa: BLE001 - a peer that fails (out of memory, a dtype cuSPARSE refuses) is recorded
             return {f"{peer}_skipped": " ".join(f"{type(e).__name__}: {e}".split())[:300]}
         finally:
-            if "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized():
-                sys.modules["torch"].cuda.empty_cache()  # torch's cached blocks back to the device, for JAX's next cell
+            torch = sys.modules.get("torch")  # (None where torch is missing or its import was refused)
+            if torch is not None and torch.cuda.is_initialized():
+                torch.cuda.empty_cache()  # torch's cached blocks back to the device, for JAX's next cell
 
     return run
 

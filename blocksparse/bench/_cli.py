@@ -287,7 +287,7 @@ def run_cells(
 
     ``stop_after_s``: a command's time limit, for a run split into commands under one (a lent machine's). A cell
     starts only while the seconds so far plus the longest cell this command has run fit in it (the first always
-    starts); the cells left are named in ``meta["left"]`` and the table's last line, and the next command with
+    starts); the cells left are counted in ``meta["left"]`` and the table's last line, and the next command with
     ``resume=True`` runs them. Stopping between cells keeps every measured cell, where a command killed at its
     limit loses the cell it was in.
     """
