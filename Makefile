@@ -39,10 +39,10 @@ demo: $(STAMP)
 	$(BIN)/python -m blocksparse bench
 
 # CPU suite (Pallas kernels in interpret mode on a few shapes, small hypothesis sweeps, docs blocks, docstring
-# examples); `slow` tests excluded. About 7 to 15 minutes on 2 cores: a dot per test, [done/total] at each line's end,
+# examples); `slow` tests excluded. About 6 to 15 minutes on 2 cores: a dot per test, [done/total] at each line's end,
 # the 15 slowest tests at the end.
 test: $(STAMP)
-	@echo "make test: the CPU suite on 2 workers (about 7 to 15 minutes on 2 cores); make test-docs runs the docs' code blocks, make test-slow the larger sweeps"
+	@echo "make test: the CPU suite on 2 workers (about 6 to 15 minutes on 2 cores); make test-docs runs the docs' code blocks, make test-slow the larger sweeps"
 	$(PYTEST) -q -n 2 --dist worksteal -m "not slow and not docs" -o console_output_style=count --durations=15 tests
 
 # The code blocks of docs/*.md and the README, each page run as written (CI runs it after `make test`).
