@@ -348,16 +348,16 @@ def run_cells(
     bar = _Progress(len(todo), enabled=progress)
     longest, ran = 0.0, 0
     try:
-        for ran, i in enumerate(todo, 1):
-            if stop_after_s is not None and ran > 1 and time.perf_counter() - t_start + longest > stop_after_s:
-                ran -= 1
+        for i in todo:
+            if stop_after_s is not None and ran and time.perf_counter() - t_start + longest > stop_after_s:
                 break
             bar.start(cells[i])
             if json_path:  # the cell a command cut short names itself in the file
-                record(ran - 1)
+                record(ran)
                 meta["running"] = keys[i]
                 write_json(json_path, doc)
             slots[i] = result = run_cell(cells[i], timer)
+            ran += 1
             longest = max(longest, result.seconds)
             bar.finish(result)
             meta.pop("running", None)

@@ -316,10 +316,10 @@ CHECK_CHUNK = 4096
 
 @jax.jit
 def _error_sums(got, want):
-    """``(non-finite count of got, scale, partial sums of ((got - want) / scale)**2, of (want / scale)**2, of
-    (got / scale)**2)``: what :func:`check_close` needs, computed where the arrays are (a large graph's outputs are
-    gigabytes: no host copy of them). ``scale``, the largest finite magnitude of either, keeps the float32 squares
-    from overflowing or underflowing; a non-finite ``got`` counts as zero in the sums."""
+    """``(non-finite count of got, scale, partial sums of ((got - want) / scale)**2 and of (want / scale)**2)``: what
+    :func:`check_close` needs, computed where the arrays are (a large graph's outputs are gigabytes: no host copy of
+    them). ``scale``, the largest finite magnitude of either, keeps the float32 squares from overflowing or
+    underflowing; a non-finite ``got`` counts as zero in the sums."""
     g, w = got.astype(jnp.float32).reshape(-1), want.astype(jnp.float32).reshape(-1)
     finite = jnp.isfinite(g)
     g = jnp.where(finite, g, 0.0)
@@ -333,7 +333,7 @@ def _error_sums(got, want):
         head = x[:whole].reshape(-1, CHECK_CHUNK).sum(axis=1)
         return jnp.concatenate([head, x[whole:].sum(keepdims=True)])
 
-    return jnp.sum(~finite, dtype=jnp.int32), scale, partials(g - w), partials(w), partials(g)
+    return jnp.sum(~finite, dtype=jnp.int32), scale, partials(g - w), partials(w)
 
 
 def check_close(got, want, *, dtype=None, tol: float | None = None, what: str = "result") -> float:
@@ -349,14 +349,14 @@ def check_close(got, want, *, dtype=None, tol: float | None = None, what: str = 
         raise CellFailed(f"{what}: expected shape {want.shape} (the reference); got {got.shape}")
     if want.sharding.device_set != got.sharding.device_set:  # a sharded result against a one-device reference
         want = jax.device_put(want, got.sharding)
-    bad, scale, diff, ref, own = jax.device_get(_error_sums(got, want))
+    bad, scale, diff, ref = jax.device_get(_error_sums(got, want))
     if bad:
         raise CellFailed(f"{what}: expected finite values; got {int(bad)} non-finite of {got.size}")
     if tol is None:
         tol = tolerance(got.dtype if dtype is None else dtype)
     norm = lambda parts: float(np.sqrt(np.sum(parts, dtype=np.float64)))  # noqa: E731
     denom = norm(ref)
-    err = norm(diff) / denom if denom > 0 else norm(own) * float(scale)
+    err = norm(diff) / denom if denom > 0 else norm(diff) * float(scale)  # (a zero want: got - want is got)
     if not err <= tol:
         raise CellFailed(f"{what}: expected relative error vs the reference <= {tol:.3g}; got {err:.3g}")
     return err
