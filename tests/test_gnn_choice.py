@@ -522,13 +522,24 @@ def test_a_runs_json_becomes_tuned_data():
 
 
 # ---------------------------------------------------------------------------------- the docs' tables of the run
-@pytest.mark.parametrize("name,run", [("full_table", None), ("targets", None), ("choice_table", None),
-                                      ("targets", "gnn_full_h100.json")])  # fmt: skip
-def test_docs_tables_are_the_run(name, run):
+def test_docs_tables_are_the_run():
     """docs/gnn.md's generated blocks (the full table, its targets, which backend runs first) are what
     ``blocksparse.bench.gnn_table`` prints for the run's JSON: the run the tuned data names, or the JSON the marker
-    names (a run in progress)."""
+    names (a run in progress); ``gnn_table.render`` remakes them all."""
     text = (ROOT / "docs" / "gnn.md").read_text()
-    tag = f"<!-- gnn_table.{name}{' ' + run if run else ''} -->\n"
-    start = text.index(tag) + len(tag)
-    assert text[start : text.index("\n<!-- end -->", start)] == getattr(gnn_table, name)(_json(run or RUN))
+    blocks = {(m.group(1), m.group(2)) for m in gnn_table.BLOCK.finditer(text)}
+    assert {("full_table", None), ("targets", None), ("choice_table", None)} <= blocks
+    assert gnn_table.render(text, ROOT / "benchmarks" / "results") == text
+
+
+def test_render_fills_blocks_and_refuses_unknown_ones(tmp_path):
+    doc = _json(RUN)
+    (tmp_path / "run.json").write_text(json.dumps(doc))
+    text = ("a\n<!-- gnn_table.targets run.json -->\nold\n<!-- end -->\n"
+            "b\n<!-- gnn_table.choice_table -->\n\n<!-- end -->\n")  # fmt: skip
+    got = gnn_table.render(text, tmp_path, run="run.json")
+    assert got == (f"a\n<!-- gnn_table.targets run.json -->\n{gnn_table.targets(doc)}\n<!-- end -->\nb\n"
+                   f"<!-- gnn_table.choice_table -->\n{gnn_table.choice_table(doc)}\n<!-- end -->\n")  # fmt: skip
+    assert gnn_table.render(got, tmp_path, run="run.json") == got
+    with pytest.raises(ValueError, match="expected a block of one of .*; got gnn_table.plot"):
+        gnn_table.render("<!-- gnn_table.plot -->\nx\n<!-- end -->", tmp_path, run="run.json")

@@ -20,7 +20,10 @@ do not bound the op.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import pathlib
+import re
 
 from ..ops.gnn import order
 from .gnn_graphs import _FAMILY, GRAPHS, OPS, PASSES, faster, measured_from
@@ -34,6 +37,7 @@ __all__ = [
     "default_backend",
     "full_table",
     "gather_traffic",
+    "render",
     "smallest_traffic",
     "targets",
 ]
@@ -329,3 +333,42 @@ def _calls_gap(c: Cell) -> float | None:
         return None
     gap = calls - loop
     return gap if gap > 0.05 and calls > 1.15 * loop else None
+
+
+#: A generated block of a markdown file: ``<!-- gnn_table.NAME [RUN.json] -->``, the text NAME prints for that run's
+#: JSON (by default the run the tuned data names), then ``<!-- end -->``.
+BLOCK = re.compile(r"<!-- gnn_table\.(\w+)(?: (\S+\.json))? -->\n(.*?)\n<!-- end -->", re.S)
+
+
+def render(text: str, results: str | pathlib.Path = "benchmarks/results", run: str | None = None) -> str:
+    """``text`` with every generated block (:data:`BLOCK`) remade from its run's JSON in ``results``: ``run`` where
+    the marker names none (default: :data:`blocksparse.ops.gnn.tuned.FULL_RUN`)::
+
+        python -m blocksparse.bench.gnn_table docs/gnn.md      # rewrites the file's blocks in place"""
+    from ..ops.gnn import tuned
+
+    names = {"full_table": full_table, "targets": targets, "choice_table": choice_table}
+    docs: dict[str, dict] = {}
+
+    def block(m: re.Match) -> str:
+        name, json_name = m.group(1), m.group(2) or run or tuned.FULL_RUN
+        if name not in names:
+            raise ValueError(f"expected a block of one of {sorted(names)}; got gnn_table.{name}")
+        if json_name not in docs:
+            docs[json_name] = json.loads((pathlib.Path(results) / json_name).read_text())
+        head = m.group(0)[: m.start(3) - m.start(0)]
+        return f"{head}{names[name](docs[json_name])}\n<!-- end -->"
+
+    return BLOCK.sub(block, text)
+
+
+if __name__ == "__main__":
+    import sys
+
+    for path in sys.argv[1:] or ["docs/gnn.md"]:
+        f = pathlib.Path(path)
+        old = f.read_text()
+        new = render(old)
+        if new != old:
+            f.write_text(new)
+        print(f"{path}: {len(BLOCK.findall(old))} blocks, {'rewritten' if new != old else 'unchanged'}")
