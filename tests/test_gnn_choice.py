@@ -543,3 +543,12 @@ def test_render_fills_blocks_and_refuses_unknown_ones(tmp_path):
     assert gnn_table.render(got, tmp_path, run="run.json") == got
     with pytest.raises(ValueError, match="expected a block of one of .*; got gnn_table.plot"):
         gnn_table.render("<!-- gnn_table.plot -->\nx\n<!-- end -->", tmp_path, run="run.json")
+
+
+@pytest.mark.parametrize("table,run", [("_H200_FASTER", tuned.FULL_RUN), ("_H100_FASTER", tuned.H100_RUN)])
+def test_tuned_tables_are_what_their_run_measured(table, run):
+    """Each ``_FASTER`` table of ``tuned.py`` is, line for line, what ``gnn_table.faster_rows`` prints for the run it
+    names: no cell of the run left out, none added."""
+    source = (ROOT / "blocksparse" / "ops" / "gnn" / "tuned.py").read_text()
+    start = source.index(f"{table} = {{\n") + len(table) + 5
+    assert source[start : source.index("\n}  # fmt: skip", start)] == gnn_table.faster_rows(_json(run))

@@ -35,6 +35,7 @@ __all__ = [
     "choice_table",
     "run_copy_rate",
     "default_backend",
+    "faster_rows",
     "full_table",
     "gather_traffic",
     "render",
@@ -334,6 +335,22 @@ def _calls_gap(c: Cell) -> float | None:
     gap = calls - loop
     return gap if gap > 0.05 and calls > 1.15 * loop else None
 
+
+
+def faster_rows(doc: dict) -> str:
+    """The body of a ``_FASTER`` table of :mod:`blocksparse.ops.gnn.tuned` for this run, as that file lays it out:
+    per ``(family, dtype, pass)`` of :data:`~blocksparse.ops.gnn.tuned.CHOICES`, the faster backend on each graph of
+    its columns (``"tie"`` where XLA won by at most :data:`~blocksparse.bench.gnn_graphs.TIE`, ``None`` where the
+    cell cannot tell), from :func:`~blocksparse.bench.gnn_graphs.measured_from`."""
+    from ..ops.gnn import tuned
+
+    got = {k: {m.graph: ("tie" if m.note else m.faster) for m in v} for k, v in measured_from(doc, "").items()}
+    cols = [g["graph"] for g in tuned._GRAPHS]
+    lines = ["    #" + " " * 42 + "".join(f"{c[:9]:>11}" for c in cols)]
+    for key in tuned._H200_FASTER:  # the keys every table has, in its order
+        row = ", ".join(f"{repr(got.get(key, {}).get(c)):>9}" for c in cols)
+        lines.append(f"    {repr(key) + ':':<44} ({row}),")
+    return "\n".join(lines)
 
 #: A generated block of a markdown file: ``<!-- gnn_table.NAME [RUN.json] -->``, the text NAME prints for that run's
 #: JSON (by default the run the tuned data names), then ``<!-- end -->``.
