@@ -336,7 +336,6 @@ def _calls_gap(c: Cell) -> float | None:
     return gap if gap > 0.05 and calls > 1.15 * loop else None
 
 
-
 def faster_rows(doc: dict) -> str:
     """The body of a ``_FASTER`` table of :mod:`blocksparse.ops.gnn.tuned` for this run, as that file lays it out:
     per ``(family, dtype, pass)`` of :data:`~blocksparse.ops.gnn.tuned.CHOICES`, the faster backend on each graph of
@@ -351,6 +350,7 @@ def faster_rows(doc: dict) -> str:
         row = ", ".join(f"{repr(got.get(key, {}).get(c)):>9}" for c in cols)
         lines.append(f"    {repr(key) + ':':<44} ({row}),")
     return "\n".join(lines)
+
 
 #: A generated block of a markdown file: ``<!-- gnn_table.NAME [RUN.json] -->``, the text NAME prints for that run's
 #: JSON (by default the run the tuned data names), then ``<!-- end -->``.
