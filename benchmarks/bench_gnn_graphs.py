@@ -35,8 +35,10 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch allocat
 os.environ.setdefault("JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS", "1")  # the graph's arrays as arguments, not constants
 
 import argparse
+import functools
 import math
 import sys
+import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -181,6 +183,30 @@ def _measure(torch, peer, case, iters, trials) -> dict:
     return out
 
 
+def log_parts(out=sys.stderr) -> None:
+    """Write each part of a cell to ``out`` as it starts and ends (the float32 reference, each JAX timing, each torch
+    peer), with its seconds: where the time of a cell cut short by a command's limit went. It wraps the suite's
+    ``reference`` and ``timed`` and this script's peers from outside; what they compute is unchanged."""
+
+    def wrap(fn, label):
+        @functools.wraps(fn)
+        def run(*args, **kw):
+            what = label(args, kw)
+            t0 = time.perf_counter()
+            print(f"[part] {what}: started", file=out, flush=True)
+            try:
+                return fn(*args, **kw)
+            finally:
+                print(f"[part] {what}: {time.perf_counter() - t0:.1f} s", file=out, flush=True)
+
+        return run
+
+    suite.reference = wrap(suite.reference, lambda a, kw: f"the float32 reference of {a[3]}")
+    suite.timed = wrap(suite.timed, lambda a, kw: kw["what"])
+    global _measure
+    _measure = wrap(_measure, lambda a, kw: f"{a[1]} on {a[2].graph_name} {a[2].dtype} {a[2].op} {a[2].pass_}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     full = suite.SIZES["full"]
@@ -207,11 +233,14 @@ def main(argv=None) -> int:
                    help="continue the run in --json: its measured cells kept (same machine, code, timer)")  # fmt: skip
     p.add_argument("--stop-after-s", type=float, default=None, metavar="S",
                    help="start no cell that would end after S seconds (the longest so far as the guess)")  # fmt: skip
+    p.add_argument("--log-parts", action="store_true", help="each part of a cell, started and its seconds, on stderr")
     a = p.parse_args(argv)
     if a.resume and not a.json:
         p.error("expected --json PATH with --resume; got none")
     if a.stop_after_s is not None and not 0 < a.stop_after_s < math.inf:
         p.error(f"expected --stop-after-s to be a positive number of seconds; got {a.stop_after_s}")
+    if a.log_parts:
+        log_parts()
     edges = None
     if a.small:
         a.feat, a.heads, a.iters, a.trials, edges = 16, 2, 2, 1, 3000

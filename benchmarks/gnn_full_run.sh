@@ -33,4 +33,4 @@ else
 fi
 if [ "$LIMIT" -lt 150 ]; then echo "expected at least 150 s left for the run; got $LIMIT" >&2; exit 2; fi
 timeout "$LIMIT" python benchmarks/bench_gnn_graphs.py --row-budget-s 5 --dtype float32 bfloat16 \
-  --pyg-mem-gib "$MEM" --json "$J" --resume --stop-after-s $((LIMIT - 90)) 2> "$OUT/progress.log" | tail -60
+  --pyg-mem-gib "$MEM" --json "$J" --resume --log-parts --stop-after-s $((LIMIT - 90)) 2> "$OUT/progress.log" | tail -60

@@ -2,6 +2,7 @@
 
 import functools
 import json
+import re
 from pathlib import Path
 
 import bench_scripts
@@ -412,3 +413,20 @@ def test_a_full_run_measures_the_graphs_fewest_edges_first():
     spec = {name: bench_gnn_graphs._spec(name) for name in order}
     edges = [spec[n]["edges"] * (2 if spec[n]["symmetric"] else 1) for n in order]
     assert edges == sorted(edges), dict(zip(order, edges, strict=True))
+
+
+def test_log_parts_names_each_part_of_a_cell_with_its_seconds(tmp_path, monkeypatch, capsys):
+    """``--log-parts``: each part of a cell (its reference, each JAX timing) on stderr as it starts and with its
+    seconds when it ends, so a cell a command's limit cut short says where its time went; the cell is unchanged."""
+    bench = _bench()
+    for module, name in ((bench_gnn_graphs, "reference"), (bench_gnn_graphs, "timed"), (bench, "_measure")):
+        monkeypatch.setattr(module, name, getattr(module, name))  # the originals back after the test
+    out = tmp_path / "parts.json"
+    assert bench.main(["--small", "--ops", "max", "--passes", "fwd", "--log-parts", "--json", str(out)]) == 0
+    parts = re.findall(r"\[part\] (.+): (started|\d+\.\d s)\n", capsys.readouterr().err)
+    what = "max fwd on ogbn-arxiv (as generated)"
+    names = ["the float32 reference of max", what, f"{what} [segment]"]
+    assert [p for p, _ in parts if p in names] == [n for n in names for _ in range(2)]  # each started, then ended
+    assert all((s == "started") == (i % 2 == 0) for i, (_, s) in enumerate(parts)), parts
+    (row,) = _cells(json.loads(out.read_text()))
+    assert row["ok"] and row["metrics"]["segment_loop_ms"] > 0
