@@ -7,6 +7,7 @@ Usage::
     python benchmarks/plot.py --bench matmul.json gnn.json --out figs   # `blocksparse bench --json` files
     python benchmarks/plot.py --out docs/img   # every figure of the docs' recorded runs (the defaults below)
     python benchmarks/plot.py --gnn-full benchmarks/results/gnn_full_h200.json --out docs/img   # (among them)
+    python benchmarks/plot.py --gnn-runs benchmarks/results/gnn_full_run2_h100.json --out docs/img   # (among them)
 
 ``--bench`` draws the figures of ``blocksparse bench --plot`` (:func:`blocksparse.bench.figures`) from
 ``blocksparse bench --json`` files (and the peer scripts', which write the same layout): throughput against
@@ -106,7 +107,7 @@ def plot_gnn(path: str, out: str) -> str:
     return dest
 
 
-def plot_gnn_full(path: str, out: str) -> str:
+def plot_gnn_full(path: str, out: str, name: str = "gnn_full_table.png") -> str:
     """The full gnn-graphs table as a map: per graph and op (rows) and dtype and pass (columns), the fastest peer's
     time over the default's (:mod:`blocksparse.bench.gnn_table`: the backend the run's tuned data picks); green where
     the default is faster, red where a peer is, blank where the cell did not run or no peer did."""
@@ -135,7 +136,7 @@ def plot_gnn_full(path: str, out: str) -> str:
     fig.colorbar(im, ax=ax, shrink=0.4, label="log2(fastest peer / default)")
     ax.set_title(f"{len(cells)} of {len(rows) * len(cols)} cells, {doc.get('meta', {}).get('device', '')}", fontsize=8)
     fig.tight_layout()
-    dest = os.path.join(out, "gnn_full_table.png")
+    dest = os.path.join(out, name)
     fig.savefig(dest, dpi=110)
     return dest
 
@@ -391,6 +392,8 @@ def main(argv=None):
     )
     ap.add_argument("--minilm-speed", default="benchmarks/results/check_minilm_speed_h200.json")
     ap.add_argument("--gnn-full", default="benchmarks/results/gnn_full_h200.json")
+    ap.add_argument("--gnn-runs", nargs="*", default=["benchmarks/results/gnn_full_run2_h100.json"],
+                    help="more gnn-graphs runs, each drawn as --gnn-full is, named after its JSON")  # fmt: skip
     ap.add_argument("--out", default="docs/img")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -406,7 +409,8 @@ def main(argv=None):
                  plot_mosaic(args.mosaic, args.out), plot_sharded_gnn(args.sharded_gnn, args.out),
                  plot_sdd(args.sdd, args.out), plot_decode_products(args.decode, args.out),
                  plot_decode_generation("benchmarks/results", args.out),
-                 plot_minilm_speed(args.minilm_speed, args.out), plot_gnn_full(args.gnn_full, args.out)]  # fmt: skip
+                 plot_minilm_speed(args.minilm_speed, args.out), plot_gnn_full(args.gnn_full, args.out),
+                 *(plot_gnn_full(p, args.out, os.path.basename(p)[:-5] + ".png") for p in args.gnn_runs)]  # fmt: skip
     for dest in dests:
         print(dest)
 
