@@ -3,7 +3,7 @@
 
     PYTHONPATH=. python benchmarks/bench_gnn_graphs.py --json out.json [--graphs NAME ...] [--dtype float32 bfloat16]
         [--ops OP ...] [--passes fwd fwd+bwd] [--orders degree rcm] [--pyg-mem-gib 60] [--small] [--resume]
-        [--stop-after-s S]
+        [--stop-after-s S] [--log-parts] [--skip PART ...]
 
 The run is the ``gnn-graphs`` suite's cells (:mod:`blocksparse.bench.gnn_graphs`: ``bs.gnn`` with its default, its
 two backends named, XLA's segment ops and JAX's BCSR on each graph, dtype, op, pass and order, checked against the
@@ -19,6 +19,10 @@ reference (``{peer}_rel_err``, recorded; a peer above the tolerance is not a fai
 (:func:`peers.torch_time`: ``{peer}_loop_ms``, ``{peer}_mem_bytes``), and counts in the cell's
 ``speedup_vs_best_peer``. A PyG cell whose estimated memory is above ``--pyg-mem-gib`` is skipped with the estimate;
 without torch, PyG or a CUDA device the peer is recorded as skipped with the reason (``{peer}_skipped``).
+
+``--log-parts`` writes each part of a cell (the reference, each JAX timing, each torch peer) to stderr as it starts
+and ends, with its seconds; ``--skip PART`` leaves a peer's part out by the name that log gives it (recorded in the
+cell as ``{peer}_skipped``): for a peer whose one call outlasts a command's time limit.
 
 The script runs JAX with ``JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=1`` unless the environment sets it: a graph's index
 arrays then reach each compiled program as arguments, copied to the device once per program, instead of being
@@ -183,28 +187,58 @@ def _measure(torch, peer, case, iters, trials) -> dict:
     return out
 
 
-def log_parts(out=sys.stderr) -> None:
-    """Write each part of a cell to ``out`` as it starts and ends (the float32 reference, each JAX timing, each torch
-    peer), with its seconds: where the time of a cell cut short by a command's limit went. It wraps the suite's
-    ``reference`` and ``timed`` and this script's peers from outside; what they compute is unchanged."""
+#: The peers a command may leave out of named cells (``--skip``): never ``bs.gnn`` or its backends.
+SKIPPABLE = (*suite.PEERS, "torch-csr", "pyg-scatter")
 
-    def wrap(fn, label):
+
+def _jax_part(args, kw) -> str:  # suite.timed(timer, fn, arrays, budget_s, *, what, dtype, ...)
+    return f"{kw['what']} in {jnp.dtype(kw['dtype']).name}"
+
+
+def _torch_part(args, kw) -> str:  # _measure(torch, peer, case, iters, trials)
+    peer, c = args[1], args[2]
+    return f"{c.op} {c.pass_} on {c.graph_name} ({c.order}) [{peer}] in {jnp.dtype(c.dtype).name}"
+
+
+def watch_parts(log=None, skip=()) -> None:
+    """Name each part of a cell: the float32 reference, each JAX timing (``"gatv2 fwd+bwd on power-law (as
+    generated) [segment] in float32"``), each torch peer (the same form). ``log``: a stream each part is written to as
+    it starts and ends, with its seconds (where the time of a cell cut short by a command's limit went). ``skip``:
+    parts of peers (:data:`SKIPPABLE`) not to run, by those names; each is recorded in its cell as
+    ``{peer}_skipped`` saying so. It wraps the suite's ``reference`` and ``timed`` and this script's peers from
+    outside; what they compute is unchanged."""
+    skip = set(skip)
+    for part in skip:
+        peer = part.rsplit("[", 1)[-1].split("]")[0] if "[" in part else None
+        if peer not in SKIPPABLE:
+            raise ValueError(f"expected a part of one of the peers {SKIPPABLE} to skip, as --log-parts names it "
+                             f"('<op> <pass> on <graph> (<order>) [<peer>] in <dtype>'); got {part!r}")  # fmt: skip
+
+    def wrap(fn, label, refuse):
         @functools.wraps(fn)
         def run(*args, **kw):
             what = label(args, kw)
+            if what in skip:
+                if log is not None:
+                    print(f"[part] {what}: skipped (--skip)", file=log, flush=True)
+                raise refuse(f"skipped by the command line (--skip {what!r})")
             t0 = time.perf_counter()
-            print(f"[part] {what}: started", file=out, flush=True)
+            if log is not None:
+                print(f"[part] {what}: started", file=log, flush=True)
             try:
                 return fn(*args, **kw)
             finally:
-                print(f"[part] {what}: {time.perf_counter() - t0:.1f} s", file=out, flush=True)
+                if log is not None:
+                    print(f"[part] {what}: {time.perf_counter() - t0:.1f} s", file=log, flush=True)
 
         return run
 
-    suite.reference = wrap(suite.reference, lambda a, kw: f"the float32 reference of {a[3]}")
-    suite.timed = wrap(suite.timed, lambda a, kw: kw["what"])
+    # a JAX peer refusing (NotImplementedError) is recorded as "{peer}_skipped: refused: ..."; a torch peer's
+    # CellSkipped as "{peer}_skipped: ..." (torch_peer)
+    suite.reference = wrap(suite.reference, lambda a, kw: f"the float32 reference of {a[3]}", RuntimeError)
+    suite.timed = wrap(suite.timed, _jax_part, NotImplementedError)
     global _measure
-    _measure = wrap(_measure, lambda a, kw: f"{a[1]} on {a[2].graph_name} {a[2].dtype} {a[2].op} {a[2].pass_}")
+    _measure = wrap(_measure, _torch_part, CellSkipped)
 
 
 def main(argv=None) -> int:
@@ -234,13 +268,18 @@ def main(argv=None) -> int:
     p.add_argument("--stop-after-s", type=float, default=None, metavar="S",
                    help="start no cell that would end after S seconds (the longest so far as the guess)")  # fmt: skip
     p.add_argument("--log-parts", action="store_true", help="each part of a cell, started and its seconds, on stderr")
+    p.add_argument("--skip", action="append", default=[], metavar="PART",
+                   help="a peer's part of a cell not to run, as --log-parts names it (repeatable)")  # fmt: skip
     a = p.parse_args(argv)
     if a.resume and not a.json:
         p.error("expected --json PATH with --resume; got none")
     if a.stop_after_s is not None and not 0 < a.stop_after_s < math.inf:
         p.error(f"expected --stop-after-s to be a positive number of seconds; got {a.stop_after_s}")
-    if a.log_parts:
-        log_parts()
+    if a.log_parts or a.skip:
+        try:
+            watch_parts(sys.stderr if a.log_parts else None, a.skip)
+        except ValueError as e:
+            p.error(str(e))
     edges = None
     if a.small:
         a.feat, a.heads, a.iters, a.trials, edges = 16, 2, 2, 1, 3000

@@ -2,7 +2,9 @@
 
 import functools
 import json
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import bench_scripts
@@ -415,18 +417,49 @@ def test_a_full_run_measures_the_graphs_fewest_edges_first():
     assert edges == sorted(edges), dict(zip(order, edges, strict=True))
 
 
-def test_log_parts_names_each_part_of_a_cell_with_its_seconds(tmp_path, monkeypatch, capsys):
+def test_parts_logged_with_their_seconds_and_a_peer_skipped_by_name(tmp_path, monkeypatch, capsys):
     """``--log-parts``: each part of a cell (its reference, each JAX timing) on stderr as it starts and with its
-    seconds when it ends, so a cell a command's limit cut short says where its time went; the cell is unchanged."""
+    seconds when it ends, so a cell a command's limit cut short says where its time went; ``--skip PART`` leaves a
+    peer's part out by that name, recorded in the cell; the rest of the cell is unchanged."""
     bench = _bench()
     for module, name in ((bench_gnn_graphs, "reference"), (bench_gnn_graphs, "timed"), (bench, "_measure")):
         monkeypatch.setattr(module, name, getattr(module, name))  # the originals back after the test
     out = tmp_path / "parts.json"
-    assert bench.main(["--small", "--ops", "max", "--passes", "fwd", "--log-parts", "--json", str(out)]) == 0
-    parts = re.findall(r"\[part\] (.+): (started|\d+\.\d s)\n", capsys.readouterr().err)
     what = "max fwd on ogbn-arxiv (as generated)"
-    names = ["the float32 reference of max", what, f"{what} [segment]"]
-    assert [p for p, _ in parts if p in names] == [n for n in names for _ in range(2)]  # each started, then ended
-    assert all((s == "started") == (i % 2 == 0) for i, (_, s) in enumerate(parts)), parts
+    argv = ["--small", "--ops", "max", "--passes", "fwd", "--log-parts", "--json", str(out)]
+    assert bench.main([*argv, "--skip", f"{what} [segment] in float32"]) == 0
+    parts = re.findall(r"\[part\] (.+): (started|\d+\.\d s|skipped \(--skip\))\n", capsys.readouterr().err)
+    timed = ["the float32 reference of max", f"{what} in float32"]  # (the default ran XLA: its timing is copied)
+    assert [p for p, s in parts if p in timed] == [n for n in timed for _ in range(2)]  # each started, then ended
+    assert [s for p, s in parts if p == f"{what} [segment] in float32"] == ["skipped (--skip)"]
     (row,) = _cells(json.loads(out.read_text()))
-    assert row["ok"] and row["metrics"]["segment_loop_ms"] > 0
+    m = row["metrics"]
+    assert row["ok"] and m["xla_loop_ms"] > 0 and "segment_loop_ms" not in m
+    assert m["segment_skipped"] == (f"refused: NotImplementedError: skipped by the command line (--skip "
+                                    f"'{what} [segment] in float32')")  # fmt: skip
+    with pytest.raises(SystemExit):  # ours and our backends are never skipped
+        bench.main([*argv, "--skip", f"{what} [xla] in float32"])
+    assert "expected a part of one of the peers" in capsys.readouterr().err
+
+
+def test_full_run_command_continues_the_run_and_passes_its_arguments(tmp_path):
+    """``benchmarks/gnn_full_run.sh LIMIT [ARG ...]`` on a machine that says it is an H100 (a stand-in
+    ``nvidia-smi``, and a ``python`` that prints its arguments): the H100's run copied into ``$OUT`` and continued
+    there, the cells' time limit ``LIMIT - 90``, PyG's memory limit of an 80 GB card, the ARGs passed on."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("nvidia-smi", "echo 'NVIDIA H100 80GB HBM3'"), ("python", 'printf "%s\\n" "$@"')):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    out = tmp_path / "out"
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(out))
+    part = "gatv2 fwd+bwd on power-law (as generated) [segment] in float32"
+    r = subprocess.run(["bash", "benchmarks/gnn_full_run.sh", "400", "--skip", part], cwd=ROOT, env=env,
+                       capture_output=True, text=True, check=True)  # fmt: skip
+    json_path = out / "gnn_full_run2_h100.json"
+    assert r.stdout.splitlines() == [
+        f"GPU NVIDIA H100 80GB HBM3: benchmarks/results/gnn_full_run2_h100.json (continued in {json_path})",
+        "benchmarks/bench_gnn_graphs.py", "--row-budget-s", "5", "--dtype", "float32", "bfloat16", "--pyg-mem-gib",
+        "45", "--json", str(json_path), "--resume", "--log-parts", "--stop-after-s", "310", "--skip", part,
+    ]  # fmt: skip
+    assert json_path.read_bytes() == (ROOT / "benchmarks" / "results" / "gnn_full_run2_h100.json").read_bytes()
