@@ -3,7 +3,7 @@
 
     PYTHONPATH=. python benchmarks/bench_gnn_graphs.py --json out.json [--graphs NAME ...] [--dtype float32 bfloat16]
         [--ops OP ...] [--passes fwd fwd+bwd] [--orders degree rcm] [--pyg-mem-gib 60] [--small] [--resume]
-        [--stop-after-s S] [--log-parts] [--skip PART ...]
+        [--stop-after-s S] [--log-parts] [--skip PART ...] [--resume-across DIGEST]
 
 The run is the ``gnn-graphs`` suite's cells (:mod:`blocksparse.bench.gnn_graphs`: ``bs.gnn`` with its default, its
 two backends named, XLA's segment ops and JAX's BCSR on each graph, dtype, op, pass and order, checked against the
@@ -268,6 +268,9 @@ def main(argv=None) -> int:
     p.add_argument("--stop-after-s", type=float, default=None, metavar="S",
                    help="start no cell that would end after S seconds (the longest so far as the guess)")  # fmt: skip
     p.add_argument("--log-parts", action="store_true", help="each part of a cell, started and its seconds, on stderr")
+    p.add_argument("--resume-across", default=None, metavar="DIGEST",
+                   help="with --resume: continue a JSON made by the library code of this digest (meta.source) "
+                   "too, for a change reviewed as not touching what the cells measure")  # fmt: skip
     p.add_argument("--skip", action="append", default=[], metavar="PART",
                    help="a peer's part of a cell not to run, as --log-parts names it (repeatable)")  # fmt: skip
     a = p.parse_args(argv)
@@ -294,7 +297,8 @@ def main(argv=None) -> int:
         meta["copy_bytes_per_s"] = suite.measure_copy_rate()
     timer = Timer(iters=a.iters, trials=a.trials)
     return run_cells(todo, full=not a.small, json_path=a.json, timer=timer, meta=meta,
-                     columns={"gnn-graphs": suite.COLUMNS}, resume=a.resume, stop_after_s=a.stop_after_s)  # fmt: skip
+                     columns={"gnn-graphs": suite.COLUMNS}, resume=a.resume, stop_after_s=a.stop_after_s,
+                     accept_source=a.resume_across)  # fmt: skip
 
 
 if __name__ == "__main__":

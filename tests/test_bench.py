@@ -332,6 +332,25 @@ def test_a_run_resumes_only_on_its_machine_code_timer_and_cells(tmp_path):
     assert len(json.loads(Path(fresh).read_text())["results"]) == 2
 
 
+def test_a_run_resumes_across_the_code_change_it_is_told_to_accept(tmp_path):
+    """``accept_source``: a document made by other code (its digest named) is continued; each part names the code
+    that ran it, those of the earlier commands too; another digest is still refused."""
+    path, timer = str(tmp_path / "run.json"), Timer(iters=1, trials=1)
+    cells = [Cell("s", x, {}, lambda timer: {"v": 1.0}) for x in "abc"]
+    run_cells(cells, json_path=path, timer=timer, progress=False, stop_after_s=1e-9)  # one cell, then stops
+    doc = json.loads(Path(path).read_text())
+    old = "1" * 16
+    for p in doc["meta"]["parts"]:
+        p.pop("source")  # as documents written before parts named their code
+    write_json(path, dict(doc, meta=dict(doc["meta"], source=old)))
+    with pytest.raises(ValueError, match=r"expected its source to be this run's '[0-9a-f]{16}'; got '1{16}'"):
+        run_cells(cells, json_path=path, timer=timer, progress=False, resume=True, accept_source="2" * 16)
+    assert run_cells(cells, json_path=path, timer=timer, progress=False, resume=True, accept_source=old) == 0
+    doc = json.loads(Path(path).read_text())
+    assert [r["label"] for r in doc["results"]] == ["a", "b", "c"] and doc["meta"]["source"] == _cli.source_digest()
+    assert [(p["cells"], p["source"]) for p in doc["meta"]["parts"]] == [(1, old), (2, _cli.source_digest())]
+
+
 def test_the_source_digest_names_the_library_code():
     digest = _cli.source_digest()
     assert re.fullmatch(r"[0-9a-f]{16}", digest) and _cli.environment()["source"] == digest

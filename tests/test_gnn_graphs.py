@@ -463,3 +463,21 @@ def test_full_run_command_continues_the_run_and_passes_its_arguments(tmp_path):
         "45", "--json", str(json_path), "--resume", "--log-parts", "--stop-after-s", "310", "--skip", part,
     ]  # fmt: skip
     assert json_path.read_bytes() == (ROOT / "benchmarks" / "results" / "gnn_full_run2_h100.json").read_bytes()
+
+
+def test_script_resumes_across_a_named_code_change(tmp_path):
+    """``--resume --resume-across DIGEST``: the run made by that code is continued (its cells kept), another refused."""
+    bench = _bench()
+    out = tmp_path / "run.json"
+    argv = ["--small", "--ops", "max", "--passes", "fwd", "--json", str(out)]
+    assert bench.main(argv) == 0
+    doc = json.loads(out.read_text())
+    old = "1" * 16  # a run of other code, written before parts named their code
+    parts = [{k: v for k, v in p.items() if k != "source"} for p in doc["meta"]["parts"]]
+    out.write_text(json.dumps(dict(doc, meta=dict(doc["meta"], source=old, parts=parts))))
+    with pytest.raises(ValueError, match=r"expected its source to be this run's '[0-9a-f]{16}'; got '1{16}'"):
+        bench.main([*argv, "--resume"])
+    assert bench.main([*argv, "--resume", "--resume-across", old]) == 0
+    got = json.loads(out.read_text())
+    assert got["results"] == doc["results"]  # the cell kept, not run again
+    assert [p["source"] for p in got["meta"]["parts"]] == [old, got["meta"]["source"]] and got["meta"]["source"] != old

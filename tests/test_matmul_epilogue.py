@@ -78,6 +78,17 @@ def test_static_matches_oracle(W, activation, with_bias, impl, max_len):
         _check_both_orders(W, jax.random.key(0), jnp.float32, activation, with_bias, impl, config=config)
 
 
+@pytest.mark.parametrize("n", [3, 24, 40])
+@pytest.mark.parametrize("max_len", [None, 1])
+def test_bias_along_more_tokens_than_w_has_rows(getkey, n, max_len):
+    """``W @ x + b`` with one 16-row block row and ``b`` along ``x``'s ``n`` columns, more than W's rows: the decoding
+    kernel reads the bias a power-of-two width of tokens at a time, so its operand must cover them (it covered W's
+    rows; the interpreter refused the slice past its end, a GPU read past it)."""
+    W = bs.random(getkey(), (16, 48), 16, 0.7)
+    with bs.interpret(not ON_GPU):
+        _check_both_orders(W, getkey(), jnp.float32, "gelu", True, "pallas", n=n, config=TritonConfig(max_len=max_len))
+
+
 @settings(max_examples=examples(10))
 @given(
     bst.dynamic_block_sparse_matrices(block_size=st.sampled_from([(16, 16), (32, 16)]), max_blocks=4, max_capacity=8),

@@ -136,13 +136,15 @@ def cell_key(suite: str, label: str, params: dict) -> str:
     return json.dumps([suite, label, _jsonable(params)], sort_keys=True)
 
 
-def _previous(json_path: str, meta: dict, keys: Sequence[str]) -> tuple[dict | None, dict[str, Result]]:
+def _previous(json_path: str, meta: dict, keys: Sequence[str],
+              accept_source: str | None = None) -> tuple[dict | None, dict[str, Result]]:  # fmt: skip
     """The document at ``json_path`` that a resumed run continues, and its finished results by :func:`cell_key`
     (``keys``: this run's cells').
 
     ``(None, {})`` when there is no file yet. Raises ``ValueError`` naming the expected and the actual value when
     the document was made on another machine, by other code or timer settings (:data:`RESUME_KEYS`), or holds a
-    cell that this run does not list. Failed results are not kept: their cells run again.
+    cell that this run does not list; a document whose ``source`` is ``accept_source`` is taken as this code's.
+    Failed results are not kept: their cells run again.
     """
     if not os.path.exists(json_path):
         return None, {}
@@ -153,6 +155,8 @@ def _previous(json_path: str, meta: dict, keys: Sequence[str]) -> tuple[dict | N
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"expected --json {json_path!r} to be a blocksparse bench document to resume; got {e}") from e
     for key in RESUME_KEYS:
+        if key == "source" and accept_source is not None and old_meta.get(key) == accept_source:
+            continue
         if old_meta.get(key) != meta.get(key):
             raise ValueError(
                 f"cannot resume {json_path!r}: expected its {key} to be this run's {meta.get(key)!r}; got "
@@ -218,6 +222,7 @@ def run(
     out=None,
     resume: bool = False,
     stop_after_s: float | None = None,
+    accept_source: str | None = None,
 ) -> int:
     """Run ``suites``; print the table to ``out`` (stdout); return 0, or 1 if any cell failed.
 
@@ -268,6 +273,7 @@ def run_cells(
     results: list[Result] | None = None,
     resume: bool = False,
     stop_after_s: float | None = None,
+    accept_source: str | None = None,
 ) -> int:
     """Run ``cells`` with one :class:`Timer`: the table on ``out``, the JSON (``json_path``), the figures.
 
@@ -290,6 +296,10 @@ def run_cells(
     starts); the cells left are counted in ``meta["left"]`` and the table's last line, and the next command with
     ``resume=True`` runs them. Stopping between cells keeps every measured cell, where a command killed at its
     limit loses the cell it was in.
+
+    ``accept_source``: the digest of other library code whose document ``resume=True`` continues as well (a change
+    reviewed as not touching what the cells measure, such as another op's kernel). Each part in
+    ``meta["parts"]`` names the code it ran (``source``), so the document says which cells which code measured.
     """
     from . import _report
 
@@ -309,8 +319,10 @@ def run_cells(
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     meta = dict(env, **(meta or {}), full=full, iters=timer.iters, trials=timer.trials, started=started)
     keys = [cell_key(c.suite, c.label, c.params) for c in cells]
-    previous, kept = _previous(json_path, meta, keys) if resume else (None, {})
-    parts = previous["meta"]["parts"] if previous else []  # (a resumable document has its source, so its parts)
+    previous, kept = _previous(json_path, meta, keys, accept_source) if resume else (None, {})
+    # (a resumable document has its source, so its parts; a part without its own source ran the document's)
+    parts = [dict(p, source=p.get("source", previous["meta"]["source"])) for p in previous["meta"]["parts"]] if (
+        previous) else []  # fmt: skip
     if previous:
         meta["started"] = previous["meta"]["started"]
     title = title or ", ".join(dict.fromkeys(c.suite for c in cells))
@@ -337,7 +349,7 @@ def run_cells(
 
     def record(ran: int) -> None:
         seconds = time.perf_counter() - t_start
-        meta["parts"] = [*parts, dict(started=started, seconds=seconds, cells=ran)]
+        meta["parts"] = [*parts, dict(started=started, seconds=seconds, cells=ran, source=meta.get("source"))]
         meta["seconds"] = sum(p["seconds"] for p in meta["parts"])
         if cut:
             meta["cut_short"] = cut

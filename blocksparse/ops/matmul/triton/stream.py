@@ -381,7 +381,9 @@ def _call(op, pattern, data, x, out_dtype, n, out_shape, *, exact, config, epi, 
                                split=pl_.split, exact=exact, epi=epi, half=units // 2 if glu else None, gate=gate,
                                value_offset=pattern.shape[0] if op == "dds" else pattern.shape[1],
                                nnz=pattern.nnz_blocks, fma=pl_.fma, ordered=ordered)  # fmt: skip
-    b1 = _bias_operand(bias, epi, pattern.shape[1] if op == "dds" else pattern.shape[0])
+    # the bias runs along W's blocks (read a sub-tile at a time) or along the n tokens (read ``rows`` at a time)
+    along_tokens = epi is not None and (op == "dds") == (epi.bias_axis == 0)
+    b1 = _bias_operand(bias, epi, max(n, pl_.rows) if along_tokens else pattern.shape[1 if op == "dds" else 0])
     name = f"bs_{op}_stream_{bh}x{bw}_t{pl_.tile}_g{pl_.group}" + (f"_s{pl_.split}" if pl_.split > 1 else "")
     name += ("_glu" if glu else "_epi") if epi is not None else ""
     name += "_gated_x" if gate is not None else ""
