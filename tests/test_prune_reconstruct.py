@@ -193,11 +193,14 @@ def test_targets_refit_is_least_squares_and_reconstruct_beats_magnitude(balance,
     assert err <= objective(w, M, x, damp, y) + tol
     np.testing.assert_allclose(np.asarray(W.to_dense()), lstsq_refit(w, x, W.pattern.mask(), BLOCK, damp, y),
                                atol=5e-3 * max(1.0, np.abs(w).max()), rtol=5e-3)  # fmt: skip
-    # The layer's own outputs as targets change nothing.
+    # The layer's own outputs as targets change nothing: the same blocks and, on the calibration inputs, the same
+    # outputs (the weights themselves only up to the inputs' conditioning: with damp=0 and H's condition number near
+    # 1e5, the float32 rounding of x @ w moves a weight by 1e-3 where the outputs move by 1e-6 of their scale)
     same = bs.prune.reconstruct(w, x, BLOCK, count / lines, damp=damp, balance=balance, y_calib=x @ w)
     own = bs.prune.reconstruct(w, x, BLOCK, count / lines, damp=damp, balance=balance)
     assert same.pattern == own.pattern
-    np.testing.assert_allclose(np.asarray(same.to_dense()), np.asarray(own.to_dense()), rtol=2e-3, atol=2e-4)
+    out_same, out_own = x @ np.asarray(same.to_dense()), x @ np.asarray(own.to_dense())
+    np.testing.assert_allclose(out_same, out_own, rtol=2e-3, atol=2e-5 * np.abs(out_own).max())
 
 
 @pytest.mark.parametrize("balance", [None, "rows", "cols"])
