@@ -200,14 +200,18 @@ def _torch_part(args, kw) -> str:  # _measure(torch, peer, case, iters, trials)
     return f"{c.op} {c.pass_} on {c.graph_name} ({c.order}) [{peer}] in {jnp.dtype(c.dtype).name}"
 
 
-def watch_parts(log=None, skip=()) -> None:
+_UNWATCHED: dict = {}  # the functions watch_parts wraps, as they were before it first did
+
+
+def watch_parts(log=None, skip=()) -> set:
     """Name each part of a cell: the float32 reference, each JAX timing (``"gatv2 fwd+bwd on power-law (as
     generated) [segment] in float32"``), each torch peer (the same form). ``log``: a stream each part is written to as
     it starts and ends, with its seconds (where the time of a cell cut short by a command's limit went). ``skip``:
     parts of peers (:data:`SKIPPABLE`) not to run, by those names; each is recorded in its cell as
     ``{peer}_skipped`` saying so. It wraps the suite's ``reference`` and ``timed`` and this script's peers from
-    outside; what they compute is unchanged."""
-    skip = set(skip)
+    outside (each call wraps the unwrapped ones again); what they compute is unchanged. Returns the set of the
+    ``skip`` names that matched a part, filled as the cells run."""
+    skip, used = set(skip), set()
     for part in skip:
         peer = part.rsplit("[", 1)[-1].split("]")[0] if "[" in part else None
         if peer not in SKIPPABLE:
@@ -219,6 +223,7 @@ def watch_parts(log=None, skip=()) -> None:
         def run(*args, **kw):
             what = label(args, kw)
             if what in skip:
+                used.add(what)
                 if log is not None:
                     print(f"[part] {what}: skipped (--skip)", file=log, flush=True)
                 raise refuse(f"skipped by the command line (--skip {what!r})")
@@ -235,10 +240,12 @@ def watch_parts(log=None, skip=()) -> None:
 
     # a JAX peer refusing (NotImplementedError) is recorded as "{peer}_skipped: refused: ..."; a torch peer's
     # CellSkipped as "{peer}_skipped: ..." (torch_peer)
-    suite.reference = wrap(suite.reference, lambda a, kw: f"the float32 reference of {a[3]}", RuntimeError)
-    suite.timed = wrap(suite.timed, _jax_part, NotImplementedError)
     global _measure
-    _measure = wrap(_measure, _torch_part, CellSkipped)
+    reference, timed, measure = _UNWATCHED.setdefault("fns", (suite.reference, suite.timed, _measure))
+    suite.reference = wrap(reference, lambda a, kw: f"the float32 reference of {a[3]}", RuntimeError)
+    suite.timed = wrap(timed, _jax_part, NotImplementedError)
+    _measure = wrap(measure, _torch_part, CellSkipped)
+    return used
 
 
 def main(argv=None) -> int:
@@ -278,9 +285,12 @@ def main(argv=None) -> int:
         p.error("expected --json PATH with --resume; got none")
     if a.stop_after_s is not None and not 0 < a.stop_after_s < math.inf:
         p.error(f"expected --stop-after-s to be a positive number of seconds; got {a.stop_after_s}")
+    if a.resume_across and not a.resume:
+        p.error("expected --resume with --resume-across (it names the code of the run to continue); got none")
+    used = None
     if a.log_parts or a.skip:
         try:
-            watch_parts(sys.stderr if a.log_parts else None, a.skip)
+            used = watch_parts(sys.stderr if a.log_parts else None, a.skip)
         except ValueError as e:
             p.error(str(e))
     edges = None
@@ -296,9 +306,12 @@ def main(argv=None) -> int:
     if not a.small:  # what gnn_table prices each miss's bytes at (each command of a resumed run measures it)
         meta["copy_bytes_per_s"] = suite.measure_copy_rate()
     timer = Timer(iters=a.iters, trials=a.trials)
-    return run_cells(todo, full=not a.small, json_path=a.json, timer=timer, meta=meta,
-                     columns={"gnn-graphs": suite.COLUMNS}, resume=a.resume, stop_after_s=a.stop_after_s,
-                     accept_source=a.resume_across)  # fmt: skip
+    rc = run_cells(todo, full=not a.small, json_path=a.json, timer=timer, meta=meta,
+                   columns={"gnn-graphs": suite.COLUMNS}, resume=a.resume, stop_after_s=a.stop_after_s,
+                   accept_source=a.resume_across)  # fmt: skip
+    for part in sorted(set(a.skip) - (used or set())):
+        print(f"--skip {part!r} matched no part of the cells this command ran", file=sys.stderr)
+    return rc
 
 
 if __name__ == "__main__":

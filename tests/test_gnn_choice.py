@@ -543,6 +543,11 @@ def test_render_fills_blocks_and_refuses_unknown_ones(tmp_path):
     assert gnn_table.render(got, tmp_path, run="run.json") == got
     with pytest.raises(ValueError, match="expected a block of one of .*; got gnn_table.plot"):
         gnn_table.render("<!-- gnn_table.plot -->\nx\n<!-- end -->", tmp_path, run="run.json")
+    unclosed = "<!-- gnn_table.targets run.json -->\nold\nprose to keep\n" + got
+    with pytest.raises(ValueError, match="got one at line 1 that does not"):  # it would swallow the prose
+        gnn_table.render(unclosed, tmp_path, run="run.json")
+    with pytest.raises(ValueError, match="got one at line 2 that does not"):  # a malformed marker is not skipped
+        gnn_table.render(got.replace("targets run.json -->", "targets run.json  -->"), tmp_path, run="run.json")
 
 
 @pytest.mark.parametrize("table,run", [("_H200_FASTER", tuned.FULL_RUN), ("_H100_FASTER", tuned.H100_RUN)])

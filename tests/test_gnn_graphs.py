@@ -430,7 +430,8 @@ def test_parts_logged_with_their_seconds_and_a_peer_skipped_by_name(tmp_path, mo
     assert bench.main([*argv, "--skip", f"{what} [segment] in float32"]) == 0
     parts = re.findall(r"\[part\] (.+): (started|\d+\.\d s|skipped \(--skip\))\n", capsys.readouterr().err)
     timed = ["the float32 reference of max", f"{what} in float32"]  # (the default ran XLA: its timing is copied)
-    assert [p for p, s in parts if p in timed] == [n for n in timed for _ in range(2)]  # each started, then ended
+    got = [(p, "ended" if s.endswith(" s") else s) for p, s in parts if p in timed]
+    assert got == [(n, s) for n in timed for s in ("started", "ended")]  # each started, then ended
     assert [s for p, s in parts if p == f"{what} [segment] in float32"] == ["skipped (--skip)"]
     (row,) = _cells(json.loads(out.read_text()))
     m = row["metrics"]
@@ -440,6 +441,9 @@ def test_parts_logged_with_their_seconds_and_a_peer_skipped_by_name(tmp_path, mo
     with pytest.raises(SystemExit):  # ours and our backends are never skipped
         bench.main([*argv, "--skip", f"{what} [xla] in float32"])
     assert "expected a part of one of the peers" in capsys.readouterr().err
+    assert bench.main([*argv, "--skip", f"{what} [segment] in bfloat16"]) == 0  # a name of no part: said so
+    assert f"--skip '{what} [segment] in bfloat16' matched no part of the cells this command ran" in (
+        capsys.readouterr().err)  # fmt: skip
 
 
 def test_full_run_command_continues_the_run_and_passes_its_arguments(tmp_path):
@@ -477,6 +481,8 @@ def test_script_resumes_across_a_named_code_change(tmp_path):
     out.write_text(json.dumps(dict(doc, meta=dict(doc["meta"], source=old, parts=parts))))
     with pytest.raises(ValueError, match=r"expected its source to be this run's '[0-9a-f]{16}'; got '1{16}'"):
         bench.main([*argv, "--resume"])
+    with pytest.raises(SystemExit):
+        bench.main([*argv, "--resume-across", old])  # without --resume
     assert bench.main([*argv, "--resume", "--resume-across", old]) == 0
     got = json.loads(out.read_text())
     assert got["results"] == doc["results"]  # the cell kept, not run again

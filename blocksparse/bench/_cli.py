@@ -228,8 +228,8 @@ def run(
 
     ``--json`` is rewritten after every cell, so a run cut short keeps what it measured. ``filters``:
     run only the cells whose ``"suite: label"`` contains one of them (an error if none does). ``resume``:
-    continue the run in ``json_path``; ``stop_after_s``: start no cell that would end after it (both
-    :func:`run_cells`).
+    continue the run in ``json_path``; ``stop_after_s``: start no cell that would end after it;
+    ``accept_source``: resume a document of that other code too (all three: :func:`run_cells`).
     """
     from . import _report
 
@@ -252,7 +252,7 @@ def run(
     return run_cells(
         loaded, full=full, json_path=json_path, plot_dir=plot_dir, iters=iters, trials=trials, progress=progress,
         out=out, columns=columns, title=", ".join(suites), meta=dict(suites=list(suites)), results=failed,
-        resume=resume, stop_after_s=stop_after_s,
+        resume=resume, stop_after_s=stop_after_s, accept_source=accept_source,
     )  # fmt: skip
 
 
@@ -299,7 +299,7 @@ def run_cells(
 
     ``accept_source``: the digest of other library code whose document ``resume=True`` continues as well (a change
     reviewed as not touching what the cells measure, such as another op's kernel). Each part in
-    ``meta["parts"]`` names the code it ran (``source``), so the document says which cells which code measured.
+    ``meta["parts"]`` names the code it ran (``source``) and how many cells it ran.
     """
     from . import _report
 

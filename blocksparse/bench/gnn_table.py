@@ -354,16 +354,20 @@ def faster_rows(doc: dict) -> str:
 
 #: A generated block of a markdown file: ``<!-- gnn_table.NAME [RUN.json] -->``, the text NAME prints for that run's
 #: JSON (by default the run the tuned data names), then ``<!-- end -->``.
-BLOCK = re.compile(r"<!-- gnn_table\.(\w+)(?: (\S+\.json))? -->\n(.*?)\n<!-- end -->", re.S)
+BLOCK = re.compile(r"<!-- gnn_table\.(\w+)(?: (\S+\.json))? -->\n((?:(?!<!-- gnn_table\.).)*?)\n<!-- end -->", re.S)
+MARKER = "<!-- gnn_table."
 
 
-def render(text: str, results: str | pathlib.Path = "benchmarks/results", run: str | None = None) -> str:
-    """``text`` with every generated block (:data:`BLOCK`) remade from its run's JSON in ``results``: ``run`` where
-    the marker names none (default: :data:`blocksparse.ops.gnn.tuned.FULL_RUN`)::
+def render(text: str, results: str | pathlib.Path | None = None, run: str | None = None) -> str:
+    """``text`` with every generated block (:data:`BLOCK`) remade from its run's JSON in ``results`` (default: the
+    repository's ``benchmarks/results``): ``run`` where the marker names none (default:
+    :data:`blocksparse.ops.gnn.tuned.FULL_RUN`). A marker that no ``<!-- end -->`` closes before the next one is a
+    ``ValueError`` (nothing is rewritten)::
 
         python -m blocksparse.bench.gnn_table docs/gnn.md      # rewrites the file's blocks in place"""
     from ..ops.gnn import tuned
 
+    results = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "results" if results is None else results
     names = {"full_table": full_table, "targets": targets, "choice_table": choice_table}
     docs: dict[str, dict] = {}
 
@@ -376,6 +380,12 @@ def render(text: str, results: str | pathlib.Path = "benchmarks/results", run: s
         head = m.group(0)[: m.start(3) - m.start(0)]
         return f"{head}{names[name](docs[json_name])}\n<!-- end -->"
 
+    starts = [m.start() for m in BLOCK.finditer(text)]
+    stray = [i for i in range(len(text)) if text.startswith(MARKER, i) and i not in starts]
+    if stray:
+        line = text.count("\n", 0, stray[0]) + 1
+        raise ValueError(f"expected each {MARKER}NAME [RUN.json] --> line to start a block that a <!-- end --> line "
+                         f"closes before the next marker; got one at line {line} that does not")  # fmt: skip
     return BLOCK.sub(block, text)
 
 
