@@ -82,6 +82,15 @@ def relative_error(got, want) -> float:
     return float(np.linalg.norm(got - want) / scale) if scale else float(np.abs(got).max())
 
 
+def assert_same_nonfinite_then_close(got, want, what: str, atol: float = 1e-5) -> None:
+    """``got`` NaN, +inf and -inf exactly where ``want`` is, and close to it (``rtol`` 1e-5) everywhere else."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    for cls in (np.isnan, np.isposinf, np.isneginf):
+        np.testing.assert_array_equal(cls(got), cls(want), err_msg=f"{what}: {cls.__name__}")
+    fin = np.isfinite(want)
+    np.testing.assert_allclose(got[fin], want[fin], rtol=1e-5, atol=atol, err_msg=what)
+
+
 def check_product_and_gradients(sparse, ref, W, x, tol: float = 1e-5) -> None:
     """``sparse(W, x)`` against ``ref(W.to_dense(), x)`` (float32 oracle, ``"highest"`` precision), and the gradients of
     the sum of squares: ``x``'s, and ``W``'s at its blocks."""

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import examples, sweep
+from helpers import assert_same_nonfinite_then_close, examples, sweep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,14 +28,6 @@ def _run(impl, f):
     return out
 
 
-def _assert_same_nonfinite_then_close(got, want, what):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    for cls in (np.isnan, np.isposinf, np.isneginf):
-        np.testing.assert_array_equal(cls(got), cls(want), err_msg=f"{what}: {cls.__name__}")
-    fin = np.isfinite(want)
-    np.testing.assert_allclose(got[fin], want[fin], rtol=1e-5, atol=1e-5, err_msg=what)
-
-
 @st.composite
 def poisoned(draw, *, max_nodes=8, hub=(129, 170)):
     """A small awkward graph (isolated node, self-loop, multi-edge, a hub split into chunks) and
@@ -54,16 +46,16 @@ def test_nonfinite_features_reach_exactly_the_reference_destinations(gx, impl):
     g, x = gx
     for reduce in ("max", "min"):
         got = _run(impl, lambda i, r=reduce: gnn.aggregate(g, x, r, implementation=i))
-        _assert_same_nonfinite_then_close(got, O.extreme(g.src, g.dst, g.num_nodes, x, reduce), f"{impl} {reduce}")
+        assert_same_nonfinite_then_close(got, O.extreme(g.src, g.dst, g.num_nodes, x, reduce), f"{impl} {reduce}")
     for reduce in ("sum", "mean"):
         got = _run(impl, lambda i, r=reduce: gnn.spmm(g, x, r, implementation=i))
         want = O.spmm(g.src, g.dst, g.num_nodes, x, None, reduce)
-        _assert_same_nonfinite_then_close(got, want, f"{impl} spmm {reduce}")
+        assert_same_nonfinite_then_close(got, want, f"{impl} spmm {reduce}")
     # a non-finite edge weight poisons exactly its destination (0 * inf is NaN too)
     w = np.ones(g.num_edges, np.float32)
     w[0] = np.nan
     got = _run(impl, lambda i: gnn.spmm(g, x, edge_weight=w, implementation=i))
-    _assert_same_nonfinite_then_close(got, O.spmm(g.src, g.dst, g.num_nodes, x, w), f"{impl} weighted spmm")
+    assert_same_nonfinite_then_close(got, O.spmm(g.src, g.dst, g.num_nodes, x, w), f"{impl} weighted spmm")
 
 
 # ------------------------------------------------------------------------ max / min NaN regressions
