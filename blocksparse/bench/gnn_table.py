@@ -380,8 +380,8 @@ def render(text: str, results: str | pathlib.Path | None = None, run: str | None
         head = m.group(0)[: m.start(3) - m.start(0)]
         return f"{head}{names[name](docs[json_name])}\n<!-- end -->"
 
-    starts = [m.start() for m in BLOCK.finditer(text)]
-    stray = [i for i in range(len(text)) if text.startswith(MARKER, i) and i not in starts]
+    opened = {m.start() for m in BLOCK.finditer(text)}
+    stray = sorted({m.start() for m in re.finditer(re.escape(MARKER), text)} - opened)
     if stray:
         line = text.count("\n", 0, stray[0]) + 1
         raise ValueError(f"expected each {MARKER}NAME [RUN.json] --> line to start a block that a <!-- end --> line "
