@@ -739,7 +739,8 @@ def measured_from(doc: dict, results: str) -> dict:
     (``faster_backend``). SpMM takes its ``spmm_sum`` cells (the forward + backward cell: both products on one
     backend), SpMM with the GCN norm its ``spmm_gcn`` cells (``spmm_gcn``), aggregate its ``max`` cells;
     ``results`` names the JSON under ``benchmarks/results/``. A cell where XLA won by at most :data:`TIE` keeps the
-    default order (``faster="pallas"``, noted)."""
+    default order (``faster="pallas"``, noted). Each list is in the order of the tuned tables' columns (graphs not
+    among them after, as the run has them), whatever order the run's commands measured them in."""
     from ..ops.gnn import tuned
 
     take = {"spmm_sum": ("spmm", PASSES), "spmm_gcn": ("spmm_gcn", PASSES), "max": ("aggregate", PASSES),
@@ -757,4 +758,5 @@ def measured_from(doc: dict, results: str) -> dict:
         out.setdefault((family, prm["dtype"], prm["pass"]), []).append(tuned.Measured(
             graph=prm["graph"], nodes=m["nodes"], edges=m["edges"], max_in_degree=m["max_in_degree"],
             feat=prm["feat"], faster=pick[0], results=results, cell=cell, note=note))  # fmt: skip
-    return out
+    column = {g["graph"]: i for i, g in enumerate(tuned._GRAPHS)}
+    return {k: sorted(v, key=lambda m: column.get(m.graph, len(column))) for k, v in out.items()}

@@ -353,8 +353,10 @@ def faster_rows(doc: dict) -> str:
 
 
 #: A generated block of a markdown file: ``<!-- gnn_table.NAME [RUN.json] -->``, the text NAME prints for that run's
-#: JSON (by default the run the tuned data names), then ``<!-- end -->``.
-BLOCK = re.compile(r"<!-- gnn_table\.(\w+)(?: (\S+\.json))? -->\n((?:(?!<!-- gnn_table\.).)*?)\n<!-- end -->", re.S)
+#: JSON (by default the run the tuned data names), then ``<!-- end -->`` (a new block may hold nothing yet).
+BLOCK = re.compile(
+    r"<!-- gnn_table\.(\w+)(?: (\S+\.json))? -->\n(?:((?:(?!<!-- gnn_table\.).)*?)\n)?<!-- end -->", re.S
+)
 MARKER = "<!-- gnn_table."
 
 
@@ -377,7 +379,7 @@ def render(text: str, results: str | pathlib.Path | None = None, run: str | None
             raise ValueError(f"expected a block of one of {sorted(names)}; got gnn_table.{name}")
         if json_name not in docs:
             docs[json_name] = json.loads((pathlib.Path(results) / json_name).read_text())
-        head = m.group(0)[: m.start(3) - m.start(0)]
+        head = m.group(0)[: m.group(0).index(" -->\n") + 5]
         return f"{head}{names[name](docs[json_name])}\n<!-- end -->"
 
     opened = {m.start() for m in BLOCK.finditer(text)}

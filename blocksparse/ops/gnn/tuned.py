@@ -27,8 +27,8 @@ unweighted one's), ``aggregate`` (max and
 min: one kernel), ``gatv2``, ``graph_attention``; ``dtype`` ``float32`` or ``bfloat16``; ``pass`` ``fwd`` or
 ``fwd+bwd``. Each :class:`Measured` is one graph: its statistics (what the host knows of a graph) and the backend that
 was faster there, naming the results JSON and its cell. The H200's all come from one run of every cell
-(:data:`FULL_RUN`), written as the table ``_H200_FASTER``; the H100's from one run of the current kernels that
-stopped at 85 cells (:data:`H100_RUN`, the table ``_H100_FASTER``). :func:`blocksparse.ops.gnn.order.choice` reads
+(:data:`FULL_RUN`), written as the table ``_H200_FASTER``; the H100's from one run of every cell with the
+current kernels (:data:`H100_RUN`, the table ``_H100_FASTER``). :func:`blocksparse.ops.gnn.order.choice` reads
 them (a device without its own, those of the device in :data:`SAME_SMS`); a key without measurements, a device
 without any (every GPU but the H200 and the H100) and a graph far from every measured one take the default order
 (Pallas first).
@@ -287,32 +287,32 @@ _H200_FASTER = {
 }  # fmt: skip
 
 
-#: The H100's run: the same command on one H100 (80 GB HBM3), with the kernels and XLA's segment ops as they are now,
-#: stopped at 85 cells (city-roads-L, ogbn-arxiv and twitch-views, pokec's first four: docs/gnn.md, "A partial run on
-#: an H100"); its graphs' cells as _H200_FASTER's, from the same ``measured_from``.
-H100_RUN = "gnn_full_h100.json"
+#: The H100's run: the same command on one H100 (80 GB HBM3), every cell of the six graphs, with the kernels and XLA's
+#: segment ops as they are now, resumed across commands (docs/gnn.md, "The full run on an H100"); its cells read as
+#: _H200_FASTER's, by the same ``measured_from``.
+H100_RUN = "gnn_full_run2_h100.json"
 _H100_FASTER = {
     #                                            city-road  ogbn-arxi  twitch-vi      pokec  ogbn-prod  power-law
-    ('spmm', 'float32', 'fwd'):                  ( 'pallas',  'pallas',     'xla',  'pallas',      None,      None),
-    ('spmm', 'float32', 'fwd+bwd'):              ( 'pallas',  'pallas',     'xla',  'pallas',      None,      None),
-    ('spmm', 'bfloat16', 'fwd'):                 ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
-    ('spmm', 'bfloat16', 'fwd+bwd'):             ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
-    ('spmm_gcn', 'float32', 'fwd'):              ( 'pallas',  'pallas',     'tie',      None,      None,      None),
-    ('spmm_gcn', 'float32', 'fwd+bwd'):          ( 'pallas',  'pallas',      None,      None,      None,      None),
-    ('spmm_gcn', 'bfloat16', 'fwd'):             ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
-    ('spmm_gcn', 'bfloat16', 'fwd+bwd'):         ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
-    ('aggregate', 'float32', 'fwd'):             ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
-    ('aggregate', 'float32', 'fwd+bwd'):         ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
-    ('aggregate', 'bfloat16', 'fwd'):            ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
-    ('aggregate', 'bfloat16', 'fwd+bwd'):        ( 'pallas',  'pallas',     'xla',      None,      None,      None),
-    ('gatv2', 'float32', 'fwd'):                 ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
-    ('gatv2', 'float32', 'fwd+bwd'):             (    'xla',  'pallas',  'pallas',      None,      None,      None),
-    ('gatv2', 'bfloat16', 'fwd'):                ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
-    ('gatv2', 'bfloat16', 'fwd+bwd'):            (    'xla',  'pallas',  'pallas',      None,      None,      None),
-    ('graph_attention', 'float32', 'fwd'):       ( 'pallas',  'pallas',  'pallas',      None,      None,      None),
-    ('graph_attention', 'float32', 'fwd+bwd'):   (    'xla',  'pallas',      None,      None,      None,      None),
-    ('graph_attention', 'bfloat16', 'fwd'):      ( 'pallas',  'pallas',      None,      None,      None,      None),
-    ('graph_attention', 'bfloat16', 'fwd+bwd'):  (    'xla',  'pallas',  'pallas',      None,      None,      None),
+    ('spmm', 'float32', 'fwd'):                  ( 'pallas',  'pallas',     'xla',  'pallas',  'pallas',  'pallas'),
+    ('spmm', 'float32', 'fwd+bwd'):              ( 'pallas',  'pallas',     'xla',  'pallas',  'pallas',  'pallas'),
+    ('spmm', 'bfloat16', 'fwd'):                 ( 'pallas',  'pallas',  'pallas',  'pallas',  'pallas',  'pallas'),
+    ('spmm', 'bfloat16', 'fwd+bwd'):             ( 'pallas',  'pallas',  'pallas',  'pallas',  'pallas',  'pallas'),
+    ('spmm_gcn', 'float32', 'fwd'):              ( 'pallas',  'pallas',     'xla',  'pallas',  'pallas',  'pallas'),
+    ('spmm_gcn', 'float32', 'fwd+bwd'):          ( 'pallas',  'pallas',     'tie',  'pallas',  'pallas',  'pallas'),
+    ('spmm_gcn', 'bfloat16', 'fwd'):             ( 'pallas',  'pallas',  'pallas',  'pallas',  'pallas',  'pallas'),
+    ('spmm_gcn', 'bfloat16', 'fwd+bwd'):         ( 'pallas',  'pallas',  'pallas',  'pallas',  'pallas',  'pallas'),
+    ('aggregate', 'float32', 'fwd'):             ( 'pallas',  'pallas',  'pallas',  'pallas',  'pallas',  'pallas'),
+    ('aggregate', 'float32', 'fwd+bwd'):         ( 'pallas',  'pallas',  'pallas',  'pallas',  'pallas',  'pallas'),
+    ('aggregate', 'bfloat16', 'fwd'):            ( 'pallas',  'pallas',  'pallas',  'pallas',  'pallas',  'pallas'),
+    ('aggregate', 'bfloat16', 'fwd+bwd'):        ( 'pallas',  'pallas',     'xla',  'pallas',  'pallas',  'pallas'),
+    ('gatv2', 'float32', 'fwd'):                 ( 'pallas',  'pallas',  'pallas',  'pallas',      None,  'pallas'),
+    ('gatv2', 'float32', 'fwd+bwd'):             (    'xla',  'pallas',  'pallas',      None,      None,  'pallas'),
+    ('gatv2', 'bfloat16', 'fwd'):                ( 'pallas',  'pallas',  'pallas',  'pallas',  'pallas',  'pallas'),
+    ('gatv2', 'bfloat16', 'fwd+bwd'):            (    'xla',  'pallas',  'pallas',      None,      None,  'pallas'),
+    ('graph_attention', 'float32', 'fwd'):       ( 'pallas',  'pallas',  'pallas',  'pallas',  'pallas',  'pallas'),
+    ('graph_attention', 'float32', 'fwd+bwd'):   (    'xla',  'pallas',  'pallas',  'pallas',  'pallas',  'pallas'),
+    ('graph_attention', 'bfloat16', 'fwd'):      ( 'pallas',  'pallas',  'pallas',  'pallas',  'pallas',  'pallas'),
+    ('graph_attention', 'bfloat16', 'fwd+bwd'):  (    'xla',  'pallas',  'pallas',  'pallas',  'pallas',  'pallas'),
 }  # fmt: skip
 
 
