@@ -342,6 +342,40 @@ def test_slope_and_scale_on_the_kernels(slope, scale):
         _check_attention(g, "pallas", _inputs(12, g.num_edges, 1, 2, 3, seed=1), slope, scale, tol=5e-5)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_traced_scale_is_a_learnable_temperature(impl):
+    """``scale`` as a traced scalar (under ``jit`` and ``grad``): the same output as the number compiled in, and its
+    gradient, with q's, k's and v's, against the dense formulation's."""
+    rng = np.random.default_rng(4)
+    src = np.concatenate([rng.integers(0, 12, 40), rng.integers(0, 12, 60)])
+    dst = np.concatenate([rng.integers(0, 12, 40), np.full(60, 5)])
+    g = gnn.Graph.from_edges(src, dst, 12, heavy_quantile=0.5)
+    a = _inputs(12, g.num_edges, 1, 2, 3, seed=5)
+    q, k, v, ct = a["xd"], a["xs"], a["v"], a["cth"]
+    count = _count(g.src, g.dst, g.num_nodes)
+
+    def loss(f):
+        return lambda t, q, k, v: jnp.sum(f(t, q, k, v) * ct)
+
+    ours = loss(lambda t, q, k, v: gnn.graph_attention(g, q, k, v, t, implementation=impl))
+    dense = loss(lambda t, q, k, v: _dense_dot(count, q, k, v, t))
+    with gnn.interpret(impl == "pallas" and not ON_GPU):
+        out = jax.jit(lambda t: gnn.graph_attention(g, q, k, v, t, implementation=impl))(jnp.float32(0.7))
+        fixed = gnn.graph_attention(g, q, k, v, 0.7, implementation=impl)
+        got = jax.jit(jax.grad(ours, argnums=(0, 1, 2, 3)))(jnp.float32(0.7), q, k, v)
+    np.testing.assert_allclose(out, fixed, rtol=1e-5, atol=1e-6)
+    want = jax.grad(dense, argnums=(0, 1, 2, 3))(jnp.float32(0.7), q, k, v)
+    for i, (u, w) in enumerate(zip(got, want, strict=True)):
+        np.testing.assert_allclose(u, w, rtol=1e-4, atol=2e-5, err_msg=f"gradient {i}")
+    assert got[0] != 0.0  # the temperature's gradient is not dropped
+
+
+def test_traced_negative_slope_is_a_clear_error():
+    """GATv2's slope is compiled into the kernels: traced, it is a TypeError that says what to do instead."""
+    with pytest.raises(TypeError, match=r"negative_slope to be a number known when the function is traced.*static"):
+        jax.jit(lambda s: gnn.gatv2(_G, _XH, _XH, jnp.ones((1, 2)), s))(0.1)
+
+
 # ------------------------------------------------------------------------------ float16, magnitudes
 def _hub_graph(n=40, hub=3, seed=8):
     """Node ``hub`` takes 300 in-edges (three chunks, combined after the kernel); node 5 two; others a few."""
@@ -616,6 +650,16 @@ BAD = {
                               r"Expected q, k and v of one shape\. Got \(3, 1, 2\), \(3, 1, 2\) and \(3, 1, 3\)"),
     "k of other rows": (lambda: gnn.graph_attention(_DG(), _XH, jnp.ones((4, 1, 2)), _XH), ValueError,
                         r"Expected k with one row per node: leading dimension 3\. Got shape \(4, 1, 2\)"),
+    "scale per head": (lambda: gnn.graph_attention(_G, _XH, _XH, _XH, jnp.ones(1)), TypeError,
+                       r"scale to be a real scalar\. Got .* of shape \(1,\) and dtype float32"),
+    "complex scale": (lambda: gnn.graph_attention(_G, _XH, _XH, _XH, 1j), TypeError,
+                      r"Expected graph_attention's scale to be a real scalar\. Got complex\."),
+    "complex64 scale": (lambda: gnn.graph_attention(_G, _XH, _XH, _XH, np.complex64(1)), TypeError,
+                        r"scale to be a real scalar\. Got .* of shape \(\) and dtype complex64"),
+    "bool slope": (lambda: gnn.gatv2(_G, _XH, _XH, jnp.ones((1, 2)), True), TypeError,
+                   r"Expected gatv2's negative_slope to be a real scalar\. Got bool"),
+    "string slope": (lambda: gnn.gatv2(_G, _XH, _XH, jnp.ones((1, 2)), "0.2"), TypeError,
+                     r"Expected gatv2's negative_slope to be a real scalar\. Got str"),
 }  # fmt: skip
 
 

@@ -23,6 +23,21 @@ from ..config import AttentionConfig
 __all__ = ["AttentionConfig", "AttentionStatic", "gatv2", "graph_attention"]
 
 
+def _static_number(x, name: str, op: str) -> float | None:
+    """``x`` as a Python float, or ``None`` where it is traced (inside ``jit`` or ``grad``); a ``TypeError`` naming
+    what it is for anything but a real scalar."""
+    if isinstance(x, bool) or not (isinstance(x, (int, float)) or hasattr(x, "dtype")):
+        raise TypeError(f"Expected {op}'s {name} to be a real scalar. Got {type(x).__name__}.")
+    shape, dtype = jnp.shape(x), jnp.result_type(x)
+    if shape != () or not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
+        raise TypeError(f"Expected {op}'s {name} to be a real scalar. Got {type(x).__name__} of shape {shape} and "
+                        f"dtype {dtype}.")  # fmt: skip
+    try:
+        return float(x)
+    except jax.errors.ConcretizationTypeError:
+        return None
+
+
 @dataclasses.dataclass(frozen=True)
 class AttentionStatic:
     """The static part of one attention call (hashable: the ``custom_vjp``'s static argument).
@@ -144,7 +159,8 @@ def gatv2(
         g: the :class:`Graph` or :class:`DynamicGraph` (edges ``j -> i``).
         x_src, x_dst: ``(N, H, D)`` projected source and destination features.
         att: ``(H, D)`` attention vector.
-        negative_slope: of the leaky ReLU.
+        negative_slope: of the leaky ReLU: a number known at trace time (the kernels compile it in); a traced
+            value is a ``TypeError``.
         implementation: ``None`` (the order of :func:`blocksparse.ops.gnn.order.implementations`: Pallas on
             a GPU, else XLA), ``"pallas"``, ``"xla"`` or a sequence tried in order.
         config: ``None`` (the default tiling) or an :class:`~blocksparse.gnn.AttentionConfig`: how the Pallas
@@ -172,12 +188,18 @@ def gatv2(
         raise ValueError(f"Expected att of shape (heads, head_dim) = {xs.shape[1:]}. Got {att.shape}.")
     if not jnp.issubdtype(att.dtype, jnp.floating):
         raise TypeError(f"Expected floating-point att. Got {att.dtype}.")
+    slope = _static_number(negative_slope, "negative_slope", "gatv2")
+    if slope is None:
+        raise TypeError(
+            "Expected gatv2's negative_slope to be a number known when the function is traced (the kernels compile it "
+            "in). Got a traced value: pass it as a Python float, or mark it static (jax.jit(..., static_argnames=...))."
+        )
     valid = g.validity() if isinstance(g, DynamicGraph) else None  # NaN out (and NaN gradients) if invalid
     xs, xd, att = (poison(valid, t) for t in (xs, xd, att))
     if g.edge_capacity == 0 or xs.size == 0:
         return nan_unless(valid, jnp.zeros_like(xs))
     impls, grad = _by_graph("gatv2", impls, implementation, strict_config, g, xs)
-    static = AttentionStatic(impls, "gat", slope=float(negative_slope), config=config, grad_impls=grad)
+    static = AttentionStatic(impls, "gat", slope=slope, config=config, grad_impls=grad)
     return nan_unless(valid, _gat(static, g, xs, xd, att))
 
 
@@ -200,7 +222,9 @@ def graph_attention(
     Arguments:
         g: the :class:`Graph` or :class:`DynamicGraph` (edges ``j -> i``).
         q, k, v: ``(N, H, D)``.
-        scale: defaults to ``1 / sqrt(D)``.
+        scale: defaults to ``1 / sqrt(D)``. A Python number is compiled into the kernels; a traced scalar (a
+            learned temperature, under ``jit`` or ``grad``) scales ``q`` first, rounded to ``q``'s dtype, and is
+            differentiable.
         implementation: ``None`` (Pallas on a GPU, else XLA), ``"pallas"``, ``"xla"`` or a
             sequence tried in order.
         config, kernel_config: as for :func:`gatv2`.
@@ -218,10 +242,13 @@ def graph_attention(
     q, k, v = _promoted(q, k, v)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0  # (head_dim 0: an empty result either way)
+    static_scale = _static_number(scale, "scale", "graph_attention")
+    if static_scale is None:  # a traced scale (a learned temperature): scale q by it, differentiably, and use 1
+        q, static_scale = (q.astype(jnp.float32) * jnp.asarray(scale, jnp.float32)).astype(q.dtype), 1.0
     valid = g.validity() if isinstance(g, DynamicGraph) else None
     q, k, v = (poison(valid, t) for t in (q, k, v))
     if g.edge_capacity == 0 or q.size == 0:
         return nan_unless(valid, jnp.zeros_like(v))
     impls, grad = _by_graph("graph_attention", impls, implementation, strict_config, g, v)
-    static = AttentionStatic(impls, "dot", scale=float(scale), config=config, grad_impls=grad)
+    static = AttentionStatic(impls, "dot", scale=static_scale, config=config, grad_impls=grad)
     return nan_unless(valid, _dot(static, g, k, q, v))
