@@ -363,11 +363,27 @@ def test_traced_scale_is_a_learnable_temperature(impl):
         out = jax.jit(lambda t: gnn.graph_attention(g, q, k, v, t, implementation=impl))(jnp.float32(0.7))
         fixed = gnn.graph_attention(g, q, k, v, 0.7, implementation=impl)
         got = jax.jit(jax.grad(ours, argnums=(0, 1, 2, 3)))(jnp.float32(0.7), q, k, v)
+        eager = jax.grad(ours)(jnp.float32(0.7), q, k, v)  # grad without jit: the scale is still a tracer
     np.testing.assert_allclose(out, fixed, rtol=1e-5, atol=1e-6)
-    want = jax.grad(dense, argnums=(0, 1, 2, 3))(jnp.float32(0.7), q, k, v)
+    with jax.default_matmul_precision("highest"):
+        want = jax.grad(dense, argnums=(0, 1, 2, 3))(jnp.float32(0.7), q, k, v)
     for i, (u, w) in enumerate(zip(got, want, strict=True)):
         np.testing.assert_allclose(u, w, rtol=1e-4, atol=2e-5, err_msg=f"gradient {i}")
+    np.testing.assert_allclose(eager, want[0], rtol=1e-4, atol=2e-5)
     assert got[0] != 0.0  # the temperature's gradient is not dropped
+
+
+def test_traced_scale_with_bfloat16_q_rounds_q_once():
+    """A traced scale with bfloat16 inputs: the result is the float32 scale times q rounded to bfloat16, exactly what
+    the number gives for that pre-scaled q; the scale's gradient is float32."""
+    g = gnn.Graph.from_edges([0, 1, 2, 2, 3], [1, 2, 0, 3, 3], 4)
+    q, k, v = (_rand((4, 2, 16), s, jnp.bfloat16) for s in (1, 2, 3))
+    got = jax.jit(lambda t: gnn.graph_attention(g, q, k, v, t, implementation="xla"))(jnp.float32(0.3))
+    want = gnn.graph_attention(g, (q.astype(jnp.float32) * 0.3).astype(jnp.bfloat16), k, v, 1.0, implementation="xla")
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    dt = jax.grad(lambda t: jnp.sum(gnn.graph_attention(g, q, k, v, t, implementation="xla").astype(jnp.float32)))
+    assert dt(jnp.float32(0.3)).dtype == jnp.float32 and np.isfinite(dt(jnp.float32(0.3)))
 
 
 def test_traced_negative_slope_is_a_clear_error():
@@ -651,11 +667,11 @@ BAD = {
     "k of other rows": (lambda: gnn.graph_attention(_DG(), _XH, jnp.ones((4, 1, 2)), _XH), ValueError,
                         r"Expected k with one row per node: leading dimension 3\. Got shape \(4, 1, 2\)"),
     "scale per head": (lambda: gnn.graph_attention(_G, _XH, _XH, _XH, jnp.ones(1)), TypeError,
-                       r"scale to be a real scalar\. Got .* of shape \(1,\) and dtype float32"),
+                       r"scale to be a real scalar\. Got an array of shape \(1,\) and dtype float32"),
     "complex scale": (lambda: gnn.graph_attention(_G, _XH, _XH, _XH, 1j), TypeError,
                       r"Expected graph_attention's scale to be a real scalar\. Got complex\."),
     "complex64 scale": (lambda: gnn.graph_attention(_G, _XH, _XH, _XH, np.complex64(1)), TypeError,
-                        r"scale to be a real scalar\. Got .* of shape \(\) and dtype complex64"),
+                        r"scale to be a real scalar\. Got an array of shape \(\) and dtype complex64"),
     "bool slope": (lambda: gnn.gatv2(_G, _XH, _XH, jnp.ones((1, 2)), True), TypeError,
                    r"Expected gatv2's negative_slope to be a real scalar\. Got bool"),
     "string slope": (lambda: gnn.gatv2(_G, _XH, _XH, jnp.ones((1, 2)), "0.2"), TypeError,

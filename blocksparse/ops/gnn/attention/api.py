@@ -24,18 +24,14 @@ __all__ = ["AttentionConfig", "AttentionStatic", "gatv2", "graph_attention"]
 
 
 def _static_number(x, name: str, op: str) -> float | None:
-    """``x`` as a Python float, or ``None`` where it is traced (inside ``jit`` or ``grad``); a ``TypeError`` naming
-    what it is for anything but a real scalar."""
+    """``x`` as a Python float, or ``None`` where it is traced (any JAX tracer: under ``jit``, ``grad`` or ``vmap``);
+    a ``TypeError`` naming what it is for anything but a real scalar."""
     if isinstance(x, bool) or not (isinstance(x, (int, float)) or hasattr(x, "dtype")):
         raise TypeError(f"Expected {op}'s {name} to be a real scalar. Got {type(x).__name__}.")
     shape, dtype = jnp.shape(x), jnp.result_type(x)
     if shape != () or not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
-        raise TypeError(f"Expected {op}'s {name} to be a real scalar. Got {type(x).__name__} of shape {shape} and "
-                        f"dtype {dtype}.")  # fmt: skip
-    try:
-        return float(x)
-    except jax.errors.ConcretizationTypeError:
-        return None
+        raise TypeError(f"Expected {op}'s {name} to be a real scalar. Got an array of shape {shape} and dtype {dtype}.")
+    return None if isinstance(x, jax.core.Tracer) else float(x)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,7 +188,8 @@ def gatv2(
     if slope is None:
         raise TypeError(
             "Expected gatv2's negative_slope to be a number known when the function is traced (the kernels compile it "
-            "in). Got a traced value: pass it as a Python float, or mark it static (jax.jit(..., static_argnames=...))."
+            "in; it is not differentiable). Got a traced value: pass it as a Python float, or mark it static "
+            "(jax.jit(..., static_argnames=...))."
         )
     valid = g.validity() if isinstance(g, DynamicGraph) else None  # NaN out (and NaN gradients) if invalid
     xs, xd, att = (poison(valid, t) for t in (xs, xd, att))
@@ -222,9 +219,10 @@ def graph_attention(
     Arguments:
         g: the :class:`Graph` or :class:`DynamicGraph` (edges ``j -> i``).
         q, k, v: ``(N, H, D)``.
-        scale: defaults to ``1 / sqrt(D)``. A Python number is compiled into the kernels; a traced scalar (a
-            learned temperature, under ``jit`` or ``grad``) scales ``q`` first, rounded to ``q``'s dtype, and is
-            differentiable.
+        scale: defaults to ``1 / sqrt(D)``. A Python number is compiled into the kernels (it scales the float32
+            logits); a traced scalar (a learned temperature, under ``jit`` or ``grad``) multiplies ``q`` first,
+            rounded to ``q``'s dtype (a float16 ``q`` times a large scale can overflow where the number would not),
+            and gets its gradient.
         implementation: ``None`` (Pallas on a GPU, else XLA), ``"pallas"``, ``"xla"`` or a
             sequence tried in order.
         config, kernel_config: as for :func:`gatv2`.
@@ -244,7 +242,8 @@ def graph_attention(
         scale = 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0  # (head_dim 0: an empty result either way)
     static_scale = _static_number(scale, "scale", "graph_attention")
     if static_scale is None:  # a traced scale (a learned temperature): scale q by it, differentiably, and use 1
-        q, static_scale = (q.astype(jnp.float32) * jnp.asarray(scale, jnp.float32)).astype(q.dtype), 1.0
+        wide = jnp.promote_types(q.dtype, jnp.float32)
+        q, static_scale = (q.astype(wide) * jnp.asarray(scale, wide)).astype(q.dtype), 1.0
     valid = g.validity() if isinstance(g, DynamicGraph) else None
     q, k, v = (poison(valid, t) for t in (q, k, v))
     if g.edge_capacity == 0 or q.size == 0:
