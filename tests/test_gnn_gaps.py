@@ -386,6 +386,22 @@ def test_traced_scale_with_bfloat16_q_rounds_q_once():
     assert dt(jnp.float32(0.3)).dtype == jnp.float32 and np.isfinite(dt(jnp.float32(0.3)))
 
 
+def test_traced_scale_under_vmap_and_on_a_traced_graph():
+    """A sweep of temperatures under ``vmap`` gives each fixed scale's result; on a ``DynamicGraph`` of the same edges
+    the traced scale gives the static graph's result and a gradient."""
+    g = gnn.Graph.from_edges([0, 1, 2, 2, 3, 0], [1, 2, 0, 3, 3, 3], 4)
+    q, k, v = (_rand((4, 2, 16), s) for s in (1, 2, 3))
+    ts = jnp.array([0.1, 0.25, 1.0])
+    got = jax.vmap(lambda t: gnn.graph_attention(g, q, k, v, t, implementation="xla"))(ts)
+    for t, y in zip(ts, got, strict=True):
+        np.testing.assert_allclose(y, gnn.graph_attention(g, q, k, v, float(t), implementation="xla"), atol=1e-6)
+    dg = gnn.DynamicGraph.from_edge_index(np.stack([np.asarray(g.src), np.asarray(g.dst)]), num_nodes=4, max_edges=9)
+    f = lambda t, h: jnp.sum(gnn.graph_attention(h, q, k, v, t, implementation="xla") ** 2)
+    got = jax.jit(jax.value_and_grad(f))(jnp.float32(0.25), dg)
+    want = jax.value_and_grad(f)(jnp.float32(0.25), g)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
 def test_traced_negative_slope_is_a_clear_error():
     """GATv2's slope is compiled into the kernels: traced, it is a TypeError that says what to do instead."""
     with pytest.raises(TypeError, match=r"negative_slope to be a number known when the function is traced.*static"):
