@@ -383,7 +383,8 @@ def test_traced_scale_with_bfloat16_q_rounds_q_once():
     assert got.dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
     dt = jax.grad(lambda t: jnp.sum(gnn.graph_attention(g, q, k, v, t, implementation="xla").astype(jnp.float32)))
-    assert dt(jnp.float32(0.3)).dtype == jnp.float32 and np.isfinite(dt(jnp.float32(0.3)))
+    d = dt(jnp.float32(0.3))
+    assert d.dtype == jnp.float32 and np.isfinite(d)
 
 
 def test_traced_scale_under_vmap_and_on_a_traced_graph():

@@ -26,7 +26,7 @@ measured: a weighted product, the norm riding on the edge weights, whose faster 
 unweighted one's), ``aggregate`` (max and
 min: one kernel), ``gatv2``, ``graph_attention``; ``dtype`` ``float32`` or ``bfloat16``; ``pass`` ``fwd`` or
 ``fwd+bwd``. Each :class:`Measured` is one graph: its statistics (what the host knows of a graph) and the backend that
-was faster there, naming the results JSON and its cell. The H200's all come from one run of every cell
+was faster there, naming the results JSON and its cell. The H200's all come from one run of 93 of the cells
 (:data:`FULL_RUN`), written as the table ``_H200_FASTER``; the H100's from one run of every cell with the
 current kernels (:data:`H100_RUN`, the table ``_H100_FASTER``). :func:`blocksparse.ops.gnn.order.choice` reads
 them (a device without its own, those of the device in :data:`SAME_SMS`); a key without measurements, a device
@@ -249,9 +249,9 @@ class Measured:
         return self.edges / self.nodes
 
 
-#: The run the choices come from: the ``gnn-graphs`` suite with the torch peers (``benchmarks/bench_gnn_graphs.py``),
-#: every op, pass and dtype on the six graphs, both backends named in each cell, one version of the code on one H200,
-#: resumed across commands (docs/gnn.md, "The full table").
+#: The H200's run: the ``gnn-graphs`` suite with the torch peers (``benchmarks/bench_gnn_graphs.py``), both backends
+#: named in each cell, one version of the code on one H200, resumed across commands; 93 of its 168 cells (pokec's
+#: bfloat16 cells, ogbn-products and the power-law graph not run: docs/gnn.md, "The H200's run").
 FULL_RUN = "gnn_full_h200.json"
 _GRAPHS = (_ROADS, _ARXIV, _TWITCH, _POKEC, _PRODUCTS, _POWER_LAW)  # the columns of _H200_FASTER
 #: The family's cell of the run: SpMM by its sum, max / min by max (one kernel each).
@@ -288,7 +288,7 @@ _H200_FASTER = {
 
 
 #: The H100's run: the same command on one H100 (80 GB HBM3), every cell of the six graphs, with the kernels and XLA's
-#: segment ops as they are now, resumed across commands (docs/gnn.md, "The full run on an H100"); its cells read as
+#: segment ops as they are now, resumed across commands (docs/gnn.md, "The full table"); its cells read as
 #: _H200_FASTER's, by the same ``measured_from``.
 H100_RUN = "gnn_full_run2_h100.json"
 _H100_FASTER = {
